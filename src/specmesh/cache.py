@@ -1,0 +1,130 @@
+"""Preallocated KV cache with a committed prefix and speculative slots.
+
+Per row b the slots [0, L_b) hold committed tokens and [L_b, L_b + S_b) hold
+speculative ones (tree nodes, draft tokens) not yet accepted. A forward writes its
+T new tokens at [L_b + S_b, L_b + S_b + T) and they become speculative slots; each
+attends to the committed prefix plus whichever speculative slots its tree mask
+allows (its ancestors), at rotary position L_b + depth.
+
+`commit(b, path, keep)` moves the slots `path` (indices into the speculative
+region, root to leaf) to become committed positions L_b.., then keeps the slots
+`keep` as the new speculative region; `prune` keeps without committing;
+`rollback` truncates. Tree verification, PipeDec's past/predict cache, Self-Draft
+branches and batched serving all use this one mechanism.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class ContextOverflowError(ValueError):
+    pass
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str, first_layer: int = 0):
+        shape = (batch, num_kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.first_layer = first_layer
+        self.max_len = max_len
+        self.lengths = [0] * batch   # committed tokens per row
+        self.spec = [0] * batch      # speculative slots per row
+        self._starts: list[int] = []
+        self._kv_len = 0
+
+    @classmethod
+    def for_model(cls, model, batch: int, max_len: int, layers: range | None = None) -> "KVCache":
+        cfg = model.config
+        layers = layers or range(cfg.num_layers)
+        return cls(len(layers), batch, max_len, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,
+                   first_layer=layers.start)
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def device(self) -> torch.device:
+        return self.k[0].device
+
+    # -- one forward: prepare -> write (per layer) -> advance -------------------------------
+    def prepare(self, T: int, depths: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Positions [B,T] and attention mask [B,1,T,K] (True = attend) for T new tokens."""
+        starts = [L + s for L, s in zip(self.lengths, self.spec)]
+        if max(starts) + T > self.max_len:
+            raise ContextOverflowError(
+                f"sequence of {max(starts) + T} tokens exceeds the cache/context length {self.max_len}")
+        self._starts, self._kv_len = starts, max(starts) + T
+        dev = self.device
+        if depths is None:
+            positions = torch.tensor(starts, device=dev)[:, None] + torch.arange(T, device=dev)
+        else:
+            positions = torch.tensor(self.lengths, device=dev)[:, None] + depths.to(dev)
+        uniform = len(set(starts)) == 1 and len(set(self.lengths)) == 1
+        if uniform and tree_mask is None and T == 1:
+            return positions, None       # one token after everything held: attend to all keys
+        return positions, self._mask(T, tree_mask)
+
+    def _mask(self, T: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
+        mask = torch.zeros(self.batch, 1, T, self._kv_len, dtype=torch.bool, device=self.device)
+        for b, (L, s) in enumerate(zip(self.lengths, self.spec)):
+            mask[b, :, :, :L] = True
+            if tree_mask is None:       # chain continuing the held speculative slots
+                mask[b, 0, :, L:L + s + T] = torch.ones(T, s + T, dtype=torch.bool, device=self.device).tril(s)
+            else:
+                mask[b, 0, :, L:L + s + T] = tree_mask if tree_mask.dim() == 2 else tree_mask[b]
+        return mask
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [B,Hkv,T,hd] at each row's write offset; return keys/values [B,Hkv,K,hd]."""
+        kc, vc = self.k[layer - self.first_layer], self.v[layer - self.first_layer]
+        T = k.shape[2]
+        if len(set(self._starts)) == 1:
+            s = self._starts[0]
+            kc[:, :, s:s + T] = k
+            vc[:, :, s:s + T] = v
+        else:
+            for b, s in enumerate(self._starts):
+                kc[b, :, s:s + T] = k[b]
+                vc[b, :, s:s + T] = v[b]
+        return kc[:, :, :self._kv_len], vc[:, :, :self._kv_len]
+
+    def advance(self, T: int) -> None:
+        """The T tokens just written become speculative slots."""
+        self.spec = [s + T for s in self.spec]
+
+    # -- after verification ------------------------------------------------------------------
+    def commit(self, row: int, path: Sequence[int], keep: Sequence[int] = ()) -> None:
+        """Speculative slots `path` become committed (in order); `keep` stays speculative."""
+        order = list(path) + list(keep)
+        if any(not 0 <= i < self.spec[row] for i in order):
+            raise IndexError(f"slot index out of range: row {row} holds {self.spec[row]} speculative slots")
+        L = self.lengths[row]
+        if order != list(range(len(order))):
+            src = torch.tensor(order, device=self.device) + L
+            for kc, vc in zip(self.k, self.v):
+                kc[row, :, L:L + len(order)] = kc[row].index_select(1, src)
+                vc[row, :, L:L + len(order)] = vc[row].index_select(1, src)
+        self.lengths[row] = L + len(path)
+        self.spec[row] = len(keep)
+
+    def commit_all(self, row: int | None = None) -> None:
+        """Every speculative slot becomes committed, in slot order (plain decoding)."""
+        for b in range(self.batch) if row is None else [row]:
+            self.lengths[b] += self.spec[b]
+            self.spec[b] = 0
+
+    def prune(self, row: int, keep: Sequence[int]) -> None:
+        self.commit(row, [], keep)
+
+    def rollback(self, row: int, length: int) -> None:
+        """Truncate row to `length` committed tokens and drop its speculative slots."""
+        if not 0 <= length <= self.lengths[row] + self.spec[row]:
+            raise IndexError(f"cannot roll back row {row} to {length}")
+        self.lengths[row] = length
+        self.spec[row] = 0

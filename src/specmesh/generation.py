@@ -1,0 +1,134 @@
+"""The generation driver: runs a method's decode loop and applies the stopping rules.
+
+Methods yield blocks of committed tokens per row; this module appends them and
+stops each row at EOS (kept in `tokens`, not in `text`), at `max_new_tokens`, or
+at a stop string (which cuts `text` before it and `tokens` to the shortest prefix
+whose text covers that). Stop strings spanning block boundaries work because the
+check runs on the whole decoded text. Row 0's text streams out as it grows,
+holding back a tail that could still become a stop string.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from specmesh.job import Job, Models
+from specmesh.sampling import SamplingParams, make_generator
+from specmesh.stats import Stats
+from specmesh.tokenizer import Tokenizer
+
+
+@dataclass
+class Sample:
+    text: str
+    tokens: list[int]
+    finish_reason: str          # "eos" | "length" | "stop"
+
+
+@dataclass
+class Output:
+    text: str
+    tokens: list[int]
+    samples: list[Sample]
+    stats: Stats
+    prompt_tokens: int = 0
+
+    def to_json(self) -> dict:
+        return {"text": self.text, "tokens": self.tokens,
+                "samples": [{"text": s.text, "tokens": s.tokens} for s in self.samples],
+                "stats": self.stats.to_json()}
+
+
+class Row:
+    """One sample's tokens, text and finish state."""
+
+    def __init__(self, tokenizer: Tokenizer, params: SamplingParams, eos_ids: set[int], limit: int):
+        self.tokenizer, self.params, self.eos_ids, self.limit = tokenizer, params, eos_ids, limit
+        self.tokens: list[int] = []
+        self.text = ""
+        self.finish: str | None = None
+        self.streamed = 0
+
+    def extend(self, new: list[int]) -> None:
+        for t in new:
+            if self.finish:
+                break
+            self.tokens.append(t)
+            if t in self.eos_ids and not self.params.ignore_eos:
+                self.finish = "eos"
+            elif len(self.tokens) >= self.limit:
+                self.finish = "length"
+        self.text = self.tokenizer.decode(self.tokens)
+        self._apply_stop()
+
+    def _apply_stop(self) -> None:
+        hits = [i for i in (self.text.find(s) for s in self.params.stop) if i >= 0]
+        if not hits:
+            return
+        cut = min(hits)
+        self.text, self.finish = self.text[:cut], "stop"
+        k = next(k for k in range(len(self.tokens) + 1) if len(self.tokenizer.decode(self.tokens[:k])) >= cut)
+        self.tokens = self.tokens[:k]
+
+    def stream_piece(self) -> str:
+        """Text not yet streamed, less a tail that may be an incomplete character or stop string."""
+        end = len(self.text)
+        if not self.finish:
+            end -= max((k for s in self.params.stop for k in range(1, len(s)) if self.text.endswith(s[:k])),
+                       default=0)
+            if self.text.endswith("\ufffd"):
+                end = min(end, len(self.text) - 1)
+        piece = self.text[self.streamed:end] if end > self.streamed else ""
+        self.streamed += len(piece)
+        return piece
+
+
+class Generation:
+    """Iterate for row 0's text pieces; `output` holds the result once iteration ends."""
+
+    def __init__(self, decode, models: Models, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams,
+                 context: int, slack: int = 0):
+        if not prompt:
+            raise ValueError("prompt is empty")
+        if len(prompt) >= context:
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {context} tokens")
+        self.decode, self.models, self.tokenizer, self.params = decode, models, tokenizer, params
+        limit = min(params.max_new_tokens, context - len(prompt))
+        eos = set(models.target.config.eos_ids)
+        self.rows = [Row(tokenizer, params, eos, limit) for _ in range(params.n)]
+        device = models.target.device
+        self.job = Job(prompt=list(prompt), params=params, generator=make_generator(params.seed, device),
+                       max_len=min(context, len(prompt) + limit + slack), rows=params.n)
+        self.output: Output | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        stats = self.job.stats
+        start = time.perf_counter()
+        with torch.inference_mode():
+            steps = self.decode(self.models, self.job)
+            try:
+                for blocks in steps:
+                    for row, block in zip(self.rows, blocks):
+                        row.extend(block)
+                    piece = self.rows[0].stream_piece()
+                    if piece:
+                        yield piece
+                    if all(r.finish for r in self.rows):
+                        break
+            finally:
+                steps.close()
+        stats.elapsed_s = time.perf_counter() - start
+        stats.generated_tokens = sum(len(r.tokens) for r in self.rows)
+        samples = [Sample(r.text, r.tokens, r.finish or "length") for r in self.rows]
+        self.output = Output(samples[0].text, samples[0].tokens, samples, stats, len(self.job.prompt))
+        piece = self.rows[0].stream_piece()
+        if piece:
+            yield piece
+
+    def run(self) -> Output:
+        for _ in self:
+            pass
+        return self.output

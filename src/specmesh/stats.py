@@ -1,0 +1,37 @@
+"""The per-generation counters every method fills in."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Stats:
+    target_forwards: int = 0        # prefill included
+    draft_forwards: int = 0
+    generated_tokens: int = 0       # over all samples
+    drafted_tokens: int = 0         # draft tokens sent to the target for verification
+    accepted_tokens: int = 0        # of those, accepted
+    verifications: int = 0          # verification forwards
+    elapsed_s: float = 0.0          # wall time, prefill included
+
+    @property
+    def tokens_per_forward(self) -> float | None:
+        return self.generated_tokens / self.target_forwards if self.target_forwards else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.generated_tokens / self.elapsed_s if self.elapsed_s > 0 else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        return self.accepted_tokens / self.verifications if self.verifications else None
+
+    def to_json(self) -> dict:
+        return {"target_forwards": self.target_forwards,
+                "draft_forwards": self.draft_forwards if self.draft_forwards else None,
+                "tokens_per_forward": self.tokens_per_forward, "tokens_per_s": self.tokens_per_s,
+                "acceptance_rate": self.acceptance_rate}
