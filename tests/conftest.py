@@ -21,3 +21,30 @@ def tiny_model():
     for p in model.parameters():        # larger weights: sharper, more varied logits
         torch.nn.init.normal_(p, std=0.2)
     return model
+
+
+TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n"
+        "        self.y = y\n\nfor i in range(10):\n    print(i, 'hello world')\n") * 4
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A random tiny model with a real byte-level BPE tokenizer, saved in HF layout."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from specmesh.loader import save_model
+
+    path = tmp_path_factory.mktemp("tiny")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([TEXT], trainer)
+    tok.save(str(path / "tokenizer.json"))
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(vocab_size=tok.get_vocab_size(), eos_token_id=0))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    save_model(model, path, dtype=torch.float32)
+    return path

@@ -61,7 +61,7 @@ class Row:
                 self.finish = "eos"
             elif len(self.tokens) >= self.limit:
                 self.finish = "length"
-        self.text = self.tokenizer.decode(self.tokens)
+        self.text = self.tokenizer.decode(self.tokens[:-1] if self.finish == "eos" else self.tokens)
         self._apply_stop()
 
     def _apply_stop(self) -> None:

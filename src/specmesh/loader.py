@@ -7,6 +7,7 @@ gate/up projections; this module joins them on load and splits them on save.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -100,6 +101,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {path}")
     _require(path / "tokenizer.json", "tokenizer.json")
     return Tokenizer(path)
 
@@ -126,3 +129,18 @@ def _split_sizes(cfg: ModelConfig, name: str) -> list[int]:
     if ".qkv." in name:
         return [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
     return [cfg.intermediate_size] * 2      # gate_up
+
+
+def count_parameters(path: str | Path) -> int:
+    """Parameters of a checkpoint, read from safetensors headers (tied weights counted once)."""
+    from safetensors import safe_open
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() \
+        else ["model.safetensors"]
+    total = 0
+    for name in files:
+        with safe_open(path / name, "pt") as f:
+            for key in f.keys():
+                total += math.prod(f.get_slice(key).get_shape())
+    return total

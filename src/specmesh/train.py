@@ -39,6 +39,7 @@ DRAFT = dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, 
 class TrainConfig:
     work: str = "runs/train"        # git-ignored: corpus, checkpoints
     out: str = "models"             # finished weights: OUT/target, OUT/draft
+    prompts: str = "prompts/stdlib-heldout.jsonl"   # evaluation prompts cut from held-out files
     tokens: int = 6_000_000         # training tokens (the corpus holds ~9M)
     batch: int = 4                  # windows of CONTEXT tokens per step
     lr_target: float = 1e-3
@@ -88,7 +89,7 @@ def prepare_corpus(cfg: TrainConfig):
         tok = train_tokenizer([t for _, t in train], tok_dir)
         np.save(work / "train.npy", encode_split(tok, train))
         np.save(work / "heldout.npy", encode_split(tok, heldout))
-        corpus.write_jsonl(corpus.make_prompts(heldout), work / "stdlib-heldout.jsonl")
+        corpus.write_jsonl(corpus.make_prompts(heldout), cfg.prompts)
     from tokenizers import Tokenizer
     return Tokenizer.from_file(str(tok_dir / "tokenizer.json")), np.load(work / "train.npy"), \
         np.load(work / "heldout.npy")

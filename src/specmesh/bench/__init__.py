@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks: prompt sets, method runners (ours and peers), reports."""

@@ -1,0 +1,32 @@
+"""Benchmark prompt files: JSON lines with `prompt` (a string) or `turns` (use the first)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specmesh import embedded
+
+
+def load_prompts(path: str | Path | None = None, limit: int | None = None) -> list[str]:
+    path = Path(path) if path else embedded.HELDOUT_PROMPTS
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file not found: {path}")
+    prompts = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        text = row.get("prompt") if isinstance(row, dict) else None
+        if text is None and isinstance(row, dict) and row.get("turns"):
+            text = row["turns"][0]
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"{path}:{n}: needs a non-empty 'prompt' string or a 'turns' list")
+        prompts.append(text)
+        if limit and len(prompts) == limit:
+            break
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts

@@ -1,0 +1,199 @@
+"""`specmesh bench`: methods side by side on the same prompts, in one run.
+
+Every method decodes every prompt greedily; `ar` always runs (it is the reference
+for speed and for output). Greedy outputs are compared token for token with `ar`'s
+in the same dtype. In 16-bit, a first divergence where the reference's two best
+logits are within NEAR_TIE_REL of each other (relative to the larger magnitude,
+i.e. about 8 bfloat16 ulps) counts as a near-tie, not as a mismatch; float32 has no
+near-tie allowance.
+"""
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specmesh import embedded, methods
+from specmesh.bench.prompts import load_prompts
+from specmesh.loader import DTYPES, load_tokenizer
+from specmesh.sampling import SamplingParams
+from specmesh.stats import Stats
+
+PEERS = ("hf",)
+NEAR_TIE_REL = 2 ** -5
+CALIBRATION_TOKENS = 24
+
+
+@dataclass
+class BenchConfig:
+    methods: list[str]
+    prompts: str | None = None
+    limit: int | None = None
+    max_new_tokens: int = 128
+    dtype: str = "auto"
+    threads: int | None = None
+    target: str | None = None
+    draft: str | None = None
+    device: str = "cpu"
+    options: dict = field(default_factory=dict)     # method options given on the command line
+
+
+class OurRunner:
+    def __init__(self, method: str, cfg: BenchConfig, dtype: str):
+        from specmesh.llm import LLM
+        self.llm = LLM(target=cfg.target, draft=cfg.draft, method=method, device=cfg.device, dtype=dtype)
+
+    def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
+        out = self.llm.generate(ids, SamplingParams(max_new_tokens=max_new_tokens))
+        return out.tokens, out.stats
+
+
+def make_runner(method: str, cfg: BenchConfig, dtype: str):
+    if method == "hf":
+        from specmesh.bench.peers import HFRunner
+        return HFRunner(Path(cfg.target) if cfg.target else embedded.path("target"), DTYPES[dtype], cfg.device)
+    return OurRunner(method, cfg, dtype)
+
+
+def choose_dtype(method: str, cfg: BenchConfig, ids: list[int]) -> tuple[str, object]:
+    """The configured dtype, or for 'auto' the faster of float32/bfloat16 on a short calibration run."""
+    if cfg.dtype != "auto":
+        return cfg.dtype, make_runner(method, cfg, cfg.dtype)
+    best = None
+    for dtype in ("float32", "bfloat16"):
+        runner = make_runner(method, cfg, dtype)
+        runner(ids, 4)                                           # warm-up
+        start = time.perf_counter()
+        runner(ids, CALIBRATION_TOKENS)
+        elapsed = time.perf_counter() - start
+        if best is None or elapsed < best[0]:
+            best = (elapsed, dtype, runner)
+        del runner
+    return best[1], best[2]
+
+
+def check_methods(names: list[str]) -> list[str]:
+    for name in names:
+        if name not in methods.METHODS and name not in PEERS:
+            raise ValueError(f"unknown method {name!r}; available: {', '.join([*methods.METHODS, *PEERS])}")
+    return ["ar"] + [m for m in dict.fromkeys(names) if m != "ar"]
+
+
+def reset_peak_rss() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mb() -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def is_near_tie(model, prefix: list[int]) -> bool:
+    """Are the reference model's two best next-token logits after `prefix` within rounding?"""
+    with torch.inference_mode():
+        logits = model(torch.tensor([prefix], device=model.device), last_only=True)[0, -1]
+    top = logits.topk(2).values
+    return bool(top[0] - top[1] <= NEAR_TIE_REL * top.abs().max().clamp(min=1.0))
+
+
+def summarize(dtype: str, runs: list[tuple[list[int], Stats]], refs: list[list[int]], near_ties: int,
+              rss: float | None) -> dict:
+    stats = [s for _, s in runs]
+    tokens = sum(s.generated_tokens for s in stats)
+    drafted = sum(s.drafted_tokens for s in stats)
+    verifications = sum(s.verifications for s in stats)
+    accepted = sum(s.accepted_tokens for s in stats)
+    return {
+        "dtype": dtype, "threads": torch.get_num_threads(),
+        "tokens_per_s": tokens / sum(s.elapsed_s for s in stats),
+        "speedup_vs_ar": None,
+        "tokens_per_forward": tokens / sum(s.target_forwards for s in stats),
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_accepted_length": accepted / verifications if verifications else None,
+        "greedy_equal_to_ar": sum(t == r for (t, _), r in zip(runs, refs)),
+        "near_tie_divergences": near_ties,
+        "prompts": len(runs), "peak_rss_mb": rss,
+    }
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def run_bench(cfg: BenchConfig) -> dict:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    names = check_methods(cfg.methods)
+    prompts = load_prompts(cfg.prompts, cfg.limit)
+    tokenizer = load_tokenizer(cfg.target or embedded.path("target"))
+    ids = [tokenizer.encode(p) for p in prompts]
+    runs, dtypes, rss = {}, {}, {}
+    references: dict[str, tuple[object, list[list[int]]]] = {}     # dtype -> (ar runner, outputs)
+    bar = tqdm(total=len(names) * len(ids), desc="bench", unit="prompt")
+    for name in names:
+        bar.set_postfix(method=name)
+        gc.collect()
+        reset_peak_rss()
+        dtypes[name], runner = choose_dtype(name, cfg, ids[0])
+        runs[name] = []
+        for prompt_ids in ids:
+            runs[name].append(runner(prompt_ids, cfg.max_new_tokens))
+            bar.update()
+        rss[name] = peak_rss_mb()
+        if name == "ar":
+            references[dtypes[name]] = (runner, [t for t, _ in runs[name]])
+        del runner
+    bar.close()
+    result = {"machine": machine(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "methods": {}, "per_prompt": []}
+    for name in names:
+        dtype = dtypes[name]
+        if dtype not in references:                    # ar's output in this method's dtype, untimed
+            ref_runner = make_runner("ar", cfg, dtype)
+            references[dtype] = (ref_runner, [ref_runner(p, cfg.max_new_tokens)[0] for p in ids])
+        ref_runner, refs = references[dtype]
+        near = 0
+        for i, ((tokens, stats), ref) in enumerate(zip(runs[name], refs)):
+            div = first_divergence(tokens, ref)
+            tie = div is not None and DTYPES[dtype] != torch.float32 and div < len(ref) and \
+                is_near_tie(ref_runner.llm.models.target, ids[i] + ref[:div])
+            near += tie
+            result["per_prompt"].append({
+                "method": name, "prompt": i, "new_tokens": len(tokens), "tokens_per_s": stats.tokens_per_s,
+                "target_forwards": stats.target_forwards, "equal_to_ar": div is None,
+                "first_divergence": div, "near_tie": tie})
+        result["methods"][name] = summarize(dtype, runs[name], refs, near, rss[name])
+    ar_speed = result["methods"]["ar"]["tokens_per_s"]
+    for m in result["methods"].values():
+        m["speedup_vs_ar"] = m["tokens_per_s"] / ar_speed
+    return result

@@ -1,0 +1,174 @@
+"""specmesh command line: generate | models | bench | train."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error message (exit 2)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def write_json(obj, dest: str | None) -> None:
+    """--json: '-' means stdout, anything else a file path."""
+    text = json.dumps(obj, indent=2) + "\n"
+    if dest == "-":
+        sys.stdout.write(text)
+    else:
+        Path(dest).write_text(text)
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                   help="write JSON to PATH, or to stdout when no PATH is given")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", metavar="DIR", help="target checkpoint (HF layout); default: the embedded target")
+    p.add_argument("--draft", metavar="DIR", help="draft checkpoint; default: the embedded draft when needed")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="specmesh", description="Lossless speculative decoding for Llama-family models.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    g = sub.add_parser("generate", help="generate text from a prompt (streams to the terminal)")
+    g.add_argument("prompt", nargs="?", help="the prompt text")
+    g.add_argument("--prompt-file", metavar="FILE", help="read the prompt verbatim from FILE ('-' for stdin)")
+    g.add_argument("--method", default="ar", help="decoding method (default: ar)")
+    add_model_args(g)
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--max-new-tokens", type=positive_int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, help="0: off")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--n", type=positive_int, default=1, help="independent samples, decoded as one batch")
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    add_json(g)
+
+    m = sub.add_parser("models", help="list the embedded models")
+    add_json(m)
+
+    b = sub.add_parser("bench", help="run methods side by side on the same prompts")
+    b.add_argument("--methods", default="ar,hf", help="comma-separated methods (default: ar,hf)")
+    b.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (default: the shipped held-out set)")
+    b.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts")
+    b.add_argument("--max-new-tokens", type=positive_int, default=128)
+    b.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: each method in its fastest dtype, measured at start-up")
+    b.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
+    add_model_args(b)
+    add_json(b)
+
+    t = sub.add_parser("train", help="train the embedded tokenizer, target and draft (the shipped recipe)")
+    t.add_argument("--work", default="runs/train", help="scratch folder: corpus, checkpoints (default: runs/train)")
+    t.add_argument("--out", default="models", help="where the finished models go (default: models)")
+    t.add_argument("--tokens", type=positive_int, default=6_000_000, help="training tokens (default: 6M)")
+    t.add_argument("--threads", type=positive_int, default=None)
+    return parser
+
+
+def read_prompt(args, parser) -> str:
+    if (args.prompt is None) == (args.prompt_file is None):
+        parser.error("give exactly one of PROMPT or --prompt-file")
+    if args.prompt_file is None:
+        return args.prompt
+    if args.prompt_file == "-":
+        return sys.stdin.buffer.read().decode("utf-8")
+    path = Path(args.prompt_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file not found: {path}")
+    return path.read_bytes().decode("utf-8")       # verbatim: no newline translation
+
+
+def cmd_generate(args, parser) -> int:
+    from specmesh import LLM, SamplingParams
+    prompt = read_prompt(args, parser)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, n=args.n, stop=args.stop)
+    llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype)
+    run = llm.start(prompt, params)
+    stream = args.json != "-"
+    for piece in run:
+        if stream:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    out = run.output
+    if stream:
+        sys.stdout.write("\n")
+    s = out.stats
+    print(f"[{args.method}] {s.generated_tokens} tokens in {s.elapsed_s:.2f}s, {s.tokens_per_s or 0:.1f} tok/s, "
+          f"{s.tokens_per_forward or 0:.2f} tokens/target forward", file=sys.stderr)
+    if args.json:
+        write_json(out.to_json(), args.json)
+    return 0
+
+
+def cmd_models(args, parser) -> int:
+    from specmesh import embedded
+    from specmesh.loader import count_parameters
+    rows = [{"name": name, "role": role, "path": str(path), "parameters": count_parameters(path)}
+            for name, (role, path) in embedded.MODELS.items()]
+    if args.json:
+        write_json(rows, args.json)
+    else:
+        for r in rows:
+            print(f"{r['name']:18} {r['role']:7} {r['parameters'] / 1e6:6.2f}M  {r['path']}")
+    return 0
+
+
+def cmd_bench(args, parser) -> int:
+    from specmesh.bench.runner import BenchConfig, run_bench
+    from specmesh.bench.report import print_table
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        parser.error("--methods is empty")
+    cfg = BenchConfig(methods=methods, prompts=args.prompts, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                      dtype=args.dtype, threads=args.threads, target=args.target, draft=args.draft,
+                      device=args.device)
+    result = run_bench(cfg)
+    print_table(result, file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.json:
+        write_json(result, args.json)
+    return 0
+
+
+def cmd_train(args, parser) -> int:
+    from specmesh.train import TrainConfig, run
+    run(TrainConfig(work=args.work, out=args.out, tokens=args.tokens, threads=args.threads or 0))
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "models": cmd_models, "bench": cmd_bench, "train": cmd_train}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sub = parser._subparsers._group_actions[0].choices[args.command]
+    try:
+        return COMMANDS[args.command](args, sub)
+    except (ValueError, FileNotFoundError) as e:
+        sub.exit(EXIT_USAGE, f"{sub.prog}: error: {e}\n")
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The command line, run as a user would (subprocesses)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENV = os.environ | {"OMP_NUM_THREADS": "1"}
+
+
+def specmesh(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "specmesh.cli", *map(str, args)], capture_output=True, text=True,
+                          input=stdin, env=ENV, timeout=300)
+
+
+def test_generate_json_to_stdout_and_prompt_file_verbatim(tiny_checkpoint, tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_bytes(b"def f(x):\r\n\n")
+    r = specmesh("generate", "--prompt-file", prompt, "--target", tiny_checkpoint, "--max-new-tokens", 6, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"text", "tokens", "samples", "stats"}
+    assert set(out["stats"]) == {"target_forwards", "draft_forwards", "tokens_per_forward", "tokens_per_s",
+                                 "acceptance_rate"}
+    assert len(out["tokens"]) == 6 and out["samples"] == [{"text": out["text"], "tokens": out["tokens"]}]
+    r2 = specmesh("generate", "--prompt-file", "-", "--target", tiny_checkpoint, "--max-new-tokens", 6, "--json",
+                  stdin="def f(x):\r\n\n")
+    assert json.loads(r2.stdout)["tokens"] == out["tokens"]      # stdin, same bytes, same tokens
+
+
+def test_generate_streams_and_writes_json_file(tiny_checkpoint, tmp_path):
+    dest = tmp_path / "out.json"
+    r = specmesh("generate", "class A:", "--target", tiny_checkpoint, "--max-new-tokens", 5, "--n", 2,
+                 "--temperature", 1, "--seed", 4, "--json", dest)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(dest.read_text())
+    assert len(out["samples"]) == 2
+    assert r.stdout.rstrip("\n") == out["text"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate"], "exactly one of PROMPT or --prompt-file"),
+    (["generate", "x", "--temperature", "-1"], "temperature must be >= 0"),
+    (["generate", "x", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["generate", "x", "--max-new-tokens", "0"], "must be a positive integer"),
+    (["generate", "x", "--target", "/no/such/dir"], "checkpoint directory not found"),
+    (["generate", "x", "--method", "nope"], "unknown method 'nope'"),
+    (["generate", "", "--target", "TINY"], "prompt is empty"),
+    (["generate", "--prompt-file", "/no/such/file", "--target", "TINY"], "prompt file not found"),
+    (["bench", "--methods", "ar,nope"], "unknown method 'nope'"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_arguments_exit_2_with_one_line(args, message, tiny_checkpoint):
+    r = specmesh(*[tiny_checkpoint if a == "TINY" else a for a in args])
+    assert r.returncode == 2
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_help_for_every_subcommand():
+    for sub in ("generate", "models", "bench", "train"):
+        r = specmesh(sub, "--help")
+        assert r.returncode == 0 and "usage: specmesh " + sub in r.stdout
+
+
+def test_bench_ar_vs_hf_json(tiny_checkpoint, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def foo(x):"}\n{"turns": ["class A:", "ignored"]}\n')
+    dest = tmp_path / "bench.json"
+    r = specmesh("bench", "--methods", "ar,hf", "--target", tiny_checkpoint, "--prompts", prompts,
+                 "--max-new-tokens", 8, "--dtype", "float32", "--json", dest)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(dest.read_text())
+    assert set(out) == {"machine", "date", "methods", "per_prompt"}
+    fields = {"dtype", "threads", "tokens_per_s", "speedup_vs_ar", "tokens_per_forward", "acceptance_rate",
+              "mean_accepted_length", "greedy_equal_to_ar", "near_tie_divergences", "prompts", "peak_rss_mb"}
+    for name in ("ar", "hf"):
+        m = out["methods"][name]
+        assert fields <= set(m)
+        assert m["greedy_equal_to_ar"] == 2 and m["near_tie_divergences"] == 0 and m["prompts"] == 2
+    assert out["methods"]["ar"]["speedup_vs_ar"] == 1.0
+    assert len(out["per_prompt"]) == 4

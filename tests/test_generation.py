@@ -1,0 +1,130 @@
+"""`ar` decoding: stopping rules, sampling, batching of n, streaming, bad inputs."""
+import pytest
+import torch
+
+from specmesh import LLM, SamplingParams
+from specmesh.generation import Generation
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_checkpoint):
+    return LLM(target=tiny_checkpoint)
+
+
+def greedy(llm, prompt="def add(a, b):", **kw):
+    return llm.generate(prompt, SamplingParams(**({"max_new_tokens": 24} | kw)))
+
+
+def test_greedy_matches_a_plain_forward_loop(llm):
+    out = greedy(llm)
+    ids = llm.encode("def add(a, b):")
+    model = llm.models.target
+    with torch.no_grad():
+        for _ in range(24):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    assert out.tokens == ids[-24:]
+    assert out.stats.target_forwards == 24 and out.stats.tokens_per_forward == 1.0
+
+
+def test_max_new_tokens_is_exact(llm):
+    for n in (1, 2, 7):
+        out = greedy(llm, max_new_tokens=n)
+        assert len(out.tokens) == n and out.samples[0].finish_reason == "length"
+
+
+def test_eos_ends_generation_and_is_kept_in_tokens(llm):
+    base = greedy(llm).tokens
+    eos = base[5]
+    first = base.index(eos)
+    cfg = llm.models.target.config
+    old = cfg.eos_token_id
+    cfg.eos_token_id = eos
+    try:
+        out = greedy(llm)
+    finally:
+        cfg.eos_token_id = old
+    assert out.tokens == base[:first + 1]
+    assert out.samples[0].finish_reason == "eos"
+    assert out.text == llm.tokenizer.decode(base[:first])
+
+
+def test_stop_string_cuts_text_and_tokens(llm):
+    full = greedy(llm, max_new_tokens=40)
+    text = full.text
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    cut = text.find(stop)
+    out = greedy(llm, max_new_tokens=40, stop=[stop, "\x00never"])
+    assert out.text == text[:cut]
+    assert out.samples[0].finish_reason == "stop"
+    assert out.tokens == full.tokens[:len(out.tokens)]
+    assert len(llm.tokenizer.decode(out.tokens)) >= cut > len(llm.tokenizer.decode(out.tokens[:-1]))
+
+
+def test_streamed_pieces_add_up_to_the_text(llm):
+    params = SamplingParams(max_new_tokens=30, stop=["zz-not-there"])
+    pieces = list(llm.stream("class Point:", params))
+    assert "".join(pieces) == llm.generate("class Point:", params).text
+
+
+def test_seeded_sampling_is_reproducible_and_seeds_differ(llm):
+    def run(seed):
+        return llm.generate("def", SamplingParams(max_new_tokens=16, temperature=1.0, seed=seed)).tokens
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+def test_n_samples_are_batched_and_independent(llm):
+    out = llm.generate("def", SamplingParams(max_new_tokens=12, temperature=1.0, seed=0, n=4))
+    assert len(out.samples) == 4
+    assert out.tokens == out.samples[0].tokens and out.text == out.samples[0].text
+    assert len({tuple(s.tokens) for s in out.samples}) > 1
+    assert out.stats.target_forwards == 12          # one batched forward per step
+
+
+def test_top_k_one_is_greedy(llm):
+    sampled = llm.generate("def", SamplingParams(max_new_tokens=16, temperature=0.7, top_k=1, seed=5))
+    assert sampled.tokens == greedy(llm, "def", max_new_tokens=16).tokens
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"max_new_tokens": 0}, "max_new_tokens"), ({"max_new_tokens": -3}, "max_new_tokens"),
+    ({"temperature": -0.1}, "temperature"), ({"temperature": float("nan")}, "temperature"),
+    ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"n": 0}, "n must be"),
+])
+def test_bad_sampling_params(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kw)
+
+
+def test_empty_and_too_long_prompts(llm):
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate("", SamplingParams())
+    with pytest.raises(ValueError, match="does not fit the context"):
+        llm.generate([1] * llm.context, SamplingParams())
+
+
+def test_generation_near_the_context_end_stops_at_the_context(llm):
+    prompt = [5] * (llm.context - 3)
+    out = llm.generate(prompt, SamplingParams(max_new_tokens=10))
+    assert len(out.tokens) == 3 and out.samples[0].finish_reason == "length"
+
+
+def test_unknown_method(tiny_checkpoint):
+    with pytest.raises(ValueError, match="unknown method 'nope'; available: ar"):
+        LLM(target=tiny_checkpoint, method="nope")
+
+
+def test_mismatched_vocabularies(tiny_checkpoint, tmp_path):
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from specmesh.llm import VocabularyMismatchError
+    other = tmp_path / "other"
+    shutil.copytree(tiny_checkpoint, other)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+    tok.train_from_iterator(["something else entirely"] * 5, trainers.BpeTrainer(vocab_size=280, show_progress=False))
+    tok.save(str(other / "tokenizer.json"))
+    with pytest.raises(VocabularyMismatchError, match="different vocabularies"):
+        LLM(target=tiny_checkpoint, draft=other)
