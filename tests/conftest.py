@@ -2,6 +2,7 @@ import os
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from specmesh.model import ModelConfig, Transformer
 
@@ -30,9 +31,7 @@ TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """A random tiny model with a real byte-level BPE tokenizer, saved in HF layout."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from specmesh.loader import save_model
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
     path = tmp_path_factory.mktemp("tiny")
     tok = Tokenizer(models.BPE())
@@ -42,9 +41,26 @@ def tiny_checkpoint(tmp_path_factory):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([TEXT], trainer)
     tok.save(str(path / "tokenizer.json"))
-    torch.manual_seed(0)
-    model = Transformer(tiny_config(vocab_size=tok.get_vocab_size(), eos_token_id=0))
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.2)
+    save_random_model(path, tiny_config(vocab_size=tok.get_vocab_size(), eos_token_id=0), seed=0)
+    return path
+
+
+def save_random_model(path, cfg: ModelConfig, seed: int) -> None:
+    from specmesh.loader import save_model
+    torch.manual_seed(seed)
+    model = Transformer(cfg)
+    for name, p in model.named_parameters():    # unit norms, a sharp head: few likely tokens per step
+        torch.nn.init.normal_(p, std=0.3 if name.startswith("lm_head") else 0.2) if p.dim() > 1 else p.data.fill_(1.0)
     save_model(model, path, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_checkpoint(tiny_checkpoint, tmp_path_factory):
+    """A different, smaller random model sharing the tiny tokenizer (acceptance near zero)."""
+    import shutil
+    path = tmp_path_factory.mktemp("tiny-draft")
+    shutil.copy(tiny_checkpoint / "tokenizer.json", path / "tokenizer.json")
+    vocab = Tokenizer.from_file(str(path / "tokenizer.json")).get_vocab_size()
+    save_random_model(path, tiny_config(vocab_size=vocab, eos_token_id=0, num_layers=2, hidden_size=32,
+                                        num_heads=2, num_kv_heads=1), seed=7)
     return path

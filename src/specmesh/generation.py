@@ -89,37 +89,45 @@ class Row:
 class Generation:
     """Iterate for row 0's text pieces; `output` holds the result once iteration ends."""
 
-    def __init__(self, decode, models: Models, tokenizer: Tokenizer, prompt: list[int], params: SamplingParams,
-                 context: int, slack: int = 0):
+    def __init__(self, method, decode, slack: int, models: Models, tokenizer: Tokenizer, prompt: list[int],
+                 params: SamplingParams, context: int):
         if not prompt:
             raise ValueError("prompt is empty")
         if len(prompt) >= context:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {context} tokens")
-        self.decode, self.models, self.tokenizer, self.params = decode, models, tokenizer, params
+        self.decode, self.models = decode, models
         limit = min(params.max_new_tokens, context - len(prompt))
         eos = set(models.target.config.eos_ids)
         self.rows = [Row(tokenizer, params, eos, limit) for _ in range(params.n)]
-        device = models.target.device
-        self.job = Job(prompt=list(prompt), params=params, generator=make_generator(params.seed, device),
-                       max_len=min(context, len(prompt) + limit + slack), rows=params.n)
+        # batched methods decode all n rows together; the others one row after another
+        self.batch = params.n if getattr(method, "BATCHED", False) else 1
+        self.job = Job(prompt=list(prompt), params=params, generator=make_generator(params.seed, models.target.device),
+                       max_len=len(prompt) + limit + slack, limit=limit, rows=self.batch)
         self.output: Output | None = None
+
+    def _blocks(self) -> Iterator[list[list[int]]]:
+        """Blocks for all rows: one batched decode, or each row's decode in turn (others get [])."""
+        for first in range(0, len(self.rows), self.batch):
+            rows = self.rows[first:first + self.batch]
+            steps = self.decode(self.models, self.job)
+            try:
+                for blocks in steps:
+                    yield [[]] * first + blocks + [[]] * (len(self.rows) - first - len(blocks))
+                    if all(r.finish for r in rows):
+                        break
+            finally:
+                steps.close()
 
     def __iter__(self) -> Iterator[str]:
         stats = self.job.stats
         start = time.perf_counter()
         with torch.inference_mode():
-            steps = self.decode(self.models, self.job)
-            try:
-                for blocks in steps:
-                    for row, block in zip(self.rows, blocks):
-                        row.extend(block)
-                    piece = self.rows[0].stream_piece()
-                    if piece:
-                        yield piece
-                    if all(r.finish for r in self.rows):
-                        break
-            finally:
-                steps.close()
+            for blocks in self._blocks():
+                for row, block in zip(self.rows, blocks):
+                    row.extend(block)
+                piece = self.rows[0].stream_piece()
+                if piece:
+                    yield piece
         stats.elapsed_s = time.perf_counter() - start
         stats.generated_tokens = sum(len(r.tokens) for r in self.rows)
         samples = [Sample(r.text, r.tokens, r.finish or "length") for r in self.rows]

@@ -21,6 +21,7 @@ class Job:
     prompt: list[int]
     params: SamplingParams
     generator: torch.Generator
-    max_len: int                    # cache length: prompt + new tokens (+ method's slack)
+    max_len: int                    # cache length: prompt + new tokens + the method's slack
+    limit: int                      # tokens to generate at most (max_new_tokens within the context)
     rows: int = 1                   # independent samples decoded as one batch
     stats: Stats = field(default_factory=Stats)

@@ -9,6 +9,14 @@ from specmesh.cache import KVCache
 from specmesh.job import Job, Models
 from specmesh.sampling import next_tokens
 
+NEEDS_DRAFT = False
+BATCHED = True          # decodes the n samples of a request as one batch
+OPTIONS: dict = {}
+
+
+def slack(**_) -> int:
+    return 0
+
 
 def decode(models: Models, job: Job) -> Iterator[list[list[int]]]:
     target = models.target

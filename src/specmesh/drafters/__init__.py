@@ -1,0 +1,1 @@
+"""Drafters: what proposes the token trees the target verifies."""

@@ -1,0 +1,88 @@
+"""`sd` and `tree`: greedy output identical to `ar`, sampling from the target's distribution."""
+from collections import Counter
+
+import pytest
+from scipy.stats import chi2_contingency
+
+from specmesh import LLM, SamplingParams
+
+PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x", "self.y = y\n\n" * 3]
+GAMMA = 3
+
+
+@pytest.fixture(scope="module")
+def ar(tiny_checkpoint):
+    return LLM(target=tiny_checkpoint)
+
+
+@pytest.fixture(scope="module", params=["random-draft", "perfect-draft"])
+def draft_dir(request, tiny_checkpoint, tiny_draft_checkpoint):
+    return tiny_draft_checkpoint if request.param == "random-draft" else tiny_checkpoint
+
+
+@pytest.fixture(scope="module", params=["sd", "tree"])
+def spec(request, tiny_checkpoint, draft_dir):
+    return LLM(target=tiny_checkpoint, draft=draft_dir, method=request.param, gamma=GAMMA, tree_width=3,
+               max_children=2)
+
+
+@pytest.mark.parametrize("max_new", [1, GAMMA - 1, GAMMA, GAMMA + 1, 17, 40])
+def test_greedy_equals_ar(ar, spec, max_new):
+    for prompt in PROMPTS:
+        params = SamplingParams(max_new_tokens=max_new)
+        assert spec.generate(prompt, params).tokens == ar.generate(prompt, params).tokens, prompt
+
+
+def test_perfect_draft_accepts_everything(tiny_checkpoint):
+    llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="sd", gamma=GAMMA)
+    out = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=1 + 4 * (GAMMA + 1)))
+    s = out.stats
+    assert s.acceptance_rate == 1.0
+    assert s.target_forwards == 1 + 4          # prefill, then γ+1 tokens per verification
+    assert s.tokens_per_forward == (1 + 4 * (GAMMA + 1)) / 5
+
+
+def test_random_draft_rarely_accepted(tiny_checkpoint, tiny_draft_checkpoint):
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="sd", gamma=GAMMA)
+    s = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=40)).stats
+    assert s.acceptance_rate < 0.3 and s.draft_forwards > 0
+
+
+def test_eos_inside_an_accepted_block_stops_there(ar, tiny_checkpoint):
+    llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="sd", gamma=4)
+    params = SamplingParams(max_new_tokens=30)
+    base = ar.generate("def add(a, b):", params).tokens
+    eos = base[6]
+    for model in (ar.models.target, llm.models.target):
+        model.config.eos_token_id = eos
+    try:
+        got = llm.generate("def add(a, b):", params)
+        want = ar.generate("def add(a, b):", params)
+    finally:
+        for model in (ar.models.target, llm.models.target):
+            model.config.eos_token_id = 0
+    assert got.tokens == want.tokens == base[:base.index(eos) + 1]
+
+
+def test_seeded_sampling_reproducible(tiny_checkpoint, tiny_draft_checkpoint):
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="sd", gamma=GAMMA)
+    run = lambda seed: llm.generate("def", SamplingParams(max_new_tokens=12, temperature=1, seed=seed)).tokens
+    assert run(3) == run(3) and run(3) != run(4)
+
+
+def joint_counts(llm, n, seed, **kw):
+    out = llm.generate("class Point:", SamplingParams(max_new_tokens=2, temperature=1.0, seed=seed, n=n, **kw))
+    return Counter(tuple(s.tokens) for s in out.samples)
+
+
+@pytest.mark.parametrize("method, kw", [("sd", {}), ("sd", {"top_k": 4}), ("tree", {"top_p": 0.9})])
+def test_sampling_two_sample_test_against_ar(tiny_checkpoint, tiny_draft_checkpoint, method, kw):
+    ar = LLM(target=tiny_checkpoint)
+    spec = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method=method, gamma=2, tree_width=3,
+               max_children=2)
+    a, b = joint_counts(ar, 1500, 0, **kw), joint_counts(spec, 1500, 1, **kw)
+    common = [k for k in set(a) | set(b) if a[k] + b[k] >= 20]        # pool rare pairs
+    rest = [sum(c.values()) - sum(c[k] for k in common) for c in (a, b)]
+    table = [[c[k] for k in common] + ([r] if sum(rest) else []) for c, r in zip((a, b), rest)]
+    assert len(common) >= 3, "too few outcomes for a meaningful test"
+    assert chi2_contingency(table).pvalue > 1e-3
