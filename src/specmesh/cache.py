@@ -68,7 +68,7 @@ class KVCache:
         uniform = len(set(starts)) == 1 and len(set(self.lengths)) == 1
         if uniform and tree_mask is None and T == 1:
             return positions, None       # one token after everything held: attend to all keys
-        return positions, self._mask(T, tree_mask)
+        return positions, self._mask(T, None if tree_mask is None else tree_mask.to(dev))
 
     def _mask(self, T: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
         mask = torch.zeros(self.batch, 1, T, self._kv_len, dtype=torch.bool, device=self.device)

@@ -43,6 +43,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
 
 
+def add_method_options(p: argparse.ArgumentParser) -> None:
+    """Options of speculative methods; each applies to the listed methods that have it."""
+    o = p.add_argument_group("method options (default: each method's tuned value)")
+    o.add_argument("--gamma", type=positive_int, help="draft length / tree depth (sd, tree)")
+    o.add_argument("--tree-width", type=positive_int, help="nodes kept per tree level (tree)")
+    o.add_argument("--max-children", type=positive_int, help="children per node in top-k expansion (tree)")
+
+
+def method_options(args) -> dict:
+    return {k: getattr(args, k) for k in ("gamma", "tree_width", "max_children") if getattr(args, k) is not None}
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="specmesh", description="Lossless speculative decoding for Llama-family models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -60,6 +72,7 @@ def build_parser() -> Parser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--n", type=positive_int, default=1, help="independent samples, decoded as one batch")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    add_method_options(g)
     add_json(g)
 
     m = sub.add_parser("models", help="list the embedded models")
@@ -74,7 +87,9 @@ def build_parser() -> Parser:
                    help="auto: each method in its fastest dtype, measured at start-up")
     b.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     add_model_args(b)
+    add_method_options(b)
     add_json(b)
+    b.add_argument("--plot", metavar="OUT.png", help="draw speedup and tokens per target forward per method")
 
     t = sub.add_parser("train", help="train the embedded tokenizer, target and draft (the shipped recipe)")
     t.add_argument("--work", default="runs/train", help="scratch folder: corpus, checkpoints (default: runs/train)")
@@ -102,7 +117,8 @@ def cmd_generate(args, parser) -> int:
     prompt = read_prompt(args, parser)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, n=args.n, stop=args.stop)
-    llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype)
+    llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
+              **method_options(args))
     run = llm.start(prompt, params)
     stream = args.json != "-"
     for piece in run:
@@ -141,11 +157,14 @@ def cmd_bench(args, parser) -> int:
         parser.error("--methods is empty")
     cfg = BenchConfig(methods=methods, prompts=args.prompts, limit=args.limit, max_new_tokens=args.max_new_tokens,
                       dtype=args.dtype, threads=args.threads, target=args.target, draft=args.draft,
-                      device=args.device)
+                      device=args.device, options=method_options(args))
     result = run_bench(cfg)
     print_table(result, file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
         write_json(result, args.json)
+    if args.plot:
+        from specmesh.bench.report import plot
+        plot(result, args.plot)
     return 0
 
 

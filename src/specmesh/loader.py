@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from specmesh.kernels import can_pack, pack_linears
 from specmesh.model import ModelConfig, Transformer, rope_inv_freq
 from specmesh.tokenizer import Tokenizer
 
@@ -74,8 +75,9 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> Transformer:
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               pack: bool = True) -> Transformer:
+    """Load a checkpoint for inference; `pack` picks the faster CPU bf16 kernels (see kernels.py)."""
     path = Path(path)
     cfg = read_config(path)
     hf = read_weights(path)
@@ -96,7 +98,10 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     if missing:
         raise CheckpointError(f"{path}: no weights for {missing[:3]}")
     model.inv_freq = rope_inv_freq(cfg)   # buffers are not in the checkpoint
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    if pack and can_pack(dtype, model.device):
+        pack_linears(model)
+    return model
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

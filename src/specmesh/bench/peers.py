@@ -1,4 +1,9 @@
-"""Peers measured on the same checkpoints: HuggingFace transformers' own generate."""
+"""Peers measured on the same checkpoints: HuggingFace transformers' own generate.
+
+hf           plain greedy `generate`
+hf-assisted  assisted generation with our draft as `assistant_model`
+hf-pld       prompt lookup decoding (`prompt_lookup_num_tokens`)
+"""
 from __future__ import annotations
 
 import time
@@ -8,18 +13,30 @@ import torch
 
 from specmesh.stats import Stats
 
+PEERS = ("hf", "hf-assisted", "hf-pld")
+PLD_TOKENS = 10         # transformers' documented example value
+
+
+def _auto_model(path: Path, dtype: torch.dtype, device: str):
+    try:
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging
+    except ImportError:
+        raise ValueError("the hf peers need transformers: pip install -e .[peers]") from None
+    logging.disable_progress_bar()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+
 
 class HFRunner:
-    """transformers `generate` (greedy) on our checkpoint; counts target forwards with a hook."""
+    """transformers `generate` (greedy); counts target forwards with a hook."""
 
-    def __init__(self, target: Path, dtype: torch.dtype, device: str):
-        try:
-            from transformers import AutoModelForCausalLM
-            from transformers.utils import logging
-            logging.disable_progress_bar()
-        except ImportError:
-            raise ValueError("method 'hf' needs transformers: pip install -e .[peers]") from None
-        self.model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()
+    def __init__(self, kind: str, target: Path, draft: Path | None, dtype: torch.dtype, device: str):
+        self.model = _auto_model(target, dtype, device)
+        self.extra = {}
+        if kind == "hf-assisted":
+            self.extra["assistant_model"] = _auto_model(draft, dtype, device)
+        elif kind == "hf-pld":
+            self.extra["prompt_lookup_num_tokens"] = PLD_TOKENS
         self.device = device
         self.eos = self.model.config.eos_token_id
         self.forwards = 0
@@ -34,7 +51,7 @@ class HFRunner:
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                                      do_sample=False, eos_token_id=self.eos, pad_token_id=self.eos)
+                                      do_sample=False, eos_token_id=self.eos, pad_token_id=self.eos, **self.extra)
         elapsed = time.perf_counter() - start
         tokens = out[0, len(ids):].tolist()
         return tokens, Stats(target_forwards=self.forwards, generated_tokens=len(tokens), elapsed_s=elapsed)

@@ -20,3 +20,27 @@ def print_table(result: dict, file=sys.stdout) -> None:
     print(f"{result['machine']}  {result['date']}", file=file)
     for line in [HEADERS, *rows]:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)), file=file)
+
+
+def plot(result: dict, path: str) -> None:
+    """Two bar charts: speedup over ar and tokens per target forward, per method."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install -e .[plot]") from None
+    names = list(result["methods"])
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 1.2 * len(names), 3.6))
+    for ax, key, title in ((axes[0], "speedup_vs_ar", "tokens/s vs ar"),
+                           (axes[1], "tokens_per_forward", "tokens per target forward (τ)")):
+        values = [result["methods"][n][key] or 0 for n in names]
+        bars = ax.bar(names, values, color=["#888" if n == "ar" else "#3a7" for n in names])
+        ax.bar_label(bars, fmt="%.2f")
+        ax.axhline(1.0, color="k", lw=0.6)
+        ax.set_title(title)
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(f"{result['machine']} — {result['date']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

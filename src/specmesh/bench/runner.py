@@ -21,12 +21,12 @@ import torch
 from tqdm import tqdm
 
 from specmesh import embedded, methods
+from specmesh.bench.peers import PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
 from specmesh.loader import DTYPES, load_tokenizer
 from specmesh.sampling import SamplingParams
 from specmesh.stats import Stats
 
-PEERS = ("hf",)
 NEAR_TIE_REL = 2 ** -5
 CALIBRATION_TOKENS = 24
 
@@ -48,7 +48,8 @@ class BenchConfig:
 class OurRunner:
     def __init__(self, method: str, cfg: BenchConfig, dtype: str):
         from specmesh.llm import LLM
-        self.llm = LLM(target=cfg.target, draft=cfg.draft, method=method, device=cfg.device, dtype=dtype)
+        self.llm = LLM(target=cfg.target, draft=cfg.draft, method=method, device=cfg.device, dtype=dtype,
+                       **cfg.options)
 
     def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
         out = self.llm.generate(ids, SamplingParams(max_new_tokens=max_new_tokens))
@@ -56,9 +57,10 @@ class OurRunner:
 
 
 def make_runner(method: str, cfg: BenchConfig, dtype: str):
-    if method == "hf":
-        from specmesh.bench.peers import HFRunner
-        return HFRunner(Path(cfg.target) if cfg.target else embedded.path("target"), DTYPES[dtype], cfg.device)
+    if method in PEERS:
+        target = Path(cfg.target) if cfg.target else embedded.path("target")
+        draft = Path(cfg.draft) if cfg.draft else embedded.path("draft") if method == "hf-assisted" else None
+        return HFRunner(method, target, draft, DTYPES[dtype], cfg.device)
     return OurRunner(method, cfg, dtype)
 
 

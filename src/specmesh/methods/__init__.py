@@ -20,6 +20,10 @@ def get(name: str):
 def bind(name: str, options: dict) -> tuple[object, object, int]:
     """(module, decode with options bound, cache slack) for a method and the options that apply to it."""
     module = get(name)
+    known = {k for m in METHODS.values() for k in m.OPTIONS}
+    unknown = set(options) - known
+    if unknown:
+        raise ValueError(f"unknown method option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
     opts = {k: v for k, v in options.items() if k in module.OPTIONS and v is not None}
     for k, v in opts.items():
         if not isinstance(v, int) or v < 1:

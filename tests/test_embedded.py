@@ -1,0 +1,68 @@
+"""The shipped model family, end to end: listing, parity with transformers, real draft, memory."""
+import json
+import resource
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specmesh import LLM, SamplingParams, embedded
+from specmesh.bench.prompts import load_prompts
+
+
+@pytest.fixture(scope="module")
+def target_dir():
+    try:
+        return embedded.path("target")
+    except FileNotFoundError as e:
+        pytest.fail(f"the embedded models are missing ({e}); they are committed under models/")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return load_prompts(limit=4)
+
+
+def test_models_lists_target_and_draft(target_dir):
+    r = subprocess.run([sys.executable, "-m", "specmesh.cli", "models", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = {row["role"]: row for row in json.loads(r.stdout)}
+    assert set(rows) == {"target", "draft"}
+    assert 20e6 <= rows["target"]["parameters"] <= 30e6
+    assert 3e6 <= rows["draft"]["parameters"] <= 6e6
+    assert all(set(row) == {"name", "role", "path", "parameters"} for row in rows.values())
+
+
+def test_ar_greedy_equals_transformers_generate(target_dir, prompts):
+    transformers = pytest.importorskip("transformers", reason="needs the [test] extra")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    llm = LLM(dtype="float32")
+    for prompt in prompts:
+        ids = llm.encode(prompt)
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
+                              eos_token_id=hf.config.eos_token_id, pad_token_id=hf.config.eos_token_id)
+        assert llm.generate(prompt, SamplingParams(max_new_tokens=32)).tokens == ref[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("method", ["sd", "tree"])
+def test_real_draft_greedy_equals_ar_and_is_accepted(target_dir, prompts, method):
+    ar, spec = LLM(), LLM(method=method)
+    accepted = drafted = 0
+    for prompt in prompts:
+        params = SamplingParams(max_new_tokens=40)
+        out = spec.generate(prompt, params)
+        assert out.tokens == ar.generate(prompt, params).tokens
+        accepted += out.stats.accepted_tokens
+        drafted += out.stats.drafted_tokens
+        assert out.stats.tokens_per_forward > 1.5
+    assert accepted > 0 and drafted > 0
+
+
+def test_generate_with_target_and_draft_stays_under_1_5_gib(target_dir):
+    r = subprocess.run([sys.executable, "-m", "specmesh.cli", "generate", "def parse(text):", "--method", "sd",
+                        "--max-new-tokens", "16"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    assert peak_mib < 1536, f"peak RSS {peak_mib:.0f} MiB"
