@@ -63,20 +63,25 @@ def test_help_for_every_subcommand():
         assert r.returncode == 0 and "usage: specmesh " + sub in r.stdout
 
 
-def test_bench_ar_vs_hf_json(tiny_checkpoint, tmp_path):
+def test_bench_methods_and_peers_json_and_plot(tiny_checkpoint, tiny_draft_checkpoint, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def foo(x):"}\n{"turns": ["class A:", "ignored"]}\n')
-    dest = tmp_path / "bench.json"
-    r = specmesh("bench", "--methods", "ar,hf", "--target", tiny_checkpoint, "--prompts", prompts,
-                 "--max-new-tokens", 8, "--dtype", "float32", "--json", dest)
+    dest, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    methods = ["ar", "hf", "sd", "tree", "hf-assisted", "hf-pld"]
+    r = specmesh("bench", "--methods", ",".join(methods), "--target", tiny_checkpoint, "--draft",
+                 tiny_draft_checkpoint, "--prompts", prompts, "--max-new-tokens", 8, "--dtype", "float32",
+                 "--gamma", 2, "--json", dest, "--plot", png)
     assert r.returncode == 0, r.stderr
     out = json.loads(dest.read_text())
     assert set(out) == {"machine", "date", "methods", "per_prompt"}
     fields = {"dtype", "threads", "tokens_per_s", "speedup_vs_ar", "tokens_per_forward", "acceptance_rate",
               "mean_accepted_length", "greedy_equal_to_ar", "near_tie_divergences", "prompts", "peak_rss_mb"}
-    for name in ("ar", "hf"):
+    assert list(out["methods"]) == methods
+    for name in methods:
         m = out["methods"][name]
         assert fields <= set(m)
         assert m["greedy_equal_to_ar"] == 2 and m["near_tie_divergences"] == 0 and m["prompts"] == 2
     assert out["methods"]["ar"]["speedup_vs_ar"] == 1.0
-    assert len(out["per_prompt"]) == 4
+    assert out["methods"]["sd"]["acceptance_rate"] is not None and out["methods"]["ar"]["acceptance_rate"] is None
+    assert len(out["per_prompt"]) == 2 * len(methods)
+    assert png.stat().st_size > 10_000

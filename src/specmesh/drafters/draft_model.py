@@ -43,12 +43,18 @@ class DraftModel:
         logits = self._forward(self.pending)[-1:]          # [1, V] at the root
         self.cache.commit_all()
         self.pending = []
-        sample_chain = not self.job.params.greedy and width == 1 and max_children == 1
-        tree.sampled = sample_chain
+        chain = width == 1 and max_children == 1
+        greedy = self.job.params.greedy
+        tree.sampled = chain and not greedy
         level = [0]
         for d in range(depth):
+            if chain and greedy:                                # argmax chain: no distribution needed
+                level = [tree.add(int(logits[-1].argmax()), level[0])]
+                if d + 1 < depth:
+                    logits = self._forward_level(tree, level)
+                continue
             q = self._dist(logits)                              # [len(level), V]
-            if sample_chain:
+            if tree.sampled:
                 tree.q[level[0]] = q[0]
                 x = int(torch.multinomial(q[0], 1, generator=self.job.generator))
                 level = [tree.add(x, level[0], float(q[0, x]))]
@@ -68,6 +74,9 @@ class DraftModel:
     def _forward_level(self, tree: TokenTree, level: list[int]) -> torch.Tensor:
         """Run the draft over one new tree level; each node sees its drafted ancestors (the root is committed)."""
         held = len(self.slots)
+        if len(level) == 1 and tree.parents[level[0]] == len(tree) - 2 and held == len(tree) - 2:
+            self.slots[level[0]] = held                         # a chain so far: the cache's default mask
+            return self._forward([tree.tokens[level[0]]])
         mask = torch.zeros(len(level), held + len(level), dtype=torch.bool)
         for i, node in enumerate(level):
             for anc in tree.path_to(tree.parents[node])[1:]:
