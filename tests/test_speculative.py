@@ -86,3 +86,13 @@ def test_sampling_two_sample_test_against_ar(tiny_checkpoint, tiny_draft_checkpo
     table = [[c[k] for k in common] + ([r] if sum(rest) else []) for c, r in zip((a, b), rest)]
     assert len(common) >= 3, "too few outcomes for a meaningful test"
     assert chi2_contingency(table).pvalue > 1e-3
+
+
+def test_n_samples_share_the_prompt_prefill(ar, tiny_checkpoint, tiny_draft_checkpoint):
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="sd", gamma=GAMMA)
+    params = SamplingParams(max_new_tokens=9, n=3)
+    out = llm.generate("def add(a, b):", params)
+    want = ar.generate("def add(a, b):", SamplingParams(max_new_tokens=9)).tokens
+    assert [s.tokens for s in out.samples] == [want] * 3
+    one = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=9)).stats
+    assert out.stats.target_forwards == 3 * one.target_forwards - 2      # one prompt prefill, not three

@@ -122,6 +122,19 @@ class KVCache:
     def prune(self, row: int, keep: Sequence[int]) -> None:
         self.commit(row, [], keep)
 
+    def prefix(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A copy of the committed prefix (all rows equally long): per-layer k, v [B,Hkv,L,hd]."""
+        L = self.lengths[0]
+        return [k[:, :, :L].clone() for k in self.k], [v[:, :, :L].clone() for v in self.v]
+
+    def load_prefix(self, kv: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+        """Make a `prefix()` copy the committed tokens of every row."""
+        L = kv[0][0].shape[2]
+        for dst, src in zip(self.k + self.v, kv[0] + kv[1]):
+            dst[:, :, :L] = src
+        self.lengths = [L] * self.batch
+        self.spec = [0] * self.batch
+
     def rollback(self, row: int, length: int) -> None:
         """Truncate row to `length` committed tokens and drop its speculative slots."""
         if not 0 <= length <= self.lengths[row] + self.spec[row]:

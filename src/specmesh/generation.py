@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specmesh.job import Job, Models
+from specmesh.methods import Method
 from specmesh.sampling import SamplingParams, make_generator
 from specmesh.stats import Stats
 from specmesh.tokenizer import Tokenizer
@@ -89,20 +90,20 @@ class Row:
 class Generation:
     """Iterate for row 0's text pieces; `output` holds the result once iteration ends."""
 
-    def __init__(self, method, decode, slack: int, models: Models, tokenizer: Tokenizer, prompt: list[int],
+    def __init__(self, method: Method, models: Models, tokenizer: Tokenizer, prompt: list[int],
                  params: SamplingParams, context: int):
         if not prompt:
             raise ValueError("prompt is empty")
         if len(prompt) >= context:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {context} tokens")
-        self.decode, self.models = decode, models
+        self.decode, self.models = method.decode, models
         limit = min(params.max_new_tokens, context - len(prompt))
         eos = set(models.target.config.eos_ids)
         self.rows = [Row(tokenizer, params, eos, limit) for _ in range(params.n)]
         # batched methods decode all n rows together; the others one row after another
-        self.batch = params.n if getattr(method, "BATCHED", False) else 1
+        self.batch = params.n if method.batched else 1
         self.job = Job(prompt=list(prompt), params=params, generator=make_generator(params.seed, models.target.device),
-                       max_len=len(prompt) + limit + slack, limit=limit, rows=self.batch)
+                       max_len=len(prompt) + limit + method.slack, limit=limit, rows=self.batch)
         self.output: Output | None = None
 
     def _blocks(self) -> Iterator[list[list[int]]]:

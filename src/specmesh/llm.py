@@ -34,14 +34,13 @@ class LLM:
 
     def __init__(self, target: str | Path | None = None, draft: str | Path | None = None, method: str = "ar",
                  device: str = "cpu", dtype: str | torch.dtype = "float32", **options):
-        self.module, self.decode, self.slack = methods.bind(method, options)
-        self.method = method
+        self.method = methods.get(method, options)
         self.dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
         target = Path(target) if target else embedded.path("target")
         self.tokenizer = load_tokenizer(target)
         self.models = Models(load_model(target, self.dtype, self.device))
-        if draft is None and self.module.NEEDS_DRAFT:
+        if draft is None and self.method.needs_draft:
             draft = embedded.path("draft")
         if draft is not None:
             self.models.draft = load_model(draft, self.dtype, self.device)
@@ -59,8 +58,7 @@ class LLM:
         params.validate()
         if isinstance(prompt, str) and not prompt:
             raise ValueError("prompt is empty")
-        return Generation(self.module, self.decode, self.slack, self.models, self.tokenizer, self.encode(prompt),
-                          params, self.context)
+        return Generation(self.method, self.models, self.tokenizer, self.encode(prompt), params, self.context)
 
     def generate(self, prompt: str | list[int], params: SamplingParams | None = None) -> Output:
         return self.start(prompt, params).run()

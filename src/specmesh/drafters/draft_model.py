@@ -19,7 +19,9 @@ class DraftModel:
     def __init__(self, model, job: Job):
         self.model, self.job = model, job
         self.cache = KVCache.for_model(model, 1, job.max_len)
-        self.pending = list(job.prompt)
+        if len(job.prompt) > 1:             # the last prompt token goes in with the first proposal
+            job.prefill(model, self.cache, job.prompt[:-1], "draft")
+        self.pending = job.prompt[-1:]
         self.slots: dict[int, int] = {}     # tree node -> draft speculative slot
 
     def _forward(self, tokens: list[int], **tree) -> torch.Tensor:

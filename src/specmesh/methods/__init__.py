@@ -1,31 +1,41 @@
 """Decoding methods. Each module has `decode(models, job, **options)`, a generator that
 yields, per step, the tokens newly committed for each of the job's rows (a list of
 lists; the generation driver stops it once every row is finished), plus
-`NEEDS_DRAFT`, `OPTIONS` (defaults) and `slack(**options)` (extra cache slots)."""
+`NEEDS_DRAFT`, `OPTIONS` (defaults) and `slack(**options)` (extra cache slots);
+`BATCHED = True` when it decodes several rows at once."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from specmesh.methods import ar, sd, tree
 
 METHODS = {"ar": ar, "sd": sd, "tree": tree}
 
 
-def get(name: str):
+@dataclass
+class Method:
+    name: str
+    decode: Callable            # decode(models, job) with the options bound
+    needs_draft: bool
+    batched: bool
+    slack: int                  # cache slots beyond prompt + new tokens (speculative nodes)
+
+
+def get(name: str, options: dict | None = None) -> Method:
+    """A method with the given options applied (options other methods have are ignored)."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
-    return METHODS[name]
-
-
-def bind(name: str, options: dict) -> tuple[object, object, int]:
-    """(module, decode with options bound, cache slack) for a method and the options that apply to it."""
-    module = get(name)
+    options = options or {}
     known = {k for m in METHODS.values() for k in m.OPTIONS}
     unknown = set(options) - known
     if unknown:
         raise ValueError(f"unknown method option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    module = METHODS[name]
     opts = {k: v for k, v in options.items() if k in module.OPTIONS and v is not None}
     for k, v in opts.items():
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}: {k} must be a positive integer, got {v!r}")
-    return module, functools.partial(module.decode, **opts), module.slack(**(module.OPTIONS | opts))
+    return Method(name, functools.partial(module.decode, **opts), module.NEEDS_DRAFT,
+                  getattr(module, "BATCHED", False), module.slack(**(module.OPTIONS | opts)))

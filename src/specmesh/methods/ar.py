@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import torch
-
 from specmesh.cache import KVCache
 from specmesh.job import Job, Models
 from specmesh.sampling import next_tokens
@@ -21,11 +19,10 @@ def slack(**_) -> int:
 def decode(models: Models, job: Job) -> Iterator[list[list[int]]]:
     target = models.target
     cache = KVCache.for_model(target, job.rows, job.max_len)
-    ids = torch.tensor([job.prompt] * job.rows, device=target.device)
-    logits = target(ids, cache, last_only=True)[:, -1]         # [B, V]
+    logits = job.prefill(target, cache, job.prompt, "target")     # [B, V]
     while True:
-        cache.commit_all()
-        job.stats.target_forwards += 1
         tokens = next_tokens(logits, job.params, job.generator)  # [B]
         yield [[t] for t in tokens.tolist()]
         logits = target(tokens[:, None], cache)[:, -1]
+        cache.commit_all()
+        job.stats.target_forwards += 1

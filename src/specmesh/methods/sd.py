@@ -33,9 +33,7 @@ def speculate(models: Models, job: Job, depth: int, width: int, max_children: in
     target, stats = models.target, job.stats
     cache = KVCache.for_model(target, 1, job.max_len)
     drafter = DraftModel(models.draft, job)
-    logits = target(torch.tensor([job.prompt], device=target.device), cache, last_only=True)[:, -1]
-    cache.commit_all()
-    stats.target_forwards += 1
+    logits = job.prefill(target, cache, job.prompt, "target")
     root = int(next_tokens(logits, job.params, job.generator))
     yield [[root]]
     produced = 1
