@@ -1,0 +1,135 @@
+"""n-gram caches that propose continuations without a draft model (Self-Draft).
+
+ContextCache: n-grams seen in this generation (from the draft branches and the
+accepted output), an LRU list of continuations per key token, bounded per key.
+
+CorpusCache: n-grams counted over a corpus. A lookup tries the longest context
+suffix first (up to `max_prefix` tokens), and within one prefix the most frequent
+continuation first. Built by `specmesh ngram build` in shards, so memory stays
+bounded by the number of distinct n-grams kept, and saved as a compressed .npz.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+
+class ContextCache:
+    def __init__(self, gram: int = 4, per_key: int = 10):
+        self.gram, self.per_key = gram, per_key
+        self.table: dict[int, OrderedDict[tuple[int, ...], None]] = {}
+
+    def add(self, gram: Sequence[int]) -> None:
+        """Record gram[1:] as the most recent continuation of gram[0]."""
+        conts = self.table.setdefault(gram[0], OrderedDict())
+        cont = tuple(gram[1:])
+        conts.pop(cont, None)
+        conts[cont] = None
+        if len(conts) > self.per_key:
+            conts.popitem(last=False)
+
+    def add_sequence(self, tokens: Sequence[int]) -> None:
+        for i in range(len(tokens) - self.gram + 1):
+            self.add(tokens[i:i + self.gram])
+
+    def lookup(self, key: int, k: int) -> list[tuple[int, ...]]:
+        """Up to k continuations of `key`, most recently seen first."""
+        conts = self.table.get(key)
+        return [] if not conts else list(reversed(conts))[:k]
+
+
+class CorpusCache:
+    def __init__(self, tables: dict[int, tuple[np.ndarray, np.ndarray]], cont_len: int):
+        # tables[p] = (prefixes [M, p], continuations [M, cont_len]); rows sorted by prefix, then frequency
+        self.tables, self.cont_len = tables, cont_len
+        self.max_prefix = max(tables, default=0)
+        self.index: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for p, (prefixes, conts) in tables.items():
+            for pre, cont in zip(map(tuple, prefixes.tolist()), map(tuple, conts.tolist())):
+                self.index.setdefault(pre, []).append(cont)
+
+    def lookup(self, context: Sequence[int], k: int) -> list[tuple[int, ...]]:
+        """Up to k continuations of the context: longest matching suffix first, then most frequent."""
+        out: list[tuple[int, ...]] = []
+        for p in range(min(self.max_prefix, len(context)), 0, -1):
+            for cont in self.index.get(tuple(context[-p:]), ()):
+                if cont not in out:
+                    out.append(cont)
+                if len(out) == k:
+                    return out
+        return out
+
+    def save(self, path: str | Path) -> None:
+        arrays = {}
+        for p, (prefixes, conts) in self.tables.items():
+            arrays[f"prefix{p}"], arrays[f"cont{p}"] = prefixes.astype(np.int32), conts.astype(np.int32)
+        np.savez_compressed(path, cont_len=self.cont_len, **arrays)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CorpusCache":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"n-gram corpus cache not found: {path}")
+        with np.load(path) as z:
+            tables = {int(n[6:]): (z[n], z[f"cont{n[6:]}"]) for n in z.files if n.startswith("prefix")}
+            return cls(tables, int(z["cont_len"]))
+
+
+def count_ngrams(docs: Iterable[np.ndarray], n: int, shard_tokens: int = 2_000_000,
+                 total: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct n-grams [M, n] and their counts over token arrays, counted shard by shard."""
+    grams, counts = np.zeros((0, n), np.int32), np.zeros(0, np.int64)
+    shard: list[np.ndarray] = []
+    size = 0
+
+    def merge():
+        nonlocal grams, counts, shard, size
+        windows = [np.lib.stride_tricks.sliding_window_view(d, n) for d in shard if len(d) >= n]
+        if windows:
+            new, new_counts = np.unique(np.concatenate(windows), axis=0, return_counts=True)
+            grams, inverse = np.unique(np.concatenate([grams, new]), axis=0, return_inverse=True)
+            counts = np.bincount(inverse.ravel(), weights=np.concatenate([counts, new_counts]),
+                                 minlength=len(grams)).astype(np.int64)
+        shard, size = [], 0
+
+    with tqdm(total=total, desc=f"{n}-grams", unit="tok", disable=total is None) as bar:
+        for doc in docs:
+            shard.append(doc.astype(np.int32))
+            size += len(doc)
+            bar.update(len(doc))
+            if size >= shard_tokens:
+                merge()
+        merge()
+    return grams, counts
+
+
+def top_continuations(grams: np.ndarray, counts: np.ndarray, prefix: int, per_prefix: int,
+                      min_count: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each prefix (first `prefix` columns), its `per_prefix` most frequent continuations."""
+    keep = counts >= min_count
+    grams, counts = grams[keep], counts[keep]
+    # sort by prefix columns, then by descending count
+    order = np.lexsort((-counts, *[grams[:, i] for i in reversed(range(prefix))]))
+    grams = grams[order]
+    pre = grams[:, :prefix]
+    new_group = np.ones(len(grams), bool)
+    new_group[1:] = (pre[1:] != pre[:-1]).any(axis=1)
+    group_start = np.maximum.accumulate(np.where(new_group, np.arange(len(grams)), 0))
+    rank = np.arange(len(grams)) - group_start
+    chosen = grams[rank < per_prefix]
+    return chosen[:, :prefix], chosen[:, prefix:]
+
+
+def build_corpus_cache(docs: list[np.ndarray], cont_len: int = 3, max_prefix: int = 2,
+                       per_prefix: tuple[int, ...] = (8, 4), min_count: int = 2) -> CorpusCache:
+    """A CorpusCache from tokenized documents: prefixes of 1..max_prefix tokens."""
+    total = sum(len(d) for d in docs)
+    tables = {}
+    for p in range(1, max_prefix + 1):
+        grams, counts = count_ngrams(docs, p + cont_len, total=total)
+        tables[p] = top_continuations(grams, counts, p, per_prefix[p - 1], min_count)
+    return CorpusCache(tables, cont_len)
