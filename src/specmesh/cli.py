@@ -91,6 +91,16 @@ def build_parser() -> Parser:
     add_json(b)
     b.add_argument("--plot", metavar="OUT.png", help="draw speedup and tokens per target forward per method")
 
+    n = sub.add_parser("ngram", help="n-gram caches for selfdraft")
+    nsub = n.add_subparsers(dest="ngram_command", required=True, parser_class=Parser)
+    nb = nsub.add_parser("build", help="count n-grams over a corpus into a corpus cache (.npz)")
+    nb.add_argument("--corpus", required=True, metavar="DIR", help="folder of text files (*.py, *.txt, *.md)")
+    nb.add_argument("--out", required=True, metavar="FILE", help="the cache file to write (.npz)")
+    nb.add_argument("--tokenizer", metavar="DIR", help="checkpoint whose tokenizer to use (default: embedded target)")
+    nb.add_argument("--gram", type=positive_int, default=4, help="n-gram size G: continuations of G-1 tokens")
+    nb.add_argument("--skip-heldout", action="store_true",
+                    help="leave out files the stdlib held-out rule reserves (for the embedded models' cache)")
+
     t = sub.add_parser("train", help="train the embedded tokenizer, target and draft (the shipped recipe)")
     t.add_argument("--work", default="runs/train", help="scratch folder: corpus, checkpoints (default: runs/train)")
     t.add_argument("--out", default="models", help="where the finished models go (default: models)")
@@ -168,13 +178,27 @@ def cmd_bench(args, parser) -> int:
     return 0
 
 
+def cmd_ngram(args, parser) -> int:
+    from specmesh.drafters.ngram import build_corpus_cache, read_corpus
+    from specmesh.loader import load_tokenizer
+    from specmesh import embedded
+    tokenizer = load_tokenizer(args.tokenizer or embedded.path("target"))
+    docs = read_corpus(Path(args.corpus), tokenizer, skip_heldout=args.skip_heldout)
+    cache = build_corpus_cache(docs, cont_len=args.gram - 1)
+    cache.save(args.out)
+    print(f"{args.out}: {sum(len(p) for p, _ in cache.tables.values())} prefixes, "
+          f"{Path(args.out).stat().st_size / 1e6:.1f} MB", file=sys.stderr)
+    return 0
+
+
 def cmd_train(args, parser) -> int:
     from specmesh.train import TrainConfig, run
     run(TrainConfig(work=args.work, out=args.out, tokens=args.tokens, threads=args.threads or 0))
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "models": cmd_models, "bench": cmd_bench, "train": cmd_train}
+COMMANDS = {"generate": cmd_generate, "models": cmd_models, "bench": cmd_bench, "ngram": cmd_ngram,
+            "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,3 +133,25 @@ def build_corpus_cache(docs: list[np.ndarray], cont_len: int = 3, max_prefix: in
         grams, counts = count_ngrams(docs, p + cont_len, total=total)
         tables[p] = top_continuations(grams, counts, p, per_prefix[p - 1], min_count)
     return CorpusCache(tables, cont_len)
+
+
+TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst"}
+
+
+def read_corpus(root: Path, tokenizer, skip_heldout: bool = False) -> list[np.ndarray]:
+    """Token arrays of the text files under root (UTF-8 only), optionally without held-out stdlib files."""
+    from specmesh.corpus import is_heldout
+    if not root.is_dir():
+        raise FileNotFoundError(f"corpus directory not found: {root}")
+    files = [p for p in sorted(root.rglob("*")) if p.suffix in TEXT_SUFFIXES and p.is_file()
+             and "site-packages" not in p.relative_to(root).parts
+             and not (skip_heldout and is_heldout(p.relative_to(root).as_posix()))]
+    docs = []
+    for path in tqdm(files, desc="tokenize", unit="file"):
+        try:
+            docs.append(np.array(tokenizer.encode(path.read_text(encoding="utf-8")), dtype=np.int32))
+        except (UnicodeDecodeError, OSError):
+            continue
+    if not docs:
+        raise ValueError(f"no readable text files under {root}")
+    return docs
