@@ -49,10 +49,19 @@ def add_method_options(p: argparse.ArgumentParser) -> None:
     o.add_argument("--gamma", type=positive_int, help="draft length / tree depth (sd, tree)")
     o.add_argument("--tree-width", type=positive_int, help="nodes kept per tree level (tree)")
     o.add_argument("--max-children", type=positive_int, help="children per node in top-k expansion (tree)")
+    o.add_argument("--branches", type=positive_int, help="draft branches N (selfdraft)")
+    o.add_argument("--branch-len", type=positive_int, help="branch length cap L (selfdraft)")
+    o.add_argument("--gram", type=positive_int, help="n-gram size G (selfdraft)")
+    o.add_argument("--max-candidates", type=positive_int, help="candidate continuations verified per step (selfdraft)")
+    o.add_argument("--ngram-cache", metavar="FILE", help="corpus n-gram cache (selfdraft; default: beside the target)")
+
+
+OPTION_NAMES = ("gamma", "tree_width", "max_children", "branches", "branch_len", "gram", "max_candidates",
+                "ngram_cache")
 
 
 def method_options(args) -> dict:
-    return {k: getattr(args, k) for k in ("gamma", "tree_width", "max_children") if getattr(args, k) is not None}
+    return {k: getattr(args, k) for k in OPTION_NAMES if getattr(args, k) is not None}
 
 
 def build_parser() -> Parser:

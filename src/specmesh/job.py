@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -15,6 +16,7 @@ from specmesh.stats import Stats
 class Models:
     target: Transformer
     draft: Transformer | None = None
+    target_path: Path | None = None         # the target's checkpoint folder (holds its n-gram cache)
 
 
 @dataclass

@@ -39,7 +39,7 @@ class LLM:
         self.device = torch.device(device)
         target = Path(target) if target else embedded.path("target")
         self.tokenizer = load_tokenizer(target)
-        self.models = Models(load_model(target, self.dtype, self.device))
+        self.models = Models(load_model(target, self.dtype, self.device), target_path=target)
         if draft is None and self.method.needs_draft:
             draft = embedded.path("draft")
         if draft is not None:

@@ -9,9 +9,9 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specmesh.methods import ar, sd, tree
+from specmesh.methods import ar, sd, selfdraft, tree
 
-METHODS = {"ar": ar, "sd": sd, "tree": tree}
+METHODS = {"ar": ar, "sd": sd, "tree": tree, "selfdraft": selfdraft}
 
 
 @dataclass
@@ -35,7 +35,7 @@ def get(name: str, options: dict | None = None) -> Method:
     module = METHODS[name]
     opts = {k: v for k, v in options.items() if k in module.OPTIONS and v is not None}
     for k, v in opts.items():
-        if not isinstance(v, int) or v < 1:
+        if isinstance(module.OPTIONS[k], int) and (not isinstance(v, int) or v < 1):
             raise ValueError(f"{name}: {k} must be a positive integer, got {v!r}")
     return Method(name, functools.partial(module.decode, **opts), module.NEEDS_DRAFT,
                   getattr(module, "BATCHED", False), module.slack(**(module.OPTIONS | opts)))

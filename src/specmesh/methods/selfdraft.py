@@ -11,6 +11,7 @@ context cache and grow the branches.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -23,8 +24,21 @@ from specmesh.tree import TokenTree
 from specmesh.verify import verify
 
 NEEDS_DRAFT = False
-OPTIONS = {"branches": 2, "branch_len": 4, "gram": 4, "max_candidates": 4}
-CORPUS: dict[str, CorpusCache] = {}        # loaded corpus caches, by path
+OPTIONS = {"branches": 2, "branch_len": 4, "gram": 4, "max_candidates": 4,
+           "ngram_cache": ""}         # corpus cache file; default: ngram.npz beside the target's weights
+CORPUS: dict[Path, CorpusCache] = {}       # loaded corpus caches, by path
+
+
+def corpus_cache(models: Models, path: str) -> CorpusCache | None:
+    if path:
+        file = Path(path)
+    elif models.target_path is not None and (models.target_path / "ngram.npz").exists():
+        file = models.target_path / "ngram.npz"
+    else:
+        return None
+    if file not in CORPUS:
+        CORPUS[file] = CorpusCache.load(file)
+    return CORPUS[file]
 
 
 def slack(branches: int = OPTIONS["branches"], branch_len: int = OPTIONS["branch_len"],
@@ -55,8 +69,9 @@ def forward_inputs(tree: TokenTree, branches: Branches, device) -> tuple[torch.T
 
 def decode(models: Models, job: Job, branches: int = OPTIONS["branches"], branch_len: int = OPTIONS["branch_len"],
            gram: int = OPTIONS["gram"], max_candidates: int = OPTIONS["max_candidates"],
-           corpus: CorpusCache | None = None) -> Iterator[list[list[int]]]:
+           ngram_cache: str = "") -> Iterator[list[list[int]]]:
     target, stats = models.target, job.stats
+    corpus = corpus_cache(models, ngram_cache)
     cache = KVCache.for_model(target, 1, job.max_len)
     sequence = list(job.prompt)
     context = ContextCache(gram)
