@@ -108,12 +108,16 @@ def build_parser() -> Parser:
     nb.add_argument("--tokenizer", metavar="DIR", help="checkpoint whose tokenizer to use (default: embedded target)")
     nb.add_argument("--gram", type=positive_int, default=4, help="n-gram size G: continuations of G-1 tokens")
     nb.add_argument("--skip-heldout", action="store_true",
-                    help="leave out files the stdlib held-out rule reserves (for the embedded models' cache)")
+                    help="the embedded models' training split: .py files outside the stdlib held-out rule")
 
     t = sub.add_parser("train", help="train the embedded tokenizer, target and draft (the shipped recipe)")
     t.add_argument("--work", default="runs/train", help="scratch folder: corpus, checkpoints (default: runs/train)")
     t.add_argument("--out", default="models", help="where the finished models go (default: models)")
-    t.add_argument("--tokens", type=positive_int, default=6_000_000, help="training tokens (default: 6M)")
+    t.add_argument("--tokens", type=positive_int, default=6_000_000, help="co-training tokens (default: 6M)")
+    t.add_argument("--distill-tokens", type=positive_int, default=4_000_000,
+                   help="draft-only distillation tokens after co-training (default: 4M)")
+    t.add_argument("--resume-from", metavar="DIR",
+                   help="models folder (target/, draft/) of a finished co-training: run only the distillation")
     t.add_argument("--threads", type=positive_int, default=None)
     return parser
 
@@ -202,7 +206,8 @@ def cmd_ngram(args, parser) -> int:
 
 def cmd_train(args, parser) -> int:
     from specmesh.train import TrainConfig, run
-    run(TrainConfig(work=args.work, out=args.out, tokens=args.tokens, threads=args.threads or 0))
+    run(TrainConfig(work=args.work, out=args.out, tokens=args.tokens, distill_tokens=args.distill_tokens,
+                    resume_from=args.resume_from or "", threads=args.threads or 0))
     return 0
 
 

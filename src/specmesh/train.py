@@ -6,9 +6,12 @@
      target on next-token cross-entropy; draft on 0.5 * cross-entropy +
      0.5 * KL(target || draft) against the target's current (detached) logits —
      online distillation, which raises draft/target agreement;
-  3. bfloat16 autocast (about 1.9x faster than float32 on AMX CPUs), AdamW,
+  3. the draft alone distilled from the finished, frozen target (pure KL on a fresh
+     shuffle): a draft that chases a moving target lags it, and agreement with the
+     final target is what speculation pays for;
+  4. bfloat16 autocast (about 1.9x faster than float32 on AMX CPUs), AdamW,
      linear warm-up then cosine decay; checkpoints in --work for resuming;
-  4. the finished weights are written in HF layout, 16-bit, with held-out metrics.
+  5. the finished weights are written in HF layout, 16-bit, with held-out metrics.
 """
 from __future__ import annotations
 
@@ -40,13 +43,16 @@ class TrainConfig:
     work: str = "runs/train"        # git-ignored: corpus, checkpoints
     out: str = "models"             # finished weights: OUT/target, OUT/draft
     prompts: str = "prompts/stdlib-heldout.jsonl"   # evaluation prompts cut from held-out files
-    tokens: int = 6_000_000         # training tokens (the corpus holds ~9M)
+    tokens: int = 6_000_000         # co-training tokens (the corpus holds ~9M)
+    distill_tokens: int = 4_000_000 # draft-only distillation tokens
     batch: int = 4                  # windows of CONTEXT tokens per step
     lr_target: float = 1e-3
     lr_draft: float = 2e-3
+    lr_distill: float = 4e-4
     warmup: int = 100
     seed: int = 0
     threads: int = 0                # 0: torch's default
+    resume_from: str = ""           # models folder (target/, draft/) of a finished co-training: distill only
 
 
 def model_config(shape: dict, eos_id: int) -> ModelConfig:
@@ -86,7 +92,11 @@ def prepare_corpus(cfg: TrainConfig):
     if not (work / "train.npy").exists():
         print("reading the stdlib corpus ...", flush=True)
         train, heldout = corpus.split(corpus.stdlib_sources())
-        tok = train_tokenizer([t for _, t in train], tok_dir)
+        if (tok_dir / "tokenizer.json").exists():
+            from tokenizers import Tokenizer
+            tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+        else:
+            tok = train_tokenizer([t for _, t in train], tok_dir)
         np.save(work / "train.npy", encode_split(tok, train))
         np.save(work / "heldout.npy", encode_split(tok, heldout))
         corpus.write_jsonl(corpus.make_prompts(heldout), cfg.prompts)
@@ -149,8 +159,34 @@ def run(cfg: TrainConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     work = Path(cfg.work)
     work.mkdir(parents=True, exist_ok=True)
-    tok, train_ids, heldout_ids = prepare_corpus(cfg)
-    eos = tok.token_to_id(EOS)
+    if cfg.resume_from:
+        target, draft = load_stage1(cfg)
+        tok, train_ids, heldout_ids = prepare_corpus(cfg)
+    else:
+        tok, train_ids, heldout_ids = prepare_corpus(cfg)
+        target, draft = cotrain(cfg, train_ids, tok.token_to_id(EOS))
+    distill(cfg, target, draft, train_ids)
+    return export(cfg, target, draft, heldout_ids)
+
+
+def load_stage1(cfg: TrainConfig) -> tuple[Transformer, Transformer]:
+    """Target and draft of a finished co-training, exported to cfg.resume_from; its tokenizer is reused."""
+    import shutil
+    from specmesh.loader import load_model
+    src = Path(cfg.resume_from)
+    tok_dir = Path(cfg.work) / "tokenizer"
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / "target" / f, tok_dir / f)
+    return tuple(load_model(src / name, dtype=torch.float32, pack=False) for name in ("target", "draft"))
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for g in opt.param_groups:
+        g["lr"] = lr
+
+
+def cotrain(cfg: TrainConfig, train_ids: np.ndarray, eos: int) -> tuple[Transformer, Transformer]:
     torch.manual_seed(cfg.seed)
     target, draft = Transformer(model_config(TARGET, eos)), Transformer(model_config(DRAFT, eos))
     init_weights(target)
@@ -158,22 +194,15 @@ def run(cfg: TrainConfig) -> dict:
     opt_t, opt_d = optimizer(target, cfg.lr_target), optimizer(draft, cfg.lr_draft)
     steps = cfg.tokens // (cfg.batch * CONTEXT)
     starts = windows(train_ids, steps, cfg.batch, cfg.seed)
-    step0 = 0
-    ckpt = work / "checkpoint.pt"
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        for obj, key in ((target, "target"), (draft, "draft"), (opt_t, "opt_t"), (opt_d, "opt_d")):
-            obj.load_state_dict(state[key])
-        step0 = state["step"]
-        print(f"resuming at step {step0}", flush=True)
+    ckpt = Path(cfg.work) / "checkpoint.pt"
+    step0 = resume(ckpt, target=target, draft=draft, opt_t=opt_t, opt_d=opt_d)
     print(f"target {target.num_parameters() / 1e6:.1f}M, draft {draft.num_parameters() / 1e6:.1f}M, "
           f"{steps} steps x {cfg.batch * CONTEXT} tokens", flush=True)
-    bar = tqdm(range(step0, steps), initial=step0, total=steps, desc="train", unit="step")
+    bar = tqdm(range(step0, steps), initial=step0, total=steps, desc="co-train", unit="step")
     t0 = time.time()
     for step in bar:
-        for opt, lr in ((opt_t, cfg.lr_target), (opt_d, cfg.lr_draft)):
-            for g in opt.param_groups:
-                g["lr"] = lr * lr_factor(step, steps, cfg.warmup)
+        set_lr(opt_t, cfg.lr_target * lr_factor(step, steps, cfg.warmup))
+        set_lr(opt_d, cfg.lr_draft * lr_factor(step, steps, cfg.warmup))
         x, y = batch_at(train_ids, starts[step])
         loss_t, ce_d, kl = losses(target, draft, x, y)
         (loss_t + 0.5 * ce_d + 0.5 * kl).backward()
@@ -185,9 +214,53 @@ def run(cfg: TrainConfig) -> dict:
         bar.set_postfix(target=f"{loss_t.item():.3f}", draft=f"{ce_d.item():.3f}", kl=f"{kl.item():.3f}",
                         tok_s=f"{tps:.0f}")
         if (step + 1) % 100 == 0 or step + 1 == steps:
-            torch.save({"target": target.state_dict(), "draft": draft.state_dict(), "opt_t": opt_t.state_dict(),
-                        "opt_d": opt_d.state_dict(), "step": step + 1}, ckpt)
-    return export(cfg, target, draft, heldout_ids)
+            checkpoint(ckpt, step + 1, target=target, draft=draft, opt_t=opt_t, opt_d=opt_d)
+    return target, draft
+
+
+def distill(cfg: TrainConfig, target: Transformer, draft: Transformer, train_ids: np.ndarray) -> None:
+    """Draft only, on KL(target || draft) with the target frozen."""
+    target.eval().requires_grad_(False)
+    V = target.config.vocab_size
+    opt = optimizer(draft, cfg.lr_distill)
+    steps = cfg.distill_tokens // (cfg.batch * CONTEXT)
+    starts = windows(train_ids, steps, cfg.batch, cfg.seed + 1)
+    ckpt = Path(cfg.work) / "distill.pt"
+    step0 = resume(ckpt, draft=draft, opt=opt)
+    bar = tqdm(range(step0, steps), initial=step0, total=steps, desc="distill", unit="step")
+    t0 = time.time()
+    for step in bar:
+        set_lr(opt, cfg.lr_distill * lr_factor(step, steps, cfg.warmup))
+        x, _ = batch_at(train_ids, starts[step])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.no_grad():
+                lt = target(x).view(-1, V)
+            ld = draft(x).view(-1, V)
+        kl = F.kl_div(F.log_softmax(ld.float(), -1), F.log_softmax(lt.float(), -1), log_target=True,
+                      reduction="batchmean")
+        kl.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tps = (step + 1 - step0) * cfg.batch * CONTEXT / (time.time() - t0)
+        bar.set_postfix(kl=f"{kl.item():.3f}", tok_s=f"{tps:.0f}")
+        if (step + 1) % 100 == 0 or step + 1 == steps:
+            checkpoint(ckpt, step + 1, draft=draft, opt=opt)
+
+
+def checkpoint(path: Path, step: int, **objs) -> None:
+    torch.save({"step": step, **{k: o.state_dict() for k, o in objs.items()}}, path)
+
+
+def resume(path: Path, **objs) -> int:
+    """Load a checkpoint into objs (modules, optimizers); the step to continue from (0 without one)."""
+    if not path.exists():
+        return 0
+    state = torch.load(path, weights_only=False)
+    for k, o in objs.items():
+        o.load_state_dict(state[k])
+    print(f"resuming {path.name} at step {state['step']}", flush=True)
+    return state["step"]
 
 
 @torch.no_grad()

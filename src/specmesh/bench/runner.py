@@ -195,6 +195,8 @@ def run_bench(cfg: BenchConfig) -> dict:
                 "target_forwards": stats.target_forwards, "equal_to_ar": div is None,
                 "first_divergence": div, "near_tie": tie})
         result["methods"][name] = summarize(dtype, runs[name], refs, near, rss[name])
+        if name in methods.METHODS:
+            result["methods"][name]["options"] = methods.get(name, cfg.options).options
     ar_speed = result["methods"]["ar"]["tokens_per_s"]
     for m in result["methods"].values():
         m["speedup_vs_ar"] = m["tokens_per_s"] / ar_speed

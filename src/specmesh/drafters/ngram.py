@@ -139,11 +139,13 @@ TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst"}
 
 
 def read_corpus(root: Path, tokenizer, skip_heldout: bool = False) -> list[np.ndarray]:
-    """Token arrays of the text files under root (UTF-8 only), optionally without held-out stdlib files."""
+    """Token arrays of the text files under root (UTF-8 only). skip_heldout: the embedded models' training
+    split exactly, i.e. the .py files outside the stdlib held-out rule."""
     from specmesh.corpus import is_heldout
     if not root.is_dir():
         raise FileNotFoundError(f"corpus directory not found: {root}")
-    files = [p for p in sorted(root.rglob("*")) if p.suffix in TEXT_SUFFIXES and p.is_file()
+    suffixes = {".py"} if skip_heldout else TEXT_SUFFIXES
+    files = [p for p in sorted(root.rglob("*")) if p.suffix in suffixes and p.is_file()
              and "site-packages" not in p.relative_to(root).parts
              and not (skip_heldout and is_heldout(p.relative_to(root).as_posix()))]
     docs = []

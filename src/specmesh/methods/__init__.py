@@ -21,6 +21,7 @@ class Method:
     needs_draft: bool
     batched: bool
     slack: int                  # cache slots beyond prompt + new tokens (speculative nodes)
+    options: dict               # every option's value, defaults filled in
 
 
 def get(name: str, options: dict | None = None) -> Method:
@@ -38,4 +39,4 @@ def get(name: str, options: dict | None = None) -> Method:
         if isinstance(module.OPTIONS[k], int) and (not isinstance(v, int) or v < 1):
             raise ValueError(f"{name}: {k} must be a positive integer, got {v!r}")
     return Method(name, functools.partial(module.decode, **opts), module.NEEDS_DRAFT,
-                  getattr(module, "BATCHED", False), module.slack(**(module.OPTIONS | opts)))
+                  getattr(module, "BATCHED", False), module.slack(**(module.OPTIONS | opts)), module.OPTIONS | opts)
