@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
+from specmesh.kernels import cache_dtype
+
 
 class ContextOverflowError(ValueError):
     pass
@@ -40,7 +42,8 @@ class KVCache:
     def for_model(cls, model, batch: int, max_len: int, layers: range | None = None) -> "KVCache":
         cfg = model.config
         layers = layers or range(cfg.num_layers)
-        return cls(len(layers), batch, max_len, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device,
+        return cls(len(layers), batch, max_len, cfg.num_kv_heads, cfg.head_dim,
+                   cache_dtype(model.dtype, model.device), model.device,
                    first_layer=layers.start)
 
     @property

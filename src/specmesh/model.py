@@ -157,8 +157,9 @@ class Attention(nn.Module):
         causal = cache is None and mask is None
         if cache is not None:
             k, v = cache.write(self.layer, k, v)                                 # [B,Hkv,S,hd]
+            q = q.to(k.dtype)                                                    # see kernels.cache_dtype
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                             enable_gqa=self.h != self.hkv)
+                                             enable_gqa=self.h != self.hkv).to(x.dtype)
         return self.o(out.transpose(1, 2).reshape(B, T, self.h * self.hd))
 
 
