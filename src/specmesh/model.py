@@ -125,7 +125,7 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Apply rotary embedding (HF's rotate-half convention). x [B,H,T,hd], cos/sin [B,1,T,hd]."""
+    """Apply rotary embedding (HF's rotate-half convention). x [B,T,H,hd], cos/sin [B,T,1,hd]."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
@@ -150,10 +150,10 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, cache: KVCache | None, mask: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).split([self.h * self.hd, self.hkv * self.hd, self.hkv * self.hd], dim=-1)
-        q = rotate(q.view(B, T, self.h, self.hd).transpose(1, 2), cos, sin)   # [B,H,T,hd]
-        k = rotate(k.view(B, T, self.hkv, self.hd).transpose(1, 2), cos, sin)
-        v = v.view(B, T, self.hkv, self.hd).transpose(1, 2)
+        qkv = self.qkv(x).view(B, T, self.h + 2 * self.hkv, self.hd)
+        qk = rotate(qkv[:, :, :self.h + self.hkv], cos, sin).transpose(1, 2)   # q and k heads at once
+        q, k = qk[:, :self.h], qk[:, self.h:]                                   # [B,H,T,hd], [B,Hkv,T,hd]
+        v = qkv[:, :, self.h + self.hkv:].transpose(1, 2)
         causal = cache is None and mask is None
         if cache is not None:
             k, v = cache.write(self.layer, k, v)                                 # [B,Hkv,S,hd]
@@ -200,9 +200,9 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B,1,T,hd] for integer positions [B,T] (computed in float32, as HF does)."""
+        """cos, sin [B,T,1,hd] for integer positions [B,T] (computed in float32, as HF does)."""
         freqs = positions[..., None].float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, *, depths: torch.Tensor | None = None,
