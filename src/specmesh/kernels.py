@@ -1,11 +1,22 @@
-"""CPU kernel choices.
+"""CPU kernel choices for bfloat16 models.
 
 On x86 CPUs with AVX-512 bf16 / AMX, oneDNN's linear with a weight pre-packed into
 its blocked layout runs a bfloat16 matrix-vector product about 1.5-2x faster than
 the default bf16 path, and wide (tree) inputs cost little more than one row. Plain
-decoding is memory-bound, so this is where small models win time. Packing changes
-only the kernel, not the math; float32 keeps the default kernels (bit-exact
-reference).
+decoding is memory-bound, so this is where small models win time.
+
+CPUs without native bf16 (AVX2 only) emulate bf16 matrix products in PyTorch: one
+row is a memory-bound gemv, but every further row costs about as much again (5 rows
+4.6x one row; a 300-token prefill 8x slower than float32), which would make every
+verification forward expensive. There a linear (BF16Linear) sends up to
+SMALL_ROWS rows through csrc/bf16_linear.c, an AVX2 kernel that reads the bf16
+weights once for up to 8 rows (5 rows cost about what 1 costs), built with gcc on
+first use; more rows (prefill) go through an exact float32 copy of the weight
+pre-packed for oneDNN. bf16 x bf16 products are exact in float32 and every path
+accumulates in float32, so only the summation order differs. Without gcc the small
+inputs fall back to PyTorch's bf16 product.
+
+float32 models keep the default kernels (the bit-exact reference).
 
 Attention is the other way round: the CPU flash-attention kernel in bfloat16 is 2-5x
 slower than in float32 for the few-query shapes of decoding and verification (151 vs
@@ -14,13 +25,32 @@ and attends, in float32.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
+SMALL_ROWS = 16     # AVX2: from 2 to this many rows the C kernel beats the packed float32 copy (1 row: PyTorch)
+GEMV_ROWS = 3       # without the C kernel: up to this many rows PyTorch's bf16 product beats it
+SOURCE = Path(__file__).parent / "csrc" / "bf16_linear.c"
+
+
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
-    return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+
+
+def native_bf16() -> bool:
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def cache_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -44,11 +74,76 @@ class PackedLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
+@functools.cache
+def avx2_kernel() -> ctypes.CDLL | None:
+    """csrc/bf16_linear.c compiled for this machine (cached by source hash), or None where it cannot be.
+
+    It links PyTorch's own libgomp, so the kernel shares PyTorch's OpenMP threads
+    (torch.set_num_threads applies to it)."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("gcc") is None:
+        return None
+    source = SOURCE.read_bytes()
+    cache = Path(os.environ.get("SPECMESH_CACHE", Path.home() / ".cache" / "specmesh"))
+    lib = cache / f"bf16_linear-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    if not lib.exists():
+        torch_lib = Path(torch.__file__).parent / "lib"
+        omp = ["-fopenmp", f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lgomp"] \
+            if (torch_lib / "libgomp.so.1").exists() else []
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            out = Path(tmp) / lib.name
+            build = subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-shared", "-fPIC", str(SOURCE), "-o", str(out),
+                                    *omp], capture_output=True, text=True)
+            if build.returncode != 0:
+                warnings.warn(f"could not build the AVX2 bf16 kernel, using PyTorch's: {build.stderr[-500:]}")
+                return None
+            out.replace(lib)                        # atomic: concurrent processes never see half a file
+    kernel = ctypes.CDLL(str(lib))
+    kernel.bf16_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                   ctypes.c_void_p, ctypes.c_void_p]
+    kernel.bf16_linear.restype = None
+    return kernel
+
+
+class BF16Linear(nn.Module):
+    """A bf16 nn.Linear for CPUs without native bf16 (see the module docstring)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight.detach().contiguous()                     # [N, K] bf16
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.bias32 = None if self.bias is None else self.bias.float()
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(self.weight.float(), 1),
+                             persistent=False)
+        self.kernel = avx2_kernel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows == 1 or (self.kernel is None and rows <= GEMV_ROWS):
+            return F.linear(x, self.weight, self.bias)                         # PyTorch's bf16 gemv
+        flat = x.reshape(rows, self.in_features).float()
+        if self.kernel is not None and rows <= SMALL_ROWS:
+            out = self._small(flat)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias32, "none", [], "")
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def _small(self, x: torch.Tensor) -> torch.Tensor:
+        """[M, K] float32 -> [M, N] float32 through the C kernel."""
+        y = torch.empty(x.shape[0], self.out_features)
+        self.kernel.bf16_linear(x.data_ptr(), x.shape[0], self.in_features, self.weight.data_ptr(),
+                                self.out_features, None if self.bias32 is None else self.bias32.data_ptr(),
+                                y.data_ptr())
+        return y
+
+
 def pack_linears(model: nn.Module) -> nn.Module:
-    """Replace every nn.Linear in `model` by a PackedLinear (in place)."""
+    """Replace every nn.Linear in `model` by the bf16 kernel for this CPU (in place)."""
+    kind = PackedLinear if native_bf16() else BF16Linear
     for name, child in model.named_children():
         if isinstance(child, nn.Linear):
-            setattr(model, name, PackedLinear(child))
+            setattr(model, name, kind(child))
         else:
             pack_linears(child)
     return model

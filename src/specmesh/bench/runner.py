@@ -95,14 +95,22 @@ def reset_peak_rss() -> None:
         pass
 
 
-def peak_rss_mb() -> float | None:
+def _status_mb(field: str) -> float | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         return None
     return None
+
+
+def peak_rss_mb() -> float | None:
+    return _status_mb("VmHWM")
+
+
+def current_rss_mb() -> float | None:
+    return _status_mb("VmRSS")
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -159,23 +167,25 @@ def run_bench(cfg: BenchConfig) -> dict:
     prompts = load_prompts(cfg.prompts, cfg.limit)
     tokenizer = load_tokenizer(cfg.target or embedded.path("target"))
     ids = [tokenizer.encode(p) for p in prompts]
-    runs, dtypes, rss = {}, {}, {}
-    references: dict[str, tuple[object, list[list[int]]]] = {}     # dtype -> (ar runner, outputs)
-    bar = tqdm(total=len(names) * len(ids), desc="bench", unit="prompt")
-    for name in names:
-        bar.set_postfix(method=name)
+    runners, dtypes, rss = {}, {}, {}
+    base = current_rss_mb()
+    for name in tqdm(names, desc="load", unit="method"):      # load and calibrate one method at a time
         gc.collect()
         reset_peak_rss()
-        dtypes[name], runner = choose_dtype(name, cfg, ids[0])
-        runs[name] = []
-        for prompt_ids in ids:
-            runs[name].append(runner(prompt_ids, cfg.max_new_tokens))
+        before = current_rss_mb()
+        dtypes[name], runners[name] = choose_dtype(name, cfg, ids[0])
+        rss[name] = None if base is None else base + peak_rss_mb() - before
+    # timed runs interleave the methods prompt by prompt (rotating the order), so that a
+    # machine whose speed drifts over minutes affects every method alike
+    runs = {name: [] for name in names}
+    bar = tqdm(total=len(names) * len(ids), desc="bench", unit="run")
+    for i, prompt_ids in enumerate(ids):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            bar.set_postfix(method=name)
+            runs[name].append(runners[name](prompt_ids, cfg.max_new_tokens))
             bar.update()
-        rss[name] = peak_rss_mb()
-        if name == "ar":
-            references[dtypes[name]] = (runner, [t for t, _ in runs[name]])
-        del runner
     bar.close()
+    references = {dtypes["ar"]: (runners["ar"], [t for t, _ in runs["ar"]])}   # dtype -> (ar runner, outputs)
     result = {"machine": machine(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "methods": {}, "per_prompt": []}
     for name in names:

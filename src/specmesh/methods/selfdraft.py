@@ -24,7 +24,7 @@ from specmesh.tree import TokenTree
 from specmesh.verify import verify
 
 NEEDS_DRAFT = False
-OPTIONS = {"branches": 2, "branch_len": 4, "gram": 4, "max_candidates": 4,
+OPTIONS = {"branches": 1, "branch_len": 4, "gram": 5, "max_candidates": 2,
            "ngram_cache": ""}         # corpus cache file; default: ngram.npz beside the target's weights
 CORPUS: dict[Path, CorpusCache] = {}       # loaded corpus caches, by path
 

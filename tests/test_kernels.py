@@ -1,0 +1,49 @@
+"""The CPU bf16 kernels compute what nn.Linear computes on the same bf16 weights."""
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from specmesh import kernels
+
+ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 40)       # every path: gemv, C kernel blocks, packed float32
+
+
+def check(fast: nn.Module, linear: nn.Linear) -> None:
+    for rows in ROWS:
+        x = torch.randn(1, rows, linear.in_features).bfloat16()
+        out = fast(x)
+        assert out.shape == (1, rows, linear.out_features) and out.dtype == torch.bfloat16
+        b = None if linear.bias is None else linear.bias.double()
+        exact = nn.functional.linear(x[0].double(), linear.weight.double(), b)
+        # float32 accumulation, then one bf16 rounding of the result
+        assert torch.allclose(out[0].double(), exact, rtol=2 ** -7, atol=1e-3), (type(fast).__name__, rows)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("with_c_kernel", [True, False])
+def test_bf16_linear_matches_exact_product(with_c_kernel, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(100, 37, bias=bias).bfloat16()      # K not a multiple of 8: the kernel's tail loop
+    fast = kernels.BF16Linear(linear)
+    if not with_c_kernel:
+        fast.kernel = None                                 # the PyTorch fallback
+    check(fast, linear)
+
+
+def test_pack_linears_picks_a_kernel_that_matches():
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(64, 48, bias=True), nn.Linear(48, 8192, bias=False)).bfloat16()
+    originals = list(model)
+    kernels.pack_linears(model)
+    expected = kernels.PackedLinear if kernels.native_bf16() else kernels.BF16Linear
+    for fast, linear in zip(model, originals):
+        assert isinstance(fast, expected)
+        check(fast, linear)
+
+
+def test_avx2_kernel_builds_where_it_applies():
+    """On an x86 CPU with AVX2 and gcc the C kernel must build (else bf16 verification is 2-5x slower)."""
+    applies = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and shutil.which("gcc") is not None
+    assert (kernels.avx2_kernel() is not None) == applies
