@@ -12,9 +12,16 @@ verification forward expensive. There a linear (BF16Linear) sends up to
 SMALL_ROWS rows through csrc/bf16_linear.c, an AVX2 kernel that reads the bf16
 weights once for up to 8 rows (5 rows cost about what 1 costs), built with gcc on
 first use; more rows (prefill) go through an exact float32 copy of the weight
-pre-packed for oneDNN. bf16 x bf16 products are exact in float32 and every path
-accumulates in float32, so only the summation order differs. Without gcc the small
-inputs fall back to PyTorch's bf16 product.
+pre-packed for oneDNN. Every path multiplies in float32 (bf16 x bf16 products are
+exact) and accumulates in float32. Without gcc the small inputs fall back to
+PyTorch's bf16 product.
+
+Such a model keeps only its linear weights in bf16 and computes in float32 between
+them (embedding, norms, residual stream, attention): the kernels take and return
+float32 anyway, it saves the casts, and a row's result no longer depends on how many
+rows share its forward. With bf16 activations, attention's few-ulp dependence on the
+query count (1 in plain decoding, 5 in a verification) was rounded into a whole bf16
+ulp now and then, and ~10% of 128-token greedy outputs parted from `ar` at near-ties.
 
 float32 models keep the default kernels (the bit-exact reference).
 
@@ -40,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 
-SMALL_ROWS = 16     # AVX2: from 2 to this many rows the C kernel beats the packed float32 copy (1 row: PyTorch)
+SMALL_ROWS = 16     # AVX2: up to this many rows the C kernel beats the packed float32 copy
 GEMV_ROWS = 3       # without the C kernel: up to this many rows PyTorch's bf16 product beats it
 SOURCE = Path(__file__).parent / "csrc" / "bf16_linear.c"
 
@@ -120,8 +127,8 @@ class BF16Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if rows == 1 or (self.kernel is None and rows <= GEMV_ROWS):
-            return F.linear(x, self.weight, self.bias)                         # PyTorch's bf16 gemv
+        if self.kernel is None and rows <= GEMV_ROWS:                          # PyTorch's bf16 gemv
+            return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
         flat = x.reshape(rows, self.in_features).float()
         if self.kernel is not None and rows <= SMALL_ROWS:
             out = self._small(flat)
@@ -139,11 +146,16 @@ class BF16Linear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> nn.Module:
-    """Replace every nn.Linear in `model` by the bf16 kernel for this CPU (in place)."""
+    """Put this CPU's bf16 kernels in place of every nn.Linear (in place). Without native bf16
+    the rest of the model then goes to float32 (see the module docstring)."""
     kind = PackedLinear if native_bf16() else BF16Linear
-    for name, child in model.named_children():
+    _replace_linears(model, kind)
+    return model.float() if kind is BF16Linear else model     # BF16Linear's bf16 weight is no parameter
+
+
+def _replace_linears(module: nn.Module, kind: type[nn.Module]) -> None:
+    for name, child in module.named_children():
         if isinstance(child, nn.Linear):
-            setattr(model, name, kind(child))
+            setattr(module, name, kind(child))
         else:
-            pack_linears(child)
-    return model
+            _replace_linears(child, kind)
