@@ -46,8 +46,8 @@ def test_ar_greedy_equals_transformers_generate(target_dir, prompts):
         assert llm.generate(prompt, SamplingParams(max_new_tokens=32)).tokens == ref[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("method", ["sd", "tree"])
-def test_real_draft_greedy_equals_ar_and_is_accepted(target_dir, prompts, method):
+@pytest.mark.parametrize("method", ["sd", "tree", "selfdraft"])
+def test_embedded_speculation_greedy_equals_ar_and_is_accepted(target_dir, prompts, method):
     ar, spec = LLM(), LLM(method=method)
     accepted = drafted = 0
     for prompt in prompts:

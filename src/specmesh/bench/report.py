@@ -37,6 +37,7 @@ def plot(result: dict, path: str) -> None:
         values = [result["methods"][n][key] or 0 for n in names]
         bars = ax.bar(names, values, color=["#888" if n == "ar" else "#3a7" for n in names])
         ax.bar_label(bars, fmt="%.2f")
+        ax.set_ylim(0, 1.15 * max(values + [1.0]))          # room for the labels
         ax.axhline(1.0, color="k", lw=0.6)
         ax.set_title(title)
         ax.tick_params(axis="x", rotation=30)
