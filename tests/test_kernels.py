@@ -32,6 +32,18 @@ def test_bf16_linear_matches_exact_product(with_c_kernel, bias):
     check(fast, linear)
 
 
+def test_bf16_linear_reads_strided_inputs():
+    """The last position of a batch (h[:, -1:]) is a strided view; the C kernel must not read it densely."""
+    torch.manual_seed(2)
+    linear = nn.Linear(64, 40).bfloat16()
+    fast = kernels.BF16Linear(linear)
+    h = torch.randn(4, 7, 64)
+    last = h[:, -1:]
+    assert not last.is_contiguous()
+    exact = nn.functional.linear(last.double(), linear.weight.double(), linear.bias.double())
+    assert torch.allclose(fast(last).double(), exact, rtol=1e-5, atol=1e-4)
+
+
 def test_pack_linears_picks_a_kernel_that_matches():
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(64, 48, bias=True), nn.Linear(48, 8192, bias=False)).bfloat16()

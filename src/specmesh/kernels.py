@@ -137,7 +137,8 @@ class BF16Linear(nn.Module):
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def _small(self, x: torch.Tensor) -> torch.Tensor:
-        """[M, K] float32 -> [M, N] float32 through the C kernel."""
+        """[M, K] float32 -> [M, N] float32 through the C kernel (which reads x densely)."""
+        x = x.contiguous()
         y = torch.empty(x.shape[0], self.out_features)
         self.kernel.bf16_linear(x.data_ptr(), x.shape[0], self.in_features, self.weight.data_ptr(),
                                 self.out_features, None if self.bias32 is None else self.bias32.data_ptr(),
