@@ -42,21 +42,41 @@ class ContextCache:
         return [] if not conts else list(reversed(conts))[:k]
 
 
+KEY_BITS = 21          # a prefix of up to 3 token ids below 2^21 packs into one int64 key
+
+
+def prefix_key(tokens: Sequence[int]) -> int:
+    """One integer per prefix that orders prefixes lexicographically (same length)."""
+    key = 0
+    for t in tokens:
+        key = (key << KEY_BITS) | int(t)
+    return key
+
+
 class CorpusCache:
     def __init__(self, tables: dict[int, tuple[np.ndarray, np.ndarray]], cont_len: int):
-        # tables[p] = (prefixes [M, p], continuations [M, cont_len]); rows sorted by prefix, then frequency
+        # tables[p] = (prefixes [M, p], continuations [M, cont_len]), most frequent first per prefix
+        if tables and (max(tables) * KEY_BITS > 63 or max(int(pre.max(initial=0)) for pre, _ in tables.values())
+                       >= 1 << KEY_BITS):
+            raise ValueError(f"n-gram cache: prefixes of at most {63 // KEY_BITS} tokens with ids below "
+                             f"2^{KEY_BITS} are supported")
         self.tables, self.cont_len = tables, cont_len
         self.max_prefix = max(tables, default=0)
-        self.index: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        self.keys: dict[int, np.ndarray] = {}   # p -> sorted keys [M]; tables[p] rows in the same order
         for p, (prefixes, conts) in tables.items():
-            for pre, cont in zip(map(tuple, prefixes.tolist()), map(tuple, conts.tolist())):
-                self.index.setdefault(pre, []).append(cont)
+            keys = np.zeros(len(prefixes), np.int64)
+            for col in prefixes.T.astype(np.int64):
+                keys = (keys << KEY_BITS) | col
+            order = np.argsort(keys, kind="stable")        # stable: keeps the frequency order per prefix
+            self.keys[p], self.tables[p] = keys[order], (prefixes[order], conts[order])
 
     def lookup(self, context: Sequence[int], k: int) -> list[tuple[int, ...]]:
         """Up to k continuations of the context: longest matching suffix first, then most frequent."""
         out: list[tuple[int, ...]] = []
         for p in range(min(self.max_prefix, len(context)), 0, -1):
-            for cont in self.index.get(tuple(context[-p:]), ()):
+            keys, key = self.keys[p], prefix_key(context[-p:])
+            lo, hi = np.searchsorted(keys, key, "left"), np.searchsorted(keys, key, "right")
+            for cont in map(tuple, self.tables[p][1][lo:hi].tolist()):
                 if cont not in out:
                     out.append(cont)
                 if len(out) == k:
