@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from specmesh import kernels
+from specmesh.model import RMSNorm
 
 ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 40)       # every path: gemv, C kernel blocks, packed float32
 
@@ -44,18 +45,31 @@ def test_bf16_linear_reads_strided_inputs():
     assert torch.allclose(fast(last).double(), exact, rtol=1e-5, atol=1e-4)
 
 
-def test_pack_linears_picks_a_kernel_that_matches():
+def test_use_cpu_kernels_picks_a_linear_that_matches():
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(64, 48, bias=True), nn.Linear(48, 8192, bias=False)).bfloat16()
     originals = list(model)
-    kernels.pack_linears(model)
+    kernels.use_cpu_kernels(model)
     expected = kernels.PackedLinear if kernels.native_bf16() else kernels.BF16Linear
     for fast, linear in zip(model, originals):
         assert isinstance(fast, expected)
         check(fast, linear)
 
 
-def test_avx2_kernel_builds_where_it_applies():
+def test_c_rms_norm_matches_the_model_norm():
+    lib = kernels.avx2_lib()
+    assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
+    torch.manual_seed(3)
+    norm = RMSNorm(100, 1e-5)                  # D not a multiple of 8: the tail loop
+    norm.weight.data = torch.randn(100)
+    fast = kernels.CRMSNorm(norm, lib)
+    for rows in (1, 5, 17):
+        x = torch.randn(2, rows, 100) * 3
+        assert torch.allclose(fast(x), norm(x), rtol=1e-5, atol=1e-6)
+        assert torch.equal(fast(x[:, :1]), fast(x)[:, :1])   # a row's result does not depend on the batch
+
+
+def test_avx2_kernels_build_where_they_apply():
     """On an x86 CPU with AVX2 and gcc the C kernel must build (else bf16 verification is 2-5x slower)."""
     applies = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and shutil.which("gcc") is not None
-    assert (kernels.avx2_kernel() is not None) == applies
+    assert (kernels.avx2_lib() is not None) == applies

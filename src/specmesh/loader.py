@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specmesh.kernels import can_pack, pack_linears
+from specmesh.kernels import can_pack, use_cpu_kernels
 from specmesh.model import ModelConfig, Transformer, rope_inv_freq
 from specmesh.tokenizer import Tokenizer
 
@@ -100,7 +100,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     model.inv_freq = rope_inv_freq(cfg)   # buffers are not in the checkpoint
     model = model.to(device=device, dtype=dtype).eval()
     if pack and can_pack(dtype, model.device):
-        pack_linears(model)
+        use_cpu_kernels(model)
     return model
 
 

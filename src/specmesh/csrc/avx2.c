@@ -1,7 +1,11 @@
-// y[M,N] = x[M,K] . w[N,K]^T (+ bias[N]): bf16 weights, float32 activations and accumulation.
-// For CPUs without native bf16: one pass over the weights serves up to 8 input rows, so a
-// few rows cost about what one row costs (the product is memory-bound).
+// Kernels for bf16-weight models on CPUs without native bf16 (see kernels.py).
+// bf16_linear: y[M,N] = x[M,K] . w[N,K]^T (+ bias[N]), bf16 weights, float32 activations and
+//   accumulation; one pass over the weights serves up to 8 input rows, so a few rows cost
+//   about what one row costs (the product is memory-bound).
+// rms_norm: one call instead of six PyTorch ops per norm.
+// Both compute each row the same way whatever M is, so results do not depend on batching.
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 static inline __m256 load_bf16(const uint16_t *p) {    // 8 bf16 -> 8 float32 (exact)
@@ -56,5 +60,26 @@ void bf16_linear(const float *x, int M, int K, const uint16_t *w, int N, const f
                 default: dot_rows(x, K, row, bias, y, N, n, m0, 8); break;
             }
         }
+    }
+}
+
+// y[M,D] = w * (x * rsqrt(mean(x^2) + eps)), row by row (RMSNorm in float32)
+void rms_norm(const float *x, int M, int D, const float *w, float eps, float *y) {
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (int64_t)m * D;
+        float *yr = y + (int64_t)m * D;
+        __m256 acc = _mm256_setzero_ps();
+        int k = 0;
+        for (; k + 8 <= D; k += 8) {
+            __m256 v = _mm256_loadu_ps(xr + k);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float s = hsum(acc);
+        for (int kk = k; kk < D; kk++) s += xr[kk] * xr[kk];
+        float r = 1.0f / sqrtf(s / D + eps);
+        __m256 rv = _mm256_set1_ps(r);
+        for (k = 0; k + 8 <= D; k += 8)
+            _mm256_storeu_ps(yr + k, _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_mul_ps(_mm256_loadu_ps(xr + k), rv)));
+        for (int kk = k; kk < D; kk++) yr[kk] = w[kk] * (xr[kk] * r);
     }
 }
