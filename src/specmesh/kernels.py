@@ -12,9 +12,8 @@ verification forward expensive. There a linear (BF16Linear) sends up to
 SMALL_ROWS rows through csrc/avx2.c, an AVX2 kernel that reads the bf16
 weights once for up to 8 rows (5 rows cost about what 1 costs), built with gcc on
 first use; more rows (prefill) go through an exact float32 copy of the weight
-pre-packed for oneDNN. Every path multiplies in float32 (bf16 x bf16 products are
-exact) and accumulates in float32. Without gcc the small inputs fall back to
-PyTorch's bf16 product.
+pre-packed for oneDNN. Every path multiplies and accumulates in float32. Without gcc
+the small inputs fall back to PyTorch's bf16 product.
 
 Such a model keeps only its linear weights in bf16 and computes in float32 between
 them (embedding, norms, residual stream, attention): the kernels take and return
@@ -24,12 +23,12 @@ query count (1 in plain decoding, 5 in a verification) was rounded into a whole 
 ulp now and then, and ~10% of 128-token greedy outputs parted from `ar` at near-ties.
 Its RMSNorms run in C too (CRMSNorm: 10-15% off a decode step of the small models).
 
-float32 models keep the default kernels (the bit-exact reference).
+Attention: the CPU flash-attention kernel in bfloat16 is 2-5x slower than in float32
+for the few-query shapes of decoding and verification (151 vs 35 us for one query
+over 210 keys), so on CPU every bfloat16 model keeps its KV cache, and attends, in
+float32.
 
-Attention is the other way round: the CPU flash-attention kernel in bfloat16 is 2-5x
-slower than in float32 for the few-query shapes of decoding and verification (151 vs
-35 us for one query over 210 keys), so on CPU a bfloat16 model keeps its KV cache,
-and attends, in float32.
+float32 models keep PyTorch's default kernels (the bit-exact reference).
 """
 from __future__ import annotations
 
