@@ -73,3 +73,69 @@ def test_avx2_kernels_build_where_they_apply():
     """On an x86 CPU with AVX2 and gcc the C kernel must build (else bf16 verification is 2-5x slower)."""
     applies = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and shutil.which("gcc") is not None
     assert (kernels.avx2_lib() is not None) == applies
+
+
+def fused_model(**cfg):
+    """A random bf16 model with the CPU kernels in place, and a copy that runs its blocks in PyTorch."""
+    from conftest import tiny_config
+    from specmesh.model import Transformer
+    torch.manual_seed(4)
+    model = Transformer(tiny_config(**cfg)).eval()
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.2)
+    model = model.bfloat16()
+    reference = Transformer(model.config).eval().bfloat16()
+    reference.load_state_dict(model.state_dict())
+    kernels.use_avx2_kernels(model)
+    kernels.use_avx2_kernels(reference)
+    for i, block in enumerate(reference.layers):
+        if isinstance(block, kernels.CBlock):
+            reference.layers[i] = block.block
+    return model, reference
+
+
+def needs_cblock(model) -> None:
+    assert kernels.avx2_lib() is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
+    assert all(isinstance(b, kernels.CBlock) for b in model.layers)
+
+
+@pytest.mark.parametrize("head_dim", [16, 36])          # 36: head dims past a multiple of 8
+def test_c_block_matches_the_pytorch_block(head_dim):
+    from specmesh.cache import KVCache
+    model, reference = fused_model(head_dim=head_dim, qkv_bias=True)
+    needs_cblock(model)
+    caches = [KVCache.for_model(m, 1, 64) for m in (model, reference)]
+    prompt = torch.randint(1, 97, (1, 21))
+    with torch.inference_mode():
+        outs = [m(prompt, c) for m, c in zip((model, reference), caches)]   # prefill: PyTorch in both
+        for c in caches:
+            c.commit_all()
+        for T in (1, 3):                                                   # chains
+            x = torch.randint(1, 97, (1, T))
+            outs = [m(x, c) for m, c in zip((model, reference), caches)]
+            assert torch.allclose(outs[0], outs[1], atol=1e-4), T
+        mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+        held = caches[0].spec[0]
+        tree_mask = torch.cat([torch.zeros(4, held, dtype=torch.bool), mask], 1)
+        tree = dict(depths=torch.tensor([0, 1, 1, 2]), tree_mask=tree_mask)
+        x = torch.randint(1, 97, (1, 4))
+        outs = [m(x, c, **tree) for m, c in zip((model, reference), caches)]
+        assert torch.allclose(outs[0], outs[1], atol=1e-4)
+
+
+def test_c_block_row_results_do_not_depend_on_the_batch_of_new_tokens():
+    """A token's logits are bit-identical whether it is decoded alone or verified among others
+    (what makes bf16 speculation equal `ar`): keys and queries at different offsets in SIMD blocks."""
+    from specmesh.cache import KVCache
+    model, _ = fused_model(head_dim=36)
+    needs_cblock(model)
+    tokens = torch.randint(1, 97, (1, 30))
+    with torch.inference_mode():
+        for prefix in (13, 16, 19):
+            one, block = KVCache.for_model(model, 1, 64), KVCache.for_model(model, 1, 64)
+            for c in (one, block):
+                model(tokens[:, :prefix], c)
+                c.commit_all()
+            alone = torch.cat([model(tokens[:, i:i + 1], one) for i in range(prefix, prefix + 7)], 1)
+            together = model(tokens[:, prefix:prefix + 7], block)
+            assert torch.equal(alone, together), prefix

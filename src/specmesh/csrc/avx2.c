@@ -3,10 +3,14 @@
 //   accumulation; one pass over the weights serves up to 8 input rows, so a few rows cost
 //   about what one row costs (the product is memory-bound).
 // rms_norm: one call instead of six PyTorch ops per norm.
-// Both compute each row the same way whatever M is, so results do not depend on batching.
+// block_forward: a whole decoder layer for a few new tokens of one sequence, one call instead
+//   of ~30 PyTorch ops (the small models' decode steps are dominated by per-op overhead).
+// All compute each row the same way whatever M is, so results do not depend on batching.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 static inline __m256 load_bf16(const uint16_t *p) {    // 8 bf16 -> 8 float32 (exact)
     __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -82,4 +86,180 @@ void rms_norm(const float *x, int M, int D, const float *w, float eps, float *y)
             _mm256_storeu_ps(yr + k, _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_mul_ps(_mm256_loadu_ps(xr + k), rv)));
         for (int kk = k; kk < D; kk++) yr[kk] = w[kk] * (xr[kk] * r);
     }
+}
+
+static inline float dot(const float *a, const float *b, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= n; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+    float s = hsum(acc);
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+
+// x[hd] <- x * cos + rotate_half(x) * sin (HF's rotate-half convention)
+static void rotate(float *x, const float *cos, const float *sin, int hd) {
+    int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+typedef struct {            // one decoder layer's weights (kernels.CBlock fills it)
+    int D, H, Hkv, hd, I;   // hidden size, query heads, kv heads, head dim, MLP width
+    float eps;
+    const float *attn_norm, *mlp_norm;
+    const uint16_t *qkv, *o, *gate_up, *down;      // bf16 [N, K]
+    const float *qkv_b, *o_b, *gate_up_b, *down_b; // float32 or NULL
+} Layer;
+
+// [sum(a[0]), ..., sum(a[7])]: the same addition tree for every lane
+static inline __m256 hsum8(const __m256 *a) {
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// e^x lane by lane (Cephes' expf polynomial, ~1 ulp); e^x < 1e-37 becomes 0, so -inf gives 0
+static inline __m256 exp8(__m256 x) {
+    __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-85.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-85.0f));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+// Scores of query row qr against keys [j0, j0 + 8) (those >= kv_len give 0): 8 floats at pr.
+static inline void score8(const float *qr, const float *k, int hd, int j0, int kv_len, float scale, float *pr) {
+    __m256 acc[8];
+    for (int jj = 0; jj < 8; jj++) {
+        acc[jj] = _mm256_setzero_ps();
+        if (j0 + jj < kv_len)
+            for (int d = 0; d + 8 <= hd; d += 8)
+                acc[jj] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), _mm256_loadu_ps(k + (int64_t)(j0 + jj) * hd + d), acc[jj]);
+    }
+    _mm256_storeu_ps(pr, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+    for (int jj = 0; jj < 8 && j0 + jj < kv_len; jj++)            // head dims past a multiple of 8
+        for (int d = hd / 8 * 8; d < hd; d++) pr[jj] += qr[d] * k[(int64_t)(j0 + jj) * hd + d] * scale;
+}
+
+// Attention of M new tokens (rotated q [M, H*hd], row stride qs) over keys/values
+// kc/vc [Hkv, max_len, hd] (positions [0, kv_len)); token t sees key j where
+// mask[t, j] (mask [M, kv_len]) or, without a mask, j <= start + t. out [M, H*hd].
+// Per kv head, blocks of KB keys and values stay in L1 while all the M x H/Hkv query rows
+// that use them go through. A query's result does not depend on M or kv_len (masked keys
+// weigh exactly 0, key j always takes SIMD lane j % 8, and sums run in key order), so a
+// token attends alike in decoding and in verification.
+#define KB 64
+static void attend(const float *q, int qs, const float *kc, const float *vc, int max_len, int start, int kv_len,
+            const uint8_t *mask, int M, int H, int Hkv, int hd, float *out) {
+    const int G = H / Hkv, R = M * G, P = (kv_len + 7) / 8 * 8;    // rows per kv head; padded key count
+    const float scale = 1.0f / sqrtf((float)hd);
+    #pragma omp parallel for schedule(static)
+    for (int g = 0; g < Hkv; g++) {
+        const float *k = kc + (int64_t)g * max_len * hd, *v = vc + (int64_t)g * max_len * hd;
+        float *p = malloc(sizeof(float) * R * P);               // row r = t * G + i: query head g * G + i
+        #define Q_ROW(r) (q + (int64_t)((r) / G) * qs + (g * G + (r) % G) * hd)
+        #define OUT_ROW(r) (out + (int64_t)((r) / G) * H * hd + (g * G + (r) % G) * hd)
+        for (int b = 0; b < P; b += KB)                          // scores, -inf where not seen
+            for (int r = 0; r < R; r++) {
+                float *pr = p + (int64_t)r * P;
+                int t = r / G;
+                for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
+                    score8(Q_ROW(r), k, hd, j0, kv_len, scale, pr + j0);
+                    for (int j = j0; j < j0 + 8; j++)
+                        if (!(j < kv_len && (mask ? mask[(int64_t)t * kv_len + j] : j <= start + t))) pr[j] = -INFINITY;
+                }
+            }
+        float *inv = malloc(sizeof(float) * R);
+        for (int r = 0; r < R; r++) {                            // softmax numerators; out = 0
+            float *pr = p + (int64_t)r * P;
+            __m256 top = _mm256_set1_ps(-INFINITY), sum = _mm256_setzero_ps();
+            for (int j0 = 0; j0 < P; j0 += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(pr + j0));
+            top = _mm256_max_ps(top, _mm256_permute2f128_ps(top, top, 1));
+            top = _mm256_max_ps(top, _mm256_permute_ps(top, 0x4e));
+            top = _mm256_max_ps(top, _mm256_permute_ps(top, 0xb1));   // the row's max in every lane
+            for (int j0 = 0; j0 < P; j0 += 8) {
+                __m256 w = exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + j0), top));
+                _mm256_storeu_ps(pr + j0, w);
+                sum = _mm256_add_ps(sum, w);
+            }
+            inv[r] = 1.0f / hsum(sum);
+            memset(OUT_ROW(r), 0, sizeof(float) * hd);
+        }
+        const int HV = hd / 8 * 8;                               // head dims in whole vectors
+        for (int b = 0; b < kv_len; b += KB)                     // out += weights . values, in key order
+            for (int r = 0; r < R; r++) {
+                const float *pr = p + (int64_t)r * P;
+                float *o = OUT_ROW(r);
+                int end = b + KB < kv_len ? b + KB : kv_len;
+                for (int d0 = 0; d0 < HV; d0 += 64) {
+                    int n = (HV - d0 < 64 ? HV - d0 : 64) / 8;
+                    __m256 acc[8];
+                    for (int c = 0; c < n; c++) acc[c] = _mm256_loadu_ps(o + d0 + 8 * c);
+                    for (int j = b; j < end; j++) {
+                        if (pr[j] == 0.0f) continue;
+                        __m256 w = _mm256_set1_ps(pr[j]);
+                        const float *vj = v + (int64_t)j * hd + d0;
+                        for (int c = 0; c < n; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+                    }
+                    for (int c = 0; c < n; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
+                }
+                for (int j = b; j < end; j++)
+                    for (int d = HV; d < hd; d++) o[d] += pr[j] * v[(int64_t)j * hd + d];
+            }
+        for (int r = 0; r < R; r++)
+            for (int d = 0; d < hd; d++) OUT_ROW(r)[d] *= inv[r];
+        #undef Q_ROW
+        #undef OUT_ROW
+        free(inv);
+        free(p);
+    }
+}
+
+// h[M, D] <- layer(h) for M new tokens at cache offsets start.. (written into kc/vc),
+// cos/sin [M, hd] their rotary tables, mask as in attend.
+void block_forward(const Layer *L, float *h, int M, const float *cos, const float *sin, float *kc, float *vc,
+                   int max_len, int start, int kv_len, const uint8_t *mask) {
+    int D = L->D, H = L->H, Hkv = L->Hkv, hd = L->hd, I = L->I, Q = (H + 2 * Hkv) * hd;
+    float *x = malloc(sizeof(float) * M * D), *qkv = malloc(sizeof(float) * M * Q);
+    float *att = malloc(sizeof(float) * M * H * hd), *gu = malloc(sizeof(float) * M * 2 * I);
+    float *act = malloc(sizeof(float) * M * I);
+
+    rms_norm(h, M, D, L->attn_norm, L->eps, x);
+    bf16_linear(x, M, D, L->qkv, Q, L->qkv_b, qkv);
+    for (int t = 0; t < M; t++) {
+        float *row = qkv + (int64_t)t * Q;
+        for (int j = 0; j < H + Hkv; j++) rotate(row + j * hd, cos + t * hd, sin + t * hd, hd);
+        for (int g = 0; g < Hkv; g++) {
+            int64_t at = ((int64_t)g * max_len + start + t) * hd;
+            memcpy(kc + at, row + (H + g) * hd, sizeof(float) * hd);
+            memcpy(vc + at, row + (H + Hkv + g) * hd, sizeof(float) * hd);
+        }
+    }
+    attend(qkv, Q, kc, vc, max_len, start, kv_len, mask, M, H, Hkv, hd, att);
+    bf16_linear(att, M, H * hd, L->o, D, L->o_b, x);
+    for (int i = 0; i < M * D; i++) h[i] += x[i];
+
+    rms_norm(h, M, D, L->mlp_norm, L->eps, x);
+    bf16_linear(x, M, D, L->gate_up, 2 * I, L->gate_up_b, gu);
+    for (int t = 0; t < M; t++)
+        for (int i = 0; i < I; i++) {
+            float g = gu[(int64_t)t * 2 * I + i];
+            act[(int64_t)t * I + i] = g / (1.0f + expf(-g)) * gu[(int64_t)t * 2 * I + I + i];
+        }
+    bf16_linear(act, M, I, L->down, D, L->down_b, x);
+    for (int i = 0; i < M * D; i++) h[i] += x[i];
+    free(x); free(qkv); free(att); free(gu); free(act);
 }
