@@ -42,6 +42,20 @@ def test_perfect_draft_accepts_everything(tiny_checkpoint):
     assert s.tokens_per_forward == (1 + 4 * (GAMMA + 1)) / 5
 
 
+@pytest.mark.parametrize("method", ["sd", "tree"])
+def test_draft_window_limits_the_draft_prefill_and_stays_lossless(ar, tiny_checkpoint, monkeypatch, method):
+    from specmesh.job import Job
+    prefilled = {}
+    real = Job.prefill
+    monkeypatch.setattr(Job, "prefill", lambda job, model, cache, tokens, role: (
+        prefilled.__setitem__(role, len(tokens)), real(job, model, cache, tokens, role))[1])
+    llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method=method, gamma=GAMMA, draft_window=4)
+    prompt = PROMPTS[-1]
+    params = SamplingParams(max_new_tokens=30)
+    assert llm.generate(prompt, params).tokens == ar.generate(prompt, params).tokens
+    assert prefilled == {"target": len(llm.encode(prompt)), "draft": 3}    # the window less the token drafted from
+
+
 def test_random_draft_rarely_accepted(tiny_checkpoint, tiny_draft_checkpoint):
     llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="sd", gamma=GAMMA)
     s = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=40)).stats

@@ -47,6 +47,7 @@ def add_method_options(p: argparse.ArgumentParser) -> None:
     """Options of speculative methods; each applies to the listed methods that have it."""
     o = p.add_argument_group("method options (default: each method's tuned value)")
     o.add_argument("--gamma", type=positive_int, help="draft length / tree depth (sd, tree)")
+    o.add_argument("--draft-window", type=positive_int, help="prompt tokens the draft model reads (sd, tree)")
     o.add_argument("--tree-width", type=positive_int, help="nodes kept per tree level (tree)")
     o.add_argument("--max-children", type=positive_int, help="children per node in top-k expansion (tree)")
     o.add_argument("--branches", type=positive_int, help="draft branches N (selfdraft)")
@@ -56,8 +57,8 @@ def add_method_options(p: argparse.ArgumentParser) -> None:
     o.add_argument("--ngram-cache", metavar="FILE", help="corpus n-gram cache (selfdraft; default: beside the target)")
 
 
-OPTION_NAMES = ("gamma", "tree_width", "max_children", "branches", "branch_len", "gram", "max_candidates",
-                "ngram_cache")
+OPTION_NAMES = ("gamma", "draft_window", "tree_width", "max_children", "branches", "branch_len", "gram",
+                "max_candidates", "ngram_cache")
 
 
 def method_options(args) -> dict:

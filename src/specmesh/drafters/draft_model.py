@@ -3,6 +3,10 @@
 The draft keeps its own KV cache: committed tokens, plus the tree nodes it has
 processed while drafting (speculative slots). Accepted tokens it has not processed
 yet wait in `pending` and go in front of the next proposal's first forward.
+
+The draft reads only the last `window` prompt tokens: its guesses hinge on the recent
+context, and a long prompt's draft prefill (plus the longer attention of every draft
+step) cost more than the few acceptances they buy (README, "Defaults").
 """
 from __future__ import annotations
 
@@ -16,12 +20,13 @@ from specmesh.verify import Verdict
 
 
 class DraftModel:
-    def __init__(self, model, job: Job):
+    def __init__(self, model, job: Job, window: int):
         self.model, self.job = model, job
         self.cache = KVCache.for_model(model, 1, job.max_len)
-        if len(job.prompt) > 1:             # the last prompt token goes in with the first proposal
-            job.prefill(model, self.cache, job.prompt[:-1], "draft")
-        self.pending = job.prompt[-1:]
+        prompt = job.prompt[-window:]
+        if len(prompt) > 1:                 # the last prompt token goes in with the first proposal
+            job.prefill(model, self.cache, prompt[:-1], "draft")
+        self.pending = prompt[-1:]
         self.slots: dict[int, int] = {}     # tree node -> draft speculative slot
 
     def _forward(self, tokens: list[int], **tree) -> torch.Tensor:

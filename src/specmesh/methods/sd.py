@@ -18,21 +18,23 @@ from specmesh.sampling import next_tokens
 from specmesh.verify import verify
 
 NEEDS_DRAFT = True
-OPTIONS = {"gamma": 4}
+OPTIONS = {"gamma": 4, "draft_window": 128}
 
 
 def slack(gamma: int = OPTIONS["gamma"], width: int = 1, **_) -> int:
     return gamma * width + 1
 
 
-def decode(models: Models, job: Job, gamma: int = OPTIONS["gamma"]) -> Iterator[list[list[int]]]:
-    return speculate(models, job, gamma, width=1, max_children=1)
+def decode(models: Models, job: Job, gamma: int = OPTIONS["gamma"],
+           draft_window: int = OPTIONS["draft_window"]) -> Iterator[list[list[int]]]:
+    return speculate(models, job, gamma, width=1, max_children=1, draft_window=draft_window)
 
 
-def speculate(models: Models, job: Job, depth: int, width: int, max_children: int) -> Iterator[list[list[int]]]:
+def speculate(models: Models, job: Job, depth: int, width: int, max_children: int,
+              draft_window: int) -> Iterator[list[list[int]]]:
     target, stats = models.target, job.stats
     cache = KVCache.for_model(target, 1, job.max_len)
-    drafter = DraftModel(models.draft, job)
+    drafter = DraftModel(models.draft, job, draft_window)
     logits = job.prefill(target, cache, job.prompt, "target")
     root = int(next_tokens(logits, job.params, job.generator))
     yield [[root]]

@@ -13,7 +13,7 @@ from specmesh.job import Job, Models
 from specmesh.methods.sd import speculate
 
 NEEDS_DRAFT = True
-OPTIONS = {"gamma": 5, "tree_width": 3, "max_children": 2}
+OPTIONS = {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 128}
 
 
 def slack(gamma: int = OPTIONS["gamma"], tree_width: int = OPTIONS["tree_width"], **_) -> int:
@@ -21,5 +21,6 @@ def slack(gamma: int = OPTIONS["gamma"], tree_width: int = OPTIONS["tree_width"]
 
 
 def decode(models: Models, job: Job, gamma: int = OPTIONS["gamma"], tree_width: int = OPTIONS["tree_width"],
-           max_children: int = OPTIONS["max_children"]) -> Iterator[list[list[int]]]:
-    return speculate(models, job, gamma, tree_width, max_children)
+           max_children: int = OPTIONS["max_children"],
+           draft_window: int = OPTIONS["draft_window"]) -> Iterator[list[list[int]]]:
+    return speculate(models, job, gamma, tree_width, max_children, draft_window)
