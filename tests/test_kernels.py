@@ -56,6 +56,23 @@ def test_use_cpu_kernels_picks_a_linear_that_matches():
         check(fast, linear)
 
 
+def test_int8_linear_computes_its_dequantized_product():
+    """Draft models' int8 weights: the C kernel (few rows) and the float32 path (many) compute
+    x . (scale * q)^T, and q is the bf16 weight rounded to the nearest step of its row's scale."""
+    lib = kernels.avx2_lib()
+    assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
+    torch.manual_seed(5)
+    linear = nn.Linear(100, 37, bias=True).bfloat16()
+    fast = kernels.Int8Linear(kernels.BF16Linear(linear), lib)
+    w = linear.weight.double()
+    dequantized = fast.weight.double() * fast.scale.double()[:, None]
+    assert (dequantized - w).abs().max() <= fast.scale.max() / 2 + 1e-6
+    for rows in (1, 5, 9, 17):
+        x = torch.randn(1, rows, 100)
+        exact = nn.functional.linear(x.double(), dequantized, linear.bias.double())
+        assert torch.allclose(fast(x).double(), exact, rtol=1e-5, atol=1e-4), rows
+
+
 def test_c_rms_norm_matches_the_model_norm():
     lib = kernels.avx2_lib()
     assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
@@ -75,7 +92,7 @@ def test_avx2_kernels_build_where_they_apply():
     assert (kernels.avx2_lib() is not None) == applies
 
 
-def fused_model(**cfg):
+def fused_model(int8: bool = False, **cfg):
     """A random bf16 model with the CPU kernels in place, and a copy that runs its blocks in PyTorch."""
     from conftest import tiny_config
     from specmesh.model import Transformer
@@ -86,8 +103,8 @@ def fused_model(**cfg):
     model = model.bfloat16()
     reference = Transformer(model.config).eval().bfloat16()
     reference.load_state_dict(model.state_dict())
-    kernels.use_avx2_kernels(model)
-    kernels.use_avx2_kernels(reference)
+    kernels.use_avx2_kernels(model, int8=int8)
+    kernels.use_avx2_kernels(reference, int8=int8)
     for i, block in enumerate(reference.layers):
         if isinstance(block, kernels.CBlock):
             reference.layers[i] = block.block
@@ -121,6 +138,18 @@ def test_c_block_matches_the_pytorch_block(head_dim):
         x = torch.randint(1, 97, (1, 4))
         outs = [m(x, c, **tree) for m, c in zip((model, reference), caches)]
         assert torch.allclose(outs[0], outs[1], atol=1e-4)
+
+
+def test_int8_draft_blocks_stay_close_to_bf16():
+    from specmesh.cache import KVCache
+    model, _ = fused_model()
+    draft, _ = fused_model(int8=True)
+    needs_cblock(draft)
+    assert isinstance(draft.layers[0].block.attn.qkv, kernels.Int8Linear)
+    x = torch.randint(1, 97, (1, 9))
+    with torch.inference_mode():
+        out = [m(x, KVCache.for_model(m, 1, 16)) for m in (model, draft)]   # C blocks for <= 16 tokens
+    assert (out[0] - out[1]).abs().max() < 0.05 * out[0].abs().max()
 
 
 def test_c_block_row_results_do_not_depend_on_the_batch_of_new_tokens():

@@ -115,6 +115,9 @@ def avx2_lib() -> ctypes.CDLL | None:
     kernel.bf16_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                    ctypes.c_void_p, ctypes.c_void_p]
     kernel.bf16_linear.restype = None
+    kernel.i8_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    kernel.i8_linear.restype = None
     kernel.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
                                 ctypes.c_void_p]
     kernel.rms_norm.restype = None
@@ -129,7 +132,7 @@ class LayerWeights(ctypes.Structure):
     """csrc/avx2.c's Layer: a decoder layer's sizes and weight pointers."""
     _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hkv", "hd", "I")] + [("eps", ctypes.c_float)] + [
         (n, ctypes.c_void_p) for n in ("attn_norm", "mlp_norm", "qkv", "o", "gate_up", "down",
-                                       "qkv_b", "o_b", "gate_up_b", "down_b")]
+                                       "qkv_s", "o_s", "gate_up_s", "down_s", "qkv_b", "o_b", "gate_up_b", "down_b")]
 
 
 class BF16Linear(nn.Module):
@@ -166,6 +169,34 @@ class BF16Linear(nn.Module):
         return y
 
 
+class Int8Linear(nn.Module):
+    """A linear with int8 weights and a float32 scale per output row (symmetric, rounded to
+    nearest): half the bytes of BF16Linear, for draft models, whose guesses need not be exact.
+    Up to SMALL_ROWS rows go through the C kernel, more through the dequantized weight in float32."""
+
+    def __init__(self, linear: BF16Linear, kernel: ctypes.CDLL):
+        super().__init__()
+        self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
+        w = linear.weight.float()
+        self.scale = (w.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny)        # [N]
+        self.weight = torch.round(w / self.scale[:, None]).to(torch.int8).contiguous()         # [N, K]
+        self.bias32 = linear.bias32
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(
+            self.weight.float() * self.scale[:, None], 1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        flat = x.reshape(rows, self.in_features).float().contiguous()
+        if rows > SMALL_ROWS:
+            out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias32, "none", [], "")
+        else:
+            out = torch.empty(rows, self.out_features)
+            self.kernel.i8_linear(flat.data_ptr(), rows, self.in_features, self.weight.data_ptr(), self.scale.data_ptr(),
+                                  self.out_features, None if self.bias32 is None else self.bias32.data_ptr(),
+                                  out.data_ptr())
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+
 class CRMSNorm(nn.Module):
     """model.RMSNorm on float32 activations through the C kernel."""
 
@@ -190,11 +221,11 @@ class CBlock(nn.Module):
         self.block, self.kernel = block, kernel
         attn, mlp = block.attn, block.mlp
         ptr = lambda t: None if t is None else t.data_ptr()                        # noqa: E731
+        linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
         self.weights = LayerWeights(
             attn.o.out_features, attn.h, attn.hkv, attn.hd, mlp.down.in_features, block.attn_norm.eps,
-            ptr(block.attn_norm.weight), ptr(block.mlp_norm.weight),
-            *(ptr(lin.weight) for lin in (attn.qkv, attn.o, mlp.gate_up, mlp.down)),
-            *(ptr(lin.bias32) for lin in (attn.qkv, attn.o, mlp.gate_up, mlp.down)))
+            ptr(block.attn_norm.weight), ptr(block.mlp_norm.weight), *(ptr(lin.weight) for lin in linears),
+            *(ptr(getattr(lin, "scale", None)) for lin in linears), *(ptr(lin.bias32) for lin in linears))
 
     def forward(self, x, cos, sin, cache, mask):
         B, T, _ = x.shape
@@ -211,20 +242,23 @@ class CBlock(nn.Module):
         return h
 
 
-def use_cpu_kernels(model: nn.Module) -> nn.Module:
+def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
     """Put this CPU's bf16 kernels in place (in place): oneDNN's with native bf16, else ours."""
     if native_bf16():
         _replace(model, nn.Linear, PackedLinear)
         return model
-    return use_avx2_kernels(model)
+    return use_avx2_kernels(model, int8=draft)
 
 
-def use_avx2_kernels(model: nn.Module) -> nn.Module:
-    """bf16 linear weights, float32 everywhere else, C norms and blocks where they build (in place)."""
+def use_avx2_kernels(model: nn.Module, int8: bool = False) -> nn.Module:
+    """bf16 linear weights (int8 with `int8`: draft models), float32 everywhere else, C norms
+    and blocks where they build (in place)."""
     from specmesh.model import Block, RMSNorm   # not at the top: model imports cache imports this module
     _replace(model, nn.Linear, BF16Linear)
     model.float()                               # BF16Linear's bf16 weight is no parameter: it stays
     if (lib := avx2_lib()) is not None:
+        if int8:
+            _replace(model, BF16Linear, lambda linear: Int8Linear(linear, lib))
         _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
         _replace(model, Block, lambda block: CBlock(block, lib))
     return model

@@ -43,7 +43,7 @@ class LLM:
         if draft is None and self.method.needs_draft:
             draft = embedded.path("draft")
         if draft is not None:
-            self.models.draft = load_model(draft, self.dtype, self.device)
+            self.models.draft = load_model(draft, self.dtype, self.device, draft=True)
             check_vocabularies(self.tokenizer, load_tokenizer(draft), target, Path(draft))
 
     @property

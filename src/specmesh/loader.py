@@ -76,8 +76,9 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               pack: bool = True) -> Transformer:
-    """Load a checkpoint for inference; `pack` picks the faster CPU bf16 kernels (see kernels.py)."""
+               pack: bool = True, draft: bool = False) -> Transformer:
+    """Load a checkpoint for inference; `pack` picks the faster CPU bf16 kernels (see kernels.py),
+    which for a `draft` model on CPUs without native bf16 hold its weights in int8."""
     path = Path(path)
     cfg = read_config(path)
     hf = read_weights(path)
@@ -100,7 +101,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     model.inv_freq = rope_inv_freq(cfg)   # buffers are not in the checkpoint
     model = model.to(device=device, dtype=dtype).eval()
     if pack and can_pack(dtype, model.device):
-        use_cpu_kernels(model)
+        use_cpu_kernels(model, draft)
     return model
 
 

@@ -2,6 +2,7 @@
 // bf16_linear: y[M,N] = x[M,K] . w[N,K]^T (+ bias[N]), bf16 weights, float32 activations and
 //   accumulation; one pass over the weights serves up to 8 input rows, so a few rows cost
 //   about what one row costs (the product is memory-bound).
+// i8_linear: the same with int8 weights and a scale per output row (draft models).
 // rms_norm: one call instead of six PyTorch ops per norm.
 // block_forward: a whole decoder layer for a few new tokens of one sequence, one call instead
 //   of ~30 PyTorch ops (the small models' decode steps are dominated by per-op overhead).
@@ -67,6 +68,50 @@ void bf16_linear(const float *x, int M, int K, const uint16_t *w, int N, const f
     }
 }
 
+// i8_linear: as bf16_linear with int8 weights w[N,K] and a float32 scale per output row
+// (draft models: half the bytes of bf16, and a draft need not be exact).
+static inline void dot_rows_i8(const float *x, int K, const int8_t *row, float scale, const float *bias, float *y,
+                               int N, int n, int m0, const int MB) {
+    __m256 acc[8];
+    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
+        for (int i = 0; i < MB; i++)
+            acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (int64_t)(m0 + i) * K + k), acc[i]);
+    }
+    for (int i = 0; i < MB; i++) {
+        float s = hsum(acc[i]);
+        for (int kk = k; kk < K; kk++) s += (float)row[kk] * x[(int64_t)(m0 + i) * K + kk];
+        y[(int64_t)(m0 + i) * N + n] = s * scale + (bias ? bias[n] : 0.0f);
+    }
+}
+
+void i8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const int8_t *row = w + (int64_t)n * K;
+        for (int m0 = 0; m0 < M; m0 += 8) {
+            switch (M - m0 < 8 ? M - m0 : 8) {
+                case 1: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 1); break;
+                case 2: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 2); break;
+                case 3: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 3); break;
+                case 4: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 4); break;
+                case 5: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 5); break;
+                case 6: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 6); break;
+                case 7: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 7); break;
+                default: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 8); break;
+            }
+        }
+    }
+}
+
+// y = x . w^T + bias for bf16 weights, or int8 weights when scale is given
+static void linear(const float *x, int M, int K, const void *w, const float *scale, int N, const float *bias, float *y) {
+    if (scale) i8_linear(x, M, K, (const int8_t *)w, scale, N, bias, y);
+    else bf16_linear(x, M, K, (const uint16_t *)w, N, bias, y);
+}
+
 // y[M,D] = w * (x * rsqrt(mean(x^2) + eps)), row by row (RMSNorm in float32)
 void rms_norm(const float *x, int M, int D, const float *w, float eps, float *y) {
     for (int m = 0; m < M; m++) {
@@ -111,7 +156,8 @@ typedef struct {            // one decoder layer's weights (kernels.CBlock fills
     int D, H, Hkv, hd, I;   // hidden size, query heads, kv heads, head dim, MLP width
     float eps;
     const float *attn_norm, *mlp_norm;
-    const uint16_t *qkv, *o, *gate_up, *down;      // bf16 [N, K]
+    const void *qkv, *o, *gate_up, *down;          // bf16, or int8 with a scale per row, [N, K]
+    const float *qkv_s, *o_s, *gate_up_s, *down_s; // the int8 scales, or NULL for bf16
     const float *qkv_b, *o_b, *gate_up_b, *down_b; // float32 or NULL
 } Layer;
 
@@ -238,7 +284,7 @@ void block_forward(const Layer *L, float *h, int M, const float *cos, const floa
     float *act = malloc(sizeof(float) * M * I);
 
     rms_norm(h, M, D, L->attn_norm, L->eps, x);
-    bf16_linear(x, M, D, L->qkv, Q, L->qkv_b, qkv);
+    linear(x, M, D, L->qkv, L->qkv_s, Q, L->qkv_b, qkv);
     for (int t = 0; t < M; t++) {
         float *row = qkv + (int64_t)t * Q;
         for (int j = 0; j < H + Hkv; j++) rotate(row + j * hd, cos + t * hd, sin + t * hd, hd);
@@ -249,17 +295,17 @@ void block_forward(const Layer *L, float *h, int M, const float *cos, const floa
         }
     }
     attend(qkv, Q, kc, vc, max_len, start, kv_len, mask, M, H, Hkv, hd, att);
-    bf16_linear(att, M, H * hd, L->o, D, L->o_b, x);
+    linear(att, M, H * hd, L->o, L->o_s, D, L->o_b, x);
     for (int i = 0; i < M * D; i++) h[i] += x[i];
 
     rms_norm(h, M, D, L->mlp_norm, L->eps, x);
-    bf16_linear(x, M, D, L->gate_up, 2 * I, L->gate_up_b, gu);
+    linear(x, M, D, L->gate_up, L->gate_up_s, 2 * I, L->gate_up_b, gu);
     for (int t = 0; t < M; t++)
         for (int i = 0; i < I; i++) {
             float g = gu[(int64_t)t * 2 * I + i];
             act[(int64_t)t * I + i] = g / (1.0f + expf(-g)) * gu[(int64_t)t * 2 * I + I + i];
         }
-    bf16_linear(act, M, I, L->down, D, L->down_b, x);
+    linear(act, M, I, L->down, L->down_s, D, L->down_b, x);
     for (int i = 0; i < M * D; i++) h[i] += x[i];
     free(x); free(qkv); free(att); free(gu); free(act);
 }
