@@ -18,7 +18,7 @@ from specmesh.sampling import next_tokens
 from specmesh.verify import verify
 
 NEEDS_DRAFT = True
-OPTIONS = {"gamma": 4, "draft_window": 128}
+OPTIONS = {"gamma": 4, "draft_window": 64}
 
 
 def slack(gamma: int = OPTIONS["gamma"], width: int = 1, **_) -> int:

@@ -13,7 +13,7 @@ from specmesh.job import Job, Models
 from specmesh.methods.sd import speculate
 
 NEEDS_DRAFT = True
-OPTIONS = {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 128}
+OPTIONS = {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64}
 
 
 def slack(gamma: int = OPTIONS["gamma"], tree_width: int = OPTIONS["tree_width"], **_) -> int:
