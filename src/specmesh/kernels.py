@@ -28,6 +28,8 @@ The small models' decode steps were mostly per-op overhead: CBlock cut a draft
 forward from 2.9 to 0.7 ms and a target one from 7.6 to 4.0 ms (380 cached tokens).
 Its attention computes each query the same way whatever the number of queries and
 keys, so decoding and verification agree bit for bit (tests/test_kernels.py).
+Draft models (load_model(..., draft=True)) hold int8 weights there (Int8Linear): half
+the bytes, and a draft's guesses need not be exact, since the target checks every one.
 
 Attention: the CPU flash-attention kernel in bfloat16 is 2-5x slower than in float32
 for the few-query shapes of decoding and verification (151 vs 35 us for one query

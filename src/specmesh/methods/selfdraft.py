@@ -24,7 +24,7 @@ from specmesh.tree import TokenTree
 from specmesh.verify import verify
 
 NEEDS_DRAFT = False
-OPTIONS = {"branches": 1, "branch_len": 4, "gram": 5, "max_candidates": 2,
+OPTIONS = {"branches": 1, "branch_len": 1, "gram": 6, "max_candidates": 1,
            "ngram_cache": ""}         # corpus cache file; default: ngram.npz beside the target's weights
 CORPUS: dict[Path, CorpusCache] = {}       # loaded corpus caches, by path
 
