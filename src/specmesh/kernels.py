@@ -1,19 +1,16 @@
 """CPU kernel choices for bfloat16 models.
 
-On x86 CPUs with AVX-512 bf16 / AMX, oneDNN's linear with a weight pre-packed into
-its blocked layout runs a bfloat16 matrix-vector product about 1.5-2x faster than
-the default bf16 path, and wide (tree) inputs cost little more than one row. Plain
-decoding is memory-bound, so this is where small models win time.
-
-CPUs without native bf16 (AVX2 only) emulate bf16 matrix products in PyTorch: one
-row is a memory-bound gemv, but every further row costs about as much again (5 rows
-4.6x one row; a 300-token prefill 8x slower than float32), which would make every
-verification forward expensive. There a linear (BF16Linear) sends up to
-SMALL_ROWS rows through csrc/avx2.c, an AVX2 kernel that reads the bf16
-weights once for up to 8 rows (5 rows cost about what 1 costs), built with gcc on
-first use; more rows (prefill) go through an exact float32 copy of the weight
-pre-packed for oneDNN. Every path multiplies and accumulates in float32. Without gcc
-the small inputs fall back to PyTorch's bf16 product.
+PyTorch's bf16 matrix product on CPUs without native bf16 (AVX2 only) costs a full
+pass over the weights per input row (5 rows 4.6x one row; a 300-token prefill 8x
+slower than float32), which would make every verification forward expensive; and a
+small model's decode step is mostly per-op overhead on any CPU. So wherever gcc can
+build csrc/avx2.c (x86 with AVX2, which includes AVX-512 and AMX machines) a linear
+(BF16Linear) sends up to SMALL_ROWS rows through its kernel, which reads the bf16
+weights once for up to 8 rows, built on first use; more rows (prefill) go through an
+exact float32 copy of the weight pre-packed for oneDNN. Every path multiplies and
+accumulates in float32. Elsewhere, CPUs with native bf16 use oneDNN's linear with the
+bf16 weight pre-packed (PackedLinear, 1.5-2x PyTorch's default), and the rest
+BF16Linear's PyTorch paths.
 
 Such a model keeps only its linear weights in bf16 and computes in float32 between
 them (embedding, norms, residual stream, attention): the kernels take and return
@@ -245,8 +242,9 @@ class CBlock(nn.Module):
 
 
 def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
-    """Put this CPU's bf16 kernels in place (in place): oneDNN's with native bf16, else ours."""
-    if native_bf16():
+    """Put this CPU's bf16 kernels in place (in place): ours wherever csrc/avx2.c builds, else
+    oneDNN's pre-packed bf16 linears on CPUs with native bf16, else BF16Linear's PyTorch paths."""
+    if avx2_lib() is None and native_bf16():
         _replace(model, nn.Linear, PackedLinear)
         return model
     return use_avx2_kernels(model, int8=draft)
