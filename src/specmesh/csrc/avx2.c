@@ -30,86 +30,65 @@ static inline float bf16_to_float(uint16_t h) {
     return v.f;
 }
 
-// rows [m0, m0 + MB) of y at column n; MB is a constant at every call site, so the
-// accumulators stay in registers
-static inline void dot_rows(const float *x, int K, const uint16_t *row, const float *bias, float *y,
-                            int N, int n, int m0, const int MB) {
+// 8 weights from k on (float32, exact) of a bf16 row, or of an int8 row
+static inline __m256 load8(const void *row, int k, int int8) {
+    return int8 ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + k))))
+                : load_bf16((const uint16_t *)row + k);
+}
+
+static inline float load1(const void *row, int k, int int8) {
+    return int8 ? (float)((const int8_t *)row)[k] : bf16_to_float(((const uint16_t *)row)[k]);
+}
+
+// rows [m0, m0 + MB) of y at column n: scale * (x . row) + bias; MB is a constant at every
+// call site, so the accumulators stay in registers
+static inline void dot_rows(const float *x, int K, const void *row, int int8, float scale, const float *bias,
+                            float *y, int N, int n, int m0, const int MB) {
     __m256 acc[8];
     for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= K; k += 8) {
-        __m256 wv = load_bf16(row + k);
+        __m256 wv = load8(row, k, int8);
         for (int i = 0; i < MB; i++)
             acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (int64_t)(m0 + i) * K + k), acc[i]);
     }
     for (int i = 0; i < MB; i++) {
         float s = hsum(acc[i]);
-        for (int kk = k; kk < K; kk++) s += bf16_to_float(row[kk]) * x[(int64_t)(m0 + i) * K + kk];
-        y[(int64_t)(m0 + i) * N + n] = s + (bias ? bias[n] : 0.0f);
+        for (int kk = k; kk < K; kk++) s += load1(row, kk, int8) * x[(int64_t)(m0 + i) * K + kk];
+        y[(int64_t)(m0 + i) * N + n] = s * scale + (bias ? bias[n] : 0.0f);   // scale 1 for bf16: exact
+    }
+}
+
+// y[M,N] = x[M,K] . w[N,K]^T (+ bias): w in bf16, or in int8 with a float32 scale per row
+static void linear(const float *x, int M, int K, const void *w, const float *scale, int N, const float *bias, float *y) {
+    const int int8 = scale != NULL;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const void *row = (const char *)w + (int64_t)n * K * (int8 ? 1 : 2);
+        float sc = int8 ? scale[n] : 1.0f;
+        for (int m0 = 0; m0 < M; m0 += 8) {
+            switch (M - m0 < 8 ? M - m0 : 8) {
+                case 1: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 1); break;
+                case 2: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 2); break;
+                case 3: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 3); break;
+                case 4: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 4); break;
+                case 5: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 5); break;
+                case 6: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 6); break;
+                case 7: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 7); break;
+                default: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 8); break;
+            }
+        }
     }
 }
 
 void bf16_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const uint16_t *row = w + (int64_t)n * K;
-        for (int m0 = 0; m0 < M; m0 += 8) {
-            switch (M - m0 < 8 ? M - m0 : 8) {
-                case 1: dot_rows(x, K, row, bias, y, N, n, m0, 1); break;
-                case 2: dot_rows(x, K, row, bias, y, N, n, m0, 2); break;
-                case 3: dot_rows(x, K, row, bias, y, N, n, m0, 3); break;
-                case 4: dot_rows(x, K, row, bias, y, N, n, m0, 4); break;
-                case 5: dot_rows(x, K, row, bias, y, N, n, m0, 5); break;
-                case 6: dot_rows(x, K, row, bias, y, N, n, m0, 6); break;
-                case 7: dot_rows(x, K, row, bias, y, N, n, m0, 7); break;
-                default: dot_rows(x, K, row, bias, y, N, n, m0, 8); break;
-            }
-        }
-    }
+    linear(x, M, K, w, NULL, N, bias, y);
 }
 
-// i8_linear: as bf16_linear with int8 weights w[N,K] and a float32 scale per output row
-// (draft models: half the bytes of bf16, and a draft need not be exact).
-static inline void dot_rows_i8(const float *x, int K, const int8_t *row, float scale, const float *bias, float *y,
-                               int N, int n, int m0, const int MB) {
-    __m256 acc[8];
-    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 8 <= K; k += 8) {
-        __m256 wv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + k))));
-        for (int i = 0; i < MB; i++)
-            acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (int64_t)(m0 + i) * K + k), acc[i]);
-    }
-    for (int i = 0; i < MB; i++) {
-        float s = hsum(acc[i]);
-        for (int kk = k; kk < K; kk++) s += (float)row[kk] * x[(int64_t)(m0 + i) * K + kk];
-        y[(int64_t)(m0 + i) * N + n] = s * scale + (bias ? bias[n] : 0.0f);
-    }
-}
-
+// int8 weights w[N,K] with a float32 scale per output row (draft models: half the bytes
+// of bf16, and a draft need not be exact)
 void i8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const int8_t *row = w + (int64_t)n * K;
-        for (int m0 = 0; m0 < M; m0 += 8) {
-            switch (M - m0 < 8 ? M - m0 : 8) {
-                case 1: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 1); break;
-                case 2: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 2); break;
-                case 3: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 3); break;
-                case 4: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 4); break;
-                case 5: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 5); break;
-                case 6: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 6); break;
-                case 7: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 7); break;
-                default: dot_rows_i8(x, K, row, scale[n], bias, y, N, n, m0, 8); break;
-            }
-        }
-    }
-}
-
-// y = x . w^T + bias for bf16 weights, or int8 weights when scale is given
-static void linear(const float *x, int M, int K, const void *w, const float *scale, int N, const float *bias, float *y) {
-    if (scale) i8_linear(x, M, K, (const int8_t *)w, scale, N, bias, y);
-    else bf16_linear(x, M, K, (const uint16_t *)w, N, bias, y);
+    linear(x, M, K, w, scale, N, bias, y);
 }
 
 // y[M,D] = w * (x * rsqrt(mean(x^2) + eps)), row by row (RMSNorm in float32)
