@@ -135,7 +135,7 @@ class LayerWeights(ctypes.Structure):
 
 
 class BF16Linear(nn.Module):
-    """A bf16 nn.Linear for CPUs without native bf16 (see the module docstring)."""
+    """A bf16 nn.Linear computing in float32, few rows through csrc/avx2.c (see the module docstring)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
