@@ -168,32 +168,27 @@ class BF16Linear(nn.Module):
         return y
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(BF16Linear):
     """A linear with int8 weights and a float32 scale per output row (symmetric, rounded to
     nearest): half the bytes of BF16Linear, for draft models, whose guesses need not be exact.
     Up to SMALL_ROWS rows go through the C kernel, more through the dequantized weight in float32."""
 
     def __init__(self, linear: BF16Linear, kernel: ctypes.CDLL):
-        super().__init__()
+        nn.Module.__init__(self)
         self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
         w = linear.weight.float()
         self.scale = (w.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny)        # [N]
         self.weight = torch.round(w / self.scale[:, None]).to(torch.int8).contiguous()         # [N, K]
-        self.bias32 = linear.bias32
+        self.bias, self.bias32 = linear.bias, linear.bias32
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(
             self.weight.float() * self.scale[:, None], 1), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features
-        flat = x.reshape(rows, self.in_features).float().contiguous()
-        if rows > SMALL_ROWS:
-            out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias32, "none", [], "")
-        else:
-            out = torch.empty(rows, self.out_features)
-            self.kernel.i8_linear(flat.data_ptr(), rows, self.in_features, self.weight.data_ptr(), self.scale.data_ptr(),
-                                  self.out_features, None if self.bias32 is None else self.bias32.data_ptr(),
-                                  out.data_ptr())
-        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+    def _small(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], self.out_features)
+        self.kernel.i8_linear(x.data_ptr(), x.shape[0], self.in_features, self.weight.data_ptr(), self.scale.data_ptr(),
+                              self.out_features, None if self.bias32 is None else self.bias32.data_ptr(), y.data_ptr())
+        return y
 
 
 class CRMSNorm(nn.Module):

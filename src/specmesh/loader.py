@@ -78,7 +78,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                pack: bool = True, draft: bool = False) -> Transformer:
     """Load a checkpoint for inference; `pack` picks the faster CPU bf16 kernels (see kernels.py),
-    which for a `draft` model on CPUs without native bf16 hold its weights in int8."""
+    which for a `draft` model hold its weights in int8 where csrc/avx2.c builds."""
     path = Path(path)
     cfg = read_config(path)
     hf = read_weights(path)

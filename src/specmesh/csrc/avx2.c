@@ -1,4 +1,4 @@
-// Kernels for bf16-weight models on CPUs without native bf16 (see kernels.py).
+// Kernels for bf16-weight models on x86 CPUs with AVX2 (see kernels.py).
 // bf16_linear: y[M,N] = x[M,K] . w[N,K]^T (+ bias[N]), bf16 weights, float32 activations and
 //   accumulation; one pass over the weights serves up to 8 input rows, so a few rows cost
 //   about what one row costs (the product is memory-bound).
@@ -110,15 +110,6 @@ void rms_norm(const float *x, int M, int D, const float *w, float eps, float *y)
             _mm256_storeu_ps(yr + k, _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_mul_ps(_mm256_loadu_ps(xr + k), rv)));
         for (int kk = k; kk < D; kk++) yr[kk] = w[kk] * (xr[kk] * r);
     }
-}
-
-static inline float dot(const float *a, const float *b, int n) {
-    __m256 acc = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 8 <= n; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
-    float s = hsum(acc);
-    for (; k < n; k++) s += a[k] * b[k];
-    return s;
 }
 
 // x[hd] <- x * cos + rotate_half(x) * sin (HF's rotate-half convention)
