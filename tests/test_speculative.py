@@ -47,8 +47,12 @@ def test_draft_window_limits_the_draft_prefill_and_stays_lossless(ar, tiny_check
     from specmesh.job import Job
     prefilled = {}
     real = Job.prefill
-    monkeypatch.setattr(Job, "prefill", lambda job, model, cache, tokens, role: (
-        prefilled.__setitem__(role, len(tokens)), real(job, model, cache, tokens, role))[1])
+
+    def recording_prefill(job, model, cache, tokens, role):
+        prefilled[role] = len(tokens)
+        return real(job, model, cache, tokens, role)
+
+    monkeypatch.setattr(Job, "prefill", recording_prefill)
     llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method=method, gamma=GAMMA, draft_window=4)
     prompt = PROMPTS[-1]
     params = SamplingParams(max_new_tokens=30)
