@@ -22,7 +22,7 @@ Its RMSNorms run in C too (CRMSNorm), and so does each whole decoder layer when 
 forward brings at most SMALL_ROWS new tokens of one sequence (CBlock: norm, qkv,
 rotary, KV write, attention, o, norm, SwiGLU in one call instead of ~30 PyTorch ops).
 The small models' decode steps were mostly per-op overhead: CBlock cut a draft
-forward from 2.9 to 0.7 ms and a target one from 7.6 to 4.0 ms (380 cached tokens).
+forward from 2.9 to 0.7 ms and a target one from 7.6 to 4.0 ms (100 cached tokens).
 Its attention computes each query the same way whatever the number of queries and
 keys, so decoding and verification agree bit for bit (tests/test_kernels.py).
 Draft models (load_model(..., draft=True)) hold int8 weights there (Int8Linear): half
