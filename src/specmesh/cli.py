@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -46,8 +47,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_method_options(p: argparse.ArgumentParser) -> None:
     """Options of speculative methods; each applies to the listed methods that have it."""
     o = p.add_argument_group("method options (default: each method's tuned value)")
-    o.add_argument("--gamma", type=positive_int, help="draft length / tree depth (sd, tree)")
-    o.add_argument("--draft-window", type=positive_int, help="prompt tokens the draft model reads (sd, tree)")
+    o.add_argument("--gamma", type=positive_int,
+                   help="draft length / tree depth (sd, tree; pearl: default round(c), measured at start-up)")
+    o.add_argument("--draft-window", type=positive_int, help="prompt tokens the draft model reads (sd, tree, pearl)")
     o.add_argument("--tree-width", type=positive_int, help="nodes kept per tree level (tree)")
     o.add_argument("--max-children", type=positive_int, help="children per node in top-k expansion (tree)")
     o.add_argument("--branches", type=positive_int, help="draft branches N (selfdraft)")
@@ -55,10 +57,12 @@ def add_method_options(p: argparse.ArgumentParser) -> None:
     o.add_argument("--gram", type=positive_int, help="n-gram size G (selfdraft)")
     o.add_argument("--max-candidates", type=positive_int, help="candidate continuations verified per step (selfdraft)")
     o.add_argument("--ngram-cache", metavar="FILE", help="corpus n-gram cache (selfdraft; default: beside the target)")
+    o.add_argument("--timeout", type=positive_int, metavar="SECONDS",
+                   help="how long a rank waits for another before failing (pearl; default 30)")
 
 
 OPTION_NAMES = ("gamma", "draft_window", "tree_width", "max_children", "branches", "branch_len", "gram",
-                "max_candidates", "ngram_cache")
+                "max_candidates", "ngram_cache", "timeout")
 
 
 def method_options(args) -> dict:
@@ -136,19 +140,38 @@ def read_prompt(args, parser) -> str:
     return path.read_bytes().decode("utf-8")       # verbatim: no newline translation
 
 
+def serve_torchrun_rank(args) -> int:
+    """Under torchrun every rank runs the same command; pearl's rank 1 serves the draft."""
+    import torch
+    from specmesh import embedded
+    from specmesh.dist.link import join_env
+    from specmesh.methods import pearl
+    device = args.device
+    if device == "cuda" and "LOCAL_RANK" in os.environ:
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
+    config = {"draft": str(args.draft or embedded.path("draft")), "dtype": args.dtype, "device": device}
+    torch.set_num_threads(1)
+    pearl.DraftServer(config).run(join_env(pearl.ROLES, args.timeout or pearl.OPTIONS["timeout"]))
+    return 0
+
+
 def cmd_generate(args, parser) -> int:
     from specmesh import LLM, SamplingParams
+    from specmesh.dist.link import under_torchrun
+    if args.method == "pearl" and under_torchrun() and int(os.environ["RANK"]) > 0:
+        return serve_torchrun_rank(args)
     prompt = read_prompt(args, parser)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, n=args.n, stop=args.stop)
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
               **method_options(args))
-    run = llm.start(prompt, params)
-    stream = args.json != "-"
-    for piece in run:
-        if stream:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+    with llm:
+        run = llm.start(prompt, params)
+        stream = args.json != "-"
+        for piece in run:
+            if stream:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
     out = run.output
     if stream:
         sys.stdout.write("\n")
@@ -220,10 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     sub = parser._subparsers._group_actions[0].choices[args.command]
+    from specmesh.dist.link import PeerError
     try:
         return COMMANDS[args.command](args, sub)
     except (ValueError, FileNotFoundError) as e:
         sub.exit(EXIT_USAGE, f"{sub.prog}: error: {e}\n")
+    except PeerError as e:
+        sub.exit(1, f"{sub.prog}: error: {e}\n")
     except KeyboardInterrupt:
         return 130
 

@@ -43,8 +43,21 @@ class LLM:
         if draft is None and self.method.needs_draft:
             draft = embedded.path("draft")
         if draft is not None:
-            self.models.draft = load_model(draft, self.dtype, self.device, draft=True)
             check_vocabularies(self.tokenizer, load_tokenizer(draft), target, Path(draft))
+            if self.method.start:           # the draft runs in a process of its own
+                self.method.start(self.models, Path(draft), self.dtype, self.method.options)
+            else:
+                self.models.draft = load_model(draft, self.dtype, self.device, draft=True)
+
+    def close(self) -> None:
+        """Stop the method's other processes, if it has any (pearl's draft rank)."""
+        self.models.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def context(self) -> int:

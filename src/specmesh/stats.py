@@ -1,7 +1,7 @@
 """The per-generation counters every method fills in."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -13,6 +13,8 @@ class Stats:
     accepted_tokens: int = 0        # of those, accepted
     verifications: int = 0          # verification forwards
     elapsed_s: float = 0.0          # wall time, prefill included
+    phases: int = 0                 # pearl: drafting phases (each ends at a rejection or at the end)
+    info: dict = field(default_factory=dict)     # method-specific figures (pearl: c, gamma)
 
     @property
     def tokens_per_forward(self) -> float | None:
@@ -29,6 +31,11 @@ class Stats:
     @property
     def mean_accepted_length(self) -> float | None:
         return self.accepted_tokens / self.verifications if self.verifications else None
+
+    @property
+    def mat(self) -> float | None:
+        """PEARL's mean accepted tokens: accepted drafts per drafting phase."""
+        return self.accepted_tokens / self.phases if self.phases else None
 
     def to_json(self) -> dict:
         return {"target_forwards": self.target_forwards,

@@ -14,6 +14,10 @@ walk down from the root:
   multi-step rejection; with one child this is the standard chain rule); when
   every child is rejected, x ~ p (the residual); at a leaf the bonus token x ~ p.
 
+`logits` may lack the rows of the deepest nodes (PEARL's post-verify checks its newest
+draft with the logits of the node before it, before the target has processed it): a
+walk that accepts such a node ends there with no next token.
+
 Stopping at EOS and at max_new_tokens is the generation driver's job: it cuts the
 emitted block there.
 """
@@ -31,7 +35,7 @@ from specmesh.tree import TokenTree
 class Verdict:
     path: list[int]             # accepted node indices, root first
     tokens: list[int]           # emitted tokens: the accepted drafted ones, then next_token
-    next_token: int             # the target's token after the last accepted node
+    next_token: int | None      # the target's token after the last accepted node (None: no logits there)
 
     @property
     def accepted(self) -> int:
@@ -59,18 +63,26 @@ def draw(p: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def verify(tree: TokenTree, logits: torch.Tensor, params: SamplingParams,
            generator: torch.Generator | None = None) -> Verdict:
+    """logits [N, V] at every node, or [n < N, V] at the first n (the rest are not processed yet)."""
     if params.greedy:
-        return _walk(tree, logits.argmax(-1).tolist().__getitem__)
-    probs = probs_from_logits(logits, params)                   # [N, V]
+        return _walk(tree, len(logits), logits.argmax(-1).tolist().__getitem__)
+    probs = probs_from_logits(logits, params)                   # [n, V]
     if tree.sampled:
         return _rejection_walk(tree, probs, generator)
-    return _walk(tree, lambda node: draw(probs[node], generator))
+    return _walk(tree, len(probs), lambda node: draw(probs[node], generator))
 
 
-def _walk(tree: TokenTree, target_token) -> Verdict:
+def _unprocessed(tree: TokenTree, path: list[int]) -> Verdict:
+    """The walk reached a node without logits: its path is accepted, with no next token."""
+    return Verdict(path, [tree.tokens[i] for i in path[1:]], None)
+
+
+def _walk(tree: TokenTree, processed: int, target_token) -> Verdict:
     """Follow the child holding the target's token at each node (greedy or deterministic proposals)."""
     node, path = 0, [0]
     while True:
+        if node >= processed:
+            return _unprocessed(tree, path)
         x = target_token(node)
         child = next((c for c in tree.children(node) if tree.tokens[c] == x), None)
         if child is None:
@@ -82,6 +94,8 @@ def _walk(tree: TokenTree, target_token) -> Verdict:
 def _rejection_walk(tree: TokenTree, probs: torch.Tensor, generator: torch.Generator | None) -> Verdict:
     node, path = 0, [0]
     while True:
+        if node >= len(probs):
+            return _unprocessed(tree, path)
         p = probs[node]
         chosen = None
         for child in tree.children(node):

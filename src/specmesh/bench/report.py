@@ -5,9 +5,10 @@ import sys
 
 COLUMNS = [("method", "{}"), ("dtype", "{}"), ("threads", "{}"), ("tokens_per_s", "{:.1f}"),
            ("speedup_vs_ar", "{:.2f}x"), ("tokens_per_forward", "{:.2f}"), ("acceptance_rate", "{:.2f}"),
-           ("mean_accepted_length", "{:.2f}"), ("greedy_equal_to_ar", "{}"), ("near_tie_divergences", "{}"),
+           ("mean_accepted_length", "{:.2f}"), ("mat", "{:.2f}"), ("greedy_equal_to_ar", "{}"), ("near_tie_divergences", "{}"),
            ("peak_rss_mb", "{:.0f}")]
-HEADERS = ["method", "dtype", "thr", "tok/s", "vs ar", "tok/fwd", "accept", "acc.len", "= ar", "near-tie", "RSS MB"]
+HEADERS = ["method", "dtype", "thr", "tok/s", "vs ar", "tok/fwd", "accept", "acc.len", "mat", "= ar", "near-tie",
+           "RSS MB"]
 
 
 def print_table(result: dict, file=sys.stdout) -> None:
@@ -15,11 +16,15 @@ def print_table(result: dict, file=sys.stdout) -> None:
     for name, m in result["methods"].items():
         m = m | {"method": name}
         rows.append(["-" if m.get(k) is None else fmt.format(m[k]) for k, fmt in COLUMNS])
-        rows[-1][8] = f"{m['greedy_equal_to_ar']}/{m['prompts']}"
+        rows[-1][HEADERS.index("= ar")] = f"{m['greedy_equal_to_ar']}/{m['prompts']}"
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS)]
     print(f"{result['machine']}  {result['date']}", file=file)
     for line in [HEADERS, *rows]:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)), file=file)
+    for name, m in result["methods"].items():
+        if "c" in m:
+            print(f"{name}: c = {m['c']:.2f} (target / draft forward time, one thread each), gamma = {m['gamma']}; "
+                  f"mat = accepted drafts per drafting phase", file=file)
 
 
 def plot(result: dict, path: str) -> None:

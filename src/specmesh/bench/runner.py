@@ -13,6 +13,7 @@ import datetime
 import gc
 import os
 import platform
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from specmesh import embedded, methods
 from specmesh.bench.peers import PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
 from specmesh.loader import DTYPES, load_tokenizer
+from specmesh.methods.pearl import torch_threads
 from specmesh.sampling import SamplingParams
 from specmesh.stats import Stats
 
@@ -55,13 +57,51 @@ class OurRunner:
         out = self.llm.generate(ids, SamplingParams(max_new_tokens=max_new_tokens))
         return out.tokens, out.stats
 
+    def close(self) -> None:
+        self.llm.close()
 
-def make_runner(method: str, cfg: BenchConfig, dtype: str):
+
+class Threaded:
+    """A runner that runs with its own torch thread count (`sd@1t`)."""
+
+    def __init__(self, runner, threads: int):
+        self.runner, self.threads = runner, threads
+        self.llm = getattr(runner, "llm", None)
+
+    def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
+        with torch_threads(self.threads):
+            return self.runner(ids, max_new_tokens)
+
+    def close(self) -> None:
+        close(self.runner)
+
+
+def close(runner) -> None:
+    if hasattr(runner, "close"):
+        runner.close()
+
+
+def split_threads(name: str) -> tuple[str, int | None]:
+    """'sd@1t' -> ('sd', 1); 'sd' -> ('sd', None)."""
+    match = re.fullmatch(r"(.+)@(\d+)t", name)
+    return (match[1], int(match[2])) if match else (name, None)
+
+
+def make_runner(name: str, cfg: BenchConfig, dtype: str):
+    method, threads = split_threads(name)
     if method in PEERS:
         target = Path(cfg.target) if cfg.target else embedded.path("target")
         draft = Path(cfg.draft) if cfg.draft else embedded.path("draft") if method == "hf-assisted" else None
-        return HFRunner(method, target, draft, DTYPES[dtype], cfg.device)
-    return OurRunner(method, cfg, dtype)
+        runner = HFRunner(method, target, draft, DTYPES[dtype], cfg.device)
+    else:
+        runner = OurRunner(method, cfg, dtype)
+    return runner if threads is None else Threaded(runner, threads)
+
+
+def threads_used(name: str) -> int | str:
+    """The threads a method ran with; pearl: one per process ("1+1")."""
+    method, threads = split_threads(name)
+    return "1+1" if method == "pearl" else threads or torch.get_num_threads()
 
 
 def choose_dtype(method: str, cfg: BenchConfig, ids: list[int]) -> tuple[str, object]:
@@ -76,15 +116,23 @@ def choose_dtype(method: str, cfg: BenchConfig, ids: list[int]) -> tuple[str, ob
         runner(ids, CALIBRATION_TOKENS)
         elapsed = time.perf_counter() - start
         if best is None or elapsed < best[0]:
+            if best is not None:
+                close(best[2])
             best = (elapsed, dtype, runner)
-        del runner
+        elif runner is not best[2]:
+            close(runner)
     return best[1], best[2]
 
 
 def check_methods(names: list[str]) -> list[str]:
+    """ar first; `pearl` brings `sd@1t` and `sd@2t` (its two processes have one thread each)."""
     for name in names:
-        if name not in methods.METHODS and name not in PEERS:
-            raise ValueError(f"unknown method {name!r}; available: {', '.join([*methods.METHODS, *PEERS])}")
+        method = split_threads(name)[0]
+        if method not in methods.METHODS and method not in PEERS:
+            raise ValueError(f"unknown method {name!r}; available: {', '.join([*methods.METHODS, *PEERS])} "
+                             f"(NAME@Nt runs NAME with N threads)")
+    if "pearl" in names:
+        names = names + ["sd@1t", "sd@2t"]
     return ["ar"] + [m for m in dict.fromkeys(names) if m != "ar"]
 
 
@@ -128,15 +176,16 @@ def is_near_tie(model, prefix: list[int]) -> bool:
     return bool(top[0] - top[1] <= NEAR_TIE_REL * top.abs().max().clamp(min=1.0))
 
 
-def summarize(dtype: str, runs: list[tuple[list[int], Stats]], refs: list[list[int]], near_ties: int,
-              rss: float | None) -> dict:
+def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]], refs: list[list[int]],
+              near_ties: int, rss: float | None) -> dict:
     stats = [s for _, s in runs]
     tokens = sum(s.generated_tokens for s in stats)
     drafted = sum(s.drafted_tokens for s in stats)
     verifications = sum(s.verifications for s in stats)
     accepted = sum(s.accepted_tokens for s in stats)
+    phases = sum(s.phases for s in stats)
     return {
-        "dtype": dtype, "threads": torch.get_num_threads(),
+        "dtype": dtype, "threads": threads,
         "tokens_per_s": tokens / sum(s.elapsed_s for s in stats),
         "speedup_vs_ar": None,
         "tokens_per_forward": tokens / sum(s.target_forwards for s in stats),
@@ -145,7 +194,7 @@ def summarize(dtype: str, runs: list[tuple[list[int], Stats]], refs: list[list[i
         "greedy_equal_to_ar": sum(t == r for (t, _), r in zip(runs, refs)),
         "near_tie_divergences": near_ties,
         "prompts": len(runs), "peak_rss_mb": rss,
-    }
+    } | ({"mat": accepted / phases} if phases else {}) | stats[0].info
 
 
 def machine() -> str:
@@ -204,9 +253,11 @@ def run_bench(cfg: BenchConfig) -> dict:
                 "method": name, "prompt": i, "new_tokens": len(tokens), "tokens_per_s": stats.tokens_per_s,
                 "target_forwards": stats.target_forwards, "equal_to_ar": div is None,
                 "first_divergence": div, "near_tie": tie})
-        result["methods"][name] = summarize(dtype, runs[name], refs, near, rss[name])
-        if name in methods.METHODS:
-            result["methods"][name]["options"] = methods.get(name, cfg.options).options
+        result["methods"][name] = summarize(dtype, threads_used(name), runs[name], refs, near, rss[name])
+        if split_threads(name)[0] in methods.METHODS:
+            result["methods"][name]["options"] = methods.get(split_threads(name)[0], cfg.options).options
+    for runner in runners.values():
+        close(runner)
     ar_speed = result["methods"]["ar"]["tokens_per_s"]
     for m in result["methods"].values():
         m["speedup_vs_ar"] = m["tokens_per_s"] / ar_speed

@@ -2,16 +2,17 @@
 yields, per step, the tokens newly committed for each of the job's rows (a list of
 lists; the generation driver stops it once every row is finished), plus
 `NEEDS_DRAFT`, `OPTIONS` (defaults) and `slack(**options)` (extra cache slots);
-`BATCHED = True` when it decodes several rows at once."""
+`BATCHED = True` when it decodes several rows at once; `start(models, draft, dtype,
+options)` when its draft runs elsewhere (pearl: in a process of its own)."""
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specmesh.methods import ar, sd, selfdraft, tree
+from specmesh.methods import ar, pearl, sd, selfdraft, tree
 
-METHODS = {"ar": ar, "sd": sd, "tree": tree, "selfdraft": selfdraft}
+METHODS = {"ar": ar, "sd": sd, "tree": tree, "selfdraft": selfdraft, "pearl": pearl}
 
 
 @dataclass
@@ -22,6 +23,7 @@ class Method:
     batched: bool
     slack: int                  # cache slots beyond prompt + new tokens (speculative nodes)
     options: dict               # every option's value, defaults filled in
+    start: Callable | None      # start(models, draft, dtype, options): sets up a draft that runs elsewhere
 
 
 def get(name: str, options: dict | None = None) -> Method:
@@ -39,4 +41,5 @@ def get(name: str, options: dict | None = None) -> Method:
         if isinstance(module.OPTIONS[k], int) and (not isinstance(v, int) or v < 1):
             raise ValueError(f"{name}: {k} must be a positive integer, got {v!r}")
     return Method(name, functools.partial(module.decode, **opts), module.NEEDS_DRAFT,
-                  getattr(module, "BATCHED", False), module.slack(**(module.OPTIONS | opts)), module.OPTIONS | opts)
+                  getattr(module, "BATCHED", False), module.slack(**(module.OPTIONS | opts)), module.OPTIONS | opts,
+                  getattr(module, "start", None))

@@ -1,0 +1,1 @@
+"""Multi-process runtime: links between ranks (`link`) and the worker entry point (`worker`)."""

@@ -1,0 +1,184 @@
+"""`pearl`: two processes, lossless, mode switching as in the paper, failures that end cleanly."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chi2_contingency
+
+from specmesh import LLM, SamplingParams
+from specmesh.dist.link import PeerError
+from specmesh.methods import pearl
+from specmesh.methods.pearl import Rounds
+from specmesh.sampling import SamplingParams as Params
+from specmesh.verify import verify
+
+PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x", "self.y = y\n\n" * 3]
+
+
+# -- mode switching on the paper's Appendix B walk-through (Table 9), scripted ------------------
+
+# the target's greedy continuation of the prompt, and per step the draft's new tokens (Table 9's
+# "draft model output" column, in words)
+TARGET = "I 'm happy to help you with your question ! However I notice that the equations you provided".split()
+DRAFTS = [["Great", "I", "'m"], ["'m", "glad", "you"], ["are", "interested", "in"],
+          ["to", "help", "you", "with", "this"], ["equation", "!", "However", "I"], ["question", "!", "However", "I"],
+          ["notice", "that", "the", "equation", "you"], ["provided", "is", "not", "correct"]]
+WORDS = sorted(set(TARGET) | {w for d in DRAFTS for w in d} | {"<prompt>"})
+MODES = ["pre-verify", "pre-verify", "post-verify", "pre-verify", "post-verify", "pre-verify", "post-verify",
+         "post-verify"]
+OUTPUTS = ["I", "I 'm", "I 'm happy", "I 'm happy to", "I 'm happy to help you with your",
+           "I 'm happy to help you with your question", "I 'm happy to help you with your question ! However I notice",
+           "I 'm happy to help you with your question ! However I notice that the equations"]
+
+
+def test_mode_switching_follows_the_papers_walk_through():
+    ids = WORDS.index
+    rounds, committed, modes, outputs = Rounds(ids("<prompt>")), [], [], []
+    for drafts in DRAFTS:
+        modes.append(rounds.mode)
+        inputs = rounds.inputs()
+        logits = torch.zeros(len(inputs), len(WORDS))          # greedy target: one-hot of its next word
+        for i in range(len(inputs)):
+            logits[i, ids(TARGET[len(committed) + i])] = 1.0
+        drafted = [ids(w) for w in drafts]
+        verdict = verify(rounds.chain(drafted, None), logits, Params())
+        rounds.settle(verdict, drafted, None)
+        committed += [WORDS[t] for t in verdict.tokens]
+        outputs.append(" ".join(committed))
+    assert modes == MODES
+    assert outputs == OUTPUTS
+    assert rounds.mode == "pre-verify"                          # "equation" was rejected at step 7
+
+
+def test_post_verify_full_acceptance_needs_no_bonus_token():
+    rounds = Rounds(5)
+    rounds.undecided = [6, 7]
+    logits = torch.zeros(3, 10)
+    logits[0, 6] = logits[1, 7] = logits[2, 8] = 1.0
+    verdict = verify(rounds.chain([8, 9, 1], None), logits, Params())
+    assert verdict.next_token is None and verdict.tokens == [6, 7, 8]
+    assert rounds.settle(verdict, [8, 9, 1], None) == (3, -1, 3)     # fresh + both undecided are committed
+    assert rounds.inputs() == [8, 9, 1] and rounds.mode == "post-verify"
+
+
+# -- the real thing: two processes ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ar(tiny_checkpoint):
+    return LLM(target=tiny_checkpoint)
+
+
+@pytest.fixture(scope="module", params=["random-draft", "perfect-draft", "measured-gamma"])
+def pair(request, tiny_checkpoint, tiny_draft_checkpoint):
+    draft = {"random-draft": tiny_draft_checkpoint, "perfect-draft": tiny_checkpoint,
+             "measured-gamma": tiny_checkpoint}[request.param]
+    gamma = 4 if request.param != "measured-gamma" else None      # real-draft: gamma from the measured c
+    with LLM(target=tiny_checkpoint, draft=draft, method="pearl", gamma=gamma, timeout=20) as llm:
+        yield request.param, llm
+
+
+@pytest.mark.parametrize("max_new", [1, 3, 4, 5, 17, 40])
+def test_greedy_equals_ar(ar, pair, max_new):
+    kind, llm = pair
+    for prompt in PROMPTS:
+        params = SamplingParams(max_new_tokens=max_new)
+        out = llm.generate(prompt, params)             # the ranks' committed tokens are checked inside
+        assert out.tokens == ar.generate(prompt, params).tokens, (kind, prompt)
+    if kind == "perfect-draft" and max_new == 40:
+        assert out.stats.acceptance_rate == 1.0 and out.stats.phases == 1     # never leaves post-verify
+
+
+def test_start_up_measures_c_and_picks_gamma(pair):
+    kind, llm = pair
+    peer = llm.models.draft_peer
+    assert peer.c > 0 and peer.gamma == max(1, min(pearl.MAX_GAMMA, round(peer.c)))
+    out = llm.generate("def", SamplingParams(max_new_tokens=8))
+    assert out.stats.info["gamma"] == (4 if kind != "measured-gamma" else peer.gamma)
+
+
+def test_ranks_that_disagree_are_caught(tiny_checkpoint, monkeypatch):
+    with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma=3) as llm:
+        monkeypatch.setattr(pearl.Rounds, "settle", broken_settle)
+        with pytest.raises(pearl.RanksDivergedError):
+            llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=20))
+
+
+real_settle = pearl.Rounds.settle
+
+
+def broken_settle(self, verdict, drafts, q):
+    """Tell the draft one token fewer was accepted than really was (a protocol bug)."""
+    accepted, token, commit = real_settle(self, verdict, drafts, q)
+    return max(accepted - 1, 0), token, commit
+
+
+def test_sampling_matches_ar_two_sample(tiny_checkpoint, tiny_draft_checkpoint):
+    """Joint distribution of the first 3 tokens: pearl vs ar, chi-square two-sample test."""
+    params = dict(max_new_tokens=3, temperature=1.0, n=400)
+    ar_llm = LLM(target=tiny_checkpoint)
+    ar_out = ar_llm.generate("def", SamplingParams(seed=1, **params))
+    with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma=2) as llm:
+        pl_out = llm.generate("def", SamplingParams(seed=2, **params))
+    a = Counter(tuple(s.tokens) for s in ar_out.samples)
+    b = Counter(tuple(s.tokens) for s in pl_out.samples)
+    keys = [k for k in set(a) | set(b) if a[k] + b[k] >= 10]
+    other = (sum(a.values()) - sum(a[k] for k in keys), sum(b.values()) - sum(b[k] for k in keys))
+    table = [[a[k] for k in keys] + [other[0]], [b[k] for k in keys] + [other[1]]]
+    assert chi2_contingency(table)[1] > 0.001
+
+
+def test_seeded_sampling_is_reproducible(tiny_checkpoint, tiny_draft_checkpoint):
+    with LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="pearl", gamma=3) as llm:
+        runs = [llm.generate("def", SamplingParams(max_new_tokens=30, temperature=1.0, seed=s)).tokens
+                for s in (5, 5, 6)]
+    assert runs[0] == runs[1] != runs[2]
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig, message", [(signal.SIGKILL, "was killed by signal 9"),
+                                          (signal.SIGSTOP, "did not answer within 3 s")])
+def test_a_dead_or_hung_draft_rank_fails_within_the_timeout(tiny_checkpoint, sig, message):
+    llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma=2, timeout=3)
+    pid = llm.models.draft_peer.link.pids[1]
+    run = iter(llm.start("def", SamplingParams(max_new_tokens=200, ignore_eos=True)))
+    next(run)
+    os.kill(pid, sig)
+    start = time.monotonic()
+    with pytest.raises(PeerError, match=rf"rank 1 \(draft, pid {pid}\) {message}"):
+        for _ in run:
+            pass
+    assert time.monotonic() - start < 3 + 2
+    llm.close()                               # kills what is left of the draft rank
+    assert not alive(pid)
+
+
+def test_cli_launcher_prints_ranks_and_leaves_no_orphans(tiny_checkpoint):
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.cli", "generate", "--method", "pearl", "--target",
+                             str(tiny_checkpoint), "--draft", str(tiny_checkpoint), "--max-new-tokens", "200",
+                             "def"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = [proc.stderr.readline() for _ in range(2)]
+    assert lines[0] == f"rank 0 role target pid {proc.pid}\n"
+    assert lines[1].startswith("rank 1 role draft pid ")
+    worker = int(lines[1].split()[-1])
+    proc.kill()                               # rank 0 dies: the draft rank must not outlive it
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while alive(worker):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the draft rank (pid {worker}) outlived rank 0")
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Running, and not a zombie waiting for its new parent (init) to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
