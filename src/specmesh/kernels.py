@@ -6,7 +6,7 @@ slower than float32), which would make every verification forward expensive; and
 small model's decode step is mostly per-op overhead on any CPU. So wherever gcc can
 build csrc/avx2.c (x86 with AVX2, which includes AVX-512 and AMX machines) a linear
 (BF16Linear) sends up to SMALL_ROWS rows through its kernel, which reads the bf16
-weights once for up to 8 rows, built on first use; more rows (prefill) go through an
+weights once for up to 6 rows, built on first use; more rows (prefill) go through an
 exact float32 copy of the weight pre-packed for oneDNN. Every path multiplies and
 accumulates in float32. Elsewhere, CPUs with native bf16 use oneDNN's linear with the
 bf16 weight pre-packed (PackedLinear, 1.5-2x PyTorch's default), and the rest

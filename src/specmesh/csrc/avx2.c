@@ -1,6 +1,6 @@
 // Kernels for bf16-weight models on x86 CPUs with AVX2 (see kernels.py).
 // bf16_linear: y[M,N] = x[M,K] . w[N,K]^T (+ bias[N]), bf16 weights, float32 activations and
-//   accumulation; one pass over the weights serves up to 8 input rows, so a few rows cost
+//   accumulation; one pass over the weights serves up to 6 input rows, so a few rows cost
 //   about what one row costs (the product is memory-bound).
 // i8_linear: the same with int8 weights and a scale per output row (draft models).
 // rms_norm: one call instead of six PyTorch ops per norm.

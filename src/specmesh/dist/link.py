@@ -146,10 +146,13 @@ def worker_store() -> tuple[dist.Store, int, int]:
 
 
 def join_env(roles: list[str], timeout_s: float) -> Link:
-    """This process's link under torchrun (or as a launched worker): rank from the environment."""
+    """This process's link under torchrun (or as a launched worker): rank from the environment.
+    Under torchrun each rank announces itself (`rank R role ROLE pid P`), as the launcher would."""
     store, rank, world = worker_store()
     if world != len(roles):
         raise ValueError(f"this job needs {len(roles)} processes ({', '.join(roles)}), torchrun started {world}")
+    if under_torchrun():
+        print(f"rank {rank} role {roles[rank]} pid {os.getpid()}", file=sys.stderr, flush=True)
     store.set(f"ready/{rank}", "1")
     return Link(store, rank, roles, timeout_s)
 
