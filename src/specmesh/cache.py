@@ -11,11 +11,16 @@ region, root to leaf) to become committed positions L_b.., then keeps the slots
 `keep` as the new speculative region; `prune` keeps without committing;
 `rollback` truncates. Tree verification, PipeDec's past/predict cache, Self-Draft
 branches and batched serving all use this one mechanism.
+
+`view(start, stop)` is a cache over a contiguous range of rows that shares this one's
+memory and counters: the server keeps its running requests in rows [0, B) and runs
+each step on `view(0, B)`, and prefills a new request alone in its own row.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from specmesh.kernels import cache_dtype
@@ -33,10 +38,27 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.first_layer = first_layer
         self.max_len = max_len
-        self.lengths = [0] * batch   # committed tokens per row
-        self.spec = [0] * batch      # speculative slots per row
+        self.lengths = np.zeros(batch, dtype=np.int64)   # committed tokens per row
+        self.spec = np.zeros(batch, dtype=np.int64)      # speculative slots per row
         self._starts: list[int] = []
         self._kv_len = 0
+
+    def view(self, start: int, stop: int) -> "KVCache":
+        """Rows [start, stop) as a cache of their own, sharing memory and counters with this one."""
+        view = KVCache.__new__(KVCache)
+        view.k, view.v = [k[start:stop] for k in self.k], [v[start:stop] for v in self.v]
+        view.first_layer, view.max_len = self.first_layer, self.max_len
+        view.lengths, view.spec = self.lengths[start:stop], self.spec[start:stop]     # numpy views
+        view._starts, view._kv_len = [], 0
+        return view
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Row src's tokens become row dst's (src keeps a stale copy)."""
+        n = int(self.lengths[src] + self.spec[src])
+        for kc, vc in zip(self.k, self.v):
+            kc[dst, :, :n] = kc[src, :, :n]
+            vc[dst, :, :n] = vc[src, :, :n]
+        self.lengths[dst], self.spec[dst] = self.lengths[src], self.spec[src]
 
     @classmethod
     def for_model(cls, model, batch: int, max_len: int, layers: range | None = None) -> "KVCache":
@@ -58,7 +80,7 @@ class KVCache:
     def prepare(self, T: int, depths: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Positions [B,T] and attention mask [B,1,T,K] (True = attend) for T new tokens."""
-        starts = [L + s for L, s in zip(self.lengths, self.spec)]
+        starts = (self.lengths + self.spec).tolist()
         if max(starts) + T > self.max_len:
             raise ContextOverflowError(
                 f"sequence of {max(starts) + T} tokens exceeds the cache/context length {self.max_len}")
@@ -67,15 +89,15 @@ class KVCache:
         if depths is None:
             positions = torch.tensor(starts, device=dev)[:, None] + torch.arange(T, device=dev)
         else:
-            positions = torch.tensor(self.lengths, device=dev)[:, None] + depths.to(dev)
-        uniform = len(set(starts)) == 1 and len(set(self.lengths)) == 1
+            positions = torch.from_numpy(self.lengths).to(dev)[:, None] + depths.to(dev)
+        uniform = len(set(starts)) == 1 and len(set(self.lengths.tolist())) == 1
         if uniform and tree_mask is None and T == 1:
             return positions, None       # one token after everything held: attend to all keys
         return positions, self._mask(T, None if tree_mask is None else tree_mask.to(dev))
 
     def _mask(self, T: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
         mask = torch.zeros(self.batch, 1, T, self._kv_len, dtype=torch.bool, device=self.device)
-        for b, (L, s) in enumerate(zip(self.lengths, self.spec)):
+        for b, (L, s) in enumerate(zip(self.lengths.tolist(), self.spec.tolist())):
             mask[b, :, :, :L] = True
             if tree_mask is None:       # chain continuing the held speculative slots
                 mask[b, 0, :, L:L + s + T] = torch.ones(T, s + T, dtype=torch.bool, device=self.device).tril(s)
@@ -99,7 +121,7 @@ class KVCache:
 
     def advance(self, T: int) -> None:
         """The T tokens just written become speculative slots."""
-        self.spec = [s + T for s in self.spec]
+        self.spec += T
 
     # -- after verification ------------------------------------------------------------------
     def commit(self, row: int, path: Sequence[int], keep: Sequence[int] = ()) -> None:
@@ -107,7 +129,7 @@ class KVCache:
         order = list(path) + list(keep)
         if any(not 0 <= i < self.spec[row] for i in order):
             raise IndexError(f"slot index out of range: row {row} holds {self.spec[row]} speculative slots")
-        L = self.lengths[row]
+        L = int(self.lengths[row])
         if order != list(range(len(order))):
             src = torch.tensor(order, device=self.device) + L
             for kc, vc in zip(self.k, self.v):
@@ -118,16 +140,16 @@ class KVCache:
 
     def commit_all(self, row: int | None = None) -> None:
         """Every speculative slot becomes committed, in slot order (plain decoding)."""
-        for b in range(self.batch) if row is None else [row]:
-            self.lengths[b] += self.spec[b]
-            self.spec[b] = 0
+        rows = slice(None) if row is None else row
+        self.lengths[rows] += self.spec[rows]
+        self.spec[rows] = 0
 
     def prune(self, row: int, keep: Sequence[int]) -> None:
         self.commit(row, [], keep)
 
     def prefix(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """A copy of the committed prefix (all rows equally long): per-layer k, v [B,Hkv,L,hd]."""
-        L = self.lengths[0]
+        L = int(self.lengths[0])
         return [k[:, :, :L].clone() for k in self.k], [v[:, :, :L].clone() for v in self.v]
 
     def load_prefix(self, kv: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
@@ -135,8 +157,8 @@ class KVCache:
         L = kv[0][0].shape[2]
         for dst, src in zip(self.k + self.v, kv[0] + kv[1]):
             dst[:, :, :L] = src
-        self.lengths = [L] * self.batch
-        self.spec = [0] * self.batch
+        self.lengths[:] = L
+        self.spec[:] = 0
 
     def rollback(self, row: int, length: int) -> None:
         """Truncate row to `length` committed tokens and drop its speculative slots."""

@@ -1,4 +1,4 @@
-"""specmesh command line: generate | models | bench | train."""
+"""specmesh command line: generate | models | bench | serve | loadtest | ngram | train."""
 from __future__ import annotations
 
 import argparse
@@ -104,6 +104,29 @@ def build_parser() -> Parser:
     add_method_options(b)
     add_json(b)
     b.add_argument("--plot", metavar="OUT.png", help="draw speedup and tokens per target forward per method")
+
+    v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
+    v.add_argument("--method", default="ar", help="decoding method (default: ar)")
+    v.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    v.add_argument("--port", type=positive_int, default=8000)
+    v.add_argument("--model-name", default="specmesh-target", help="the model id clients send (default: specmesh-target)")
+    v.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+                   help="default bfloat16 (the fastest on CPU); float32 is the exact reference")
+    add_model_args(v)
+    v.add_argument("--max-batch", type=positive_int, default=16, help="requests decoded together (default: 16)")
+    v.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM, how long running requests may take to finish (default: 30)")
+
+    lt = sub.add_parser("loadtest", help="load a running server with streaming completions; latency percentiles")
+    lt.add_argument("--url", required=True, help="the server root, without /v1 (e.g. http://127.0.0.1:8000)")
+    mode = lt.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--rate", type=float, help="open loop: Poisson arrivals, requests per second")
+    mode.add_argument("--concurrency", type=positive_int, help="closed loop: this many clients")
+    lt.add_argument("--duration", type=float, required=True, metavar="SECONDS", help="how long to send requests")
+    lt.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (default: the shipped held-out set)")
+    lt.add_argument("--max-tokens", type=positive_int, default=64)
+    lt.add_argument("--model", help="model id to send (default: none; the server's own)")
+    add_json(lt)
 
     n = sub.add_parser("ngram", help="n-gram caches for selfdraft")
     nsub = n.add_subparsers(dest="ngram_command", required=True, parser_class=Parser)
@@ -215,6 +238,31 @@ def cmd_bench(args, parser) -> int:
     return 0
 
 
+def cmd_serve(args, parser) -> int:
+    from specmesh.serve import ServeConfig, run
+    return run(ServeConfig(method=args.method, host=args.host, port=args.port, model_name=args.model_name,
+                           dtype=args.dtype, target=args.target, draft=args.draft, device=args.device,
+                           max_batch=args.max_batch, grace_s=args.grace))
+
+
+def cmd_loadtest(args, parser) -> int:
+    from specmesh.bench.prompts import load_prompts
+    from specmesh.serve.loadtest import LoadConfig, print_summary, run
+    if args.rate is not None and args.rate <= 0:
+        parser.error("--rate must be positive")
+    if args.duration <= 0:
+        parser.error("--duration must be positive")
+    cfg = LoadConfig(url=args.url, rate=args.rate, concurrency=args.concurrency, duration=args.duration,
+                     prompts=load_prompts(args.prompts), max_tokens=args.max_tokens, model=args.model)
+    summary, errors = run(cfg)
+    print_summary(summary, sys.stderr if args.json == "-" else sys.stdout)
+    for message in errors[:5]:
+        print(f"error: {message}", file=sys.stderr)
+    if args.json:
+        write_json(summary, args.json)
+    return 0
+
+
 def cmd_ngram(args, parser) -> int:
     from specmesh.drafters.ngram import build_corpus_cache, read_corpus
     from specmesh.loader import load_tokenizer
@@ -235,8 +283,8 @@ def cmd_train(args, parser) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "models": cmd_models, "bench": cmd_bench, "ngram": cmd_ngram,
-            "train": cmd_train}
+COMMANDS = {"generate": cmd_generate, "models": cmd_models, "bench": cmd_bench, "serve": cmd_serve,
+            "loadtest": cmd_loadtest, "ngram": cmd_ngram, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,81 @@
+"""`specmesh serve`: the OpenAI-compatible server (engine.py: batching loop; api.py: HTTP; metrics.py)."""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class ServeConfig:
+    method: str = "ar"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str = "specmesh-target"
+    dtype: str = "bfloat16"
+    target: str | None = None
+    draft: str | None = None
+    device: str = "cpu"
+    max_batch: int = 16
+    grace_s: float = 30.0           # SIGTERM: how long running requests may take to finish
+    log_level: str = "info"
+
+
+def build(cfg: ServeConfig):
+    """The server state (engine not started yet) and the FastAPI app for `cfg`."""
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise ValueError(f"specmesh serve needs {e.name}: pip install -e '.[serve]'") from None
+    from specmesh import LLM
+    from specmesh.serve.api import Server, create_app
+    from specmesh.serve.engine import Engine
+    from specmesh.serve.metrics import Metrics
+    if cfg.method != "ar":
+        raise ValueError(f"the server runs method 'ar' for now; {cfg.method!r} is not supported yet")
+    llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype)
+    metrics = Metrics()
+    engine = Engine(llm, cfg.max_batch, on_finish=metrics.finish)
+    server = Server(engine, cfg.model_name, metrics)
+    return server, create_app(server)
+
+
+def run(cfg: ServeConfig) -> int:
+    """Serve until SIGINT, SIGTERM (drain: new requests get 503, running ones may finish within
+    the grace period) or an engine failure (exit status 1)."""
+    import uvicorn
+    server, app = build(cfg)
+    failed = threading.Event()
+
+    class Uvicorn(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if sig == signal.SIGTERM and not server.draining:
+                server.draining = True
+                threading.Thread(target=drain, daemon=True).start()
+            else:
+                super().handle_exit(sig, frame)
+
+    def drain():
+        deadline = time.monotonic() + cfg.grace_s
+        while not server.engine.idle and time.monotonic() < deadline:
+            time.sleep(0.05)
+        web.should_exit = True
+
+    def on_failure(error):
+        failed.set()
+        print(f"specmesh serve: engine failure, exiting: {type(error).__name__}: {error}", file=sys.stderr)
+        web.should_exit = True
+
+    server.engine.on_failure = on_failure
+    web = Uvicorn(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
+                                 timeout_graceful_shutdown=5))
+    server.engine.start()
+    try:
+        web.run()
+    finally:
+        server.engine.stop()
+    return 1 if failed.is_set() else 0

@@ -1,0 +1,280 @@
+"""The OpenAI-compatible HTTP API over the engine (FastAPI).
+
+POST /v1/completions, POST /v1/chat/completions (streaming: server-sent events ending
+with `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus).
+Bad requests get 400 with OpenAI's error body, never 500; an engine failure fails the
+requests in flight (500, or an error event then [DONE] when streaming) and turns
+/health to 503. While draining (after SIGTERM) new requests get 503.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import uuid
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from specmesh.sampling import SamplingParams
+from specmesh.serve.engine import Engine, Event, Request
+from specmesh.serve.metrics import Metrics
+
+PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"     # one line per message, then "assistant:"
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class Server:
+    """State shared by the routes: the engine, the model name, metrics, draining flag."""
+
+    def __init__(self, engine: Engine, model_name: str, metrics: Metrics):
+        self.engine, self.model_name, self.metrics = engine, model_name, metrics
+        self.draining = False
+
+    # -- request parsing ----------------------------------------------------------------------
+    async def body(self, http: HTTPRequest) -> dict:
+        raw = await http.body()
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise BadRequest("request body is not valid UTF-8") from None
+        except json.JSONDecodeError as e:
+            raise BadRequest(f"request body is not valid JSON: {e.msg} at position {e.pos}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise BadRequest(f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                             "model", "model_not_found")
+        return body
+
+    def params(self, body: dict, prompt_tokens: int) -> tuple[SamplingParams, int]:
+        """Sampling parameters and n from an OpenAI request body."""
+        def number(name, default, kind=float):
+            value = body.get(name, default)
+            if value is None:
+                return default
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+                raise BadRequest(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}", name)
+            return kind(value)
+
+        max_tokens = number("max_tokens", 16, int)
+        if "max_completion_tokens" in body:
+            max_tokens = number("max_completion_tokens", max_tokens, int)
+        temperature, top_p = number("temperature", 1.0), number("top_p", 1.0)
+        top_k, n, seed = number("top_k", 0, int), number("n", 1, int), body.get("seed")
+        context = self.engine.context
+        if max_tokens <= 0:
+            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+        if prompt_tokens + max_tokens > context:
+            raise BadRequest(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                             f"context of {context} tokens", "max_tokens")
+        if math.isnan(temperature) or temperature < 0:
+            raise BadRequest(f"temperature must be >= 0, got {temperature}", "temperature")
+        if math.isnan(top_p) or not 0 < top_p <= 1:
+            raise BadRequest(f"top_p must be in (0, 1], got {top_p}", "top_p")
+        if top_k < 0:
+            raise BadRequest(f"top_k must be >= 0, got {top_k}", "top_k")
+        if n < 1:
+            raise BadRequest(f"n must be at least 1, got {n}", "n")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise BadRequest(f"seed must be an integer, got {seed!r}", "seed")
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            raise BadRequest("stop must be a non-empty string or a list of them", "stop")
+        return SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                              seed=seed, stop=stop), n
+
+    def encode(self, text, param: str) -> list[int]:
+        if not isinstance(text, str):
+            raise BadRequest(f"{param} must be a string", param)
+        if not text:
+            raise BadRequest(f"{param} is empty", param)
+        ids = self.engine.tokenizer.encode(text)
+        if len(ids) >= self.engine.context:
+            raise BadRequest(f"the prompt has {len(ids)} tokens; the context holds {self.engine.context}", param,
+                             "context_length_exceeded")
+        return ids
+
+    def chat_prompt(self, messages) -> str:
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list", "messages")
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise BadRequest("each message needs a string role and string content", "messages")
+        template = self.engine.tokenizer.chat_template
+        if template:
+            import jinja2
+            return jinja2.Template(template).render(messages=messages, add_generation_prompt=True)
+        return "".join(PLAIN_CHAT_TEMPLATE.format(**m) for m in messages) + "assistant:"
+
+    # -- running requests ---------------------------------------------------------------------
+    def start(self, prompts: list[list[int]], params: SamplingParams, n: int) -> list[tuple[Request, asyncio.Queue]]:
+        """Submit n samples per prompt; sample j of a seeded request uses seed + j."""
+        if self.draining:
+            raise BadRequest("the server is shutting down", code="server_shutting_down", status=503)
+        if self.engine.failure is not None:
+            raise BadRequest(f"the engine failed: {self.engine.failure}", code="engine_failed", status=503)
+        loop = asyncio.get_running_loop()
+        jobs = []
+        for prompt in prompts:
+            for j in range(n):
+                queue: asyncio.Queue = asyncio.Queue()
+                p = SamplingParams(**{**vars(params), "seed": None if params.seed is None else params.seed + j})
+                request = Request(prompt, p, lambda e, q=queue: loop.call_soon_threadsafe(q.put_nowait, e))
+                jobs.append((request, queue))
+        for request, _ in jobs:
+            self.metrics.requests.inc()
+            self.engine.submit(request)
+        return jobs
+
+    async def collect(self, http: HTTPRequest, jobs) -> list[tuple[str, str]]:
+        """Wait for every job; (text, finish_reason) each. Aborts all if the client leaves."""
+        texts = [[] for _ in jobs]
+        reasons: list[str | None] = [None] * len(jobs)
+        try:
+            for i, (request, queue) in enumerate(jobs):
+                while reasons[i] is None:
+                    try:
+                        event: Event = await asyncio.wait_for(queue.get(), timeout=0.5)
+                    except asyncio.TimeoutError:
+                        if await http.is_disconnected():
+                            raise asyncio.CancelledError from None
+                        continue
+                    if event.error:
+                        raise BadRequest(event.error, code="engine_failed", status=500)
+                    texts[i].append(event.text)
+                    reasons[i] = event.finish_reason
+        finally:
+            for (request, _), reason in zip(jobs, reasons):
+                if reason is None:
+                    self.engine.abort(request)
+        return [("".join(t), r) for t, r in zip(texts, reasons)]
+
+
+def usage(jobs) -> dict:
+    prompt = sum(len(p) for p in {id(r.prompt): r.prompt for r, _ in jobs}.values())
+    completion = sum(r.completion_tokens for r, _ in jobs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def create_app(server: Server) -> FastAPI:
+    app = FastAPI(title="specmesh", docs_url=None, redoc_url=None)
+    app.state.server = server
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_, e: BadRequest):
+        kind = "invalid_request_error" if e.status == 400 else "server_error"
+        return JSONResponse(error_body(e.message, kind, e.param, e.code), status_code=e.status)
+
+    @app.get("/health")
+    async def health():
+        if server.engine.failure is not None:
+            return JSONResponse({"status": "failed", "error": str(server.engine.failure)}, status_code=503)
+        if server.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(server.metrics.render(server.engine), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": 0,
+                                            "owned_by": "specmesh"}]}
+
+    @app.post("/v1/completions")
+    async def completions(http: HTTPRequest):
+        body = await server.body(http)
+        prompt = body.get("prompt")
+        prompts = prompt if isinstance(prompt, list) else [prompt]
+        if not prompts:
+            raise BadRequest("prompt is empty", "prompt")
+        ids = [server.encode(p, "prompt") for p in prompts]
+        params, n = server.params(body, max(len(i) for i in ids))
+        jobs = server.start(ids, params, n)
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": server.model_name}
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return stream(http, server, jobs, head, include_usage,
+                          lambda i, text, reason: {"text": text, "index": i, "logprobs": None,
+                                                   "finish_reason": reason})
+        results = await server.collect(http, jobs)
+        return head | {"choices": [{"text": t, "index": i, "logprobs": None, "finish_reason": r}
+                                   for i, (t, r) in enumerate(results)], "usage": usage(jobs)}
+
+    @app.post("/v1/chat/completions")
+    async def chat(http: HTTPRequest):
+        body = await server.body(http)
+        ids = server.encode(server.chat_prompt(body.get("messages")), "messages")
+        params, n = server.params(body, len(ids))
+        jobs = server.start([ids], params, n)
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": server.model_name}
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return stream(http, server, jobs, head | {"object": "chat.completion.chunk"}, include_usage,
+                          lambda i, text, reason: {"index": i, "delta": {"content": text} if text or not reason
+                                                   else {}, "finish_reason": reason},
+                          first=lambda i: {"index": i, "delta": {"role": "assistant", "content": ""},
+                                           "finish_reason": None})
+        results = await server.collect(http, jobs)
+        return head | {"object": "chat.completion", "usage": usage(jobs), "choices": [
+            {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": r}
+            for i, (t, r) in enumerate(results)]}
+
+    return app
+
+
+def stream(http: HTTPRequest, server: Server, jobs, head: dict, include_usage: bool, choice, first=None):
+    """Server-sent events: one chunk per text piece of any choice, then [DONE]."""
+
+    async def events():
+        done, queues = [False] * len(jobs), {}
+        try:
+            if first:
+                yield sse(head | {"choices": [first(i) for i in range(len(jobs))]})
+            queues = {asyncio.ensure_future(q.get()): i for i, (_, q) in enumerate(jobs)}
+            while queues:
+                ready, _ = await asyncio.wait(queues, return_when=asyncio.FIRST_COMPLETED)
+                for task in ready:
+                    i = queues.pop(task)
+                    event: Event = task.result()
+                    if event.error:
+                        yield sse(error_body(event.error, "server_error", code="engine_failed"))
+                        yield "data: [DONE]\n\n"
+                        return
+                    if event.text or event.finish_reason:
+                        yield sse(head | {"choices": [choice(i, event.text, event.finish_reason)]})
+                    if event.finish_reason:
+                        done[i] = True
+                    else:
+                        queues[asyncio.ensure_future(jobs[i][1].get())] = i
+            if include_usage:
+                yield sse(head | {"choices": [], "usage": usage(jobs)})
+            yield "data: [DONE]\n\n"
+        finally:
+            for task in queues:
+                task.cancel()
+            for (request, _), finished in zip(jobs, done):
+                if not finished:
+                    server.engine.abort(request)
+
+    return StreamingResponse(events(), media_type="text/event-stream")

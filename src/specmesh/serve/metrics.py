@@ -1,0 +1,45 @@
+"""Prometheus metrics of one server (its own registry, so several servers can share a process)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("specmesh_requests", "Requests (samples) submitted to the engine", registry=r)
+        self.finished = Counter("specmesh_requests_finished", "Requests finished or aborted", ["reason"],
+                                registry=r)
+        self.generated = Counter("specmesh_generated_tokens", "Tokens generated", registry=r)
+        self._generated = 0
+        self.acceptance = Gauge("specmesh_acceptance_rate", "Accepted / drafted tokens (speculative methods)",
+                                registry=r)
+        self.tokens_per_forward = Gauge("specmesh_tokens_per_target_forward", "Generated tokens per target forward",
+                                        registry=r)
+        self.queue = Gauge("specmesh_queue_length", "Requests waiting for a batch row", registry=r)
+        self.batch = Gauge("specmesh_running_batch_size", "Requests in the running batch", registry=r)
+        self.ttft = Histogram("specmesh_time_to_first_token_seconds", "Arrival to first token", registry=r,
+                              buckets=LATENCY_BUCKETS)
+        self.tpot = Histogram("specmesh_time_per_output_token_seconds", "Mean time between output tokens",
+                              registry=r, buckets=LATENCY_BUCKETS)
+
+    def finish(self, request) -> None:
+        """Called by the engine when a request leaves the batch."""
+        reason = "aborted" if request.aborted else (request.row.finish or "length")
+        self.finished.labels(reason).inc()
+        if request.first_token_at is not None:
+            self.ttft.observe(request.first_token_at - request.arrival)
+            if request.finished_at and request.completion_tokens > 1:
+                self.tpot.observe((request.finished_at - request.first_token_at) / (request.completion_tokens - 1))
+
+    def render(self, engine) -> bytes:
+        s = engine.stats
+        self.generated.inc(s.generated_tokens - self._generated)
+        self._generated = s.generated_tokens
+        self.tokens_per_forward.set(s.generated_tokens / s.target_forwards if s.target_forwards else 0)
+        self.acceptance.set(s.accepted / s.drafted if getattr(s, "drafted", 0) else 0)
+        self.queue.set(s.waiting)
+        self.batch.set(s.running)
+        return generate_latest(self.registry)

@@ -1,0 +1,257 @@
+"""`specmesh serve`: a real server on 127.0.0.1 driven by the official openai client."""
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import uvicorn
+from openai import BadRequestError, OpenAI
+
+from specmesh.serve import ServeConfig, build
+
+PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x = ", "self.y = y\n\n",
+           "import os\n", "print(", "return self", "if x:\n    ", "while True:", "try:\n", "with open(",
+           "lambda x:", "a = [", "def f():\n    return", "# comment\n"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, checkpoint, **kw):
+        self.port = free_port()
+        cfg = ServeConfig(target=str(checkpoint), dtype="float32", port=self.port, log_level="warning", **kw)
+        self.server, app = build(cfg)
+        self.server.engine.start()
+        self.web = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.web.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.web.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.client = OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0)
+
+    def close(self):
+        self.web.should_exit = True
+        self.thread.join(timeout=10)
+        self.server.engine.stop()
+
+
+@pytest.fixture(scope="module")
+def live(tiny_checkpoint):
+    server = LiveServer(tiny_checkpoint)
+    yield server
+    server.close()
+
+
+def complete(live, prompt, **kw):
+    return live.client.completions.create(model="specmesh-target", prompt=prompt, **kw)
+
+
+def test_completion_chat_models_and_health(live):
+    out = complete(live, "def add(a, b):", max_tokens=12, temperature=0)
+    assert out.choices[0].finish_reason in ("length", "stop") and out.usage.completion_tokens <= 12
+    assert out.usage.prompt_tokens == len(live.server.engine.tokenizer.encode("def add(a, b):"))
+    chat = live.client.chat.completions.create(model="specmesh-target", max_tokens=5, temperature=0,
+                                               messages=[{"role": "user", "content": "hello"}])
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 5
+    assert [m.id for m in live.client.models.list()] == ["specmesh-target"]
+    assert httpx.get(live.url + "/health").status_code == 200
+
+
+def test_default_max_tokens_is_16(live):
+    out = complete(live, "x", temperature=0.0)
+    assert out.usage.completion_tokens <= 16
+
+
+def test_streaming_gives_the_same_text_and_ends_with_done(live):
+    whole = complete(live, "class Point:\n    def", max_tokens=20, temperature=0).choices[0].text
+    pieces = [c.choices[0].text for c in complete(live, "class Point:\n    def", max_tokens=20, temperature=0,
+                                                   stream=True)]
+    assert "".join(pieces) == whole
+    raw = httpx.post(live.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3, "stream": True}).text
+    assert raw.rstrip().endswith("data: [DONE]")
+    chunks = list(live.client.chat.completions.create(model="specmesh-target", max_tokens=4, stream=True,
+                                                      messages=[{"role": "user", "content": "hi"}],
+                                                      stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage.completion_tokens == 4 or chunks[-1].usage.completion_tokens < 4
+
+
+def test_n_seed_and_stop(live):
+    a = complete(live, "def", max_tokens=10, temperature=1.0, n=3, seed=7)
+    b = complete(live, "def", max_tokens=10, temperature=1.0, n=3, seed=7)
+    c = complete(live, "def", max_tokens=10, temperature=1.0, n=3, seed=8)
+    assert [x.text for x in a.choices] == [x.text for x in b.choices] != [x.text for x in c.choices]
+    assert [x.index for x in a.choices] == [0, 1, 2]
+    assert a.usage.completion_tokens == sum(len(live.server.engine.tokenizer.encode(x.text)) for x in a.choices) \
+        or a.usage.completion_tokens >= 3
+    full = complete(live, "for i in range(10):\n", max_tokens=30, temperature=0).choices[0].text
+    stop = full[5:8]
+    cut = complete(live, "for i in range(10):\n", max_tokens=30, temperature=0, stop=[stop])
+    assert cut.choices[0].text == full[:full.index(stop)] and cut.choices[0].finish_reason == "stop"
+
+
+BAD = [({"prompt": ""}, "prompt"), ({"prompt": "x" * 3000}, "prompt"), ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+       ({"prompt": "x", "max_tokens": -3}, "max_tokens"), ({"prompt": "x", "max_tokens": 100000}, "max_tokens"),
+       ({"prompt": "x", "temperature": -1}, "temperature"), ({"prompt": "x", "top_p": 0}, "top_p"),
+       ({"prompt": "x", "top_p": 1.5}, "top_p"), ({"prompt": "x", "n": 0}, "n"),
+       ({"prompt": "x", "model": "gpt-4"}, "model")]
+
+
+@pytest.mark.parametrize("body, param", BAD)
+def test_bad_requests_get_400_and_the_server_stays_healthy(live, body, param):
+    r = httpx.post(live.url + "/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+    assert complete(live, "x", max_tokens=2).usage.completion_tokens >= 1
+
+
+@pytest.mark.parametrize("content", [b'{"prompt": "x", "temperature": NaN}', b"{not json", b'\xff\xfe{"prompt": 1}',
+                                     b'["a list"]'])
+def test_malformed_bodies_get_400(live, content):
+    r = httpx.post(live.url + "/v1/completions", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_openai_client_sees_a_bad_request_error(live):
+    with pytest.raises(BadRequestError):
+        complete(live, "x", max_tokens=0)
+
+
+def test_concurrent_greedy_clients_get_what_they_get_alone(live):
+    alone = [complete(live, p, max_tokens=24, temperature=0).choices[0].text for p in PROMPTS]
+    with ThreadPoolExecutor(16) as pool:
+        together = list(pool.map(lambda p: complete(live, p, max_tokens=24, temperature=0).choices[0].text, PROMPTS))
+    assert together == alone
+
+
+def test_a_client_that_disconnects_is_aborted_and_its_row_freed(live):
+    engine = live.server.engine
+    with httpx.stream("POST", live.url + "/v1/completions",
+                      json={"prompt": "def", "max_tokens": 200, "stream": True, "temperature": 0}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                break
+    deadline = time.monotonic() + 5
+    while engine.running or engine.waiting:
+        assert time.monotonic() < deadline, "the disconnected request is still running"
+        time.sleep(0.01)
+    assert 'reason="aborted"' in httpx.get(live.url + "/metrics").text
+
+
+def test_metrics_move(live):
+    def value(name):
+        for line in httpx.get(live.url + "/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"{name} not in /metrics")
+    before = value("specmesh_generated_tokens_total"), value("specmesh_requests_total")
+    complete(live, "x", max_tokens=5, temperature=0)
+    after = value("specmesh_generated_tokens_total"), value("specmesh_requests_total")
+    assert after[0] >= before[0] + 1 and after[1] == before[1] + 1
+    assert value("specmesh_time_to_first_token_seconds_count") >= 1
+
+
+class FailsWhenBatched:
+    """The target, except that a forward over two or more sequences raises (a simulated kernel fault)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, x, *args, **kw):
+        if x.shape[0] >= 2:
+            raise RuntimeError("simulated kernel fault")
+        return self.model(x, *args, **kw)
+
+
+def test_an_engine_failure_fails_requests_in_flight_and_health(tiny_checkpoint):
+    server = LiveServer(tiny_checkpoint)
+    try:
+        engine = server.server.engine
+        engine.model = FailsWhenBatched(engine.model)
+        body = {"prompt": "x", "max_tokens": 200, "temperature": 0}
+        with ThreadPoolExecutor(2) as pool:
+            plain = pool.submit(httpx.post, server.url + "/v1/completions", json=body, timeout=20)
+            time.sleep(0.05)
+            streamed = pool.submit(httpx.post, server.url + "/v1/completions", json=body | {"stream": True},
+                                   timeout=20)
+            plain, streamed = plain.result(), streamed.result()
+        assert plain.status_code == 500 and "simulated kernel fault" in plain.json()["error"]["message"]
+        events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and "simulated kernel fault" in json.loads(events[-2])["error"]["message"]
+        assert httpx.get(server.url + "/health").status_code == 503
+        assert httpx.post(server.url + "/v1/completions", json={"prompt": "x"}).status_code == 503
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("mode", [{"concurrency": 3}, {"rate": 20.0}])
+def test_loadtest_reports_throughput_and_latency_percentiles(live, tmp_path, mode):
+    from specmesh.cli import main
+    out, prompts = tmp_path / "load.json", tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    flag, value = next(iter(mode.items()))
+    assert main(["loadtest", "--url", live.url, f"--{flag}", str(value), "--duration", "1.5", "--max-tokens", "8",
+                 "--prompts", str(prompts), "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert set(summary) == {"requests", "errors", "throughput_tok_s", "ttft_ms", "tpot_ms", "latency_ms"}
+    assert summary["requests"] >= 3 and summary["errors"] == 0 and summary["throughput_tok_s"] > 0
+    for key in ("ttft_ms", "tpot_ms", "latency_ms"):
+        p = summary[key]
+        assert set(p) == {"p50", "p90", "p99"} and 0 < p["p50"] <= p["p90"] <= p["p99"]
+
+
+def test_loadtest_counts_errors(tmp_path):
+    from specmesh.serve.loadtest import LoadConfig, run
+    summary, errors = run(LoadConfig(url=f"http://127.0.0.1:{free_port()}", concurrency=1, duration=0.3,
+                                     prompts=["x"]))
+    assert summary["requests"] >= 1 and summary["errors"] == summary["requests"] and errors
+
+
+def test_sigterm_drains_running_requests_and_refuses_new_ones(tiny_checkpoint):
+    import os
+    import signal
+    import subprocess
+    import sys
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.cli", "serve", "--target", str(tiny_checkpoint),
+                             "--dtype", "float32", "--port", str(port), "--grace", "20"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
+            time.sleep(0.1)
+        body = {"prompt": "x", "max_tokens": 250, "temperature": 0, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.1)
+            refused = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+            rest = list(lines)
+        assert refused.status_code == 503
+        assert rest[-1] == "data: [DONE]" or [x for x in rest if x][-1] == "data: [DONE]"
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
