@@ -168,3 +168,47 @@ def test_c_block_row_results_do_not_depend_on_the_batch_of_new_tokens():
             alone = torch.cat([model(tokens[:, i:i + 1], one) for i in range(prefix, prefix + 7)], 1)
             together = model(tokens[:, prefix:prefix + 7], block)
             assert torch.equal(alone, together), prefix
+
+
+def batch_invariant_fp32_model():
+    from conftest import tiny_config
+    from specmesh.model import Transformer
+    torch.manual_seed(5)
+    model = Transformer(tiny_config(head_dim=36)).eval()
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.2)
+    assert kernels.use_batch_invariant_kernels(model), "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
+    return model
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_sequence_decodes_alike_alone_and_in_any_batch(dtype):
+    """The server's batched steps: rows of different lengths in one forward give each row
+    bit-identical logits to the row decoded alone (bf16 kernels; float32 batch-invariant kernels)."""
+    from specmesh.cache import KVCache
+    model = fused_model(head_dim=36)[0] if dtype == "bfloat16" else batch_invariant_fp32_model()
+    needs_cblock(model)
+    lengths = [5, 17, 9, 30, 12, 8]
+    prompts = [torch.randint(1, 97, (1, n)) for n in lengths]
+    with torch.inference_mode():
+        batch = KVCache.for_model(model, len(lengths), 64)
+        alone = []
+        for b, prompt in enumerate(prompts):
+            row = batch.view(b, b + 1)
+            model(prompt, row)
+            row.commit_all()
+            own = KVCache.for_model(model, 1, 64)
+            model(prompt, own)
+            own.commit_all()
+            alone.append([model(torch.tensor([[t]]), own)[0, -1] for t in (3, 7, 11)])
+        for step, t in enumerate((3, 7, 11)):
+            for size in (2, len(lengths)):                  # the first two rows (then undone), then all
+                view = batch.view(0, size)
+                out = model(torch.full((size, 1), t), view)[:, -1]
+                for b in range(size):
+                    assert torch.equal(out[b], alone[b][step]), (dtype, size, step, b)
+                if size == 2:
+                    for b in range(size):
+                        view.rollback(b, int(view.lengths[b]))
+                else:
+                    view.commit_all()

@@ -255,3 +255,22 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones(tiny_checkpoint):
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("draft", ["tiny_checkpoint", "tiny_draft_checkpoint"])     # perfect and random drafts
+def test_sd_server_gives_ar_output_alone_and_batched(live, tiny_checkpoint, request, draft):
+    sd = LiveServer(tiny_checkpoint, method="sd", draft=str(request.getfixturevalue(draft)))
+    try:
+        expected = [complete(live, p, max_tokens=30, temperature=0).choices[0].text for p in PROMPTS]
+        alone = [complete(sd, p, max_tokens=30, temperature=0).choices[0].text for p in PROMPTS[:4]]
+        with ThreadPoolExecutor(16) as pool:
+            together = list(pool.map(lambda p: complete(sd, p, max_tokens=30, temperature=0).choices[0].text,
+                                     PROMPTS))
+        assert alone == expected[:4] and together == expected
+        stats = sd.server.engine.stats
+        perfect = draft == "tiny_checkpoint"
+        assert stats.drafted > 0 and (stats.accepted == stats.drafted if perfect else stats.accepted < stats.drafted / 5)
+        seeded = [complete(sd, "def", max_tokens=12, temperature=1.0, seed=3).choices[0].text for _ in range(2)]
+        assert seeded[0] == seeded[1]
+    finally:
+        sd.close()

@@ -120,22 +120,25 @@ def avx2_lib() -> ctypes.CDLL | None:
     kernel.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
                                 ctypes.c_void_p]
     kernel.rms_norm.restype = None
-    kernel.block_forward.argtypes = [ctypes.POINTER(LayerWeights), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                     ctypes.c_int, ctypes.c_void_p]
+    kernel.f32_linear.argtypes = kernel.bf16_linear.argtypes
+    kernel.f32_linear.restype = None
+    kernel.block_forward.argtypes = [ctypes.POINTER(LayerWeights), ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     kernel.block_forward.restype = None
     return kernel
 
 
 class LayerWeights(ctypes.Structure):
     """csrc/avx2.c's Layer: a decoder layer's sizes and weight pointers."""
-    _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hkv", "hd", "I")] + [("eps", ctypes.c_float)] + [
+    _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hkv", "hd", "I", "kind")] + [("eps", ctypes.c_float)] + [
         (n, ctypes.c_void_p) for n in ("attn_norm", "mlp_norm", "qkv", "o", "gate_up", "down",
                                        "qkv_s", "o_s", "gate_up_s", "down_s", "qkv_b", "o_b", "gate_up_b", "down_b")]
 
 
 class BF16Linear(nn.Module):
     """A bf16 nn.Linear computing in float32, few rows through csrc/avx2.c (see the module docstring)."""
+    KIND = 0                                    # csrc/avx2.c's weight kind
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -172,6 +175,7 @@ class Int8Linear(BF16Linear):
     """A linear with int8 weights and a float32 scale per output row (symmetric, rounded to
     nearest): half the bytes of BF16Linear, for draft models, whose guesses need not be exact.
     Up to SMALL_ROWS rows go through the C kernel, more through the dequantized weight in float32."""
+    KIND = 1
 
     def __init__(self, linear: BF16Linear, kernel: ctypes.CDLL):
         nn.Module.__init__(self)
@@ -191,6 +195,29 @@ class Int8Linear(BF16Linear):
         return y
 
 
+class F32Linear(nn.Module):
+    """A float32 nn.Linear whose few-row products (up to SMALL_ROWS) go through csrc/avx2.c, where a
+    row's result does not depend on how many rows share the product (BLAS's does, in the last
+    bits): for batch-invariant serving. More rows (a prefill, which runs alone) go through BLAS."""
+    KIND = 2
+
+    def __init__(self, linear: nn.Linear, kernel: ctypes.CDLL):
+        super().__init__()
+        self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
+        self.weight = linear.weight.detach().float().contiguous()                  # [N, K]
+        self.bias32 = None if linear.bias is None else linear.bias.detach().float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows > SMALL_ROWS:
+            return F.linear(x, self.weight, self.bias32)
+        flat = x.reshape(rows, self.in_features).float().contiguous()
+        y = torch.empty(rows, self.out_features)
+        self.kernel.f32_linear(flat.data_ptr(), rows, self.in_features, self.weight.data_ptr(), self.out_features,
+                               None if self.bias32 is None else self.bias32.data_ptr(), y.data_ptr())
+        return y.view(*x.shape[:-1], self.out_features)
+
+
 class CRMSNorm(nn.Module):
     """model.RMSNorm on float32 activations through the C kernel."""
 
@@ -207,8 +234,10 @@ class CRMSNorm(nn.Module):
 
 
 class CBlock(nn.Module):
-    """model.Block in one C call (block_forward) for up to SMALL_ROWS new tokens of one
-    cached sequence; other shapes (prefill, batches, training) go through the block itself."""
+    """model.Block in one C call (block_forward) for forwards of up to SMALL_ROWS new tokens in
+    all (B sequences x T tokens, each sequence in its own cache row); other shapes (prefill,
+    training) go through the block itself. The attention runs row by row, so a sequence's
+    result does not depend on the others in the batch."""
 
     def __init__(self, block: nn.Module, kernel: ctypes.CDLL):
         super().__init__()
@@ -217,22 +246,23 @@ class CBlock(nn.Module):
         ptr = lambda t: None if t is None else t.data_ptr()                        # noqa: E731
         linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
         self.weights = LayerWeights(
-            attn.o.out_features, attn.h, attn.hkv, attn.hd, mlp.down.in_features, block.attn_norm.eps,
+            attn.o.out_features, attn.h, attn.hkv, attn.hd, mlp.down.in_features, attn.qkv.KIND, block.attn_norm.eps,
             ptr(block.attn_norm.weight), ptr(block.mlp_norm.weight), *(ptr(lin.weight) for lin in linears),
             *(ptr(getattr(lin, "scale", None)) for lin in linears), *(ptr(lin.bias32) for lin in linears))
 
     def forward(self, x, cos, sin, cache, mask):
         B, T, _ = x.shape
-        if cache is None or B != 1 or T > SMALL_ROWS:
+        if cache is None or B * T > SMALL_ROWS:
             return self.block(x, cos, sin, cache, mask)
         layer = self.block.attn.layer - cache.first_layer
-        kc, vc = cache.k[layer], cache.v[layer]                                   # [1, Hkv, max_len, hd]
+        kc, vc = cache.k[layer], cache.v[layer]                                   # [B, Hkv, max_len, hd]
         h = x.clone(memory_format=torch.contiguous_format)
-        cos, sin = cos.contiguous(), sin.contiguous()                             # [1, T, 1, hd]
-        mask = None if mask is None else mask.contiguous()                       # [1, 1, T, kv_len] bool
-        self.kernel.block_forward(ctypes.byref(self.weights), h.data_ptr(), T, cos.data_ptr(), sin.data_ptr(),
-                                  kc.data_ptr(), vc.data_ptr(), cache.max_len, cache._starts[0], cache._kv_len,
-                                  None if mask is None else mask.data_ptr())
+        cos, sin = cos.contiguous(), sin.contiguous()                             # [B, T, 1, hd]
+        mask = None if mask is None else mask.contiguous()                       # [B, 1, T, kv_len] bool
+        starts = torch.tensor(cache._starts, dtype=torch.int32)
+        self.kernel.block_forward(ctypes.byref(self.weights), h.data_ptr(), B, T, cos.data_ptr(), sin.data_ptr(),
+                                  kc.data_ptr(), vc.data_ptr(), kc.stride(0), cache.max_len, starts.data_ptr(),
+                                  None if mask is None else mask.data_ptr(), cache._kv_len)
         return h
 
 
@@ -257,6 +287,21 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False) -> nn.Module:
         _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
         _replace(model, Block, lambda block: CBlock(block, lib))
     return model
+
+
+def use_batch_invariant_kernels(model: nn.Module) -> bool:
+    """float32 models on x86 CPUs: few-row forwards (decode steps of up to SMALL_ROWS sequences) through
+    csrc/avx2.c, so a sequence's logits do not depend on what else is in its batch (the server).
+    Returns whether the kernels could be put in place."""
+    from specmesh.model import Block, RMSNorm
+    lib = avx2_lib()
+    already = any(isinstance(m, (BF16Linear, PackedLinear, CBlock)) for m in model.modules())   # a bf16 model
+    if lib is None or already or model.dtype != torch.float32 or model.device.type != "cpu":
+        return False
+    _replace(model, nn.Linear, lambda linear: F32Linear(linear, lib))
+    _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
+    _replace(model, Block, lambda block: CBlock(block, lib))
+    return True
 
 
 def _replace(module: nn.Module, kind: type[nn.Module], make) -> None:

@@ -30,28 +30,36 @@ static inline float bf16_to_float(uint16_t h) {
     return v.f;
 }
 
-// 8 weights from k on (float32, exact) of a bf16 row, or of an int8 row
-static inline __m256 load8(const void *row, int k, int int8) {
-    return int8 ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + k))))
-                : load_bf16((const uint16_t *)row + k);
+enum { BF16 = 0, INT8 = 1, F32 = 2 };          // weight kinds; int8 rows carry a float32 scale
+static const int WBYTES[] = {2, 1, 4};
+
+// 8 weights from k on of a row of this kind, as float32 (exact)
+static inline __m256 load8(const void *row, int k, int kind) {
+    if (kind == INT8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + k))));
+    if (kind == F32)
+        return _mm256_loadu_ps((const float *)row + k);
+    return load_bf16((const uint16_t *)row + k);
 }
 
-static inline float load1(const void *row, int k, int int8) {
-    return int8 ? (float)((const int8_t *)row)[k] : bf16_to_float(((const uint16_t *)row)[k]);
+static inline float load1(const void *row, int k, int kind) {
+    if (kind == INT8) return (float)((const int8_t *)row)[k];
+    if (kind == F32) return ((const float *)row)[k];
+    return bf16_to_float(((const uint16_t *)row)[k]);
 }
 
 // rows [m0, m0 + MB) of y at column n: scale * (x . row) + bias. Each row's product runs in two
 // FMA chains (even and odd blocks of 8 weights): one chain would wait 4 cycles per FMA, which
 // bounds a one-row product below the memory's speed. MB is a constant at every call site, so
 // the accumulators stay in registers; every row is summed the same way whatever MB is.
-static inline __attribute__((always_inline)) void dot_rows(const float *x, int K, const void *row, int int8,
+static inline __attribute__((always_inline)) void dot_rows(const float *x, int K, const void *row, int kind,
                                                            float scale, const float *bias, float *y, int N, int n,
                                                            int m0, const int MB) {
     __m256 a0[6], a1[6];
     for (int i = 0; i < MB; i++) a0[i] = a1[i] = _mm256_setzero_ps();
     int k = 0;
     for (; k + 16 <= K; k += 16) {
-        __m256 w0 = load8(row, k, int8), w1 = load8(row, k + 8, int8);
+        __m256 w0 = load8(row, k, kind), w1 = load8(row, k + 8, kind);
         for (int i = 0; i < MB; i++) {
             const float *xr = x + (int64_t)(m0 + i) * K + k;
             a0[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), a0[i]);
@@ -59,46 +67,51 @@ static inline __attribute__((always_inline)) void dot_rows(const float *x, int K
         }
     }
     if (k + 8 <= K) {
-        __m256 w0 = load8(row, k, int8);
+        __m256 w0 = load8(row, k, kind);
         for (int i = 0; i < MB; i++) a0[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (int64_t)(m0 + i) * K + k), a0[i]);
         k += 8;
     }
     for (int i = 0; i < MB; i++) {
         float s = hsum(_mm256_add_ps(a0[i], a1[i]));
-        for (int kk = k; kk < K; kk++) s += load1(row, kk, int8) * x[(int64_t)(m0 + i) * K + kk];
-        y[(int64_t)(m0 + i) * N + n] = s * scale + (bias ? bias[n] : 0.0f);   // scale 1 for bf16: exact
+        for (int kk = k; kk < K; kk++) s += load1(row, kk, kind) * x[(int64_t)(m0 + i) * K + kk];
+        y[(int64_t)(m0 + i) * N + n] = s * scale + (bias ? bias[n] : 0.0f);   // scale 1 unless int8: exact
     }
 }
 
-// y[M,N] = x[M,K] . w[N,K]^T (+ bias): w in bf16, or in int8 with a float32 scale per row.
+// y[M,N] = x[M,K] . w[N,K]^T (+ bias): w in bf16, float32, or int8 with a float32 scale per row.
 // Weight rows are read once, in order (one sequential stream: DRAM serves it fastest), for
 // up to 6 input rows at a time; further rows re-read the row from L1.
-static void linear(const float *x, int M, int K, const void *w, const float *scale, int N, const float *bias, float *y) {
-    const int int8 = scale != NULL;
+static void linear(const float *x, int M, int K, const void *w, int kind, const float *scale, int N, const float *bias,
+                   float *y) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const void *row = (const char *)w + (int64_t)n * K * (int8 ? 1 : 2);
-        float sc = int8 ? scale[n] : 1.0f;
+        const void *row = (const char *)w + (int64_t)n * K * WBYTES[kind];
+        float sc = kind == INT8 ? scale[n] : 1.0f;
         for (int m0 = 0; m0 < M; m0 += 6)
             switch (M - m0 < 6 ? M - m0 : 6) {
-                case 1: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 1); break;
-                case 2: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 2); break;
-                case 3: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 3); break;
-                case 4: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 4); break;
-                case 5: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 5); break;
-                default: dot_rows(x, K, row, int8, sc, bias, y, N, n, m0, 6); break;
+                case 1: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 1); break;
+                case 2: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 2); break;
+                case 3: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 3); break;
+                case 4: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 4); break;
+                case 5: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 5); break;
+                default: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 6); break;
             }
     }
 }
 
 void bf16_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
-    linear(x, M, K, w, NULL, N, bias, y);
+    linear(x, M, K, w, BF16, NULL, N, bias, y);
+}
+
+// float32 weights: a product whose rows do not depend on M (unlike BLAS), for batch-invariant serving
+void f32_linear(const float *x, int M, int K, const float *w, int N, const float *bias, float *y) {
+    linear(x, M, K, w, F32, NULL, N, bias, y);
 }
 
 // int8 weights w[N,K] with a float32 scale per output row (draft models: half the bytes
 // of bf16, and a draft need not be exact)
 void i8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
-    linear(x, M, K, w, scale, N, bias, y);
+    linear(x, M, K, w, INT8, scale, N, bias, y);
 }
 
 // y[M,D] = w * (x * rsqrt(mean(x^2) + eps)), row by row (RMSNorm in float32)
@@ -134,10 +147,11 @@ static void rotate(float *x, const float *cos, const float *sin, int hd) {
 
 typedef struct {            // one decoder layer's weights (kernels.CBlock fills it)
     int D, H, Hkv, hd, I;   // hidden size, query heads, kv heads, head dim, MLP width
+    int kind;               // weight kind of the four projections (BF16, INT8, F32)
     float eps;
     const float *attn_norm, *mlp_norm;
-    const void *qkv, *o, *gate_up, *down;          // bf16, or int8 with a scale per row, [N, K]
-    const float *qkv_s, *o_s, *gate_up_s, *down_s; // the int8 scales, or NULL for bf16
+    const void *qkv, *o, *gate_up, *down;          // [N, K] of that kind
+    const float *qkv_s, *o_s, *gate_up_s, *down_s; // the int8 scales, or NULL
     const float *qkv_b, *o_b, *gate_up_b, *down_b; // float32 or NULL
 } Layer;
 
@@ -182,14 +196,14 @@ static inline void score8(const float *qr, const float *k, int hd, int j0, int k
 
 // Attention of M new tokens (rotated q [M, H*hd], row stride qs) over keys/values
 // kc/vc [Hkv, max_len, hd] (positions [0, kv_len)); token t sees key j where
-// mask[t, j] (mask [M, kv_len]) or, without a mask, j <= start + t. out [M, H*hd].
+// mask[t * ms + j] or, without a mask, j <= start + t. out [M, H*hd].
 // Per kv head, blocks of KB keys and values stay in L1 while all the M x H/Hkv query rows
 // that use them go through. A query's result does not depend on M or kv_len (masked keys
 // weigh exactly 0, key j always takes SIMD lane j % 8, and sums run in key order), so a
 // token attends alike in decoding and in verification.
 #define KB 64
 static void attend(const float *q, int qs, const float *kc, const float *vc, int max_len, int start, int kv_len,
-            const uint8_t *mask, int M, int H, int Hkv, int hd, float *out) {
+            const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
     const int G = H / Hkv, R = M * G, P = (kv_len + 7) / 8 * 8;    // rows per kv head; padded key count
     const float scale = 1.0f / sqrtf((float)hd);
     #pragma omp parallel for schedule(static)
@@ -205,7 +219,7 @@ static void attend(const float *q, int qs, const float *kc, const float *vc, int
                 for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
                     score8(Q_ROW(r), k, hd, j0, kv_len, scale, pr + j0);
                     for (int j = j0; j < j0 + 8; j++)
-                        if (!(j < kv_len && (mask ? mask[(int64_t)t * kv_len + j] : j <= start + t))) pr[j] = -INFINITY;
+                        if (!(j < kv_len && (mask ? mask[(int64_t)t * ms + j] : j <= start + t))) pr[j] = -INFINITY;
                 }
             }
         float *inv = malloc(sizeof(float) * R);
@@ -254,38 +268,44 @@ static void attend(const float *q, int qs, const float *kc, const float *vc, int
     }
 }
 
-// h[M, D] <- layer(h) for M new tokens at cache offsets start.. (written into kc/vc),
-// cos/sin [M, hd] their rotary tables, mask as in attend.
-void block_forward(const Layer *L, float *h, int M, const float *cos, const float *sin, float *kc, float *vc,
-                   int max_len, int start, int kv_len, const uint8_t *mask) {
-    int D = L->D, H = L->H, Hkv = L->Hkv, hd = L->hd, I = L->I, Q = (H + 2 * Hkv) * hd;
+// h[B*T, D] <- layer(h) for T new tokens of each of B sequences: row b's keys/values live at
+// kc/vc + b * rs ([Hkv, max_len, hd] each), its new tokens go at offsets starts[b].., and token
+// t of row b sees key j where mask[(b * T + t) * ms + j] or, without a mask, j <= starts[b] + t.
+// cos/sin [B*T, hd] are the rotary tables. The products run over all B*T rows at once and the
+// attention row by row, so a row's result does not depend on the others.
+void block_forward(const Layer *L, float *h, int B, int T, const float *cos, const float *sin, float *kc, float *vc,
+                   int64_t rs, int max_len, const int *starts, const uint8_t *mask, int ms) {
+    int D = L->D, H = L->H, Hkv = L->Hkv, hd = L->hd, I = L->I, Q = (H + 2 * Hkv) * hd, M = B * T;
     float *x = malloc(sizeof(float) * M * D), *qkv = malloc(sizeof(float) * M * Q);
     float *att = malloc(sizeof(float) * M * H * hd), *gu = malloc(sizeof(float) * M * 2 * I);
     float *act = malloc(sizeof(float) * M * I);
 
     rms_norm(h, M, D, L->attn_norm, L->eps, x);
-    linear(x, M, D, L->qkv, L->qkv_s, Q, L->qkv_b, qkv);
-    for (int t = 0; t < M; t++) {
-        float *row = qkv + (int64_t)t * Q;
-        for (int j = 0; j < H + Hkv; j++) rotate(row + j * hd, cos + t * hd, sin + t * hd, hd);
+    linear(x, M, D, L->qkv, L->kind, L->qkv_s, Q, L->qkv_b, qkv);
+    for (int r = 0; r < M; r++) {
+        int b = r / T, t = r % T;
+        float *row = qkv + (int64_t)r * Q;
+        for (int j = 0; j < H + Hkv; j++) rotate(row + j * hd, cos + r * hd, sin + r * hd, hd);
         for (int g = 0; g < Hkv; g++) {
-            int64_t at = ((int64_t)g * max_len + start + t) * hd;
+            int64_t at = b * rs + ((int64_t)g * max_len + starts[b] + t) * hd;
             memcpy(kc + at, row + (H + g) * hd, sizeof(float) * hd);
             memcpy(vc + at, row + (H + Hkv + g) * hd, sizeof(float) * hd);
         }
     }
-    attend(qkv, Q, kc, vc, max_len, start, kv_len, mask, M, H, Hkv, hd, att);
-    linear(att, M, H * hd, L->o, L->o_s, D, L->o_b, x);
+    for (int b = 0; b < B; b++)
+        attend(qkv + (int64_t)b * T * Q, Q, kc + b * rs, vc + b * rs, max_len, starts[b], starts[b] + T,
+               mask ? mask + (int64_t)b * T * ms : NULL, ms, T, H, Hkv, hd, att + (int64_t)b * T * H * hd);
+    linear(att, M, H * hd, L->o, L->kind, L->o_s, D, L->o_b, x);
     for (int i = 0; i < M * D; i++) h[i] += x[i];
 
     rms_norm(h, M, D, L->mlp_norm, L->eps, x);
-    linear(x, M, D, L->gate_up, L->gate_up_s, 2 * I, L->gate_up_b, gu);
-    for (int t = 0; t < M; t++)
+    linear(x, M, D, L->gate_up, L->kind, L->gate_up_s, 2 * I, L->gate_up_b, gu);
+    for (int r = 0; r < M; r++)
         for (int i = 0; i < I; i++) {
-            float g = gu[(int64_t)t * 2 * I + i];
-            act[(int64_t)t * I + i] = g / (1.0f + expf(-g)) * gu[(int64_t)t * 2 * I + I + i];
+            float g = gu[(int64_t)r * 2 * I + i];
+            act[(int64_t)r * I + i] = g / (1.0f + expf(-g)) * gu[(int64_t)r * 2 * I + I + i];
         }
-    linear(act, M, I, L->down, L->down_s, D, L->down_b, x);
+    linear(act, M, I, L->down, L->kind, L->down_s, D, L->down_b, x);
     for (int i = 0; i < M * D; i++) h[i] += x[i];
     free(x); free(qkv); free(att); free(gu); free(act);
 }

@@ -19,6 +19,7 @@ class ServeConfig:
     draft: str | None = None
     device: str = "cpu"
     max_batch: int = 16
+    gamma: int | None = None        # sd: a fixed draft length; None: chosen by batch size
     grace_s: float = 30.0           # SIGTERM: how long running requests may take to finish
     log_level: str = "info"
 
@@ -32,14 +33,18 @@ def build(cfg: ServeConfig):
     except ImportError as e:
         raise ValueError(f"specmesh serve needs {e.name}: pip install -e '.[serve]'") from None
     from specmesh import LLM
+    from specmesh.kernels import use_batch_invariant_kernels
     from specmesh.serve.api import Server, create_app
     from specmesh.serve.engine import Engine
     from specmesh.serve.metrics import Metrics
-    if cfg.method != "ar":
-        raise ValueError(f"the server runs method 'ar' for now; {cfg.method!r} is not supported yet")
+    if cfg.method not in ("ar", "sd"):
+        raise ValueError(f"the server runs methods 'ar' and 'sd' for now; {cfg.method!r} is not supported yet")
     llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype)
+    for model in (llm.models.target, llm.models.draft):
+        if model is not None:
+            use_batch_invariant_kernels(model)          # float32 on x86: rows independent of their batch
     metrics = Metrics()
-    engine = Engine(llm, cfg.max_batch, on_finish=metrics.finish)
+    engine = Engine(llm, cfg.max_batch, cfg.gamma, on_finish=metrics.finish)
     server = Server(engine, cfg.model_name, metrics)
     return server, create_app(server)
 

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from specmesh.sampling import SamplingParams
-from specmesh.serve.engine import Engine, Event, Request
+from specmesh.serve.engine import Engine, Event, Request, deliver_here
 from specmesh.serve.metrics import Metrics
 
 PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"     # one line per message, then "assistant:"
@@ -127,14 +127,15 @@ class Server:
             raise BadRequest("the server is shutting down", code="server_shutting_down", status=503)
         if self.engine.failure is not None:
             raise BadRequest(f"the engine failed: {self.engine.failure}", code="engine_failed", status=503)
-        loop = asyncio.get_running_loop()
+        if self.engine.deliver is deliver_here:             # one wake-up of this loop per engine step
+            loop = asyncio.get_running_loop()
+            self.engine.deliver = lambda batch: loop.call_soon_threadsafe(deliver_here, batch)
         jobs = []
         for prompt in prompts:
             for j in range(n):
                 queue: asyncio.Queue = asyncio.Queue()
                 p = SamplingParams(**{**vars(params), "seed": None if params.seed is None else params.seed + j})
-                request = Request(prompt, p, lambda e, q=queue: loop.call_soon_threadsafe(q.put_nowait, e))
-                jobs.append((request, queue))
+                jobs.append((Request(prompt, p, queue.put_nowait), queue))
         for request, _ in jobs:
             self.metrics.requests.inc()
             self.engine.submit(request)

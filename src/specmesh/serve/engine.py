@@ -1,14 +1,16 @@
 """The serving engine: a request pool and one step loop with continuous batching.
 
-Running requests live in rows [0, B) of one KV cache. Each step admits waiting
+Running requests live in rows [0, B) of one KV cache (and, for `sd`, of the draft's:
+serve/speculate.py). Each step admits waiting
 requests (each prefilled alone, in the next free row, as long as rows are free),
 then runs one target forward for all B running rows (one new token each), samples
 every row with its own parameters and seeded generator, and retires the rows that
 finished or whose client left: the last row moves into the freed one, so the running
 rows stay a contiguous prefix of the cache and every forward works on a view of it.
 
-The loop runs in a thread of its own; results go out through each request's `emit`
-callback (the HTTP layer hands them to its event loop). An exception in the loop fails
+The loop runs in a thread of its own; each step's results go out at once through
+`deliver` (the HTTP layer hands the whole batch to its event loop in one wake-up, which
+calls each request's `emit`). An exception in the loop fails
 every request in flight, marks the engine failed, and calls `on_failure`.
 """
 from __future__ import annotations
@@ -23,7 +25,14 @@ import torch
 
 from specmesh.cache import KVCache
 from specmesh.generation import Row
+from specmesh.kernels import SMALL_ROWS
 from specmesh.sampling import SamplingParams, make_generator, next_tokens
+from specmesh.serve.speculate import ChainSpeculator
+
+MAX_GAMMA = 16
+
+
+GROUP = SMALL_ROWS          # rows per forward
 
 
 @dataclass
@@ -51,27 +60,42 @@ class Request:
         return len(self.row.tokens) if self.row else 0
 
 
+def deliver_here(batch: list[tuple["Request", Event]]) -> None:
+    """Without an event loop: hand each event to its request in the engine's thread."""
+    for request, event in batch:
+        request.emit(event)
+
+
 @dataclass
 class EngineStats:
     """What /metrics reports; updated by the loop thread."""
     generated_tokens: int = 0
     target_forwards: int = 0
+    drafted: int = 0                    # speculative methods: draft tokens verified
+    accepted: int = 0                   # ... and accepted
     steps: int = 0
     running: int = 0
     waiting: int = 0
 
 
 class Engine:
-    def __init__(self, llm, max_batch: int = 16, on_failure: Callable[[BaseException], None] | None = None,
+    def __init__(self, llm, max_batch: int = 16, gamma: int | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None,
                  on_finish: Callable[[Request], None] | None = None):
         self.model, self.tokenizer = llm.models.target, llm.tokenizer
         self.context = llm.context
         self.eos = set(self.model.config.eos_ids)
-        self.cache = KVCache.for_model(self.model, max_batch, self.context)
+        room = self.context + MAX_GAMMA + 1                 # a verification may run past the context
+        self.cache = KVCache.for_model(self.model, max_batch, room)
+        self.speculator = None
+        if llm.method.name == "sd":
+            self.speculator = ChainSpeculator(llm.models.draft, max_batch, room, gamma)    # None: by batch size
         self.max_batch = max_batch
         self.running: list[Request] = []            # running[i] holds cache row i
         self.waiting: collections.deque[Request] = collections.deque()
         self.stats = EngineStats()
+        self.deliver: Callable[[list[tuple[Request, Event]]], None] = deliver_here
+        self._outbox: list[tuple[Request, Event]] = []
         self.failure: BaseException | None = None
         self.on_failure, self.on_finish = on_failure, on_finish
         self._wake = threading.Condition()
@@ -90,7 +114,8 @@ class Engine:
 
     @property
     def idle(self) -> bool:
-        return not self.running and not self.waiting
+        with self._wake:
+            return not self.running and not self.waiting
 
     def submit(self, request: Request) -> None:
         if self.failure is not None:
@@ -119,20 +144,22 @@ class Engine:
                     self._admit()
                     if self.running:
                         self._step()
+                        self._flush()
                     self._retire()
         except BaseException as e:           # noqa: BLE001 - every failure must reach the clients
             self._fail(e)
 
     def _admit(self) -> None:
         while len(self.running) < self.max_batch:
-            with self._wake:
+            with self._wake:                    # never idle-looking in between: see `idle`
                 if not self.waiting:
                     break
                 request = self.waiting.popleft()
                 self.stats.waiting = len(self.waiting)
-            if request.aborted:
-                continue
-            slot = len(self.running)
+                if request.aborted:
+                    continue
+                slot = len(self.running)
+                self.running.append(request)
             view = self.cache.view(slot, slot + 1)
             view.rollback(0, 0)
             p = request.params
@@ -142,21 +169,38 @@ class Engine:
             logits = self.model(ids, view, last_only=True)[:, -1]
             view.commit_all()
             self.stats.target_forwards += 1
-            self.running.append(request)
+            if self.speculator:
+                self.speculator.admit(slot, request.prompt)
             self._emit(request, int(next_tokens(logits, p, request.generator)))
+            self._flush()
         self.stats.running = len(self.running)
 
     def _step(self) -> None:
-        """One token for every running row, in one forward."""
-        view = self.cache.view(0, len(self.running))
-        tokens = torch.tensor([[r.last] for r in self.running], device=self.model.device)
-        logits = self.model(tokens, view)[:, -1]                           # [B, V]
-        view.commit_all()
-        self.stats.target_forwards += 1
+        """One token for every running row: one forward per group of up to GROUP rows (on CPU the
+        kernels' batch-invariant shapes: a row's logits do not depend on the others); or, for a
+        speculative method, a batch of drafted chains checked at once."""
         self.stats.steps += 1
-        for i, request in enumerate(self.running):
-            if not request.row.finish and not request.aborted:
-                self._emit(request, int(next_tokens(logits[i:i + 1], request.params, request.generator)))
+        if self.speculator:
+            blocks = self.speculator.step(self.running, self.model, self.cache, self.stats)
+            for request, block in zip(self.running, blocks):
+                for token in block:
+                    if request.row.finish or request.aborted:
+                        break
+                    self._emit(request, token)
+            return
+        for first in range(0, len(self.running), GROUP):
+            group = self.running[first:first + GROUP]
+            view = self.cache.view(first, first + len(group))
+            tokens = torch.tensor([[r.last] for r in group], device=self.model.device)
+            logits = self.model(tokens, view)[:, -1]                       # [rows, V]
+            view.commit_all()
+            self.stats.target_forwards += 1
+            argmax = logits.argmax(-1).tolist()                            # the greedy rows' tokens, at once
+            for i, request in enumerate(group):
+                if request.row.finish or request.aborted:
+                    continue
+                p = request.params
+                self._emit(request, argmax[i] if p.greedy else int(next_tokens(logits[i:i + 1], p, request.generator)))
 
     def _emit(self, request: Request, token: int) -> None:
         now = time.perf_counter()
@@ -168,9 +212,14 @@ class Engine:
         if request.row.finish:
             request.finished_at = now
             reason = "stop" if request.row.finish in ("eos", "stop") else "length"
-            request.emit(Event(piece, reason))
+            self._outbox.append((request, Event(piece, reason)))
         elif piece:
-            request.emit(Event(piece))
+            self._outbox.append((request, Event(piece)))
+
+    def _flush(self) -> None:
+        if self._outbox:
+            self.deliver(self._outbox)
+            self._outbox = []
 
     def _retire(self) -> None:
         """Free the rows of finished and aborted requests; the last row moves into each hole."""
@@ -181,6 +230,8 @@ class Engine:
                 last = len(self.running) - 1
                 if i != last:
                     self.cache.move_row(last, i)
+                    if self.speculator:
+                        self.speculator.move_row(last, i)
                 self.running[i] = self.running[last]
                 self.running.pop()
                 if self.on_finish:
@@ -195,7 +246,6 @@ class Engine:
         with self._wake:
             doomed = self.running + list(self.waiting)
             self.running, self.waiting = [], collections.deque()
-        for request in doomed:
-            request.emit(Event(error=message))
+        self.deliver([(request, Event(error=message)) for request in doomed])
         if self.on_failure:
             self.on_failure(error)

@@ -1,0 +1,93 @@
+"""Batched speculative decoding for the serving engine (method `sd`).
+
+The draft model keeps its own cache with the same rows as the target's. Each step it
+drafts a chain of γ tokens for every running row at once (γ + 1 batched draft forwards:
+the last only processes the γ-th token, so that every row's draft cache then holds
+the same slots as the target's will: the root and the γ drafts). The target checks
+all chains (groups of rows whose tokens fit the kernels' batch-invariant size per
+forward), the shared `verify` decides per row with the row's own parameters and
+generator, and both caches commit the same path.
+
+γ shrinks as the batch grows: a wider batch already keeps the weights busy, and every
+rejected draft token costs a full row of target compute (README, "Serving").
+"""
+from __future__ import annotations
+
+import torch
+
+from specmesh.cache import KVCache
+from specmesh.kernels import SMALL_ROWS
+from specmesh.sampling import probs_from_logits
+from specmesh.tree import TokenTree
+from specmesh.verify import verify
+
+WINDOW = 64                     # prompt tokens the draft reads (as methods.sd)
+
+
+def default_gamma(batch: int) -> int:
+    """Draft length for a batch of this many rows (measured: README, "Serving")."""
+    return 4 if batch <= 2 else 2 if batch <= 4 else 1
+
+
+class ChainSpeculator:
+    def __init__(self, draft, max_batch: int, max_len: int, gamma: int | None = None):
+        self.draft, self.gamma = draft, gamma
+        self.cache = KVCache.for_model(draft, max_batch, max_len)
+
+    def admit(self, slot: int, prompt: list[int]) -> None:
+        """Prefill the draft's row with the prompt's last WINDOW tokens (the first token is next)."""
+        view = self.cache.view(slot, slot + 1)
+        view.rollback(0, 0)
+        self.draft(torch.tensor([prompt[-WINDOW:]], device=self.draft.device), view, last_only=True)
+        view.commit_all()
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.cache.move_row(src, dst)
+
+    def step(self, running: list, target, target_cache: KVCache, stats) -> list[list[int]]:
+        """One speculative step for every running request; returns each one's new tokens."""
+        B = len(running)
+        gamma = self.gamma or default_gamma(B)
+        drafts, qs = self._draft(running, gamma)
+        tokens = torch.tensor([[r.last] + d for r, d in zip(running, drafts)], device=target.device)
+        rows_per_forward = max(1, SMALL_ROWS // (gamma + 1))
+        logits = []
+        for first in range(0, B, rows_per_forward):
+            view = target_cache.view(first, min(B, first + rows_per_forward))
+            logits.append(target(tokens[first:first + rows_per_forward], view))      # [rows, γ+1, V]
+            stats.target_forwards += 1
+        logits = torch.cat(logits)
+        out = []
+        for b, request in enumerate(running):
+            tree = TokenTree.chain(request.last, drafts[b])
+            if qs[b]:
+                tree.sampled, tree.q = True, dict(enumerate(qs[b]))
+            verdict = verify(tree, logits[b], request.params, request.generator)
+            target_cache.commit(b, verdict.path)
+            self.cache.commit(b, verdict.path)
+            stats.drafted += gamma
+            stats.accepted += verdict.accepted
+            out.append(verdict.tokens)
+        return out
+
+    def _draft(self, running: list, gamma: int) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
+        """γ tokens per row (argmax when greedy, drawn from q when sampling) and the q rows drawn from."""
+        B = len(running)
+        view = self.cache.view(0, B)
+        x = torch.tensor([[r.last] for r in running], device=self.draft.device)
+        drafts, qs = [[] for _ in range(B)], [[] for _ in range(B)]
+        for d in range(gamma + 1):
+            logits = self.draft(x, view)[:, -1]                                        # [B, V]
+            if d == gamma:                                  # this forward only processed the γ-th draft
+                break
+            argmax = logits.argmax(-1).tolist()
+            for b, request in enumerate(running):
+                p = request.params
+                if p.greedy:
+                    drafts[b].append(argmax[b])
+                else:
+                    q = probs_from_logits(logits[b], p)
+                    drafts[b].append(int(torch.multinomial(q, 1, generator=request.generator)))
+                    qs[b].append(q)
+            x = torch.tensor([[d[-1]] for d in drafts], device=self.draft.device)
+        return drafts, qs
