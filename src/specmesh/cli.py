@@ -106,7 +106,7 @@ def build_parser() -> Parser:
     b.add_argument("--plot", metavar="OUT.png", help="draw speedup and tokens per target forward per method")
 
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
-    v.add_argument("--method", default="ar", choices=["ar", "sd"], help="decoding method (default: ar)")
+    v.add_argument("--method", default="ar", choices=["ar", "sd", "tree"], help="decoding method (default: ar)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     v.add_argument("--port", type=positive_int, default=8000)
     v.add_argument("--model-name", default="specmesh-target", help="the model id clients send (default: specmesh-target)")
@@ -114,7 +114,8 @@ def build_parser() -> Parser:
                    help="default bfloat16 (the fastest on CPU); float32 is the exact reference")
     add_model_args(v)
     v.add_argument("--max-batch", type=positive_int, default=16, help="requests decoded together (default: 16)")
-    v.add_argument("--gamma", type=positive_int, help="sd: a fixed draft length (default: by batch size)")
+    v.add_argument("--gamma", type=positive_int,
+                   help="sd: a fixed draft length (default: by batch size); tree: its depth (default 5)")
     v.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM, how long running requests may take to finish (default: 30)")
 

@@ -8,6 +8,9 @@ import time
 from dataclasses import dataclass
 
 
+METHODS = ("ar", "sd", "tree")
+
+
 @dataclass
 class ServeConfig:
     method: str = "ar"
@@ -19,7 +22,7 @@ class ServeConfig:
     draft: str | None = None
     device: str = "cpu"
     max_batch: int = 16
-    gamma: int | None = None        # sd: a fixed draft length; None: chosen by batch size
+    gamma: int | None = None        # sd: a fixed draft length (None: by batch size); tree: its depth
     grace_s: float = 30.0           # SIGTERM: how long running requests may take to finish
     log_level: str = "info"
 
@@ -37,8 +40,8 @@ def build(cfg: ServeConfig):
     from specmesh.serve.api import Server, create_app
     from specmesh.serve.engine import Engine
     from specmesh.serve.metrics import Metrics
-    if cfg.method not in ("ar", "sd"):
-        raise ValueError(f"the server runs methods 'ar' and 'sd' for now; {cfg.method!r} is not supported yet")
+    if cfg.method not in METHODS:
+        raise ValueError(f"the server runs methods {', '.join(METHODS)}; not {cfg.method!r}")
     llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype)
     for model in (llm.models.target, llm.models.draft):
         if model is not None:

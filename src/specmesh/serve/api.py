@@ -24,7 +24,9 @@ from specmesh.serve.metrics import Metrics
 PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"     # one line per message, then "assistant:"
 
 
-class BadRequest(Exception):
+class APIError(Exception):
+    """An error answered in OpenAI's shape: 400 for bad input, 503 while draining, 500 on failure."""
+
     def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
         super().__init__(message)
         self.message, self.param, self.code, self.status = message, param, code, status
@@ -48,14 +50,14 @@ class Server:
         try:
             body = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
-            raise BadRequest("request body is not valid UTF-8") from None
+            raise APIError("request body is not valid UTF-8") from None
         except json.JSONDecodeError as e:
-            raise BadRequest(f"request body is not valid JSON: {e.msg} at position {e.pos}") from None
+            raise APIError(f"request body is not valid JSON: {e.msg} at position {e.pos}") from None
         if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+            raise APIError("request body must be a JSON object")
         model = body.get("model")
         if model is not None and model != self.model_name:
-            raise BadRequest(f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+            raise APIError(f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                              "model", "model_not_found")
         return body
 
@@ -66,7 +68,7 @@ class Server:
             if value is None:
                 return default
             if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-                raise BadRequest(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}", name)
+                raise APIError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}", name)
             return kind(value)
 
         max_tokens = number("max_tokens", 16, int)
@@ -76,44 +78,44 @@ class Server:
         top_k, n, seed = number("top_k", 0, int), number("n", 1, int), body.get("seed")
         context = self.engine.context
         if max_tokens <= 0:
-            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+            raise APIError(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
         if prompt_tokens + max_tokens > context:
-            raise BadRequest(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
+            raise APIError(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
                              f"context of {context} tokens", "max_tokens")
         if math.isnan(temperature) or temperature < 0:
-            raise BadRequest(f"temperature must be >= 0, got {temperature}", "temperature")
+            raise APIError(f"temperature must be >= 0, got {temperature}", "temperature")
         if math.isnan(top_p) or not 0 < top_p <= 1:
-            raise BadRequest(f"top_p must be in (0, 1], got {top_p}", "top_p")
+            raise APIError(f"top_p must be in (0, 1], got {top_p}", "top_p")
         if top_k < 0:
-            raise BadRequest(f"top_k must be >= 0, got {top_k}", "top_k")
+            raise APIError(f"top_k must be >= 0, got {top_k}", "top_k")
         if n < 1:
-            raise BadRequest(f"n must be at least 1, got {n}", "n")
+            raise APIError(f"n must be at least 1, got {n}", "n")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise BadRequest(f"seed must be an integer, got {seed!r}", "seed")
+            raise APIError(f"seed must be an integer, got {seed!r}", "seed")
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            raise BadRequest("stop must be a non-empty string or a list of them", "stop")
+            raise APIError("stop must be a non-empty string or a list of them", "stop")
         return SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                               seed=seed, stop=stop), n
 
     def encode(self, text, param: str) -> list[int]:
         if not isinstance(text, str):
-            raise BadRequest(f"{param} must be a string", param)
+            raise APIError(f"{param} must be a string", param)
         if not text:
-            raise BadRequest(f"{param} is empty", param)
+            raise APIError(f"{param} is empty", param)
         ids = self.engine.tokenizer.encode(text)
         if len(ids) >= self.engine.context:
-            raise BadRequest(f"the prompt has {len(ids)} tokens; the context holds {self.engine.context}", param,
+            raise APIError(f"the prompt has {len(ids)} tokens; the context holds {self.engine.context}", param,
                              "context_length_exceeded")
         return ids
 
     def chat_prompt(self, messages) -> str:
         if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages must be a non-empty list", "messages")
+            raise APIError("messages must be a non-empty list", "messages")
         for m in messages:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise BadRequest("each message needs a string role and string content", "messages")
+                raise APIError("each message needs a string role and string content", "messages")
         template = self.engine.tokenizer.chat_template
         if template:
             import jinja2
@@ -124,9 +126,9 @@ class Server:
     def start(self, prompts: list[list[int]], params: SamplingParams, n: int) -> list[tuple[Request, asyncio.Queue]]:
         """Submit n samples per prompt; sample j of a seeded request uses seed + j."""
         if self.draining:
-            raise BadRequest("the server is shutting down", code="server_shutting_down", status=503)
+            raise APIError("the server is shutting down", code="server_shutting_down", status=503)
         if self.engine.failure is not None:
-            raise BadRequest(f"the engine failed: {self.engine.failure}", code="engine_failed", status=503)
+            raise APIError(f"the engine failed: {self.engine.failure}", code="engine_failed", status=503)
         if self.engine.deliver is deliver_here:             # one wake-up of this loop per engine step
             loop = asyncio.get_running_loop()
             self.engine.deliver = lambda batch: loop.call_soon_threadsafe(deliver_here, batch)
@@ -155,7 +157,7 @@ class Server:
                             raise asyncio.CancelledError from None
                         continue
                     if event.error:
-                        raise BadRequest(event.error, code="engine_failed", status=500)
+                        raise APIError(event.error, code="engine_failed", status=500)
                     texts[i].append(event.text)
                     reasons[i] = event.finish_reason
         finally:
@@ -179,8 +181,8 @@ def create_app(server: Server) -> FastAPI:
     app = FastAPI(title="specmesh", docs_url=None, redoc_url=None)
     app.state.server = server
 
-    @app.exception_handler(BadRequest)
-    async def bad_request(_, e: BadRequest):
+    @app.exception_handler(APIError)
+    async def api_error(_, e: APIError):
         kind = "invalid_request_error" if e.status == 400 else "server_error"
         return JSONResponse(error_body(e.message, kind, e.param, e.code), status_code=e.status)
 
@@ -207,7 +209,7 @@ def create_app(server: Server) -> FastAPI:
         prompt = body.get("prompt")
         prompts = prompt if isinstance(prompt, list) else [prompt]
         if not prompts:
-            raise BadRequest("prompt is empty", "prompt")
+            raise APIError("prompt is empty", "prompt")
         ids = [server.encode(p, "prompt") for p in prompts]
         params, n = server.params(body, max(len(i) for i in ids))
         jobs = server.start(ids, params, n)

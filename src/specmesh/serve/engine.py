@@ -1,7 +1,7 @@
 """The serving engine: a request pool and one step loop with continuous batching.
 
-Running requests live in rows [0, B) of one KV cache (and, for `sd`, of the draft's:
-serve/speculate.py). Each step admits waiting
+Running requests live in rows [0, B) of one KV cache (and, for `sd`, of the draft's;
+speculation: serve/speculate.py). Each step admits waiting
 requests (each prefilled alone, in the next free row, as long as rows are free),
 then runs one target forward for all B running rows (one new token each), samples
 every row with its own parameters and seeded generator, and retires the rows that
@@ -27,7 +27,7 @@ from specmesh.cache import KVCache
 from specmesh.generation import Row
 from specmesh.kernels import SMALL_ROWS
 from specmesh.sampling import SamplingParams, make_generator, next_tokens
-from specmesh.serve.speculate import ChainSpeculator
+from specmesh.serve.speculate import ChainSpeculator, TreeSpeculator
 
 MAX_GAMMA = 16
 
@@ -54,6 +54,7 @@ class Request:
     row: Row | None = None              # tokens, text and finish state (set when admitted)
     generator: torch.Generator | None = None
     last: int = -1                      # newest token, not yet in the cache
+    drafter: object = None              # `tree`: this request's draft model and its cache
 
     @property
     def completion_tokens(self) -> int:
@@ -88,8 +89,12 @@ class Engine:
         room = self.context + MAX_GAMMA + 1                 # a verification may run past the context
         self.cache = KVCache.for_model(self.model, max_batch, room)
         self.speculator = None
+        options = llm.method.options
         if llm.method.name == "sd":
             self.speculator = ChainSpeculator(llm.models.draft, max_batch, room, gamma)    # None: by batch size
+        elif llm.method.name == "tree":
+            self.speculator = TreeSpeculator(llm.models.draft, gamma or options["gamma"], options["tree_width"],
+                                             options["max_children"])
         self.max_batch = max_batch
         self.running: list[Request] = []            # running[i] holds cache row i
         self.waiting: collections.deque[Request] = collections.deque()
@@ -170,7 +175,7 @@ class Engine:
             view.commit_all()
             self.stats.target_forwards += 1
             if self.speculator:
-                self.speculator.admit(slot, request.prompt)
+                self.speculator.admit(slot, request)
             self._emit(request, int(next_tokens(logits, p, request.generator)))
             self._flush()
         self.stats.running = len(self.running)

@@ -57,6 +57,8 @@ async def one_request(client, cfg: LoadConfig, prompt: str) -> Sample:
                 if data == "[DONE]":
                     done = True
                     break
+                if first is not None and '"usage"' not in data and '"error"' not in data:
+                    continue                    # a text piece after the first: nothing to read (saves client CPU)
                 event = json.loads(data)
                 if "error" in event:
                     return Sample(False, error=event["error"].get("message", "error event"))

@@ -1,5 +1,6 @@
-"""Batched speculative decoding for the serving engine (method `sd`).
+"""Batched speculative decoding for the serving engine (methods `sd` and `tree`).
 
+`sd` (ChainSpeculator):
 The draft model keeps its own cache with the same rows as the target's. Each step it
 drafts a chain of γ tokens for every running row at once (γ + 1 batched draft forwards:
 the last only processes the γ-th token, so that every row's draft cache then holds
@@ -10,12 +11,18 @@ generator, and both caches commit the same path.
 
 γ shrinks as the batch grows: a wider batch already keeps the weights busy, and every
 rejected draft token costs a full row of target compute (README, "Serving").
+
+`tree` (TreeSpeculator): each request's draft grows its own top-k tree (DraftModel, with a
+cache of its own), and the target checks the trees of all running requests together, padded
+to one size (a padding node sees only the prefix and itself; it is never on an accepted path).
 """
 from __future__ import annotations
 
 import torch
 
 from specmesh.cache import KVCache
+from specmesh.drafters.draft_model import DraftModel
+from specmesh.job import Job
 from specmesh.kernels import SMALL_ROWS
 from specmesh.sampling import probs_from_logits
 from specmesh.tree import TokenTree
@@ -34,11 +41,11 @@ class ChainSpeculator:
         self.draft, self.gamma = draft, gamma
         self.cache = KVCache.for_model(draft, max_batch, max_len)
 
-    def admit(self, slot: int, prompt: list[int]) -> None:
+    def admit(self, slot: int, request) -> None:
         """Prefill the draft's row with the prompt's last WINDOW tokens (the first token is next)."""
         view = self.cache.view(slot, slot + 1)
         view.rollback(0, 0)
-        self.draft(torch.tensor([prompt[-WINDOW:]], device=self.draft.device), view, last_only=True)
+        self.draft(torch.tensor([request.prompt[-WINDOW:]], device=self.draft.device), view, last_only=True)
         view.commit_all()
 
     def move_row(self, src: int, dst: int) -> None:
@@ -91,3 +98,47 @@ class ChainSpeculator:
                     qs[b].append(q)
             x = torch.tensor([[d[-1]] for d in drafts], device=self.draft.device)
         return drafts, qs
+
+
+class TreeSpeculator:
+    def __init__(self, draft, depth: int, width: int, max_children: int):
+        self.draft, self.depth, self.width, self.max_children = draft, depth, width, max_children
+
+    def admit(self, slot: int, request) -> None:
+        slack = self.depth * self.width + 1
+        job = Job(prompt=request.prompt, params=request.params, generator=request.generator,
+                  max_len=len(request.prompt) + request.row.limit + slack, limit=request.row.limit)
+        request.drafter = DraftModel(self.draft, job, WINDOW)
+
+    def move_row(self, src: int, dst: int) -> None:
+        pass                                    # each request's draft cache is its own
+
+    def step(self, running: list, target, target_cache: KVCache, stats) -> list[list[int]]:
+        trees = [r.drafter.propose(r.last, min(self.depth, r.row.limit - len(r.row.tokens) - 1), self.width,
+                                   self.max_children) for r in running]
+        B, N = len(trees), max(len(t) for t in trees)
+        tokens = torch.zeros(B, N, dtype=torch.long)
+        depths = torch.zeros(B, N, dtype=torch.long)
+        mask = torch.eye(N, dtype=torch.bool).repeat(B, 1, 1)          # padding nodes: themselves only
+        for b, tree in enumerate(trees):
+            n = len(tree)
+            tokens[b, :n], depths[b, :n] = torch.tensor(tree.tokens), torch.tensor(tree.depths)
+            mask[b, :n, :n] = tree.ancestor_mask()
+        rows = max(1, SMALL_ROWS // N)
+        logits = []
+        for first in range(0, B, rows):
+            group = slice(first, min(B, first + rows))
+            view = target_cache.view(group.start, group.stop)
+            logits.append(target(tokens[group].to(target.device), view, depths=depths[group],
+                                 tree_mask=mask[group]))                   # [rows, N, V]
+            stats.target_forwards += 1
+        logits = torch.cat(logits)
+        out = []
+        for b, (request, tree) in enumerate(zip(running, trees)):
+            verdict = verify(tree, logits[b, :len(tree)], request.params, request.generator)
+            target_cache.commit(b, verdict.path)
+            request.drafter.accept(tree, verdict)
+            stats.drafted += len(tree) - 1
+            stats.accepted += verdict.accepted
+            out.append(verdict.tokens)
+        return out
