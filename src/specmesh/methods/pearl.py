@@ -297,6 +297,7 @@ class Rounds:
 
 def decode(models: Models, job: Job, gamma: int = OPTIONS["gamma"], draft_window: int = OPTIONS["draft_window"],
            timeout: int = OPTIONS["timeout"]) -> Iterator[list[list[int]]]:
+    """Rank 0's loop (`timeout` took effect when the draft rank started: see `start`)."""
     target, stats, peer = models.target, job.stats, models.draft_peer
     gamma = gamma or peer.gamma
     sampling = not job.params.greedy
