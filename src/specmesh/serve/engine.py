@@ -1,17 +1,17 @@
 """The serving engine: a request pool and one step loop with continuous batching.
 
 Running requests live in rows [0, B) of one KV cache (and, for `sd`, of the draft's;
-speculation: serve/speculate.py). Each step admits waiting
-requests (each prefilled alone, in the next free row, as long as rows are free),
-then runs one target forward for all B running rows (one new token each), samples
-every row with its own parameters and seeded generator, and retires the rows that
-finished or whose client left: the last row moves into the freed one, so the running
-rows stay a contiguous prefix of the cache and every forward works on a view of it.
+speculation: serve/speculate.py). Each step admits waiting requests (each prefilled
+alone, in the next free row, as long as rows are free), then runs the target over all
+B running rows (one new token each, or a drafted chain or tree each), samples every
+row with its own parameters and seeded generator, and retires the rows that finished
+or whose client left: the last row moves into the freed one, so the running rows stay
+a contiguous prefix of the cache and every forward works on a view of it.
 
 The loop runs in a thread of its own; each step's results go out at once through
 `deliver` (the HTTP layer hands the whole batch to its event loop in one wake-up, which
-calls each request's `emit`). An exception in the loop fails
-every request in flight, marks the engine failed, and calls `on_failure`.
+calls each request's `emit`). An exception in the loop fails every request in flight,
+marks the engine failed, and calls `on_failure`.
 """
 from __future__ import annotations
 
@@ -29,9 +29,7 @@ from specmesh.kernels import SMALL_ROWS
 from specmesh.sampling import SamplingParams, make_generator, next_tokens
 from specmesh.serve.speculate import ChainSpeculator, TreeSpeculator
 
-MAX_GAMMA = 16
-
-
+MAX_GAMMA = 16              # cache room past the context for a verification
 GROUP = SMALL_ROWS          # rows per forward
 
 
