@@ -151,6 +151,13 @@ class DynamicTree:
         self.C = torch.cat([self.C, self.C.new_zeros(k)])
         self.layers.append(k)
 
+    def drop_last_layer(self) -> None:
+        """Remove the newest layer (to grow it again from pruned draft outputs)."""
+        n = self.layer(self.depth - 1).start
+        self.X, self.P, self.C, self.M = self.X[:n], self.P[:n], self.C[:n], self.M[:n, :n]
+        self.layers.pop()
+        self.C[self.layer(self.depth - 1)] = 0
+
     def hit(self, x: int) -> int:
         """hit_index: the position of token x in the second layer, or -1 (a miss)."""
         if self.depth < 2:

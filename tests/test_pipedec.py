@@ -1,0 +1,65 @@
+"""PipeDec's schedule in one process: ar's tokens, hits and the timesteps they cost."""
+import pytest
+import torch
+
+from specmesh import LLM, SamplingParams
+from specmesh import pipedec
+from specmesh.loader import load_model
+
+PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x"]
+
+
+@pytest.fixture(scope="module")
+def ar(tiny_checkpoint):
+    return LLM(target=tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def random_draft(tiny_draft_checkpoint):
+    return load_model(tiny_draft_checkpoint, torch.float32, "cpu")
+
+
+def decode(ar, draft, prompt, stages, width, children, **params):
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True, **params)
+    with torch.inference_mode():
+        return pipedec.run(ar.models.target, draft, ar.encode(prompt), params, 30, stages, width, children)
+
+
+@pytest.mark.parametrize("stages, width, children", [(1, 1, 1), (2, 4, 2), (3, 8, 4), (5, 32, 16)])
+def test_greedy_equals_ar_and_a_perfect_draft_always_hits(ar, random_draft, stages, width, children):
+    for prompt in PROMPTS:
+        expected = ar.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True)).tokens
+        perfect = decode(ar, ar.models.target, prompt, stages, width, children)
+        assert perfect.tokens == expected and perfect.hit_rate == 1.0
+        # the first decision waits for the root to cross every stage; each hit then costs one timestep
+        assert perfect.timesteps == stages + len(expected) - 2
+        guess = decode(ar, random_draft, prompt, stages, width, children)
+        assert guess.tokens == expected and guess.hit_rate < 1.0
+        # a hit makes the next token wait one timestep, a miss `stages` (the last decision waits for nothing)
+        assert guess.timesteps == stages + sum(1 if hit else stages for hit in guess.outcomes[:-1])
+
+
+def test_seeded_sampling_draws_exactly_what_ar_draws(ar, random_draft):
+    """The target decides every token from the committed prefix, with the same generator calls."""
+    for seed in (1, 2):
+        expected = ar.generate("def", SamplingParams(max_new_tokens=30, temperature=1.0, top_k=20, seed=seed,
+                                                     ignore_eos=True)).tokens
+        got = decode(ar, random_draft, "def", 3, 8, 4, temperature=1.0, top_k=20, seed=seed)
+        assert got.tokens == expected
+
+
+def test_pruning_regrows_the_newest_layer_from_the_kept_outputs(ar):
+    """A hit leaves only the hit branch; the newest layer is regrown from its outputs, so it is as
+    wide as the width allows again (not just the survivors of the old layer)."""
+    target = ar.models.target
+    with torch.inference_mode():
+        drafter = pipedec.TreeDrafter(target, ar.encode("def add(a, b):"), 64, width=4, children=4)
+        drafter.start(5)
+        for _ in range(3):
+            drafter.grow()
+        assert drafter.tree.layers == [1, 4, 4, 4]
+        hit = 0
+        child = int(drafter.tree.X[1])
+        drafter.prune(hit)
+        assert int(drafter.tree.X[0]) == child and drafter.tree.layers[-1] == 4
+        assert len(drafter.q) == int(drafter.cache.spec[0]) == len(drafter.tree) - drafter.tree.layers[-1]
