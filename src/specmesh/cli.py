@@ -1,4 +1,4 @@
-"""specmesh command line: generate | models | bench | serve | loadtest | ngram | train."""
+"""specmesh command line: generate | models | bench | serve | loadtest | simulate | ngram | train."""
 from __future__ import annotations
 
 import argparse
@@ -129,6 +129,26 @@ def build_parser() -> Parser:
     lt.add_argument("--max-tokens", type=positive_int, default=64)
     lt.add_argument("--model", help="model id to send (default: none; the server's own)")
     add_json(lt)
+
+    sm = sub.add_parser("simulate", help="pipedec / pp / stpp on a virtual clock for N pipeline stages (simulated)")
+    sm.add_argument("prompt", nargs="?", help="the prompt text (or --prompts FILE)")
+    sm.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (one JSON object with 'prompt' per line)")
+    sm.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts of --prompts")
+    sm.add_argument("--method", choices=["pipedec", "pp", "stpp"], default="pipedec")
+    sm.add_argument("--stages", type=positive_int, default=14, help="pipeline stages to simulate (default: 14)")
+    sm.add_argument("--profile", default="gpu-cluster",
+                    help="gpu-cluster (the paper's setting), local (measured here), or a profile JSON file")
+    sm.add_argument("--max-new-tokens", type=positive_int, default=128)
+    sm.add_argument("--tree-width", type=positive_int, default=32, help="w: nodes per tree layer (default: 32)")
+    sm.add_argument("--max-children", type=positive_int, default=16, help="c: children per node (default: 16)")
+    sm.add_argument("--depth", type=positive_int, default=5, help="stpp: levels of its static tree (default: 5)")
+    sm.add_argument("--target", metavar="DIR")
+    sm.add_argument("--draft", metavar="DIR")
+    sm.add_argument("--calibrate", metavar="OUT.json", nargs="?", const="models/profile-local.json",
+                    help="measure this machine's costs into a profile (default: models/profile-local.json) and exit")
+    sm.add_argument("--plot", metavar="OUT.png",
+                    help="simulate all three methods at 7, 14 and 21 stages and plot ms per token against depth")
+    add_json(sm)
 
     n = sub.add_parser("ngram", help="n-gram caches for selfdraft")
     nsub = n.add_subparsers(dest="ngram_command", required=True, parser_class=Parser)
@@ -265,6 +285,38 @@ def cmd_loadtest(args, parser) -> int:
     return 0
 
 
+def cmd_simulate(args, parser) -> int:
+    from specmesh.bench.prompts import load_prompts
+    from specmesh.bench.simulate import Profile, SimConfig, calibrate, simulate
+    if args.calibrate:
+        profile = calibrate(Path(args.calibrate))
+        print(f"{args.calibrate}: target {profile['stage']['ms'][0]:.2f} ms per 1-token forward, "
+              f"hop {profile['hop_ms']:.3f} ms", file=sys.stderr)
+        return 0
+    if (args.prompt is None) == (args.prompts is None):
+        parser.error("give exactly one of PROMPT or --prompts FILE")
+    prompts = [args.prompt] if args.prompt is not None else load_prompts(args.prompts, args.limit)
+    cfg = SimConfig(args.method, args.stages, Profile.load(args.profile), args.max_new_tokens, args.tree_width,
+                    args.max_children, args.depth, args.target, args.draft)
+    if args.plot:
+        from specmesh.bench.simulate import sweep_plot
+        table = sweep_plot(cfg, prompts, args.plot)
+        for method, ms in table["ms_per_token"].items():
+            print(f"[simulated] {method:8} " + "  ".join(f"{n} stages {v:7.2f} ms/token"
+                                                         for n, v in zip(table["stages"], ms)), file=sys.stderr)
+        if args.json:
+            write_json(table, args.json)
+        return 0
+    result = simulate(cfg, prompts)
+    print(f"[simulated, profile {result['profile']}] {args.method} on {args.stages} stages: "
+          f"{result['ms_per_token']:.2f} ms/token, {result['tokens_per_s']:.1f} tokens/s, "
+          f"{result['tokens_per_timestep']:.3f} tokens/timestep"
+          + (f", hit rate {result['hit_rate']:.3f}" if result["hit_rate"] is not None else ""), file=sys.stderr)
+    if args.json:
+        write_json(result, args.json)
+    return 0
+
+
 def cmd_ngram(args, parser) -> int:
     from specmesh.drafters.ngram import build_corpus_cache, read_corpus
     from specmesh.loader import load_tokenizer
@@ -286,7 +338,7 @@ def cmd_train(args, parser) -> int:
 
 
 COMMANDS = {"generate": cmd_generate, "models": cmd_models, "bench": cmd_bench, "serve": cmd_serve,
-            "loadtest": cmd_loadtest, "ngram": cmd_ngram, "train": cmd_train}
+            "loadtest": cmd_loadtest, "simulate": cmd_simulate, "ngram": cmd_ngram, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:
