@@ -58,11 +58,12 @@ def add_method_options(p: argparse.ArgumentParser) -> None:
     o.add_argument("--max-candidates", type=positive_int, help="candidate continuations verified per step (selfdraft)")
     o.add_argument("--ngram-cache", metavar="FILE", help="corpus n-gram cache (selfdraft; default: beside the target)")
     o.add_argument("--timeout", type=positive_int, metavar="SECONDS",
-                   help="how long a rank waits for another before failing (pearl; default 30)")
+                   help="how long a rank waits for another before failing (pearl, pp; default 30)")
+    o.add_argument("--stages", type=positive_int, help="pipeline stages, one process each (pp; default 2)")
 
 
 OPTION_NAMES = ("gamma", "draft_window", "tree_width", "max_children", "branches", "branch_len", "gram",
-                "max_candidates", "ngram_cache", "timeout")
+                "max_candidates", "ngram_cache", "timeout", "stages")
 
 
 def method_options(args) -> dict:

@@ -52,22 +52,26 @@ class Link:
 
     # -- tensors ------------------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int) -> None:
-        self._wait(self.group.send([tensor.contiguous()], dst, 0), dst, self.timeout_s)
+        self._run(lambda: self.group.send([tensor.contiguous()], dst, 0), dst, self.timeout_s)
 
     def recv(self, tensor: torch.Tensor, src: int, idle: bool = False) -> torch.Tensor:
         """Fill `tensor` from `src`, waiting at most the link's timeout (`idle`: as long as it takes,
         for a rank waiting for its next job; a peer's death still ends the wait at once)."""
-        self._wait(self.group.recv([tensor], src, 0), src, None if idle else self.timeout_s)
+        self._run(lambda: self.group.recv([tensor], src, 0), src, None if idle else self.timeout_s)
         return tensor
 
-    def _wait(self, work, peer: int, timeout_s: float | None) -> None:
+    def _run(self, start, peer: int, timeout_s: float | None) -> None:
+        """Start a send or receive and wait for it; any failure becomes a PeerError naming the peer."""
         try:
+            work = start()
             if timeout_s is None:
                 work.wait()
             else:
                 work.wait(datetime.timedelta(seconds=timeout_s))
         except RuntimeError as e:
-            raise PeerError(f"{self.describe(peer)} {self._fate(peer, e)}") from None
+            others = [f"{self.describe(r)} {self._fate(r, e)}" for r, proc in self.procs.items()
+                      if r != peer and proc.poll() is not None]     # a dead rank downstream explains the rest
+            raise PeerError("; ".join(others + [f"{self.describe(peer)} {self._fate(peer, e)}"])) from None
 
     def _fate(self, peer: int, error: RuntimeError) -> str:
         proc = self.procs.get(peer)

@@ -10,9 +10,9 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specmesh.methods import ar, pearl, sd, selfdraft, tree
+from specmesh.methods import ar, pearl, pp, sd, selfdraft, tree
 
-METHODS = {"ar": ar, "sd": sd, "tree": tree, "selfdraft": selfdraft, "pearl": pearl}
+METHODS = {"ar": ar, "sd": sd, "tree": tree, "selfdraft": selfdraft, "pearl": pearl, "pp": pp}
 
 
 @dataclass
