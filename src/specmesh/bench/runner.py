@@ -98,10 +98,15 @@ def make_runner(name: str, cfg: BenchConfig, dtype: str):
     return runner if threads is None else Threaded(runner, threads)
 
 
-def threads_used(name: str) -> int | str:
-    """The threads a method ran with; pearl: one per process ("1+1")."""
+def threads_used(name: str, options: dict) -> int | str:
+    """The threads a method ran with: pearl "1+1" (a thread per process), pp this process's
+    threads plus one per other stage ("2+1"), else this process's (or NAME@Nt's N)."""
     method, threads = split_threads(name)
-    return "1+1" if method == "pearl" else threads or torch.get_num_threads()
+    if method == "pearl":
+        return "1+1"
+    if method == "pp":
+        return "+".join([str(torch.get_num_threads())] + ["1"] * (options.get("stages", 2) - 1))
+    return threads or torch.get_num_threads()
 
 
 def choose_dtype(method: str, cfg: BenchConfig, ids: list[int]) -> tuple[str, object]:
@@ -253,7 +258,7 @@ def run_bench(cfg: BenchConfig) -> dict:
                 "method": name, "prompt": i, "new_tokens": len(tokens), "tokens_per_s": stats.tokens_per_s,
                 "target_forwards": stats.target_forwards, "equal_to_ar": div is None,
                 "first_divergence": div, "near_tie": tie})
-        result["methods"][name] = summarize(dtype, threads_used(name), runs[name], refs, near, rss[name])
+        result["methods"][name] = summarize(dtype, threads_used(name, cfg.options), runs[name], refs, near, rss[name])
         if split_threads(name)[0] in methods.METHODS:
             result["methods"][name]["options"] = methods.get(split_threads(name)[0], cfg.options).options
     for runner in runners.values():
