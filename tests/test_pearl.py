@@ -95,7 +95,7 @@ def test_greedy_equals_ar(ar, pair, max_new):
 
 def test_start_up_measures_c_and_picks_gamma(pair):
     kind, llm = pair
-    peer = llm.models.draft_peer
+    peer = llm.models.remote
     assert peer.c > 0 and peer.gamma == max(1, min(pearl.MAX_GAMMA, round(peer.c)))
     out = llm.generate("def", SamplingParams(max_new_tokens=8))
     assert out.stats.info["gamma"] == (4 if kind != "measured-gamma" else peer.gamma)
@@ -145,7 +145,7 @@ def test_seeded_sampling_is_reproducible(tiny_checkpoint, tiny_draft_checkpoint)
                                           (signal.SIGSTOP, "did not answer within 3 s")])
 def test_a_dead_or_hung_draft_rank_fails_within_the_timeout(tiny_checkpoint, sig, message):
     llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma=2, timeout=3)
-    pid = llm.models.draft_peer.link.pids[1]
+    pid = llm.models.remote.link.pids[1]
     run = iter(llm.start("def", SamplingParams(max_new_tokens=200, ignore_eos=True)))
     next(run)
     os.kill(pid, sig)

@@ -52,7 +52,7 @@ def test_sampling_matches_ar_and_seeds_reproduce(ar, tiny_checkpoint):
 
 def test_a_killed_stage_fails_within_the_timeout(tiny_checkpoint):
     pp = LLM(target=tiny_checkpoint, method="pp", stages=3, timeout=3)
-    pid = pp.models.draft_peer.link.pids[2]
+    pid = pp.models.remote.link.pids[2]
     run = iter(pp.start("def", SamplingParams(max_new_tokens=200, ignore_eos=True)))
     next(run)
     os.kill(pid, signal.SIGKILL)

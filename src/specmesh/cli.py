@@ -145,8 +145,9 @@ def build_parser() -> Parser:
     sm.add_argument("--depth", type=positive_int, default=5, help="stpp: levels of its static tree (default: 5)")
     sm.add_argument("--target", metavar="DIR")
     sm.add_argument("--draft", metavar="DIR")
-    sm.add_argument("--calibrate", metavar="OUT.json", nargs="?", const="models/profile-local.json",
-                    help="measure this machine's costs into a profile (default: models/profile-local.json) and exit")
+    sm.add_argument("--calibrate", metavar="OUT.json", nargs="?", const="",
+                    help="measure this machine's costs into a profile (default: the `local` profile, "
+                         "models/profile-local.json of the checkout) and exit")
     sm.add_argument("--plot", metavar="OUT.png",
                     help="simulate all three methods at 7, 14 and 21 stages and plot ms per token against depth")
     add_json(sm)
@@ -288,10 +289,11 @@ def cmd_loadtest(args, parser) -> int:
 
 def cmd_simulate(args, parser) -> int:
     from specmesh.bench.prompts import load_prompts
-    from specmesh.bench.simulate import Profile, SimConfig, calibrate, simulate
-    if args.calibrate:
-        profile = calibrate(Path(args.calibrate))
-        print(f"{args.calibrate}: target {profile['stage']['ms'][0]:.2f} ms per 1-token forward, "
+    from specmesh.bench.simulate import LOCAL, Profile, SimConfig, calibrate, simulate
+    if args.calibrate is not None:
+        out = Path(args.calibrate) if args.calibrate else LOCAL
+        profile = calibrate(out)
+        print(f"{out}: target {profile['stage']['ms'][0]:.2f} ms per 1-token forward, "
               f"hop {profile['hop_ms']:.3f} ms", file=sys.stderr)
         return 0
     if (args.prompt is None) == (args.prompts is None):

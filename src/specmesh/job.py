@@ -17,12 +17,12 @@ class Models:
     target: Transformer
     draft: Transformer | None = None
     target_path: Path | None = None         # the target's checkpoint folder (holds its n-gram cache)
-    draft_peer: object | None = None        # pearl: the draft's process (methods.pearl.DraftPeer)
+    remote: object | None = None            # the method's other processes: pearl's DraftPeer, pp's PipelinePeer
 
     def close(self) -> None:
-        if self.draft_peer is not None:
-            self.draft_peer.close()
-            self.draft_peer = None
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
 
 
 @dataclass

@@ -50,7 +50,7 @@ class LLM:
             self.models.draft = load_model(draft, self.dtype, self.device, draft=True)
 
     def close(self) -> None:
-        """Stop the method's other processes, if it has any (pearl's draft rank)."""
+        """Stop the method's other processes, if it has any (pearl's draft rank, pp's stages)."""
         self.models.close()
 
     def __enter__(self) -> "LLM":

@@ -25,9 +25,9 @@ from specmesh import embedded, methods
 from specmesh.bench.peers import PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
 from specmesh.loader import DTYPES, load_tokenizer
-from specmesh.methods.pearl import torch_threads
 from specmesh.sampling import SamplingParams
 from specmesh.stats import Stats
+from specmesh.timing import torch_threads
 
 NEAR_TIE_REL = 2 ** -5
 CALIBRATION_TOKENS = 24

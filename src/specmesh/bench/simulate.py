@@ -145,28 +145,14 @@ def simulate(cfg: SimConfig, prompts: list[str]) -> dict:
 
 def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64, 128), context: int = 256) -> dict:
     """Measure this machine's costs (bf16, all threads) and write the `local` profile."""
-    from specmesh.cache import KVCache
     from specmesh.loader import load_model
-
-    def forward_ms(model, T: int) -> float:
-        cache = KVCache.for_model(model, 1, context + T)
-        ids = torch.randint(model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
-        model(ids, cache)
-        cache.commit_all()
-        x = ids[:, :T] if T <= context else ids.repeat(1, T // context + 1)[:, :T]
-        times = []
-        for _ in range(7):
-            start = time.perf_counter()
-            model(x, cache)
-            times.append(time.perf_counter() - start)
-            cache.rollback(0, context)
-        return sorted(times)[3] * 1e3
+    from specmesh.timing import forward_ms
 
     with torch.inference_mode():
         target = load_model(embedded.path("target"), torch.bfloat16, "cpu")
         draft = load_model(embedded.path("draft"), torch.bfloat16, "cpu", draft=True)
-        stage = [forward_ms(target, T) for T in counts]
-        drafts = [forward_ms(draft, T) for T in counts]
+        stage = [forward_ms(target, T, context, reps=7) for T in counts]
+        drafts = [forward_ms(draft, T, context, reps=7) for T in counts]
     hop = gloo_one_way_ms(target.config.hidden_size)
     profile = {"name": "local", "stage": {"tokens": list(counts), "ms": stage, "whole_model": True},
                "draft": {"tokens": list(counts), "ms": drafts}, "hop_ms": hop, "broadcast_ms": hop}

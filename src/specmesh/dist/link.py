@@ -45,7 +45,6 @@ class Link:
         store.set(f"pid/{rank}", str(os.getpid()))
         self.pids = [int(store.get(f"pid/{r}")) for r in range(len(roles))]
         self.group = dist.ProcessGroupGloo(dist.PrefixStore("link", store), rank, len(roles), IDLE)
-        self.store = store
 
     def describe(self, rank: int) -> str:
         return f"rank {rank} ({self.roles[rank]}, pid {self.pids[rank]})"
@@ -96,6 +95,17 @@ class Link:
         return json.loads(bytes(self.recv(torch.zeros(size, dtype=torch.uint8), src).tolist()))
 
     # -- shutdown -----------------------------------------------------------------------------
+    def shutdown(self, healthy: bool = True) -> None:
+        """Rank 0: tell every other rank to exit (when the link is still `healthy`), then close:
+        workers get a grace period to exit, or none after a failure."""
+        if healthy:
+            try:
+                for rank in range(1, len(self.roles)):
+                    self.send_obj({"shutdown": True}, rank)
+            except PeerError:
+                healthy = False
+        self.close(grace_s=5.0 if healthy else 0.0)
+
     def close(self, grace_s: float = 5.0) -> None:
         """Wait briefly for launched workers to exit, then kill what is left."""
         deadline = time.monotonic() + grace_s
@@ -106,6 +116,11 @@ class Link:
                 proc.kill()
                 proc.wait()
         self.procs = {}
+
+
+def connect(roles: list[str], config: dict, timeout_s: float) -> Link:
+    """Rank 0's link: under torchrun the ranks it started, else workers launched here."""
+    return join_env(roles, timeout_s) if under_torchrun() else launch(roles, config, timeout_s)
 
 
 def launch(roles: list[str], config: dict, timeout_s: float) -> Link:
@@ -143,16 +158,10 @@ def wait_ready(store: dist.Store, procs: dict[int, subprocess.Popen]) -> None:
             time.sleep(0.01)
 
 
-def worker_store() -> tuple[dist.Store, int, int]:
-    """A launched worker's (or a torchrun rank's) store, rank and world size, from the environment."""
-    store, rank, world = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=STARTUP_S)))
-    return store, rank, world
-
-
 def join_env(roles: list[str], timeout_s: float) -> Link:
     """This process's link under torchrun (or as a launched worker): rank from the environment.
     Under torchrun each rank announces itself (`rank R role ROLE pid P`), as the launcher would."""
-    store, rank, world = worker_store()
+    store, rank, world = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=STARTUP_S)))
     if world != len(roles):
         raise ValueError(f"this job needs {len(roles)} processes ({', '.join(roles)}), torchrun started {world}")
     if under_torchrun():

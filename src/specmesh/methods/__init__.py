@@ -3,7 +3,7 @@ yields, per step, the tokens newly committed for each of the job's rows (a list 
 lists; the generation driver stops it once every row is finished), plus
 `NEEDS_DRAFT`, `OPTIONS` (defaults) and `slack(**options)` (extra cache slots);
 `BATCHED = True` when it decodes several rows at once; `start(models, draft, dtype,
-options)` when its draft runs elsewhere (pearl: in a process of its own)."""
+options)` when it runs other processes (pearl's draft rank, pp's stages)."""
 from __future__ import annotations
 
 import functools
@@ -23,7 +23,7 @@ class Method:
     batched: bool
     slack: int                  # cache slots beyond prompt + new tokens (speculative nodes)
     options: dict               # every option's value, defaults filled in
-    start: Callable | None      # start(models, draft, dtype, options): sets up a draft that runs elsewhere
+    start: Callable | None      # start(models, draft, dtype, options): starts the method's other processes
 
 
 def get(name: str, options: dict | None = None) -> Method:

@@ -27,17 +27,16 @@ from __future__ import annotations
 
 import atexit
 import sys
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from specmesh.cache import KVCache
-from specmesh.dist.link import Link, PeerError, join_env, launch, under_torchrun
+from specmesh.dist.link import Link, PeerError, connect
 from specmesh.job import Job, Models
 from specmesh.sampling import SamplingParams, next_tokens, probs_from_logits
+from specmesh.timing import forward_ms, torch_threads
 from specmesh.tree import TokenTree
 from specmesh.verify import Verdict, verify
 
@@ -54,35 +53,6 @@ class RanksDivergedError(RuntimeError):
 
 def slack(gamma: int = 0, **_) -> int:
     return (gamma or MAX_GAMMA) + 1          # the newest token and the undecided drafts
-
-
-@contextmanager
-def torch_threads(n: int):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
-def forward_ms(model, context: int = 128, reps: int = 20) -> float:
-    """Median time of a one-token forward after `context` cached tokens, in ms."""
-    cache = KVCache.for_model(model, 1, context + 1)
-    ids = torch.randint(model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
-    times = []
-    with torch.inference_mode():
-        model(ids.to(model.device), cache)
-        cache.commit_all()
-        one = ids[:, :1].to(model.device)
-        for i in range(reps + 3):
-            start = time.perf_counter()
-            model(one, cache)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize(model.device)
-            times.append(time.perf_counter() - start)
-            cache.rollback(0, context)
-    return sorted(times[3:])[reps // 2] * 1e3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,7 +162,7 @@ class DraftPeer:
             device = torch.device("cuda", ((device.index or 0) + 1) % torch.cuda.device_count())
         config = {"serve": f"{__name__}:DraftServer", "draft": str(draft), "dtype": str(dtype).split(".")[-1],
                   "device": str(device), "timeout": timeout_s, "threads": 1}
-        link = join_env(ROLES, timeout_s) if under_torchrun() else launch(ROLES, config, timeout_s)
+        link = connect(ROLES, config, timeout_s)
         with torch_threads(1):
             target_ms = forward_ms(target)          # while the draft times itself
         draft_ms, vocab = link.recv(torch.zeros(2, dtype=torch.float64), 1).tolist()
@@ -239,20 +209,14 @@ class DraftPeer:
         return self._guard(self.link.recv, torch.zeros(size, dtype=torch.int64), 1).tolist()
 
     def close(self) -> None:
-        if self.link is None:
-            return
-        if not self.broken:
-            try:
-                self.link.send_obj({"shutdown": True}, 1)
-            except PeerError:
-                pass
-        self.link.close(grace_s=0.0 if self.broken else 5.0)
-        self.link = None
+        if self.link is not None:
+            self.link.shutdown(healthy=self.broken is None)
+            self.link = None
 
 
 def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> None:
     """Method hook (LLM): the draft lives in its own process."""
-    models.draft_peer = DraftPeer.start(models.target, draft, dtype, options["timeout"])
+    models.remote = DraftPeer.start(models.target, draft, dtype, options["timeout"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,7 +262,7 @@ class Rounds:
 def decode(models: Models, job: Job, gamma: int = OPTIONS["gamma"], draft_window: int = OPTIONS["draft_window"],
            timeout: int = OPTIONS["timeout"]) -> Iterator[list[list[int]]]:
     """Rank 0's loop (`timeout` took effect when the draft rank started: see `start`)."""
-    target, stats, peer = models.target, job.stats, models.draft_peer
+    target, stats, peer = models.target, job.stats, models.remote
     gamma = gamma or peer.gamma
     sampling = not job.params.greedy
     stats.info.update(c=peer.c, gamma=gamma)

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from specmesh.dist import pipeline
-from specmesh.dist.link import PeerError, join_env, launch, under_torchrun
+from specmesh.dist.link import connect
 from specmesh.job import Job, Models
 
 NEEDS_DRAFT = False
@@ -32,15 +32,9 @@ class PipelinePeer:
         atexit.register(self.close)
 
     def close(self) -> None:
-        if self.link is None:
-            return
-        try:
-            for rank in range(1, len(self.link.roles)):
-                self.link.send_obj({"shutdown": True}, rank)
-        except PeerError:
-            pass
-        self.link.close()
-        self.link = None
+        if self.link is not None:
+            self.link.shutdown()
+            self.link = None
 
 
 def start(models: Models, draft: Path | None, dtype: torch.dtype, options: dict) -> None:
@@ -53,13 +47,13 @@ def start(models: Models, draft: Path | None, dtype: torch.dtype, options: dict)
               "dtype": str(dtype).split(".")[-1], "device": str(target.device), "timeout": options["timeout"],
               "threads": 1}
     roles = pipeline.roles(n)
-    link = join_env(roles, options["timeout"]) if under_torchrun() else launch(roles, config, options["timeout"])
-    models.draft_peer = PipelinePeer(link, pipeline.Stage(target, link))
+    link = connect(roles, config, options["timeout"])
+    models.remote = PipelinePeer(link, pipeline.Stage(target, link))
 
 
 def decode(models: Models, job: Job, stages: int = OPTIONS["stages"],
            timeout: int = OPTIONS["timeout"]) -> Iterator[list[list[int]]]:
-    peer: PipelinePeer = models.draft_peer
+    peer: PipelinePeer = models.remote
     stage, link = peer.stage, peer.link
     p = job.params
     seed = int(torch.randint(2 ** 62, (), generator=job.generator, device=job.generator.device))

@@ -89,10 +89,11 @@ class Engine:
         self.speculator = None
         options = llm.method.options
         if llm.method.name == "sd":
-            self.speculator = ChainSpeculator(llm.models.draft, max_batch, room, gamma)    # None: by batch size
+            self.speculator = ChainSpeculator(llm.models.draft, max_batch, room, options["draft_window"],
+                                              gamma)                  # gamma None: by batch size
         elif llm.method.name == "tree":
             self.speculator = TreeSpeculator(llm.models.draft, gamma or options["gamma"], options["tree_width"],
-                                             options["max_children"])
+                                             options["max_children"], options["draft_window"])
         self.max_batch = max_batch
         self.running: list[Request] = []            # running[i] holds cache row i
         self.waiting: collections.deque[Request] = collections.deque()

@@ -28,24 +28,21 @@ from specmesh.sampling import probs_from_logits
 from specmesh.tree import TokenTree
 from specmesh.verify import verify
 
-WINDOW = 64                     # prompt tokens the draft reads (as methods.sd)
-
-
 def default_gamma(batch: int) -> int:
     """Draft length for a batch of this many rows (measured: README, "Serving")."""
     return 4 if batch <= 2 else 2 if batch <= 4 else 1
 
 
 class ChainSpeculator:
-    def __init__(self, draft, max_batch: int, max_len: int, gamma: int | None = None):
-        self.draft, self.gamma = draft, gamma
+    def __init__(self, draft, max_batch: int, max_len: int, window: int, gamma: int | None = None):
+        self.draft, self.window, self.gamma = draft, window, gamma
         self.cache = KVCache.for_model(draft, max_batch, max_len)
 
     def admit(self, slot: int, request) -> None:
-        """Prefill the draft's row with the prompt's last WINDOW tokens (the first token is next)."""
+        """Prefill the draft's row with the prompt's last `window` tokens (the first token is next)."""
         view = self.cache.view(slot, slot + 1)
         view.rollback(0, 0)
-        self.draft(torch.tensor([request.prompt[-WINDOW:]], device=self.draft.device), view, last_only=True)
+        self.draft(torch.tensor([request.prompt[-self.window:]], device=self.draft.device), view, last_only=True)
         view.commit_all()
 
     def move_row(self, src: int, dst: int) -> None:
@@ -101,14 +98,14 @@ class ChainSpeculator:
 
 
 class TreeSpeculator:
-    def __init__(self, draft, depth: int, width: int, max_children: int):
-        self.draft, self.depth, self.width, self.max_children = draft, depth, width, max_children
+    def __init__(self, draft, depth: int, width: int, max_children: int, window: int):
+        self.draft, self.depth, self.width, self.max_children, self.window = draft, depth, width, max_children, window
 
     def admit(self, slot: int, request) -> None:
         slack = self.depth * self.width + 1
         job = Job(prompt=request.prompt, params=request.params, generator=request.generator,
                   max_len=len(request.prompt) + request.row.limit + slack, limit=request.row.limit)
-        request.drafter = DraftModel(self.draft, job, WINDOW)
+        request.drafter = DraftModel(self.draft, job, self.window)
 
     def move_row(self, src: int, dst: int) -> None:
         pass                                    # each request's draft cache is its own
