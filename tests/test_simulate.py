@@ -30,8 +30,8 @@ def test_gpu_cluster_clock_arithmetic(tmp_path, tiny_checkpoint):
     common = ["def add(a, b):", "--stages", "14", "--target", str(tiny_checkpoint), "--draft", str(tiny_checkpoint)]
     pp = simulate(tmp_path, *common, "--method", "pp")
     assert pp["ms_per_token"] == pytest.approx(14 * (10 + 0.5)) and pp["tokens_per_timestep"] == pytest.approx(1 / 14)
-    pd = simulate(tmp_path, *common, "--method", "pipedec", "--tree-width", "8", "--max-children", "4")
-    assert pd["hit_rate"] == 1.0                           # the target as its own draft
+    pd = simulate(tmp_path, *common, "--method", "pipedec", "--tree-width", "1", "--max-children", "1")
+    assert pd["hit_rate"] == 1.0                           # the target as its own draft, a chain: never cut
     n = len(pd["tokens"])
     timesteps = 14 + (n - 2)                               # the first root crosses 14 stages, then 1 per hit
     # every timestep: the stage step (10 ms, <= 64 tokens) beats the draft (4 ms), plus hop and broadcast
@@ -41,11 +41,23 @@ def test_gpu_cluster_clock_arithmetic(tmp_path, tiny_checkpoint):
 
 def test_profiles_load_and_fail_clearly(tmp_path):
     gpu = Profile.load("gpu-cluster")
-    assert gpu.stage_ms(64, 14) == 10.0 and gpu.stage_ms(100, 14) == pytest.approx(13.6) and gpu.draft_ms(32) == 4.0
+    assert gpu.stage_ms(64) == 10.0 and gpu.stage_ms(100) == pytest.approx(13.6) and gpu.draft_ms(32) == 4.0
+    assert gpu.stage_ms(0) == 0.0 and gpu.layers("pipedec", 14, 8, 32) == [8 / 14] * 14
     local = Profile.load("local")                          # shipped, measured by --calibrate
-    assert local.stage_ms(1, 2) == pytest.approx(local.stage["ms"][0] / 2) and local.hop_ms > 0
+    layer, head = local.stage["layer_ms"][0], local.stage["head_ms"][0]
+    assert local.stage_ms(1, 3, last=True) == pytest.approx(3 * layer + head) and local.hop_ms > 0
+    assert local.draft_beside_stage0 and sum(local.layers("pipedec", 2, 8, 4)) == 8
     with pytest.raises(FileNotFoundError, match="profile not found"):
         Profile.load(str(tmp_path / "missing.json"))
+
+
+def test_balanced_split_evens_out_the_steady_state():
+    from specmesh.dist.pipeline import balanced_layers
+    # stage 0 also carries S (3 ms) and processes 4-node layers (1 ms a layer); the last a root (0.5) + head (1)
+    assert balanced_layers(8, 2, 3.0, 1.0, 0.5, 1.0) == [range(0, 1), range(1, 8)]     # 4 ms vs 4.5 ms
+    assert balanced_layers(8, 2, 0.0, 1.0, 1.0, 0.0) == [range(0, 4), range(4, 8)]
+    counts = [len(r) for r in balanced_layers(9, 4, 0.0, 1.0, 1.0, 2.0)]        # the head weighs 2 layers
+    assert sum(counts) == 9 and min(counts) >= 1 and max(max(counts[:3]), counts[3] + 2) == 3
 
 
 def test_plot_sweeps_three_methods_over_depths(tmp_path, tiny_checkpoint):

@@ -140,9 +140,12 @@ def build_parser() -> Parser:
     sm.add_argument("--profile", default="gpu-cluster",
                     help="gpu-cluster (the paper's setting), local (measured here), or a profile JSON file")
     sm.add_argument("--max-new-tokens", type=positive_int, default=128)
-    sm.add_argument("--tree-width", type=positive_int, default=32, help="w: nodes per tree layer (default: 32)")
-    sm.add_argument("--max-children", type=positive_int, default=16, help="c: children per node (default: 16)")
-    sm.add_argument("--depth", type=positive_int, default=5, help="stpp: levels of its static tree (default: 5)")
+    sm.add_argument("--tree-width", type=positive_int,
+                    help="w: nodes per tree layer (default: the paper's 32 on gpu-cluster, else pipedec's default)")
+    sm.add_argument("--max-children", type=positive_int,
+                    help="c: children per node (default: the paper's 16 on gpu-cluster, else pipedec's default)")
+    sm.add_argument("--depth", type=positive_int,
+                    help="stpp: levels of its static tree (default: 5 on gpu-cluster, else stpp's default)")
     sm.add_argument("--target", metavar="DIR")
     sm.add_argument("--draft", metavar="DIR")
     sm.add_argument("--calibrate", metavar="OUT.json", nargs="?", const="",
@@ -293,14 +296,18 @@ def cmd_simulate(args, parser) -> int:
     if args.calibrate is not None:
         out = Path(args.calibrate) if args.calibrate else LOCAL
         profile = calibrate(out)
-        print(f"{out}: target {profile['stage']['ms'][0]:.2f} ms per 1-token forward, "
+        print(f"{out}: a target layer {profile['stage']['layer_ms'][0]:.2f} ms per token, "
               f"hop {profile['hop_ms']:.3f} ms", file=sys.stderr)
         return 0
     if (args.prompt is None) == (args.prompts is None):
         parser.error("give exactly one of PROMPT or --prompts FILE")
     prompts = [args.prompt] if args.prompt is not None else load_prompts(args.prompts, args.limit)
-    cfg = SimConfig(args.method, args.stages, Profile.load(args.profile), args.max_new_tokens, args.tree_width,
-                    args.max_children, args.depth, args.target, args.draft)
+    from specmesh.methods import pipedec, stpp
+    paper = args.profile == "gpu-cluster"
+    cfg = SimConfig(args.method, args.stages, Profile.load(args.profile), args.max_new_tokens,
+                    args.tree_width or (32 if paper else pipedec.OPTIONS["tree_width"]),
+                    args.max_children or (16 if paper else pipedec.OPTIONS["max_children"]),
+                    args.depth or (5 if paper else stpp.OPTIONS["gamma"]), args.target, args.draft)
     if args.plot:
         from specmesh.bench.simulate import sweep_plot
         table = sweep_plot(cfg, prompts, args.plot)

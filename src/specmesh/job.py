@@ -17,7 +17,7 @@ class Models:
     target: Transformer
     draft: Transformer | None = None
     target_path: Path | None = None         # the target's checkpoint folder (holds its n-gram cache)
-    remote: object | None = None            # the method's other processes: pearl's DraftPeer, pp's PipelinePeer
+    remote: object | None = None            # the method's other processes: pearl's DraftPeer, a Pipeline
 
     def close(self) -> None:
         if self.remote is not None:

@@ -14,6 +14,9 @@ class Stats:
     verifications: int = 0          # verification forwards
     elapsed_s: float = 0.0          # wall time, prefill included
     phases: int = 0                 # pearl: drafting phases (each ends at a rejection or at the end)
+    timesteps: int = 0              # pipelines: stage steps (pipedec: timesteps, the prompt's pass excluded)
+    decisions: int = 0              # pipedec: roots the last stage finished
+    hits: int = 0                   # pipedec: of those, roots whose next token was one of their children
     info: dict = field(default_factory=dict)     # method-specific figures (pearl: c, gamma)
 
     @property

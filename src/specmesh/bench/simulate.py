@@ -1,25 +1,28 @@
 """`specmesh simulate`: PipeDec, PP and STPP on a virtual clock, for more pipeline stages than exist.
 
 The real algorithms run in one process with the real models, so every emitted token,
-hit and miss is what the pipeline would produce (pipedec: specmesh.pipedec; pp: `ar`;
-stpp: the `tree` method's static trees); only time is modelled, per stage, from a cost
-profile. Results say "simulated".
+hit and miss is what the pipeline would produce (pipedec: specmesh.pipedec.run, which
+follows the distributed runtime timestep by timestep; pp: `ar`; stpp: the `tree`
+method's static trees); only time is modelled, per stage, from a cost profile. Results
+say "simulated".
 
-Clock, per method (n stages):
-* pp: each token is one pass, n x (stage(1) + hop).
-* pipedec: each timestep costs max(draft(layer), stage(tokens in flight)) + hop + broadcast,
-  where a stage's tokens are the widest of the last n drafted layers (an upper bound:
-  pruning only removes nodes in flight); a hit makes the next token wait 1 timestep, a
-  miss n (pipedec.run counts them).
+Clock, per method (n stages holding `layers[i]` target layers each):
+* pp: each token is one pass: the sum of the stages' steps on 1 token, plus n hops.
+* pipedec: each timestep costs the slowest rank's work plus a hop and the decision's
+  broadcast: stage i's step on the nodes it processes in that timestep (pipedec.run
+  reports them), S's step on the layer it grows (added to stage 0's when S shares its
+  process, as on this machine).
 * stpp: each round drafts its whole tree (one draft step per level), then one pass of the
-  tree through all stages: depth x draft(width) + n x (stage(tree size) + hop) + broadcast.
+  tree through all stages, plus the decision's broadcast.
 
 Profiles: `gpu-cluster` models the paper's setting (a stage step 10 ms for up to 64 tokens
-plus 0.1 ms per token beyond, a hop 0.5 ms, the draft 4 ms per tree layer, the hit
-broadcast 0.5 ms); `local` is measured on this machine (`specmesh simulate --calibrate`,
-shipped as models/profile-local.json): the whole target's forward time per token count,
-split evenly over the stages (the stage count need not divide the layers), the draft's per
-layer width, and a gloo round trip for hops and broadcasts; or a JSON file of either shape.
+plus 0.1 ms per token beyond, a hop 0.5 ms, the draft 4 ms per tree layer, the broadcast
+0.5 ms, S on a node of its own); `local` is measured on this machine with one thread per
+process, as the real pipelines run (`specmesh simulate --calibrate`, shipped as
+models/profile-local.json): a target layer's and the head's time per token count, S's
+work per timestep per layer width, a gloo hop between processes; stages hold the layers
+the real runtime gives them (pipedec: the split balanced for its steady state), or an
+equal share of them when there are more stages than layers. Or a JSON file of either shape.
 """
 from __future__ import annotations
 
@@ -32,10 +35,11 @@ import numpy as np
 import torch
 
 from specmesh import embedded
+from specmesh.dist.pipeline import balanced_layers, stage_layers
 
 METHODS = ("pipedec", "pp", "stpp")
 GPU_CLUSTER = {"name": "gpu-cluster", "stage": {"base_ms": 10.0, "flat_tokens": 64, "per_token_ms": 0.1},
-               "draft": {"per_layer_ms": 4.0}, "hop_ms": 0.5, "broadcast_ms": 0.5}
+               "draft": {"per_layer_ms": 4.0}, "hop_ms": 0.5, "broadcast_ms": 0.5, "draft_beside_stage0": False}
 LOCAL = embedded.ROOT / "models" / "profile-local.json"
 
 
@@ -46,6 +50,7 @@ class Profile:
     draft: dict
     hop_ms: float
     broadcast_ms: float
+    draft_beside_stage0: bool = False       # S shares stage 0's process (its work adds to stage 0's)
 
     @classmethod
     def load(cls, spec: str) -> "Profile":
@@ -57,15 +62,34 @@ class Profile:
             raise FileNotFoundError(f"profile not found: {path}{hint}")
         return cls(**json.loads(path.read_text()))
 
-    def stage_ms(self, tokens: int, stages: int) -> float:
+    @property
+    def per_layer(self) -> bool:
+        return "layer_ms" in self.stage
+
+    def stage_ms(self, tokens: int, layers: float = 1.0, last: bool = False) -> float:
+        """A stage's step on `tokens` new tokens (0: idle), holding `layers` layers (and the head if `last`)."""
         s = self.stage
-        if "tokens" in s:                                   # measured: the whole model, split evenly
-            return float(np.interp(tokens, s["tokens"], s["ms"])) / stages
-        return s["base_ms"] + s["per_token_ms"] * max(0, tokens - s["flat_tokens"])
+        if tokens == 0:
+            return 0.0
+        if not self.per_layer:                              # a fixed cost per stage step
+            return s["base_ms"] + s["per_token_ms"] * max(0, tokens - s["flat_tokens"])
+        head = float(np.interp(tokens, s["tokens"], s["head_ms"])) if last else 0.0
+        return layers * float(np.interp(tokens, s["tokens"], s["layer_ms"])) + head
 
     def draft_ms(self, tokens: int) -> float:
         d = self.draft
         return float(np.interp(tokens, d["tokens"], d["ms"])) if "tokens" in d else d["per_layer_ms"]
+
+    def layers(self, method: str, stages: int, num_layers: int, width: int) -> list[float]:
+        """Target layers per stage: the real runtime's split, or equal shares for more stages than layers."""
+        if not self.per_layer or stages > num_layers:
+            return [num_layers / stages] * stages
+        if method != "pipedec":
+            return [len(r) for r in stage_layers(num_layers, stages)]
+        first = self.draft_ms(width) if self.draft_beside_stage0 else 0.0
+        split = balanced_layers(num_layers, stages, first, self.stage_ms(width), self.stage_ms(1),
+                                self.stage_ms(1, 0, last=True))
+        return [len(r) for r in split]
 
 
 @dataclass
@@ -105,27 +129,42 @@ class Simulator:
         self.draft = None
         if cfg.method == "pipedec":
             self.draft = load_model(Path(cfg.draft) if cfg.draft else embedded.path("draft"), torch.float32, "cpu")
+        self.layers = cfg.profile.layers(cfg.method, cfg.stages, self.llm.models.target.config.num_layers,
+                                         cfg.tree_width)
+
+    def pass_ms(self, tokens: int) -> float:
+        """One packet of `tokens` through every stage in turn."""
+        p, n = self.cfg.profile, self.cfg.stages
+        return sum(p.stage_ms(tokens, k, i == n - 1) for i, k in enumerate(self.layers)) + n * p.hop_ms
+
+    def timestep_ms(self, loads: list[int], width: int) -> float:
+        """PipeDec: every rank works at once; the slowest sets the pace."""
+        p, n = self.cfg.profile, self.cfg.stages
+        work = [p.stage_ms(t, k, i == n - 1) for i, (t, k) in enumerate(zip(loads, self.layers))]
+        if p.draft_beside_stage0:
+            work[0] += p.draft_ms(width)
+        else:
+            work.append(p.draft_ms(width))
+        return max(work) + p.hop_ms + p.broadcast_ms
 
     def __call__(self, ids: list[int]) -> Result:
         from specmesh import pipedec
         from specmesh.sampling import SamplingParams
-        cfg, p, n = self.cfg, self.cfg.profile, self.cfg.stages
+        cfg, p = self.cfg, self.cfg.profile
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens)
         if cfg.method == "pipedec":
             with torch.inference_mode():
-                tl = pipedec.run(self.llm.models.target, self.draft, ids, params, cfg.max_new_tokens, n,
+                tl = pipedec.run(self.llm.models.target, self.draft, ids, params, cfg.max_new_tokens, cfg.stages,
                                  cfg.tree_width, cfg.max_children)
-            ms = sum(max(p.draft_ms(width), p.stage_ms(max(tl.widths[max(0, t - n + 1):t + 1]), n))
-                     + p.hop_ms + p.broadcast_ms for t, width in enumerate(tl.widths))
+            ms = sum(self.timestep_ms(loads, width) for loads, width in zip(tl.loads, tl.widths))
             return Result(tl.tokens, ms, tl.timesteps, tl.hits, len(tl.outcomes))
         out = self.llm.generate(ids, params)
         if cfg.method == "pp":                              # one full pass per token
-            return Result(out.tokens, len(out.tokens) * n * (p.stage_ms(1, n) + p.hop_ms), len(out.tokens) * n)
+            return Result(out.tokens, len(out.tokens) * self.pass_ms(1), len(out.tokens) * cfg.stages)
         rounds = max(1, out.stats.verifications)            # stpp: draft the whole tree, then one pass
         size = 1 + out.stats.drafted_tokens / rounds
-        per_round = (cfg.depth * p.draft_ms(cfg.tree_width) + n * (p.stage_ms(round(size), n) + p.hop_ms)
-                     + p.broadcast_ms)
-        return Result(out.tokens, rounds * per_round, rounds * (cfg.depth + n))
+        per_round = cfg.depth * p.draft_ms(cfg.tree_width) + self.pass_ms(round(size)) + p.broadcast_ms
+        return Result(out.tokens, rounds * per_round, rounds * (cfg.depth + cfg.stages))
 
 
 def simulate(cfg: SimConfig, prompts: list[str]) -> dict:
@@ -143,56 +182,57 @@ def simulate(cfg: SimConfig, prompts: list[str]) -> dict:
             "tokens": results[0].tokens}
 
 
-def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64, 128), context: int = 256) -> dict:
-    """Measure this machine's costs (bf16, all threads) and write the `local` profile."""
+def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256) -> dict:
+    """Measure this machine's costs (bfloat16, one thread, as each pipeline process runs) and write
+    the `local` profile."""
     from specmesh.loader import load_model
-    from specmesh.timing import forward_ms
+    from specmesh.pipedec import grow_ms
+    from specmesh.timing import forward_ms, torch_threads
 
-    with torch.inference_mode():
+    with torch.inference_mode(), torch_threads(1):
         target = load_model(embedded.path("target"), torch.bfloat16, "cpu")
         draft = load_model(embedded.path("draft"), torch.bfloat16, "cpu", draft=True)
-        stage = [forward_ms(target, T, context, reps=7) for T in counts]
-        drafts = [forward_ms(draft, T, context, reps=7) for T in counts]
+        L = target.config.num_layers
+        middle, last = range(L // 2, L // 2 + 1), range(L - 1, L)
+        layer = [forward_ms(target, T, context, reps=15, layers=middle) for T in counts]
+        head = [max(0.0, forward_ms(target, T, context, reps=15, layers=last) - ms) for T, ms in zip(counts, layer)]
+        drafts = [grow_ms(draft, T, min(T, 16), context) for T in counts]
     hop = gloo_one_way_ms(target.config.hidden_size)
-    profile = {"name": "local", "stage": {"tokens": list(counts), "ms": stage, "whole_model": True},
-               "draft": {"tokens": list(counts), "ms": drafts}, "hop_ms": hop, "broadcast_ms": hop}
+    profile = {"name": "local", "stage": {"tokens": list(counts), "layer_ms": layer, "head_ms": head},
+               "draft": {"tokens": list(counts), "ms": drafts}, "hop_ms": hop, "broadcast_ms": hop,
+               "draft_beside_stage0": True}
     out.write_text(json.dumps(profile, indent=2) + "\n")
     return profile
 
 
-def gloo_one_way_ms(hidden: int, tokens: int = 32, reps: int = 50) -> float:
-    """Half a gloo round trip of a [tokens, hidden] activation between two ranks (threads) here."""
+def gloo_one_way_ms(hidden: int, tokens: int = 4, reps: int = 50) -> float:
+    """Half a gloo round trip of a [tokens, hidden] activation between two processes here."""
     import datetime
-    import threading
+    import multiprocessing
     import torch.distributed as dist
-    store = dist.HashStore()
-    groups = [None, None]
-
-    def make(rank):
-        groups[rank] = dist.ProcessGroupGloo(store, rank, 2, datetime.timedelta(seconds=30))
-
-    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    x = torch.randn(tokens, hidden)
-
-    def echo():
-        y = torch.empty_like(x)
-        for _ in range(reps + 5):
-            groups[1].recv([y], 0, 0).wait()
-            groups[1].send([y], 0, 0).wait()
-
-    t = threading.Thread(target=echo)
-    t.start()
-    y = torch.empty_like(x)
-    times = []
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
+    echo = multiprocessing.get_context("spawn").Process(target=_echo, args=(store.port, tokens, hidden, reps + 5))
+    echo.start()
+    group = dist.ProcessGroupGloo(store, 0, 2, datetime.timedelta(seconds=60))
+    x, y, times = torch.randn(tokens, hidden), torch.empty(tokens, hidden), []
     for _ in range(reps + 5):
         start = time.perf_counter()
-        groups[0].send([x], 1, 0).wait()
-        groups[0].recv([y], 1, 0).wait()
+        group.send([x], 1, 0).wait()
+        group.recv([y], 1, 0).wait()
         times.append(time.perf_counter() - start)
-    t.join()
+    echo.join()
     return float(np.median(times[5:])) * 1e3 / 2
+
+
+def _echo(port: int, tokens: int, hidden: int, reps: int) -> None:
+    import datetime
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
+    group = dist.ProcessGroupGloo(store, 1, 2, datetime.timedelta(seconds=60))
+    y = torch.empty(tokens, hidden)
+    for _ in range(reps):
+        group.recv([y], 0, 0).wait()
+        group.send([y], 0, 0).wait()
 
 
 def sweep_plot(base: SimConfig, prompts: list[str], path: str, depths=(7, 14, 21)) -> dict:

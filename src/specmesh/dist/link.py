@@ -20,11 +20,13 @@ a few bytes and cannot bound an idle wait between jobs.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -50,23 +52,33 @@ class Link:
         return f"rank {rank} ({self.roles[rank]}, pid {self.pids[rank]})"
 
     # -- tensors ------------------------------------------------------------------------------
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        self._run(lambda: self.group.send([tensor.contiguous()], dst, 0), dst, self.timeout_s)
+    def send(self, tensor: torch.Tensor, dst: int, wait: bool = True) -> Callable[[], None] | None:
+        """Send `tensor` to `dst`. A gloo send completes only once the receiver has posted its
+        receive; with `wait=False` this returns at once with a function that waits for that
+        (which keeps the tensor alive until then)."""
+        tensor = tensor.contiguous()
+        work = self._guard(lambda: self.group.send([tensor], dst, 0), dst)
+        done = functools.partial(self._wait, work, dst, self.timeout_s, tensor)
+        if not wait:
+            return done
+        done()
+        return None
 
     def recv(self, tensor: torch.Tensor, src: int, idle: bool = False) -> torch.Tensor:
         """Fill `tensor` from `src`, waiting at most the link's timeout (`idle`: as long as it takes,
         for a rank waiting for its next job; a peer's death still ends the wait at once)."""
-        self._run(lambda: self.group.recv([tensor], src, 0), src, None if idle else self.timeout_s)
+        work = self._guard(lambda: self.group.recv([tensor], src, 0), src)
+        self._wait(work, src, None if idle else self.timeout_s)
         return tensor
 
-    def _run(self, start, peer: int, timeout_s: float | None) -> None:
-        """Start a send or receive and wait for it; any failure becomes a PeerError naming the peer."""
+    def _wait(self, work, peer: int, timeout_s: float | None, *keep_alive) -> None:
+        self._guard(lambda: work.wait() if timeout_s is None else work.wait(datetime.timedelta(seconds=timeout_s)),
+                    peer)
+
+    def _guard(self, call, peer: int):
+        """Run a gloo call; any failure becomes a PeerError naming the peer."""
         try:
-            work = start()
-            if timeout_s is None:
-                work.wait()
-            else:
-                work.wait(datetime.timedelta(seconds=timeout_s))
+            return call()
         except RuntimeError as e:
             others = [f"{self.describe(r)} {self._fate(r, e)}" for r, proc in self.procs.items()
                       if r != peer and proc.poll() is not None]     # a dead rank downstream explains the rest

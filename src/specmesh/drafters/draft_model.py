@@ -38,10 +38,12 @@ class DraftModel:
         params = self.job.params
         return logits.float().softmax(-1) if params.greedy else probs_from_logits(logits, params)
 
-    def propose(self, root: int, depth: int, width: int = 1, max_children: int = 1) -> TokenTree:
+    def propose(self, root: int, depth: int, width: int = 1, max_children: int = 1,
+                deterministic: bool = False) -> TokenTree:
         """Grow a tree of `depth` levels below `root`: each level keeps the `width` best of the
         top-`max_children` children of the previous level (by cumulative log-probability).
-        A sampling chain (width = max_children = 1) draws each token from q instead."""
+        A sampling chain (width = max_children = 1) draws each token from q instead, unless
+        `deterministic` (then verification needs no q rows)."""
         self.pending.append(root)
         tree = TokenTree.root(root)
         self.slots = {}
@@ -52,7 +54,7 @@ class DraftModel:
         self.pending = []
         chain = width == 1 and max_children == 1
         greedy = self.job.params.greedy
-        tree.sampled = chain and not greedy
+        tree.sampled = chain and not greedy and not deterministic
         level = [0]
         for d in range(depth):
             if chain and greedy:                                # argmax chain: no distribution needed

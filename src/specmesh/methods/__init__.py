@@ -3,16 +3,17 @@ yields, per step, the tokens newly committed for each of the job's rows (a list 
 lists; the generation driver stops it once every row is finished), plus
 `NEEDS_DRAFT`, `OPTIONS` (defaults) and `slack(**options)` (extra cache slots);
 `BATCHED = True` when it decodes several rows at once; `start(models, draft, dtype,
-options)` when it runs other processes (pearl's draft rank, pp's stages)."""
+options)` when it runs other processes (pearl's draft rank, the pipelines' stages)."""
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specmesh.methods import ar, pearl, pp, sd, selfdraft, tree
+from specmesh.methods import ar, pearl, pipedec, pp, sd, selfdraft, stpp, tree
 
-METHODS = {"ar": ar, "sd": sd, "tree": tree, "selfdraft": selfdraft, "pearl": pearl, "pp": pp}
+METHODS = {"ar": ar, "sd": sd, "tree": tree, "selfdraft": selfdraft, "pearl": pearl, "pp": pp,
+           "pipedec": pipedec, "stpp": stpp}
 
 
 @dataclass
@@ -38,7 +39,10 @@ def get(name: str, options: dict | None = None) -> Method:
     module = METHODS[name]
     opts = {k: v for k, v in options.items() if k in module.OPTIONS and v is not None}
     for k, v in opts.items():
-        if isinstance(module.OPTIONS[k], int) and (not isinstance(v, int) or v < 1):
+        if isinstance(module.OPTIONS[k], bool):
+            if not isinstance(v, bool):
+                raise ValueError(f"{name}: {k} must be true or false, got {v!r}")
+        elif isinstance(module.OPTIONS[k], int) and (not isinstance(v, int) or v < 1):
             raise ValueError(f"{name}: {k} must be a positive integer, got {v!r}")
     return Method(name, functools.partial(module.decode, **opts), module.NEEDS_DRAFT,
                   getattr(module, "BATCHED", False), module.slack(**(module.OPTIONS | opts)), module.OPTIONS | opts,

@@ -6,14 +6,12 @@ stage decides the token (greedy or sampled with the request's seed) and sends it
 """
 from __future__ import annotations
 
-import atexit
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from specmesh.dist import pipeline
-from specmesh.dist.link import connect
+from specmesh.dist.pipeline import Packet, Pipeline, stage_layers
 from specmesh.job import Job, Models
 
 NEEDS_DRAFT = False
@@ -24,50 +22,23 @@ def slack(**_) -> int:
     return 0
 
 
-class PipelinePeer:
-    """Rank 0's handle on the other stages."""
-
-    def __init__(self, link, stage: pipeline.Stage):
-        self.link, self.stage = link, stage
-        atexit.register(self.close)
-
-    def close(self) -> None:
-        if self.link is not None:
-            self.link.shutdown()
-            self.link = None
-
-
 def start(models: Models, draft: Path | None, dtype: torch.dtype, options: dict) -> None:
     """Method hook (LLM): start the other stages' processes."""
-    target, n = models.target, options["stages"]
-    if n < 2:
-        raise ValueError("pp needs at least 2 stages (1 stage is `ar`)")
-    pipeline.stage_layers(target.config.num_layers, n)           # a clear error before any process starts
-    config = {"serve": "specmesh.dist.pipeline:StageServer", "target": str(models.target_path),
-              "dtype": str(dtype).split(".")[-1], "device": str(target.device), "timeout": options["timeout"],
-              "threads": 1}
-    roles = pipeline.roles(n)
-    link = connect(roles, config, options["timeout"])
-    models.remote = PipelinePeer(link, pipeline.Stage(target, link))
+    split = stage_layers(models.target.config.num_layers, options["stages"], "pp")
+    models.remote = Pipeline.start(models, dtype, split, options["timeout"])
 
 
 def decode(models: Models, job: Job, stages: int = OPTIONS["stages"],
            timeout: int = OPTIONS["timeout"]) -> Iterator[list[list[int]]]:
-    peer: PipelinePeer = models.remote
-    stage, link = peer.stage, peer.link
-    p = job.params
-    seed = int(torch.randint(2 ** 62, (), generator=job.generator, device=job.generator.device))
-    for rank in range(1, len(link.roles)):
-        link.send_obj({"max_len": job.max_len, "seed": seed,
-                       "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p}}, rank)
-    stage.begin(job.max_len)
+    pipe: Pipeline = models.remote
+    stage, link = pipe.stage, pipe.link
+    pipe.begin(job, "pp")
     tokens = job.prompt
-    try:
+    with pipe.running(finish=stage.end):
         while True:
-            stage.send_on(stage.forward(torch.tensor([tokens], device=models.target.device)))
+            stage.send_on(Packet(stage.forward(Packet(torch.tensor([tokens], device=models.target.device)))))
             token = int(link.recv(torch.zeros(1, dtype=torch.int64), len(link.roles) - 1))
             job.stats.target_forwards += 1
+            job.stats.timesteps += stages
             yield [[token]]
             tokens = [token]
-    finally:
-        stage.end()

@@ -1,0 +1,113 @@
+"""PipeDec (Yin et al.) on the pipeline runtime: the draft S (this rank) grows the dynamic
+prediction tree one layer per timestep while every target stage processes, at the same
+time, the layer it received the timestep before (specmesh.pipedec has the algorithm and
+its one-process schedule; specmesh.dist.pipeline the stages and the protocol).
+
+A timestep, as S runs it: send the tree's newest layer to stage 0, grow the tree by one
+layer (a draft forward over that same layer, while the stages work), then take the last
+stage's decision. When the last stage finished a root, its token x is emitted: a hit when
+x is one of the root's children (the tree, and every stage's predict cache and layer in
+flight, keep x's subtree; the next token comes one timestep later), otherwise a miss
+(everything restarts from x, which must cross all stages).
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from specmesh.dist.pipeline import HIT, NONE, Pipeline, balanced_layers, check_stages, tree_meta
+from specmesh.job import Job, Models
+from specmesh.loader import load_model
+from specmesh.pipedec import TreeDrafter, draft_room, grow_ms
+from specmesh.timing import forward_ms, torch_threads
+
+NEEDS_DRAFT = True
+OPTIONS = {"stages": 2, "tree_width": 4, "max_children": 4, "draft_apart": False, "timeout": 30}
+
+
+def slack(stages: int = OPTIONS["stages"], tree_width: int = OPTIONS["tree_width"], **_) -> int:
+    return draft_room(stages, tree_width)
+
+
+def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> None:
+    """Method hook (LLM): load the draft (this rank is S), split the target by measured costs,
+    start the stage processes."""
+    models.draft = load_model(draft, dtype, models.target.device, draft=True)
+    split = measured_split(models, options)
+    print(f"pipedec: target layers per stage {', '.join(f'{r.start}-{r.stop - 1}' for r in split)} "
+          f"(balanced for this machine), the draft S {'apart' if options['draft_apart'] else 'beside stage 0'}",
+          file=sys.stderr, flush=True)
+    models.remote = Pipeline.start(models, dtype, split, options["timeout"], draft=True, apart=options["draft_apart"])
+
+
+def measured_split(models: Models, options: dict) -> list[range]:
+    """Time, with one thread as every stage has, a target layer over a tree layer and over a root,
+    the head, and S's work per timestep; then balance the stages (dist.pipeline.balanced_layers)."""
+    target, width, L = models.target, options["tree_width"], models.target.config.num_layers
+    check_stages(L, options["stages"], "pipedec")
+    middle = range(L // 2, L // 2 + 1)
+    with torch_threads(1):
+        wide, root = forward_ms(target, width, layers=middle), forward_ms(target, 1, layers=middle)
+        head = max(0.0, forward_ms(target, 1, layers=range(L - 1, L)) - root)
+        first = 0.0 if options["draft_apart"] else grow_ms(models.draft, width, options["max_children"])
+    return balanced_layers(L, options["stages"], first, wide, root, head, "pipedec")
+
+
+def newest_layer(drafter: TreeDrafter) -> torch.Tensor:
+    """meta of the tree's newest layer: its tokens at depth d, mask rows over every node up to it."""
+    tree = drafter.tree
+    layer = tree.layer(tree.depth - 1)
+    X = tree.X[layer]
+    return tree_meta(X, torch.full_like(X, tree.depth - 1), torch.full_like(X, -1), tree.M[layer, :layer.stop])
+
+
+def decode(models: Models, job: Job, stages: int = OPTIONS["stages"], tree_width: int = OPTIONS["tree_width"],
+           max_children: int = OPTIONS["max_children"], draft_apart: bool = OPTIONS["draft_apart"],
+           timeout: int = OPTIONS["timeout"]) -> Iterator[list[list[int]]]:
+    pipe: Pipeline = models.remote
+    stats = job.stats
+    pipe.begin(job, "pipedec", draft_room(stages, tree_width))
+    in_flight = False                                       # a layer was sent: its decision is still owed
+
+    def finish():                                           # the consumer stopped: take that decision, end
+        if in_flight:
+            pipe.decision()
+        pipe.end()
+
+    with pipe.running(finish=finish):
+        pipe.send(job.prompt)                               # the prompt: a plain pass through the stages
+        drafter = TreeDrafter(models.draft, job.prompt, job.max_len, tree_width, max_children)
+        x = pipe.decision().token
+        stats.target_forwards += 1
+        stats.draft_forwards += 1
+        drafter.start(x)
+        emitted = [x]
+        while True:
+            pipe.send(meta=newest_layer(drafter))
+            if pipe.stage is None:
+                pipe.flush()                                # S apart: stage 0 has it before S computes on
+            in_flight = True
+            if emitted:                                     # the consumer takes it while stage 0 works
+                yield [emitted]
+                emitted = []
+            drafter.grow()
+            decision = pipe.decision()
+            in_flight = False
+            stats.draft_forwards += 1
+            stats.timesteps += 1
+            stats.target_forwards += 1                      # every stage processed one layer
+            if decision.kind == NONE:                       # the root is still on its way
+                continue
+            x = decision.token
+            stats.decisions += 1
+            if decision.kind == HIT:                        # the pipeline's layer 1 is the tree's
+                if drafter.tree.hit(x) != decision.nodes[0] - 1:
+                    raise RuntimeError(f"the last stage's {decision} does not match the draft's tree")
+                stats.hits += 1
+                drafter.prune(decision.nodes[0] - 1)
+            else:                                           # (the tree may hold x in a layer not sent yet)
+                drafter.reset(x)
+            emitted = [x]
