@@ -48,22 +48,28 @@ def add_method_options(p: argparse.ArgumentParser) -> None:
     """Options of speculative methods; each applies to the listed methods that have it."""
     o = p.add_argument_group("method options (default: each method's tuned value)")
     o.add_argument("--gamma", type=positive_int,
-                   help="draft length / tree depth (sd, tree; pearl: default round(c), measured at start-up)")
-    o.add_argument("--draft-window", type=positive_int, help="prompt tokens the draft model reads (sd, tree, pearl)")
-    o.add_argument("--tree-width", type=positive_int, help="nodes kept per tree level (tree)")
-    o.add_argument("--max-children", type=positive_int, help="children per node in top-k expansion (tree)")
+                   help="draft length / tree depth (sd, tree, stpp; pearl: default round(c), measured at start-up)")
+    o.add_argument("--draft-window", type=positive_int,
+                   help="prompt tokens the draft model reads (sd, tree, pearl, stpp)")
+    o.add_argument("--tree-width", type=positive_int, help="nodes kept per tree level: w (tree, stpp, pipedec)")
+    o.add_argument("--max-children", type=positive_int,
+                   help="children per node in top-k expansion: c (tree, stpp, pipedec)")
     o.add_argument("--branches", type=positive_int, help="draft branches N (selfdraft)")
     o.add_argument("--branch-len", type=positive_int, help="branch length cap L (selfdraft)")
     o.add_argument("--gram", type=positive_int, help="n-gram size G (selfdraft)")
     o.add_argument("--max-candidates", type=positive_int, help="candidate continuations verified per step (selfdraft)")
     o.add_argument("--ngram-cache", metavar="FILE", help="corpus n-gram cache (selfdraft; default: beside the target)")
     o.add_argument("--timeout", type=positive_int, metavar="SECONDS",
-                   help="how long a rank waits for another before failing (pearl, pp; default 30)")
-    o.add_argument("--stages", type=positive_int, help="pipeline stages, one process each (pp; default 2)")
+                   help="how long a rank waits for another before failing (pearl, pp, pipedec, stpp; default 30)")
+    o.add_argument("--stages", type=positive_int,
+                   help="pipeline stages, one process each (pp, pipedec, stpp; default 2)")
+    o.add_argument("--draft-apart", action="store_const", const=True, default=None,
+                   help="pipedec, stpp: run the draft S in a process of its own (a device of its own) "
+                        "instead of beside stage 0")
 
 
 OPTION_NAMES = ("gamma", "draft_window", "tree_width", "max_children", "branches", "branch_len", "gram",
-                "max_candidates", "ngram_cache", "timeout", "stages")
+                "max_candidates", "ngram_cache", "timeout", "stages", "draft_apart")
 
 
 def method_options(args) -> dict:
@@ -146,6 +152,8 @@ def build_parser() -> Parser:
                     help="c: children per node (default: the paper's 16 on gpu-cluster, else pipedec's default)")
     sm.add_argument("--depth", type=positive_int,
                     help="stpp: levels of its static tree (default: 5 on gpu-cluster, else stpp's default)")
+    sm.add_argument("--draft-window", type=positive_int, default=64,
+                    help="prompt tokens the draft reads (default: 64, as the methods')")
     sm.add_argument("--target", metavar="DIR")
     sm.add_argument("--draft", metavar="DIR")
     sm.add_argument("--calibrate", metavar="OUT.json", nargs="?", const="",
@@ -190,25 +198,36 @@ def read_prompt(args, parser) -> str:
     return path.read_bytes().decode("utf-8")       # verbatim: no newline translation
 
 
+DISTRIBUTED = ("pearl", "pp", "pipedec", "stpp")
+
+
 def serve_torchrun_rank(args) -> int:
-    """Under torchrun every rank runs the same command; pearl's rank 1 serves the draft."""
+    """Under torchrun every rank runs the same command; the ranks after 0 serve: pearl's draft rank,
+    a pipeline's stages."""
     import torch
     from specmesh import embedded
+    from specmesh.dist import pipeline
     from specmesh.dist.link import join_env
     from specmesh.methods import pearl
     device = args.device
     if device == "cuda" and "LOCAL_RANK" in os.environ:
         device = f"cuda:{os.environ['LOCAL_RANK']}"
-    config = {"draft": str(args.draft or embedded.path("draft")), "dtype": args.dtype, "device": device}
+    timeout = args.timeout or pearl.OPTIONS["timeout"]
     torch.set_num_threads(1)
-    pearl.DraftServer(config).run(join_env(pearl.ROLES, args.timeout or pearl.OPTIONS["timeout"]))
+    if args.method == "pearl":
+        config = {"draft": str(args.draft or embedded.path("draft")), "dtype": args.dtype, "device": device}
+        pearl.DraftServer(config).run(join_env(pearl.ROLES, timeout))
+        return 0
+    config = {"target": str(args.target or embedded.path("target")), "dtype": args.dtype, "device": device}
+    roles = pipeline.roles(args.stages or 2, args.method != "pp", bool(args.draft_apart))
+    pipeline.StageServer(config).run(join_env(roles, timeout))
     return 0
 
 
 def cmd_generate(args, parser) -> int:
     from specmesh import LLM, SamplingParams
     from specmesh.dist.link import under_torchrun
-    if args.method == "pearl" and under_torchrun() and int(os.environ["RANK"]) > 0:
+    if args.method in DISTRIBUTED and under_torchrun() and int(os.environ["RANK"]) > 0:
         return serve_torchrun_rank(args)
     prompt = read_prompt(args, parser)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -226,8 +245,11 @@ def cmd_generate(args, parser) -> int:
     if stream:
         sys.stdout.write("\n")
     s = out.stats
+    per = (f"{s.generated_tokens / s.timesteps:.2f} tokens/timestep" if s.timesteps else
+           f"{s.tokens_per_forward or 0:.2f} tokens/target forward")
+    hits = f", hit rate {s.hits / s.decisions:.2f}" if s.decisions else ""
     print(f"[{args.method}] {s.generated_tokens} tokens in {s.elapsed_s:.2f}s, {s.tokens_per_s or 0:.1f} tok/s, "
-          f"{s.tokens_per_forward or 0:.2f} tokens/target forward", file=sys.stderr)
+          f"{per}{hits}", file=sys.stderr)
     if args.json:
         write_json(out.to_json(), args.json)
     return 0
@@ -307,7 +329,7 @@ def cmd_simulate(args, parser) -> int:
     cfg = SimConfig(args.method, args.stages, Profile.load(args.profile), args.max_new_tokens,
                     args.tree_width or (32 if paper else pipedec.OPTIONS["tree_width"]),
                     args.max_children or (16 if paper else pipedec.OPTIONS["max_children"]),
-                    args.depth or (5 if paper else stpp.OPTIONS["gamma"]), args.target, args.draft)
+                    args.depth or (5 if paper else stpp.OPTIONS["gamma"]), args.draft_window, args.target, args.draft)
     if args.plot:
         from specmesh.bench.simulate import sweep_plot
         table = sweep_plot(cfg, prompts, args.plot)

@@ -60,8 +60,9 @@ class Timeline:
 class TreeDrafter:
     """The draft's side: grows a DynamicTree one layer per call, with its own two-level cache."""
 
-    def __init__(self, model, prompt: list[int], max_len: int, width: int, children: int):
+    def __init__(self, model, prompt: list[int], max_len: int, width: int, children: int, window: int | None = None):
         self.model, self.width, self.children = model, width, children
+        prompt = prompt[-window:] if window else prompt     # the draft reads the last `window` prompt tokens
         self.cache = KVCache.for_model(model, 1, max_len)
         model(torch.tensor([prompt], device=model.device), self.cache, last_only=True)
         self.cache.commit_all()
@@ -107,7 +108,7 @@ class TreeDrafter:
 
 
 def run(target, draft, prompt: list[int], params: SamplingParams, max_new_tokens: int, stages: int,
-        width: int = 32, children: int = 16) -> Timeline:
+        width: int = 32, children: int = 16, window: int | None = None) -> Timeline:
     """Decode with PipeDec on `stages` stages, timestep by timestep as the distributed runtime
     (specmesh.dist.pipeline) runs it: the tokens, hits, misses and every stage's load are its.
 
@@ -126,7 +127,7 @@ def run(target, draft, prompt: list[int], params: SamplingParams, max_new_tokens
     cache.commit_all()
     root = int(next_tokens(logits, params, generator))
     timeline.tokens.append(root)
-    drafter = TreeDrafter(draft, prompt, max_len + draft_room(stages, width), width, children)
+    drafter = TreeDrafter(draft, prompt, max_len + draft_room(stages, width), width, children, window)
     drafter.start(root)
     held: list[list[int]] = [[] for _ in range(stages)]
     eos = set(target.config.eos_ids)

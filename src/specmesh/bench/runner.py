@@ -99,14 +99,17 @@ def make_runner(name: str, cfg: BenchConfig, dtype: str):
 
 
 def threads_used(name: str, options: dict) -> int | str:
-    """The threads a method ran with: pearl "1+1" (a thread per process), pp this process's
-    threads plus one per other stage ("2+1"), else this process's (or NAME@Nt's N)."""
+    """The threads a method ran with: pearl "1+1" (a thread per process); a pipeline this process's
+    threads plus one per other process ("1+1" for pipedec@1t on two stages); else this process's
+    (or NAME@Nt's N)."""
     method, threads = split_threads(name)
+    threads = threads or torch.get_num_threads()
     if method == "pearl":
         return "1+1"
-    if method == "pp":
-        return "+".join([str(torch.get_num_threads())] + ["1"] * (options.get("stages", 2) - 1))
-    return threads or torch.get_num_threads()
+    if method in ("pp", "pipedec", "stpp"):
+        others = options.get("stages", 2) - 1 + (method != "pp" and bool(options.get("draft_apart")))
+        return "+".join([str(threads)] + ["1"] * others)
+    return threads
 
 
 def choose_dtype(method: str, cfg: BenchConfig, ids: list[int]) -> tuple[str, object]:
@@ -189,6 +192,7 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
     verifications = sum(s.verifications for s in stats)
     accepted = sum(s.accepted_tokens for s in stats)
     phases = sum(s.phases for s in stats)
+    timesteps, decisions = sum(s.timesteps for s in stats), sum(s.decisions for s in stats)
     return {
         "dtype": dtype, "threads": threads,
         "tokens_per_s": tokens / sum(s.elapsed_s for s in stats),
@@ -199,7 +203,9 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
         "greedy_equal_to_ar": sum(t == r for (t, _), r in zip(runs, refs)),
         "near_tie_divergences": near_ties,
         "prompts": len(runs), "peak_rss_mb": rss,
-    } | ({"mat": accepted / phases} if phases else {}) | stats[0].info
+    } | ({"mat": accepted / phases} if phases else {}) | stats[0].info \
+        | ({"tokens_per_timestep": tokens / timesteps} if timesteps else {}) \
+        | ({"hit_rate": sum(s.hits for s in stats) / decisions} if decisions else {})
 
 
 def machine() -> str:

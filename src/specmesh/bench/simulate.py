@@ -26,6 +26,7 @@ equal share of them when there are more stages than layers. Or a JSON file of ei
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -101,6 +102,7 @@ class SimConfig:
     tree_width: int = 32            # pipedec: w; stpp: nodes kept per level
     max_children: int = 16          # pipedec: c; stpp: children per node
     depth: int = 5                  # stpp: levels of its static tree
+    draft_window: int = 64          # prompt tokens the draft reads
     target: str | None = None
     draft: str | None = None
 
@@ -123,7 +125,7 @@ class Simulator:
         self.cfg = cfg
         if cfg.method == "stpp":
             self.llm = LLM(target=cfg.target, draft=cfg.draft, method="tree", gamma=cfg.depth,
-                           tree_width=cfg.tree_width, max_children=cfg.max_children)
+                           tree_width=cfg.tree_width, max_children=cfg.max_children, draft_window=cfg.draft_window)
         else:
             self.llm = LLM(target=cfg.target)
         self.draft = None
@@ -155,7 +157,7 @@ class Simulator:
         if cfg.method == "pipedec":
             with torch.inference_mode():
                 tl = pipedec.run(self.llm.models.target, self.draft, ids, params, cfg.max_new_tokens, cfg.stages,
-                                 cfg.tree_width, cfg.max_children)
+                                 cfg.tree_width, cfg.max_children, cfg.draft_window)
             ms = sum(self.timestep_ms(loads, width) for loads, width in zip(tl.loads, tl.widths))
             return Result(tl.tokens, ms, tl.timesteps, tl.hits, len(tl.outcomes))
         out = self.llm.generate(ids, params)
@@ -196,7 +198,7 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256) ->
         middle, last = range(L // 2, L // 2 + 1), range(L - 1, L)
         layer = [forward_ms(target, T, context, reps=15, layers=middle) for T in counts]
         head = [max(0.0, forward_ms(target, T, context, reps=15, layers=last) - ms) for T, ms in zip(counts, layer)]
-        drafts = [grow_ms(draft, T, min(T, 16), context) for T in counts]
+        drafts = [grow_ms(draft, T, min(T, 16), 64) for T in counts]
     hop = gloo_one_way_ms(target.config.hidden_size)
     profile = {"name": "local", "stage": {"tokens": list(counts), "layer_ms": layer, "head_ms": head},
                "draft": {"tokens": list(counts), "ms": drafts}, "hop_ms": hop, "broadcast_ms": hop,
@@ -243,9 +245,8 @@ def sweep_plot(base: SimConfig, prompts: list[str], path: str, depths=(7, 14, 21
         import matplotlib.pyplot as plt
     except ImportError:
         raise ValueError("--plot needs matplotlib: pip install -e .[plot]") from None
-    table = {m: [simulate(SimConfig(m, n, base.profile, base.max_new_tokens, base.tree_width, base.max_children,
-                                    base.depth, base.target, base.draft), prompts)["ms_per_token"]
-                 for n in depths] for m in METHODS}
+    table = {m: [simulate(dataclasses.replace(base, method=m, stages=n), prompts)["ms_per_token"] for n in depths]
+             for m in METHODS}
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for m, ms in table.items():
         ax.plot(depths, ms, marker="o", label=m)

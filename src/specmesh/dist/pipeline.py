@@ -353,6 +353,7 @@ class Pipeline:
 
     def __init__(self, link: Link, stage: Stage | None, split: list[range]):
         self.link, self.stage, self.split = link, stage, split
+        self.costs = None                       # pipedec: what balances each job's split (StageCosts)
         self.max_nodes = 0
         self.latest = Decision(NONE)            # the last decision, for rank 0's own stage to apply
         self.sending: list = []                 # sends not known to be received yet
@@ -382,16 +383,18 @@ class Pipeline:
             self.broken = True
             raise
 
-    def begin(self, job, method: str, max_nodes: int = 0) -> None:
-        """Send the job to every stage rank (and begin rank 0's own stage)."""
+    def begin(self, job, method: str, max_nodes: int = 0, split: list[range] | None = None) -> None:
+        """Send the job to every stage rank (and begin rank 0's own stage); `split`: this job's layers
+        per stage (default: the pipeline's)."""
         p, self.max_nodes, self.latest = job.params, max_nodes, Decision(NONE)
+        split = split or self.split
         message = {"method": method, "max_len": job.max_len, "max_nodes": max_nodes, "seed": stage_seed(job.generator),
-                   "layers": [(r.start, r.stop) for r in self.split],
+                   "layers": [(r.start, r.stop) for r in split],
                    "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p}}
         for rank in range(1, len(self.link.roles)):
             self.link.send_obj(message, rank)
         if self.stage is not None:
-            self.stage.begin(job.max_len, self.split[0], method == "pipedec")
+            self.stage.begin(job.max_len, split[0], method == "pipedec")
 
     # -- S, for pipedec and stpp ----------------------------------------------------------------
     def send(self, tokens: list[int] | None = None, meta: torch.Tensor | None = None) -> None:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specmesh.dist.pipeline import HIT, NONE, Pipeline, balanced_layers, check_stages, tree_meta
@@ -25,7 +27,7 @@ from specmesh.pipedec import TreeDrafter, draft_room, grow_ms
 from specmesh.timing import forward_ms, torch_threads
 
 NEEDS_DRAFT = True
-OPTIONS = {"stages": 2, "tree_width": 4, "max_children": 4, "draft_apart": False, "timeout": 30}
+OPTIONS = {"stages": 2, "tree_width": 4, "max_children": 4, "draft_window": 64, "draft_apart": False, "timeout": 30}
 
 
 def slack(stages: int = OPTIONS["stages"], tree_width: int = OPTIONS["tree_width"], **_) -> int:
@@ -33,27 +35,50 @@ def slack(stages: int = OPTIONS["stages"], tree_width: int = OPTIONS["tree_width
 
 
 def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> None:
-    """Method hook (LLM): load the draft (this rank is S), split the target by measured costs,
-    start the stage processes."""
+    """Method hook (LLM): load the draft (this rank is S), measure the costs that balance the
+    stages, start the stage processes."""
     models.draft = load_model(draft, dtype, models.target.device, draft=True)
-    split = measured_split(models, options)
-    print(f"pipedec: target layers per stage {', '.join(f'{r.start}-{r.stop - 1}' for r in split)} "
-          f"(balanced for this machine), the draft S {'apart' if options['draft_apart'] else 'beside stage 0'}",
-          file=sys.stderr, flush=True)
-    models.remote = Pipeline.start(models, dtype, split, options["timeout"], draft=True, apart=options["draft_apart"])
+    costs = StageCosts.measure(models, options)
+    show = lambda split: ", ".join(f"{r.start}-{r.stop - 1}" for r in split)      # noqa: E731
+    print(f"pipedec: target layers per stage balanced for each request's context on this machine "
+          f"({show(costs.split(128))} at 128 tokens, {show(costs.split(1024))} at 1024); the draft S "
+          f"{'apart' if options['draft_apart'] else 'beside stage 0'}", file=sys.stderr, flush=True)
+    models.remote = Pipeline.start(models, dtype, costs.split(128), options["timeout"], draft=True,
+                                   apart=options["draft_apart"])
+    models.remote.costs = costs
 
 
-def measured_split(models: Models, options: dict) -> list[range]:
-    """Time, with one thread as every stage has, a target layer over a tree layer and over a root,
-    the head, and S's work per timestep; then balance the stages (dist.pipeline.balanced_layers)."""
-    target, width, L = models.target, options["tree_width"], models.target.config.num_layers
-    check_stages(L, options["stages"], "pipedec")
-    middle = range(L // 2, L // 2 + 1)
-    with torch_threads(1):
-        wide, root = forward_ms(target, width, layers=middle), forward_ms(target, 1, layers=middle)
-        head = max(0.0, forward_ms(target, 1, layers=range(L - 1, L)) - root)
-        first = 0.0 if options["draft_apart"] else grow_ms(models.draft, width, options["max_children"])
-    return balanced_layers(L, options["stages"], first, wide, root, head, "pipedec")
+@dataclass
+class StageCosts:
+    """What balances PipeDec's stages: with one thread, as every stage has, a target layer's time over
+    a tree layer (`wide`) and over a root, and the head's, each at two context lengths (attention
+    grows with the context: linear in between); S's work per timestep (`draft`, 0 when S is apart)."""
+    num_layers: int
+    stages: int
+    contexts: tuple[int, int]
+    wide: tuple[float, float]
+    root: tuple[float, float]
+    head: tuple[float, float]
+    draft: float
+
+    @classmethod
+    def measure(cls, models: Models, options: dict, contexts: tuple[int, int] = (64, 512)) -> "StageCosts":
+        target, width, L = models.target, options["tree_width"], models.target.config.num_layers
+        check_stages(L, options["stages"], "pipedec")
+        middle, last = range(L // 2, L // 2 + 1), range(L - 1, L)
+        with torch_threads(1):
+            wide = tuple(forward_ms(target, width, c, layers=middle) for c in contexts)
+            root = tuple(forward_ms(target, 1, c, layers=middle) for c in contexts)
+            head = tuple(max(0.0, forward_ms(target, 1, c, layers=last) - r) for c, r in zip(contexts, root))
+            draft = 0.0 if options["draft_apart"] else grow_ms(models.draft, width, options["max_children"],
+                                                               options["draft_window"])
+        return cls(L, options["stages"], contexts, wide, root, head, draft)
+
+    def split(self, context: int) -> list[range]:
+        at = lambda pair: float(np.interp(context, self.contexts, pair, right=None)) + max(      # noqa: E731
+            0.0, context - self.contexts[1]) * (pair[1] - pair[0]) / (self.contexts[1] - self.contexts[0])
+        return balanced_layers(self.num_layers, self.stages, self.draft, at(self.wide), at(self.root),
+                               at(self.head), "pipedec")
 
 
 def newest_layer(drafter: TreeDrafter) -> torch.Tensor:
@@ -65,11 +90,12 @@ def newest_layer(drafter: TreeDrafter) -> torch.Tensor:
 
 
 def decode(models: Models, job: Job, stages: int = OPTIONS["stages"], tree_width: int = OPTIONS["tree_width"],
-           max_children: int = OPTIONS["max_children"], draft_apart: bool = OPTIONS["draft_apart"],
-           timeout: int = OPTIONS["timeout"]) -> Iterator[list[list[int]]]:
+           max_children: int = OPTIONS["max_children"], draft_window: int = OPTIONS["draft_window"],
+           draft_apart: bool = OPTIONS["draft_apart"], timeout: int = OPTIONS["timeout"]
+           ) -> Iterator[list[list[int]]]:
     pipe: Pipeline = models.remote
     stats = job.stats
-    pipe.begin(job, "pipedec", draft_room(stages, tree_width))
+    pipe.begin(job, "pipedec", draft_room(stages, tree_width), pipe.costs.split(len(job.prompt) + job.limit // 2))
     in_flight = False                                       # a layer was sent: its decision is still owed
 
     def finish():                                           # the consumer stopped: take that decision, end
@@ -79,7 +105,7 @@ def decode(models: Models, job: Job, stages: int = OPTIONS["stages"], tree_width
 
     with pipe.running(finish=finish):
         pipe.send(job.prompt)                               # the prompt: a plain pass through the stages
-        drafter = TreeDrafter(models.draft, job.prompt, job.max_len, tree_width, max_children)
+        drafter = TreeDrafter(models.draft, job.prompt, job.max_len, tree_width, max_children, draft_window)
         x = pipe.decision().token
         stats.target_forwards += 1
         stats.draft_forwards += 1
