@@ -1,6 +1,10 @@
 """`pipedec` and `stpp` on the pipeline runtime: stage processes, the draft S, decisions from the last stage."""
+import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -118,3 +122,16 @@ def test_bad_pipelines_are_refused_before_any_process_starts(tiny_checkpoint, ti
         LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="stpp", stages=4)
     with pytest.raises(ValueError, match="draft_apart must be true or false"):
         LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="pipedec", draft_apart=2)
+
+
+def test_torchrun_starts_every_rank_with_the_same_command(ar, tiny_checkpoint, tiny_draft_checkpoint, tmp_path):
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "specmesh.cli", "generate", "def add(a, b):", "--method", "pipedec", "--target",
+                           str(tiny_checkpoint), "--draft", str(tiny_draft_checkpoint), "--max-new-tokens", "12",
+                           "--json", str(out)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"rank 0 role draft\+stage0 pid \d+", proc.stderr), proc.stderr[-3000:]
+    assert re.search(r"rank 1 role stage1 pid \d+", proc.stderr)
+    expected = ar.generate("def add(a, b):", SamplingParams(max_new_tokens=12)).tokens
+    assert json.loads(out.read_text())["tokens"] == expected
