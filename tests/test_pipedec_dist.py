@@ -99,10 +99,11 @@ def test_a_perfect_draft_hits_and_the_stats_say_so(tiny_checkpoint):
     assert stats.timesteps == 2 + 18                             # the first root crosses 2 stages, then 1 per hit
 
 
-@pytest.mark.parametrize("method", ["pipedec", "stpp"])
+@pytest.mark.parametrize("method", ["pp", "pipedec", "stpp"])
 def test_a_killed_stage_fails_within_the_timeout(tiny_checkpoint, tiny_draft_checkpoint, method):
-    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method=method, stages=3, timeout=3)
-    assert llm.models.remote.link.roles == ["draft+stage0", "stage1", "stage2"]
+    draft = None if method == "pp" else tiny_draft_checkpoint
+    llm = LLM(target=tiny_checkpoint, draft=draft, method=method, stages=3, timeout=3)
+    assert llm.models.remote.link.roles == ["stage0" if method == "pp" else "draft+stage0", "stage1", "stage2"]
     pid = llm.models.remote.link.pids[2]
     run = iter(llm.start("def", SamplingParams(max_new_tokens=400, ignore_eos=True)))
     next(run)
