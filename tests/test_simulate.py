@@ -60,6 +60,13 @@ def test_balanced_split_evens_out_the_steady_state():
     assert sum(counts) == 9 and min(counts) >= 1 and max(max(counts[:3]), counts[3] + 2) == 3
 
 
+def test_pipedec_splits_each_request_for_its_context():
+    from specmesh.methods.pipedec import StageCosts
+    # a tree layer's attention grows fast with the context: long requests move layers off stage 0
+    costs = StageCosts(8, 2, (64, 512), wide=(1.0, 5.0), root=(0.5, 0.6), head=(1.0, 1.0), draft=2.0)
+    assert costs.split(64) == [range(0, 2), range(2, 8)] and costs.split(512) == [range(0, 1), range(1, 8)]
+
+
 def test_plot_sweeps_three_methods_over_depths(tmp_path, tiny_checkpoint):
     out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
     assert main(["simulate", "x", "--max-new-tokens", "8", "--tree-width", "4", "--max-children", "2", "--target",

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from specmesh.dist.pipeline import HIT, NONE, Pipeline, balanced_layers, check_stages, tree_meta
@@ -75,10 +74,10 @@ class StageCosts:
         return cls(L, options["stages"], contexts, wide, root, head, draft)
 
     def split(self, context: int) -> list[range]:
-        at = lambda pair: float(np.interp(context, self.contexts, pair, right=None)) + max(      # noqa: E731
-            0.0, context - self.contexts[1]) * (pair[1] - pair[0]) / (self.contexts[1] - self.contexts[0])
-        return balanced_layers(self.num_layers, self.stages, self.draft, at(self.wide), at(self.root),
-                               at(self.head), "pipedec")
+        """The balanced split for a request with `context` tokens (prompt and half the new ones)."""
+        f = max(0.0, (context - self.contexts[0]) / (self.contexts[1] - self.contexts[0]))
+        wide, root, head = (a + f * (b - a) for a, b in (self.wide, self.root, self.head))     # linear in context
+        return balanced_layers(self.num_layers, self.stages, self.draft, wide, root, head, "pipedec")
 
 
 def newest_layer(drafter: TreeDrafter) -> torch.Tensor:
