@@ -26,7 +26,7 @@ from specmesh.pipedec import TreeDrafter, draft_room, grow_ms
 from specmesh.timing import forward_ms, torch_threads
 
 NEEDS_DRAFT = True
-OPTIONS = {"stages": 2, "tree_width": 4, "max_children": 4, "draft_window": 64, "draft_apart": False, "timeout": 30}
+OPTIONS = {"stages": 2, "tree_width": 3, "max_children": 2, "draft_window": 64, "draft_apart": False, "timeout": 30}
 
 
 def slack(stages: int = OPTIONS["stages"], tree_width: int = OPTIONS["tree_width"], **_) -> int:
