@@ -44,13 +44,13 @@ class LLM:
             draft = embedded.path("draft")
         if draft is not None:
             check_vocabularies(self.tokenizer, load_tokenizer(draft), target, Path(draft))
-        if self.method.start:               # other processes: pearl's draft, pp's stages
+        if self.method.start:               # other processes: pearl's draft, a pipeline's stages
             self.method.start(self.models, None if draft is None else Path(draft), self.dtype, self.method.options)
         elif draft is not None:
             self.models.draft = load_model(draft, self.dtype, self.device, draft=True)
 
     def close(self) -> None:
-        """Stop the method's other processes, if it has any (pearl's draft rank, pp's stages)."""
+        """Stop the method's other processes, if it has any (pearl's draft rank, a pipeline's stages)."""
         self.models.close()
 
     def __enter__(self) -> "LLM":

@@ -33,6 +33,7 @@ import torch
 from specmesh.cache import KVCache
 from specmesh.dist.pipeline import check_stages, stage_seed
 from specmesh.sampling import SamplingParams, make_generator, next_tokens
+from specmesh.timing import median_ms
 from specmesh.tree import DynamicTree
 
 
@@ -163,16 +164,14 @@ def draft_room(stages: int, width: int) -> int:
 
 def grow_ms(draft, width: int, children: int, context: int = 128, reps: int = 10) -> float:
     """Median time in ms of the draft's work in one timestep: grow a layer, then prune on a hit."""
-    import time
     prompt = torch.randint(draft.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     drafter = TreeDrafter(draft, prompt, context + reps + 4 + draft_room(reps + 4, width), width, children)
     drafter.start(prompt[-1])
-    times = []
+
+    def step():
+        drafter.grow()
+        drafter.prune(0)
+
     with torch.inference_mode():
         drafter.grow()                      # the root; from here on each timestep processes a full layer
-        for _ in range(reps + 3):
-            start = time.perf_counter()
-            drafter.grow()
-            drafter.prune(0)
-            times.append(time.perf_counter() - start)
-    return sorted(times[3:])[reps // 2] * 1e3
+        return median_ms(step, reps)

@@ -19,6 +19,16 @@ def torch_threads(n: int):
         torch.set_num_threads(old)
 
 
+def median_ms(step, reps: int = 20, warmup: int = 3) -> float:
+    """Median wall time in ms of `step()` over `reps` runs, after `warmup` untimed ones."""
+    times = []
+    for _ in range(warmup + reps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return sorted(times[warmup:])[reps // 2] * 1e3
+
+
 def forward_ms(model, tokens: int = 1, context: int = 128, reps: int = 20, layers: range | None = None) -> float:
     """Median time in ms of a forward of `tokens` new tokens after `context` cached ones through
     `layers` (default: all; random ids or hidden states, fixed seed; three untimed warm-ups)."""
@@ -30,15 +40,27 @@ def forward_ms(model, tokens: int = 1, context: int = 128, reps: int = 20, layer
         x = torch.randn(1, context + tokens, model.config.hidden_size, generator=gen).to(model.dtype)
     x = x.to(model.device)
     cache = KVCache.for_model(model, 1, context + tokens, layers)
-    times = []
+
+    def step():
+        cache.rollback(0, context)
+        model(x[:, context:], cache, layers=layers)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)
+
     with torch.inference_mode():
         model(x[:, :context], cache, layers=layers)
         cache.commit_all()
-        for _ in range(reps + 3):
-            start = time.perf_counter()
-            model(x[:, context:], cache, layers=layers)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize(model.device)
-            times.append(time.perf_counter() - start)
-            cache.rollback(0, context)
-    return sorted(times[3:])[reps // 2] * 1e3
+        return median_ms(step, reps)
+
+
+def layer_ms(model, tokens: int = 1, context: int = 128, reps: int = 20) -> float:
+    """A middle decoder layer's forward time in ms (every layer costs the same)."""
+    L = model.config.num_layers
+    return forward_ms(model, tokens, context, reps, layers=range(L // 2, L // 2 + 1))
+
+
+def layer_and_head_ms(model, tokens: int = 1, context: int = 128, reps: int = 20) -> tuple[float, float]:
+    """What a pipeline stage's time is made of: a layer's, and the final norm and LM head's (the last
+    layer's forward with them, less a layer's), in ms."""
+    L, layer = model.config.num_layers, layer_ms(model, tokens, context, reps)
+    return layer, max(0.0, forward_ms(model, tokens, context, reps, layers=range(L - 1, L)) - layer)

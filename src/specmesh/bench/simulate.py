@@ -189,15 +189,12 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256) ->
     the `local` profile."""
     from specmesh.loader import load_model
     from specmesh.pipedec import grow_ms
-    from specmesh.timing import forward_ms, torch_threads
+    from specmesh.timing import layer_and_head_ms, torch_threads
 
     with torch.inference_mode(), torch_threads(1):
         target = load_model(embedded.path("target"), torch.bfloat16, "cpu")
         draft = load_model(embedded.path("draft"), torch.bfloat16, "cpu", draft=True)
-        L = target.config.num_layers
-        middle, last = range(L // 2, L // 2 + 1), range(L - 1, L)
-        layer = [forward_ms(target, T, context, reps=15, layers=middle) for T in counts]
-        head = [max(0.0, forward_ms(target, T, context, reps=15, layers=last) - ms) for T, ms in zip(counts, layer)]
+        layer, head = (list(v) for v in zip(*(layer_and_head_ms(target, T, context, reps=15) for T in counts)))
         drafts = [grow_ms(draft, T, min(T, 16), 64) for T in counts]
     hop = gloo_one_way_ms(target.config.hidden_size)
     profile = {"name": "local", "stage": {"tokens": list(counts), "layer_ms": layer, "head_ms": head},

@@ -2,8 +2,9 @@
 
 Stage k holds `stage_layers(...)[k]`: stage 0 also the embedding, the last stage the
 final norm and the LM head, and with it the only logits: tokens are decided there, with
-the request's sampling parameters and seed. Rank 0 runs the decode loop: for `pp` it is
-stage 0 itself; for `pipedec` and `stpp` it is the draft S, and the stages are ranks 1..n.
+the request's sampling parameters and seed. Rank 0 runs the decode loop and stage 0: for
+`pipedec` and `stpp` it is also the draft S ("draft+stage0"), unless S runs apart, when rank 0
+is S only and the stages are ranks 1..n.
 
 A packet goes from each rank to the next (S -> stage 0 -> stage 1 -> ...):
   header int64 [2]: T new tokens (-1: the request is over) and C, the tree-mask columns
@@ -302,7 +303,6 @@ class StageServer:
             if packet is None:
                 return stage.end()
             sending = stage.advance(packet, decision, in_flight=stage.pipelined and stage.index > 0)
-
 
     def decide_tree(self, stage: Stage, job: dict, params: SamplingParams, generator: torch.Generator) -> None:
         """The last stage of pipedec and stpp: after the prompt's pass, decide and tell every rank.

@@ -23,7 +23,7 @@ from specmesh.dist.pipeline import HIT, NONE, Pipeline, balanced_layers, check_s
 from specmesh.job import Job, Models
 from specmesh.loader import load_model
 from specmesh.pipedec import TreeDrafter, draft_room, grow_ms
-from specmesh.timing import forward_ms, torch_threads
+from specmesh.timing import layer_and_head_ms, layer_ms, torch_threads
 
 NEEDS_DRAFT = True
 OPTIONS = {"stages": 2, "tree_width": 3, "max_children": 2, "draft_window": 64, "draft_apart": False, "timeout": 30}
@@ -64,11 +64,9 @@ class StageCosts:
     def measure(cls, models: Models, options: dict, contexts: tuple[int, int] = (64, 512)) -> "StageCosts":
         target, width, L = models.target, options["tree_width"], models.target.config.num_layers
         check_stages(L, options["stages"], "pipedec")
-        middle, last = range(L // 2, L // 2 + 1), range(L - 1, L)
         with torch_threads(1):
-            wide = tuple(forward_ms(target, width, c, layers=middle) for c in contexts)
-            root = tuple(forward_ms(target, 1, c, layers=middle) for c in contexts)
-            head = tuple(max(0.0, forward_ms(target, 1, c, layers=last) - r) for c, r in zip(contexts, root))
+            wide = tuple(layer_ms(target, width, c) for c in contexts)
+            root, head = zip(*(layer_and_head_ms(target, 1, c) for c in contexts))
             draft = 0.0 if options["draft_apart"] else grow_ms(models.draft, width, options["max_children"],
                                                                options["draft_window"])
         return cls(L, options["stages"], contexts, wide, root, head, draft)
