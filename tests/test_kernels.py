@@ -1,5 +1,6 @@
 """The CPU bf16 kernels compute what nn.Linear computes on the same bf16 weights."""
 import shutil
+import sys
 
 import pytest
 import torch
@@ -50,7 +51,8 @@ def test_use_cpu_kernels_picks_a_linear_that_matches():
     model = nn.Sequential(nn.Linear(64, 48, bias=True), nn.Linear(48, 8192, bias=False)).bfloat16()
     originals = list(model)
     kernels.use_cpu_kernels(model)
-    expected = kernels.PackedLinear if kernels.avx2_lib() is None and kernels.native_bf16() else kernels.BF16Linear
+    expected = kernels.AMXLinear if kernels.amx_lib() is not None else \
+        kernels.PackedLinear if kernels.avx2_lib() is None and kernels.native_bf16() else kernels.BF16Linear
     for fast, linear in zip(model, originals):
         assert isinstance(fast, expected)
         check(fast, linear)
@@ -92,6 +94,37 @@ def test_avx2_kernels_build_where_they_apply():
     assert (kernels.avx2_lib() is not None) == applies
 
 
+def cpu_has_amx() -> bool:
+    flags = open("/proc/cpuinfo").read().split() if sys.platform == "linux" else []
+    return {"amx_tile", "amx_bf16", "avx512_bf16"} <= set(flags)
+
+
+def test_amx_kernels_apply_where_the_cpu_has_them():
+    """Intel CPUs with AMX must get the tile kernel (else verification costs 2x a decode step)."""
+    applies = cpu_has_amx() and kernels.avx2_lib() is not None
+    assert (kernels.amx_lib() is not None) == applies
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_amx_linear_matches_exact_product_whatever_the_rows(bias):
+    """x rounded to bf16, float32 accumulation; N and K not multiples of the tiles; a row's result
+    is bit-identical alone and among others (what makes bf16 speculation equal `ar`)."""
+    lib = kernels.amx_lib()
+    if not cpu_has_amx():
+        assert lib is None
+        return                              # nothing to run here: the CPU has no AMX
+    torch.manual_seed(6)
+    linear = nn.Linear(100, 83, bias=bias).bfloat16()
+    fast = kernels.AMXLinear(linear, lib)
+    for rows in (1, 5, 16, 17, 40):
+        x = torch.randn(rows, 100)
+        out = fast(x)
+        b = None if linear.bias is None else linear.bias.double()
+        exact = nn.functional.linear(x.bfloat16().double(), linear.weight.double(), b)
+        assert torch.allclose(out.double(), exact, rtol=1e-5, atol=1e-5), rows
+        assert torch.equal(torch.cat([fast(x[i:i + 1]) for i in range(rows)]), out), rows
+
+
 def fused_model(int8: bool = False, **cfg):
     """A random bf16 model with the CPU kernels in place, and a copy that runs its blocks in PyTorch."""
     from conftest import tiny_config
@@ -116,7 +149,7 @@ def needs_cblock(model) -> None:
     assert all(isinstance(b, kernels.CBlock) for b in model.layers)
 
 
-@pytest.mark.parametrize("head_dim", [16, 36])          # 36: head dims past a multiple of 8
+@pytest.mark.parametrize("head_dim", [16, 36, 64])      # 36: head dims past a multiple of 8; 64: AVX-512
 def test_c_block_matches_the_pytorch_block(head_dim):
     from specmesh.cache import KVCache
     model, reference = fused_model(head_dim=head_dim, qkv_bias=True)
@@ -152,11 +185,12 @@ def test_int8_draft_blocks_stay_close_to_bf16():
     assert (out[0] - out[1]).abs().max() < 0.05 * out[0].abs().max()
 
 
-def test_c_block_row_results_do_not_depend_on_the_batch_of_new_tokens():
+@pytest.mark.parametrize("head_dim", [36, 64])           # 64: AVX-512 attention where the CPU has AMX
+def test_c_block_row_results_do_not_depend_on_the_batch_of_new_tokens(head_dim):
     """A token's logits are bit-identical whether it is decoded alone or verified among others
     (what makes bf16 speculation equal `ar`): keys and queries at different offsets in SIMD blocks."""
     from specmesh.cache import KVCache
-    model, _ = fused_model(head_dim=36)
+    model, _ = fused_model(head_dim=head_dim)
     needs_cblock(model)
     tokens = torch.randint(1, 97, (1, 30))
     with torch.inference_mode():

@@ -55,6 +55,7 @@ from torch import nn
 SMALL_ROWS = 16     # AVX2: up to this many rows the C kernel beats the packed float32 copy
 GEMV_ROWS = 3       # without the C kernel: up to this many rows PyTorch's bf16 product beats it
 SOURCE = Path(__file__).parent / "csrc" / "avx2.c"
+AMX_SOURCE = Path(__file__).parent / "csrc" / "amx.c"
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
@@ -88,15 +89,16 @@ class PackedLinear(nn.Module):
 
 @functools.cache
 def avx2_lib() -> ctypes.CDLL | None:
-    """csrc/avx2.c compiled for this machine (cached by source hash), or None where it cannot be.
+    """csrc/avx2.c (and csrc/amx.c where gcc can build it) compiled for this machine (cached by
+    source hash), or None where it cannot be.
 
     It links PyTorch's own libgomp, so the kernel shares PyTorch's OpenMP threads
     (torch.set_num_threads applies to it)."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("gcc") is None:
         return None
-    source = SOURCE.read_bytes()
+    sources = [SOURCE.read_bytes(), AMX_SOURCE.read_bytes()]
     cache = Path(os.environ.get("SPECMESH_CACHE", Path.home() / ".cache" / "specmesh"))
-    lib = cache / f"avx2-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    lib = cache / f"avx2-{hashlib.sha256(b''.join(sources)).hexdigest()[:16]}.so"
     if not lib.exists():
         torch_lib = Path(torch.__file__).parent / "lib"
         omp = ["-fopenmp", f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lgomp"] \
@@ -104,9 +106,12 @@ def avx2_lib() -> ctypes.CDLL | None:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             out = Path(tmp) / lib.name
-            build = subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-shared", "-fPIC", str(SOURCE), "-o", str(out),
-                                    *omp, "-lm"], capture_output=True, text=True)
-            if build.returncode != 0:
+            for files in ([SOURCE, AMX_SOURCE], [SOURCE]):       # without amx.c where gcc is too old for it
+                build = subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-shared", "-fPIC", *map(str, files),
+                                        "-o", str(out), *omp, "-lm"], capture_output=True, text=True)
+                if build.returncode == 0:
+                    break
+            else:
                 warnings.warn(f"could not build the AVX2 kernels, using PyTorch's: {build.stderr[-500:]}")
                 return None
             out.replace(lib)                        # atomic: concurrent processes never see half a file
@@ -126,7 +131,26 @@ def avx2_lib() -> ctypes.CDLL | None:
                                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     kernel.block_forward.restype = None
+    if hasattr(kernel, "amx_init"):
+        kernel.amx_linear.argtypes = kernel.bf16_linear.argtypes
+        kernel.amx_linear.restype = None
     return kernel
+
+
+@functools.cache
+def amx_lib() -> ctypes.CDLL | None:
+    """The kernel library where this CPU has AMX with bf16 tiles and Linux lends the tile
+    registers to this process, else None. SPECMESH_AMX=0 turns it off (to compare)."""
+    lib = avx2_lib()
+    if lib is None or not hasattr(lib, "amx_init") or os.environ.get("SPECMESH_AMX", "1") == "0":
+        return None
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    if not {"amx_tile", "amx_bf16", "avx512_bf16"} <= set(flags.split()):
+        return None
+    return lib if lib.amx_init() == 0 else None
 
 
 class LayerWeights(ctypes.Structure):
@@ -193,6 +217,36 @@ class Int8Linear(BF16Linear):
         self.kernel.i8_linear(x.data_ptr(), x.shape[0], self.in_features, self.weight.data_ptr(), self.scale.data_ptr(),
                               self.out_features, None if self.bias32 is None else self.bias32.data_ptr(), y.data_ptr())
         return y
+
+
+def amx_pack(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] weight -> bf16 tiles for csrc/amx.c: [G, KB, 4, 16, 16, 2], padded with zeros to
+    G = ceil(N / 64) groups of 64 output columns and KB = ceil(K / 32) blocks of 32 inputs; tile
+    (g, kb, c) row r holds w[64 g + 16 c + j, 32 kb + 2 r + e] at [j, e]."""
+    N, K = weight.shape
+    G, KB = -(-N // 64), -(-K // 32)
+    w = F.pad(weight.to(torch.bfloat16), (0, KB * 32 - K, 0, G * 64 - N))
+    return w.view(G, 4, 16, KB, 16, 2).permute(0, 3, 1, 4, 2, 5).contiguous()
+
+
+class AMXLinear(nn.Module):
+    """A bf16 nn.Linear through csrc/amx.c's tile product for every row count: 1 to 16 rows cost one
+    pass over the weights, and a row's result does not depend on the others."""
+    KIND = 3                                    # csrc/avx2.c's weight kind
+
+    def __init__(self, linear: nn.Linear, kernel: ctypes.CDLL):
+        super().__init__()
+        self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
+        self.weight = amx_pack(linear.weight.detach())
+        self.bias32 = None if linear.bias is None else linear.bias.detach().float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        flat = x.reshape(rows, self.in_features).float().contiguous()
+        y = torch.empty(rows, self.out_features)
+        self.kernel.amx_linear(flat.data_ptr(), rows, self.in_features, self.weight.data_ptr(), self.out_features,
+                               None if self.bias32 is None else self.bias32.data_ptr(), y.data_ptr())
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
 class F32Linear(nn.Module):
@@ -279,8 +333,11 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False) -> nn.Module:
     """bf16 linear weights (int8 with `int8`: draft models), float32 everywhere else, C norms
     and blocks where they build (in place)."""
     from specmesh.model import Block, RMSNorm   # not at the top: model imports cache imports this module
-    _replace(model, nn.Linear, BF16Linear)
-    model.float()                               # BF16Linear's bf16 weight is no parameter: it stays
+    if (amx := amx_lib()) is not None and not int8:
+        _replace(model, nn.Linear, lambda linear: AMXLinear(linear, amx))
+    else:
+        _replace(model, nn.Linear, BF16Linear)
+    model.float()                               # the linears' bf16 weights are no parameters: they stay
     if (lib := avx2_lib()) is not None:
         if int8:
             _replace(model, BF16Linear, lambda linear: Int8Linear(linear, lib))

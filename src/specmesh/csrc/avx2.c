@@ -30,8 +30,14 @@ static inline float bf16_to_float(uint16_t h) {
     return v.f;
 }
 
-enum { BF16 = 0, INT8 = 1, F32 = 2 };          // weight kinds; int8 rows carry a float32 scale
-static const int WBYTES[] = {2, 1, 4};
+enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3 };  // weight kinds; int8 rows carry a float32 scale,
+static const int WBYTES[] = {2, 1, 4, 2};         // AMX weights are bf16 packed for amx.c
+
+// csrc/amx.c, where it builds (kernels.py only sets kind AMX when it did and the CPU has AMX)
+void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y)
+    __attribute__((weak));
+void attend512(const float *q, int qs, const float *kc, const float *vc, int max_len, int start, int kv_len,
+               const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) __attribute__((weak));
 
 // 8 weights from k on of a row of this kind, as float32 (exact)
 static inline __m256 load8(const void *row, int k, int kind) {
@@ -83,6 +89,10 @@ static inline __attribute__((always_inline)) void dot_rows(const float *x, int K
 // up to 6 input rows at a time; further rows re-read the row from L1.
 static void linear(const float *x, int M, int K, const void *w, int kind, const float *scale, int N, const float *bias,
                    float *y) {
+    if (kind == AMX) {
+        amx_linear(x, M, K, w, N, bias, y);
+        return;
+    }
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const void *row = (const char *)w + (int64_t)n * K * WBYTES[kind];
@@ -268,6 +278,22 @@ static void attend(const float *q, int qs, const float *kc, const float *vc, int
     }
 }
 
+// act[M, I] = silu(gate) * up for gu[M, 2I] = [gate | up], with exp8 (the same for every row)
+static void swiglu(const float *gu, int M, int I, float *act) {
+    #pragma omp parallel for schedule(static) if (M * I >= 4096)
+    for (int r = 0; r < M; r++) {
+        const float *g = gu + (int64_t)r * 2 * I, *u = g + I;
+        float *a = act + (int64_t)r * I;
+        int i = 0;
+        for (; i + 8 <= I; i += 8) {
+            __m256 gv = _mm256_loadu_ps(g + i);
+            __m256 sig = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+            _mm256_storeu_ps(a + i, _mm256_mul_ps(sig, _mm256_loadu_ps(u + i)));
+        }
+        for (; i < I; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
 // h[B*T, D] <- layer(h) for T new tokens of each of B sequences: row b's keys/values live at
 // kc/vc + b * rs ([Hkv, max_len, hd] each), its new tokens go at offsets starts[b].., and token
 // t of row b sees key j where mask[(b * T + t) * ms + j] or, without a mask, j <= starts[b] + t.
@@ -292,19 +318,18 @@ void block_forward(const Layer *L, float *h, int B, int T, const float *cos, con
             memcpy(vc + at, row + (H + Hkv + g) * hd, sizeof(float) * hd);
         }
     }
+    // AMX machines have AVX-512: its attention where the head dim suits it
+    void (*attention)(const float *, int, const float *, const float *, int, int, int, const uint8_t *, int, int, int,
+                      int, int, float *) = L->kind == AMX && (hd == 64 || hd == 128) ? attend512 : attend;
     for (int b = 0; b < B; b++)
-        attend(qkv + (int64_t)b * T * Q, Q, kc + b * rs, vc + b * rs, max_len, starts[b], starts[b] + T,
+        attention(qkv + (int64_t)b * T * Q, Q, kc + b * rs, vc + b * rs, max_len, starts[b], starts[b] + T,
                mask ? mask + (int64_t)b * T * ms : NULL, ms, T, H, Hkv, hd, att + (int64_t)b * T * H * hd);
     linear(att, M, H * hd, L->o, L->kind, L->o_s, D, L->o_b, x);
     for (int i = 0; i < M * D; i++) h[i] += x[i];
 
     rms_norm(h, M, D, L->mlp_norm, L->eps, x);
     linear(x, M, D, L->gate_up, L->kind, L->gate_up_s, 2 * I, L->gate_up_b, gu);
-    for (int r = 0; r < M; r++)
-        for (int i = 0; i < I; i++) {
-            float g = gu[(int64_t)r * 2 * I + i];
-            act[(int64_t)r * I + i] = g / (1.0f + expf(-g)) * gu[(int64_t)r * 2 * I + I + i];
-        }
+    swiglu(gu, M, I, act);
     linear(act, M, I, L->down, L->kind, L->down_s, D, L->down_b, x);
     for (int i = 0; i < M * D; i++) h[i] += x[i];
     free(x); free(qkv); free(att); free(gu); free(act);

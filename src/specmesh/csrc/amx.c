@@ -1,0 +1,207 @@
+// AMX kernel for bf16-weight models on Intel CPUs with AMX (Sapphire Rapids and later; see kernels.py).
+// amx_linear: y[M,N] = bf16(x)[M,K] . w[N,K]^T (+ bias[N]) with the tile unit: one tile product
+//   multiplies 16 rows of x by 16 weight columns over 32 of K, so 1 to 16 rows cost one pass
+//   over the weights (the product is memory-bound) and a verification or a batch of 16 costs
+//   about what one token costs. x is rounded to bf16 (nearest even) and products accumulate in
+//   float32 in a fixed order, so a row's result never depends on the other rows (M).
+// The weights are pre-packed (kernels.AMXLinear) as w[G][KB][4][16][16][2]: group g of 64 output
+//   columns, K block kb of 32, column block c of 16, then the tile's 16 rows of K pairs
+//   (row r holds w[n][32 kb + 2 r + e] for the 16 columns n, e = 0, 1: the "VNNI" layout).
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define TILE 512                                   // bf16 elements in a 16 x 64-byte weight tile
+
+// Asks Linux for the tile registers (once per process); 0 on success.
+int amx_init(void) { return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); }
+
+typedef struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } TileConfig;
+
+static void configure_tiles(void) {                // every tile 16 rows x 64 bytes
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) { c.rows[t] = 16; c.colsb[t] = 64; }
+    _tile_loadconfig(&c);
+}
+
+// x [M, K] float32 -> a [MB * 16, KP] bf16 (nearest even), zeros past row M and column K
+static void to_bf16(const float *x, int M, int K, int KP, int MB, uint16_t *a) {
+    memset(a, 0, sizeof(uint16_t) * MB * 16 * KP);
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (int64_t)m * K;
+        uint16_t *ar = a + (int64_t)m * KP;
+        int k = 0;
+        for (; k + 16 <= K; k += 16)
+            _mm256_storeu_si256((__m256i *)(ar + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xr + k)));
+        if (k < K) {
+            __mmask16 tail = (__mmask16)((1u << (K - k)) - 1);
+            __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(tail, xr + k));
+            _mm256_mask_storeu_epi16(ar + k, tail, h);
+        }
+    }
+}
+
+// One 16-row block of x (a, row stride KP) times weight group g: 64 output columns into y.
+static void group_product(const uint16_t *a, int KP, const uint16_t *wg, int KB, int rows, int cols,
+                          const float *bias, int N, float *y) {
+    float c[16][64] __attribute__((aligned(64)));
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int kb = 0; kb < KB; kb++) {
+        const uint16_t *t = wg + (int64_t)kb * 4 * TILE;
+        _tile_loadd(4, a + kb * 32, KP * 2);
+        _tile_loadd(5, t, 64);            _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, t + TILE, 64);     _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(5, t + 2 * TILE, 64); _tile_dpbf16ps(2, 4, 5);
+        _tile_loadd(6, t + 3 * TILE, 64); _tile_dpbf16ps(3, 4, 6);
+    }
+    _tile_stored(0, &c[0][0], 256); _tile_stored(1, &c[0][16], 256);
+    _tile_stored(2, &c[0][32], 256); _tile_stored(3, &c[0][48], 256);
+    for (int m = 0; m < rows; m++)
+        for (int n = 0; n < cols; n++) y[(int64_t)m * N + n] = c[m][n] + (bias ? bias[n] : 0.0f);
+}
+
+void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
+    const int KB = (K + 31) / 32, KP = KB * 32, MB = (M + 15) / 16, G = (N + 63) / 64;
+    uint16_t *a = aligned_alloc(64, sizeof(uint16_t) * MB * 16 * KP);
+    to_bf16(x, M, K, KP, MB, a);
+    #pragma omp parallel
+    {
+        configure_tiles();                         // tile state is per thread
+        #pragma omp for schedule(static)
+        for (int g = 0; g < G; g++) {
+            int cols = N - g * 64 < 64 ? N - g * 64 : 64;
+            for (int mb = 0; mb < MB; mb++) {
+                int rows = M - mb * 16 < 16 ? M - mb * 16 : 16;
+                group_product(a + (int64_t)mb * 16 * KP, KP, w + (int64_t)g * KB * 4 * TILE, KB, rows, cols,
+                              bias ? bias + g * 64 : NULL, N, y + (int64_t)mb * 16 * N + g * 64);
+            }
+        }
+        _tile_release();
+    }
+    free(a);
+}
+
+// e^x lane by lane: avx2.c's exp8 on 16 lanes (Cephes' polynomial); e^x < 1e-37 becomes 0
+static inline __m512 exp16(__m512 x) {
+    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-85.0f), _CMP_LT_OQ);
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-85.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(x, x), x), _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+}
+
+// [sum(a[0]), ..., sum(a[7])] of 16 lanes each: the same addition tree for every key
+static inline __m256 hsum8x16(const __m512 *a) {
+    __m256 h[8];
+    for (int i = 0; i < 8; i++) h[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]), _mm512_extractf32x8_ps(a[i], 1));
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+#define MAX_HV 8                                   // head dims up to 128, in vectors of 16
+#define KB 64                                      // keys per block: a block's keys and values stay in L1
+
+// One kv head g of attend512 (below); HV = hd / 16 is a constant at each call site, so the query
+// row and the accumulators stay in registers.
+static inline __attribute__((always_inline)) void attend_head(
+        const float *q, int qs, const float *kc, const float *vc, int max_len, int start, int kv_len,
+        const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out, int g, const int HV) {
+    const int G = H / Hkv, R = M * G, P = (kv_len + 15) / 16 * 16;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *k = kc + (int64_t)g * max_len * hd, *v = vc + (int64_t)g * max_len * hd;
+    float *p = aligned_alloc(64, sizeof(float) * R * P);    // row r = t * G + i: query head g * G + i
+    #define Q_ROW(r) (q + (int64_t)((r) / G) * qs + (g * G + (r) % G) * hd)
+    #define OUT_ROW(r) (out + (int64_t)((r) / G) * H * hd + (g * G + (r) % G) * hd)
+    for (int b = 0; b < P; b += KB)                          // scores, -inf where not seen
+        for (int r = 0; r < R; r++) {
+            const float *qr = Q_ROW(r);
+            float *pr = p + (int64_t)r * P;
+            int t = r / G;
+            __m512 qv[MAX_HV], acc[8];
+            for (int c = 0; c < HV; c++) qv[c] = _mm512_loadu_ps(qr + 16 * c);
+            for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
+                for (int jj = 0; jj < 8; jj++) {
+                    acc[jj] = _mm512_setzero_ps();
+                    if (j0 + jj < kv_len)
+                        for (int c = 0; c < HV; c++)
+                            acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + (int64_t)(j0 + jj) * hd + 16 * c),
+                                                      acc[jj]);
+                }
+                _mm256_store_ps(pr + j0, _mm256_mul_ps(hsum8x16(acc), _mm256_set1_ps(scale)));
+                for (int j = j0; j < j0 + 8; j++)
+                    if (!(j < kv_len && (mask ? mask[(int64_t)t * ms + j] : j <= start + t))) pr[j] = -INFINITY;
+            }
+        }
+    float *inv = malloc(sizeof(float) * R);
+    for (int r = 0; r < R; r++) {                            // softmax numerators (key j in lane j % 16)
+        float *pr = p + (int64_t)r * P;
+        __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+        for (int j0 = 0; j0 < P; j0 += 16) top = _mm512_max_ps(top, _mm512_load_ps(pr + j0));
+        __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+        for (int j0 = 0; j0 < P; j0 += 16) {
+            __m512 w = exp16(_mm512_sub_ps(_mm512_load_ps(pr + j0), mx));
+            _mm512_store_ps(pr + j0, w);
+            sum = _mm512_add_ps(sum, w);
+        }
+        inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+        for (int c = 0; c < HV; c++) _mm512_storeu_ps(OUT_ROW(r) + 16 * c, _mm512_setzero_ps());
+    }
+    for (int b = 0; b < kv_len; b += KB)                     // out += weights . values, in key order
+        for (int r = 0; r < R; r++) {
+            const float *pr = p + (int64_t)r * P;
+            float *o = OUT_ROW(r);
+            int end = b + KB < kv_len ? b + KB : kv_len;
+            __m512 acc[MAX_HV];
+            for (int c = 0; c < HV; c++) acc[c] = _mm512_loadu_ps(o + 16 * c);
+            for (int j = b; j < end; j++) {
+                if (pr[j] == 0.0f) continue;
+                __m512 w = _mm512_set1_ps(pr[j]);
+                for (int c = 0; c < HV; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + (int64_t)j * hd + 16 * c), acc[c]);
+            }
+            for (int c = 0; c < HV; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
+        }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < HV; c++)
+            _mm512_storeu_ps(OUT_ROW(r) + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(OUT_ROW(r) + 16 * c), _mm512_set1_ps(inv[r])));
+    free(inv);
+    free(p);
+    #undef Q_ROW
+    #undef OUT_ROW
+}
+
+// avx2.c's attend with AVX-512, for head dims 64 and 128 (the caller checks). Same contract: M new tokens' rotated q [M, H*hd] (row stride qs) over kc/vc
+// [Hkv, max_len, hd], positions [0, kv_len); token t sees key j where mask[t * ms + j] or, without
+// a mask, j <= start + t; out [M, H*hd]. Per kv head, blocks of KB keys (and values) stay in L1
+// while all M x H/Hkv query rows that use them go through, each row's q in registers. A query's
+// result does not depend on M or kv_len: key j's score is summed by the same tree wherever it sits,
+// masked keys weigh exactly 0 (and are skipped), and weighted values are summed in key order.
+void attend512(const float *q, int qs, const float *kc, const float *vc, int max_len, int start, int kv_len,
+               const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
+    #pragma omp parallel for schedule(static)
+    for (int g = 0; g < Hkv; g++) {
+        if (hd == 64)
+            attend_head(q, qs, kc, vc, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out, g, 4);
+        else
+            attend_head(q, qs, kc, vc, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out, g, 8);
+    }
+}
