@@ -127,10 +127,10 @@ def avx2_lib() -> ctypes.CDLL | None:
     kernel.rms_norm.restype = None
     kernel.f32_linear.argtypes = kernel.bf16_linear.argtypes
     kernel.f32_linear.restype = None
-    kernel.block_forward.argtypes = [ctypes.POINTER(LayerWeights), ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-    kernel.block_forward.restype = None
+    kernel.blocks_forward.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                      ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    kernel.blocks_forward.restype = None
     if hasattr(kernel, "amx_init"):
         kernel.amx_linear.argtypes = kernel.bf16_linear.argtypes
         kernel.amx_linear.restype = None
@@ -179,11 +179,11 @@ class BF16Linear(nn.Module):
         if self.kernel is None and rows <= GEMV_ROWS:                          # PyTorch's bf16 gemv
             return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
         flat = x.reshape(rows, self.in_features).float()
-        if self.kernel is not None and rows <= SMALL_ROWS:
-            out = self._small(flat)
-        else:
-            out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias32, "none", [], "")
+        out = self._small(flat) if self.kernel is not None and rows <= SMALL_ROWS else self._large(flat)
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def _large(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias32, "none", [], "")
 
     def _small(self, x: torch.Tensor) -> torch.Tensor:
         """[M, K] float32 -> [M, N] float32 through the C kernel (which reads x densely)."""
@@ -198,7 +198,8 @@ class BF16Linear(nn.Module):
 class Int8Linear(BF16Linear):
     """A linear with int8 weights and a float32 scale per output row (symmetric, rounded to
     nearest): half the bytes of BF16Linear, for draft models, whose guesses need not be exact.
-    Up to SMALL_ROWS rows go through the C kernel, more through the dequantized weight in float32."""
+    Up to SMALL_ROWS rows go through the C kernel, more (a prefill) through the dequantized weight:
+    in bf16 tiles where the CPU has AMX, else in float32."""
     KIND = 1
 
     def __init__(self, linear: BF16Linear, kernel: ctypes.CDLL):
@@ -208,8 +209,14 @@ class Int8Linear(BF16Linear):
         self.scale = (w.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny)        # [N]
         self.weight = torch.round(w / self.scale[:, None]).to(torch.int8).contiguous()         # [N, K]
         self.bias, self.bias32 = linear.bias, linear.bias32
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(
-            self.weight.float() * self.scale[:, None], 1), persistent=False)
+        dequantized = self.weight.float() * self.scale[:, None]
+        amx = amx_lib()
+        self.tiles = None if amx is None else AMXLinear(dequantized, self.bias32, amx)
+        if amx is None:
+            self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(dequantized, 1), persistent=False)
+
+    def _large(self, x: torch.Tensor) -> torch.Tensor:
+        return super()._large(x) if self.tiles is None else self.tiles(x)
 
     def _small(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
@@ -234,11 +241,12 @@ class AMXLinear(nn.Module):
     pass over the weights, and a row's result does not depend on the others."""
     KIND = 3                                    # csrc/avx2.c's weight kind
 
-    def __init__(self, linear: nn.Linear, kernel: ctypes.CDLL):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: ctypes.CDLL):
         super().__init__()
-        self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
-        self.weight = amx_pack(linear.weight.detach())
-        self.bias32 = None if linear.bias is None else linear.bias.detach().float()
+        self.out_features, self.in_features = weight.shape
+        self.kernel = kernel
+        self.weight = amx_pack(weight.detach())
+        self.bias32 = None if bias is None else bias.detach().float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -305,19 +313,39 @@ class CBlock(nn.Module):
             *(ptr(getattr(lin, "scale", None)) for lin in linears), *(ptr(lin.bias32) for lin in linears))
 
     def forward(self, x, cos, sin, cache, mask):
-        B, T, _ = x.shape
-        if cache is None or B * T > SMALL_ROWS:
-            return self.block(x, cos, sin, cache, mask)
-        layer = self.block.attn.layer - cache.first_layer
-        kc, vc = cache.k[layer], cache.v[layer]                                   # [B, Hkv, max_len, hd]
-        h = x.clone(memory_format=torch.contiguous_format)
-        cos, sin = cos.contiguous(), sin.contiguous()                             # [B, T, 1, hd]
-        mask = None if mask is None else mask.contiguous()                       # [B, 1, T, kv_len] bool
-        starts = torch.tensor(cache._starts, dtype=torch.int32)
-        self.kernel.block_forward(ctypes.byref(self.weights), h.data_ptr(), B, T, cos.data_ptr(), sin.data_ptr(),
-                                  kc.data_ptr(), vc.data_ptr(), kc.stride(0), cache.max_len, starts.data_ptr(),
-                                  None if mask is None else mask.data_ptr(), cache._kv_len)
-        return h
+        out = run_c_blocks([self], x, cos, sin, cache, mask)
+        return self.block(x, cos, sin, cache, mask) if out is None else out
+
+
+def run_c_blocks(blocks: list[CBlock], x, cos, sin, cache, mask) -> torch.Tensor | None:
+    """Consecutive CBlocks over hidden states x [B, T, D] in one C call (blocks_forward), or None
+    where the shape is not for C (no cache, or more than SMALL_ROWS new tokens)."""
+    B, T, _ = x.shape
+    if cache is None or B * T > SMALL_ROWS:
+        return None
+    n, first = len(blocks), cache.first_layer
+    layers = [b.block.attn.layer - first for b in blocks]
+    weights = (ctypes.POINTER(LayerWeights) * n)(*(ctypes.pointer(b.weights) for b in blocks))
+    kc = (ctypes.c_void_p * n)(*(cache.k[i].data_ptr() for i in layers))     # each [B, Hkv, max_len, hd]
+    vc = (ctypes.c_void_p * n)(*(cache.v[i].data_ptr() for i in layers))
+    h = x.clone(memory_format=torch.contiguous_format)
+    cos, sin = cos.contiguous(), sin.contiguous()                             # [B, T, 1, hd]
+    mask = None if mask is None else mask.contiguous()                       # [B, 1, T, kv_len] bool
+    starts = torch.tensor(cache._starts, dtype=torch.int32)
+    blocks[0].kernel.blocks_forward(weights, n, h.data_ptr(), B, T, cos.data_ptr(), sin.data_ptr(), kc, vc,
+                                    cache.k[0].stride(0), cache.max_len, starts.data_ptr(),
+                                    None if mask is None else mask.data_ptr(), cache._kv_len)
+    return h
+
+
+def c_layers(model: nn.Module):
+    """model.fast_layers: a range of CBlocks in one C call (None where a layer is something else)."""
+    def run(x, layers: range, cos, sin, cache, mask) -> torch.Tensor | None:
+        blocks = [model.layers[i] for i in layers]
+        if not all(isinstance(b, CBlock) for b in blocks):
+            return None
+        return run_c_blocks(blocks, x, cos, sin, cache, mask)
+    return run
 
 
 def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
@@ -334,7 +362,7 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False) -> nn.Module:
     and blocks where they build (in place)."""
     from specmesh.model import Block, RMSNorm   # not at the top: model imports cache imports this module
     if (amx := amx_lib()) is not None and not int8:
-        _replace(model, nn.Linear, lambda linear: AMXLinear(linear, amx))
+        _replace(model, nn.Linear, lambda linear: AMXLinear(linear.weight, linear.bias, amx))
     else:
         _replace(model, nn.Linear, BF16Linear)
     model.float()                               # the linears' bf16 weights are no parameters: they stay
@@ -343,6 +371,7 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False) -> nn.Module:
             _replace(model, BF16Linear, lambda linear: Int8Linear(linear, lib))
         _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
         _replace(model, Block, lambda block: CBlock(block, lib))
+        model.fast_layers = c_layers(model)
     return model
 
 
@@ -358,6 +387,7 @@ def use_batch_invariant_kernels(model: nn.Module) -> bool:
     _replace(model, nn.Linear, lambda linear: F32Linear(linear, lib))
     _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
     _replace(model, Block, lambda block: CBlock(block, lib))
+    model.fast_layers = c_layers(model)
     return True
 
 

@@ -12,6 +12,7 @@ pipeline stages (PipeDec) and layer-parallel drafting (EasySpec) build on.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -201,6 +202,9 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # (h, layers, cos, sin, cache, mask) -> h, or None where it does not apply: a range of
+        # layers in one call, put in place by kernels.py for small forwards
+        self.fast_layers: Callable | None = None
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B,T,1,hd] for integer positions [B,T] (computed in float32, as HF does)."""
@@ -232,8 +236,12 @@ class Transformer(nn.Module):
         else:
             positions, mask = cache.prepare(T, depths, tree_mask)
         cos, sin = self.rotary(positions, h.dtype)
-        for i in layers:
-            h = self.layers[i](h, cos, sin, cache, mask)
+        fast = self.fast_layers and self.fast_layers(h, layers, cos, sin, cache, mask)
+        if fast is not None:
+            h = fast
+        else:
+            for i in layers:
+                h = self.layers[i](h, cos, sin, cache, mask)
         if cache is not None:
             cache.advance(T)
         if layers.stop < self.config.num_layers:

@@ -121,6 +121,26 @@ static inline __m256 hsum8x16(const __m512 *a) {
 #define MAX_HV 8                                   // head dims up to 128, in vectors of 16
 #define KB 64                                      // keys per block: a block's keys and values stay in L1
 
+// Softmax numerators of one row of scores pr[0, P) in place; returns 1 / their sum. The sum runs
+// over the nonzero numerators compacted in key order (the i-th in lane i % 16), so it does not
+// depend on where masked keys sit (a tree's other nodes between a node's ancestors).
+static inline float softmax_row(float *pr, int P, float *packed) {
+    __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+    for (int j0 = 0; j0 < P; j0 += 16) top = _mm512_max_ps(top, _mm512_load_ps(pr + j0));
+    __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    int n = 0;
+    for (int j0 = 0; j0 < P; j0 += 16) {
+        __m512 w = exp16(_mm512_sub_ps(_mm512_load_ps(pr + j0), mx));
+        _mm512_store_ps(pr + j0, w);
+        __mmask16 live = _mm512_cmp_ps_mask(w, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        _mm512_mask_compressstoreu_ps(packed + n, live, w);
+        n += __builtin_popcount(live);
+    }
+    for (int j = n; j < (n + 15) / 16 * 16; j++) packed[j] = 0.0f;
+    for (int j0 = 0; j0 < n; j0 += 16) sum = _mm512_add_ps(sum, _mm512_loadu_ps(packed + j0));
+    return 1.0f / _mm512_reduce_add_ps(sum);
+}
+
 // One kv head g of attend512 (below); HV = hd / 16 is a constant at each call site, so the query
 // row and the accumulators stay in registers.
 static inline __attribute__((always_inline)) void attend_head(
@@ -129,16 +149,16 @@ static inline __attribute__((always_inline)) void attend_head(
     const int G = H / Hkv, R = M * G, P = (kv_len + 15) / 16 * 16;
     const float scale = 1.0f / sqrtf((float)hd);
     const float *k = kc + (int64_t)g * max_len * hd, *v = vc + (int64_t)g * max_len * hd;
-    float *p = aligned_alloc(64, sizeof(float) * R * P);    // row r = t * G + i: query head g * G + i
+    float *p = aligned_alloc(64, sizeof(float) * (R + 1) * P);    // row r = t * G + i: query head g * G + i
+    float *inv = malloc(sizeof(float) * R);
     #define Q_ROW(r) (q + (int64_t)((r) / G) * qs + (g * G + (r) % G) * hd)
     #define OUT_ROW(r) (out + (int64_t)((r) / G) * H * hd + (g * G + (r) % G) * hd)
-    for (int b = 0; b < P; b += KB)                          // scores, -inf where not seen
+    for (int b = 0; b < P; b += KB)                              // scores, -inf where not seen
         for (int r = 0; r < R; r++) {
-            const float *qr = Q_ROW(r);
             float *pr = p + (int64_t)r * P;
             int t = r / G;
             __m512 qv[MAX_HV], acc[8];
-            for (int c = 0; c < HV; c++) qv[c] = _mm512_loadu_ps(qr + 16 * c);
+            for (int c = 0; c < HV; c++) qv[c] = _mm512_loadu_ps(Q_ROW(r) + 16 * c);
             for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
                 for (int jj = 0; jj < 8; jj++) {
                     acc[jj] = _mm512_setzero_ps();
@@ -152,22 +172,12 @@ static inline __attribute__((always_inline)) void attend_head(
                     if (!(j < kv_len && (mask ? mask[(int64_t)t * ms + j] : j <= start + t))) pr[j] = -INFINITY;
             }
         }
-    float *inv = malloc(sizeof(float) * R);
-    for (int r = 0; r < R; r++) {                            // softmax numerators (key j in lane j % 16)
-        float *pr = p + (int64_t)r * P;
-        __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
-        for (int j0 = 0; j0 < P; j0 += 16) top = _mm512_max_ps(top, _mm512_load_ps(pr + j0));
-        __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-        for (int j0 = 0; j0 < P; j0 += 16) {
-            __m512 w = exp16(_mm512_sub_ps(_mm512_load_ps(pr + j0), mx));
-            _mm512_store_ps(pr + j0, w);
-            sum = _mm512_add_ps(sum, w);
-        }
-        inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+    for (int r = 0; r < R; r++) {
+        inv[r] = softmax_row(p + (int64_t)r * P, P, p + (int64_t)R * P);
         for (int c = 0; c < HV; c++) _mm512_storeu_ps(OUT_ROW(r) + 16 * c, _mm512_setzero_ps());
     }
-    for (int b = 0; b < kv_len; b += KB)                     // out += weights . values, in key order
-        for (int r = 0; r < R; r++) {
+    for (int b = 0; b < kv_len; b += KB)                         // out += weights . values, in key order,
+        for (int r = 0; r < R; r++) {                            // skipping masked keys (weight exactly 0)
             const float *pr = p + (int64_t)r * P;
             float *o = OUT_ROW(r);
             int end = b + KB < kv_len ? b + KB : kv_len;

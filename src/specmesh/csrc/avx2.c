@@ -208,18 +208,20 @@ static inline void score8(const float *qr, const float *k, int hd, int j0, int k
 // kc/vc [Hkv, max_len, hd] (positions [0, kv_len)); token t sees key j where
 // mask[t * ms + j] or, without a mask, j <= start + t. out [M, H*hd].
 // Per kv head, blocks of KB keys and values stay in L1 while all the M x H/Hkv query rows
-// that use them go through. A query's result does not depend on M or kv_len (masked keys
-// weigh exactly 0, key j always takes SIMD lane j % 8, and sums run in key order), so a
-// token attends alike in decoding and in verification.
+// that use them go through. A query's result depends only on the keys it sees, not on M,
+// kv_len or where masked keys sit (a key's score is summed the same way in any lane, masked
+// keys weigh exactly 0 and are left out of the sums, which run in key order), so a token
+// attends alike in decoding, in chain verification and as a node of a tree.
 #define KB 64
-static void attend(const float *q, int qs, const float *kc, const float *vc, int max_len, int start, int kv_len,
+void attend(const float *q, int qs, const float *kc, const float *vc, int max_len, int start, int kv_len,
             const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
     const int G = H / Hkv, R = M * G, P = (kv_len + 7) / 8 * 8;    // rows per kv head; padded key count
     const float scale = 1.0f / sqrtf((float)hd);
     #pragma omp parallel for schedule(static)
     for (int g = 0; g < Hkv; g++) {
         const float *k = kc + (int64_t)g * max_len * hd, *v = vc + (int64_t)g * max_len * hd;
-        float *p = malloc(sizeof(float) * R * P);               // row r = t * G + i: query head g * G + i
+        float *p = malloc(sizeof(float) * (R + 1) * P);         // row r = t * G + i: query head g * G + i
+        float *packed = p + (int64_t)R * P;
         #define Q_ROW(r) (q + (int64_t)((r) / G) * qs + (g * G + (r) % G) * hd)
         #define OUT_ROW(r) (out + (int64_t)((r) / G) * H * hd + (g * G + (r) % G) * hd)
         for (int b = 0; b < P; b += KB)                          // scores, -inf where not seen
@@ -240,11 +242,13 @@ static void attend(const float *q, int qs, const float *kc, const float *vc, int
             top = _mm256_max_ps(top, _mm256_permute2f128_ps(top, top, 1));
             top = _mm256_max_ps(top, _mm256_permute_ps(top, 0x4e));
             top = _mm256_max_ps(top, _mm256_permute_ps(top, 0xb1));   // the row's max in every lane
-            for (int j0 = 0; j0 < P; j0 += 8) {
-                __m256 w = exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + j0), top));
-                _mm256_storeu_ps(pr + j0, w);
-                sum = _mm256_add_ps(sum, w);
-            }
+            for (int j0 = 0; j0 < P; j0 += 8)
+                _mm256_storeu_ps(pr + j0, exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + j0), top)));
+            int n = 0;                                           // the sum runs over the nonzero numerators
+            for (int j = 0; j < P; j++)                          // compacted in key order (the i-th in lane
+                if (pr[j] != 0.0f) packed[n++] = pr[j];          // i % 8): wherever masked keys sit
+            for (int j = n; j < (n + 7) / 8 * 8; j++) packed[j] = 0.0f;
+            for (int j0 = 0; j0 < n; j0 += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(packed + j0));
             inv[r] = 1.0f / hsum(sum);
             memset(OUT_ROW(r), 0, sizeof(float) * hd);
         }
@@ -299,7 +303,7 @@ static void swiglu(const float *gu, int M, int I, float *act) {
 // t of row b sees key j where mask[(b * T + t) * ms + j] or, without a mask, j <= starts[b] + t.
 // cos/sin [B*T, hd] are the rotary tables. The products run over all B*T rows at once and the
 // attention row by row, so a row's result does not depend on the others.
-void block_forward(const Layer *L, float *h, int B, int T, const float *cos, const float *sin, float *kc, float *vc,
+static void block_forward(const Layer *L, float *h, int B, int T, const float *cos, const float *sin, float *kc, float *vc,
                    int64_t rs, int max_len, const int *starts, const uint8_t *mask, int ms) {
     int D = L->D, H = L->H, Hkv = L->Hkv, hd = L->hd, I = L->I, Q = (H + 2 * Hkv) * hd, M = B * T;
     float *x = malloc(sizeof(float) * M * D), *qkv = malloc(sizeof(float) * M * Q);
@@ -333,4 +337,13 @@ void block_forward(const Layer *L, float *h, int B, int T, const float *cos, con
     linear(act, M, I, L->down, L->kind, L->down_s, D, L->down_b, x);
     for (int i = 0; i < M * D; i++) h[i] += x[i];
     free(x); free(qkv); free(att); free(gu); free(act);
+}
+
+// layers[0..n) one after another over h (block_forward's contract), layer l's cache at kc[l], vc[l]:
+// a whole small forward in one call
+void blocks_forward(const Layer *const *layers, int n, float *h, int B, int T, const float *cos, const float *sin,
+                    float *const *kc, float *const *vc, int64_t rs, int max_len, const int *starts,
+                    const uint8_t *mask, int ms) {
+    for (int l = 0; l < n; l++)
+        block_forward(layers[l], h, B, T, cos, sin, kc[l], vc[l], rs, max_len, starts, mask, ms);
 }
