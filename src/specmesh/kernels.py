@@ -55,7 +55,7 @@ from torch import nn
 SMALL_ROWS = 16     # AVX2: up to this many rows the C kernel beats the packed float32 copy
 GEMV_ROWS = 3       # without the C kernel: up to this many rows PyTorch's bf16 product beats it
 SOURCE = Path(__file__).parent / "csrc" / "avx2.c"
-AMX_SOURCE = Path(__file__).parent / "csrc" / "amx.c"
+AVX512_SOURCE = Path(__file__).parent / "csrc" / "avx512.c"
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
@@ -89,14 +89,16 @@ class PackedLinear(nn.Module):
 
 @functools.cache
 def avx2_lib() -> ctypes.CDLL | None:
-    """csrc/avx2.c (and csrc/amx.c where gcc can build it) compiled for this machine (cached by
-    source hash), or None where it cannot be.
+    """csrc/avx2.c (and csrc/avx512.c where gcc can build it) compiled for this machine (cached by
+    source hash), or None where it cannot be. Where the CPU has AVX-512 its attention and int8
+    products are switched on from the start (SPECMESH_AVX512=0 keeps AVX2's, to compare), so a
+    process computes every forward the same way.
 
     It links PyTorch's own libgomp, so the kernel shares PyTorch's OpenMP threads
     (torch.set_num_threads applies to it)."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("gcc") is None:
         return None
-    sources = [SOURCE.read_bytes(), AMX_SOURCE.read_bytes()]
+    sources = [SOURCE.read_bytes(), AVX512_SOURCE.read_bytes()]
     cache = Path(os.environ.get("SPECMESH_CACHE", Path.home() / ".cache" / "specmesh"))
     lib = cache / f"avx2-{hashlib.sha256(b''.join(sources)).hexdigest()[:16]}.so"
     if not lib.exists():
@@ -106,7 +108,7 @@ def avx2_lib() -> ctypes.CDLL | None:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             out = Path(tmp) / lib.name
-            for files in ([SOURCE, AMX_SOURCE], [SOURCE]):       # without amx.c where gcc is too old for it
+            for files in ([SOURCE, AVX512_SOURCE], [SOURCE]):    # without avx512.c where gcc is too old for it
                 build = subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-shared", "-fPIC", *map(str, files),
                                         "-o", str(out), *omp, "-lm"], capture_output=True, text=True)
                 if build.returncode == 0:
@@ -134,21 +136,31 @@ def avx2_lib() -> ctypes.CDLL | None:
     if hasattr(kernel, "amx_init"):
         kernel.amx_linear.argtypes = kernel.bf16_linear.argtypes
         kernel.amx_linear.restype = None
+        if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
+            kernel.use_avx512(1)
     return kernel
+
+
+AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
+AMX = AVX512 | {"amx_tile", "amx_bf16", "avx512_bf16"}
+
+
+@functools.cache
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux), or none where they cannot be read."""
+    try:
+        return set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return set()
 
 
 @functools.cache
 def amx_lib() -> ctypes.CDLL | None:
-    """The kernel library where this CPU has AMX with bf16 tiles and Linux lends the tile
-    registers to this process, else None. SPECMESH_AMX=0 turns it off (to compare)."""
+    """The kernel library where this CPU has AMX with bf16 tiles (and AVX-512) and Linux lends the
+    tile registers to this process, else None. SPECMESH_AMX=0 turns it off (to compare)."""
     lib = avx2_lib()
-    if lib is None or not hasattr(lib, "amx_init") or os.environ.get("SPECMESH_AMX", "1") == "0":
-        return None
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    if not {"amx_tile", "amx_bf16", "avx512_bf16"} <= set(flags.split()):
+    if lib is None or not hasattr(lib, "amx_init") or os.environ.get("SPECMESH_AMX", "1") == "0" \
+            or os.environ.get("SPECMESH_AVX512", "1") == "0" or not AMX <= cpu_flags():
         return None
     return lib if lib.amx_init() == 0 else None
 

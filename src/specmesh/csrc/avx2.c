@@ -33,9 +33,14 @@ static inline float bf16_to_float(uint16_t h) {
 enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3 };  // weight kinds; int8 rows carry a float32 scale,
 static const int WBYTES[] = {2, 1, 4, 2};         // AMX weights are bf16 packed for amx.c
 
-// csrc/amx.c, where it builds (kernels.py only sets kind AMX when it did and the CPU has AMX)
+// csrc/avx512.c, where it builds: kernels.py sets kind AMX only where it did and the CPU has AMX, and
+// switches the AVX-512 attention and int8 products on (use_avx512) only where the CPU has AVX-512
+static int avx512 = 0;
+void use_avx512(int on) { avx512 = on; }
 void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y)
     __attribute__((weak));
+void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
+                  float *y) __attribute__((weak));
 void attend512(const float *q, int qs, const float *kc, const float *vc, int max_len, int start, int kv_len,
                const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) __attribute__((weak));
 
@@ -91,6 +96,10 @@ static void linear(const float *x, int M, int K, const void *w, int kind, const 
                    float *y) {
     if (kind == AMX) {
         amx_linear(x, M, K, w, N, bias, y);
+        return;
+    }
+    if (kind == INT8 && avx512) {
+        i8_linear512(x, M, K, w, scale, N, bias, y);
         return;
     }
     #pragma omp parallel for schedule(static)
@@ -322,9 +331,8 @@ static void block_forward(const Layer *L, float *h, int B, int T, const float *c
             memcpy(vc + at, row + (H + Hkv + g) * hd, sizeof(float) * hd);
         }
     }
-    // AMX machines have AVX-512: its attention where the head dim suits it
     void (*attention)(const float *, int, const float *, const float *, int, int, int, const uint8_t *, int, int, int,
-                      int, int, float *) = L->kind == AMX && (hd == 64 || hd == 128) ? attend512 : attend;
+                      int, int, float *) = avx512 && (hd == 64 || hd == 128) ? attend512 : attend;
     for (int b = 0; b < B; b++)
         attention(qkv + (int64_t)b * T * Q, Q, kc + b * rs, vc + b * rs, max_len, starts[b], starts[b] + T,
                mask ? mask + (int64_t)b * T * ms : NULL, ms, T, H, Hkv, hd, att + (int64_t)b * T * H * hd);

@@ -1,4 +1,5 @@
-// AMX kernel for bf16-weight models on Intel CPUs with AMX (Sapphire Rapids and later; see kernels.py).
+// Kernels for x86 CPUs with AVX-512 (see kernels.py): attention and int8 products as in avx2.c with
+// twice the width, and where the CPU also has AMX (Intel Sapphire Rapids and later) a bf16 tile product.
 // amx_linear: y[M,N] = bf16(x)[M,K] . w[N,K]^T (+ bias[N]) with the tile unit: one tile product
 //   multiplies 16 rows of x by 16 weight columns over 32 of K, so 1 to 16 rows cost one pass
 //   over the weights (the product is memory-bound) and a verification or a batch of 16 costs
@@ -213,5 +214,38 @@ void attend512(const float *q, int qs, const float *kc, const float *vc, int max
             attend_head(q, qs, kc, vc, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out, g, 4);
         else
             attend_head(q, qs, kc, vc, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out, g, 8);
+    }
+}
+
+static inline __m512 load16_i8(const int8_t *p) {      // 16 int8 -> 16 float32 (exact)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+// avx2.c's i8_linear with AVX-512: y[M,N] = x[M,K] . (scale * w)[N,K]^T (+ bias[N]) for int8 weights
+// with a float32 scale per output row (draft models). 8 output columns at a time share each 16-wide
+// slice of x, and one transposing sum finishes all 8; every output is summed the same way whatever
+// M is (and wherever its column sits in a block of 8).
+void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
+                  float *y) {
+    const int K16 = K / 16 * 16;
+    #pragma omp parallel for schedule(static)
+    for (int n0 = 0; n0 < N; n0 += 8) {
+        const int8_t *wr[8];                               // past N: row N - 1 again, its result dropped
+        for (int c = 0; c < 8; c++) wr[c] = w + (int64_t)(n0 + c < N ? n0 + c : N - 1) * K;
+        for (int m = 0; m < M; m++) {
+            const float *xr = x + (int64_t)m * K;
+            __m512 acc[8];
+            for (int c = 0; c < 8; c++) acc[c] = _mm512_setzero_ps();
+            for (int k = 0; k < K16; k += 16) {
+                __m512 xv = _mm512_loadu_ps(xr + k);
+                for (int c = 0; c < 8; c++) acc[c] = _mm512_fmadd_ps(load16_i8(wr[c] + k), xv, acc[c]);
+            }
+            float s[8];
+            _mm256_storeu_ps(s, hsum8x16(acc));
+            for (int c = 0; c < 8 && n0 + c < N; c++) {
+                for (int k = K16; k < K; k++) s[c] += (float)wr[c][k] * xr[k];
+                y[(int64_t)m * N + n0 + c] = s[c] * scale[n0 + c] + (bias ? bias[n0 + c] : 0.0f);
+            }
+        }
     }
 }
