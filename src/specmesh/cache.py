@@ -77,25 +77,29 @@ class KVCache:
         return self.k[0].device
 
     # -- one forward: prepare -> write (per layer) -> advance -------------------------------
+    def slots(self, T: int, depths: torch.Tensor | None = None) -> np.ndarray:
+        """Claim the next T slots of every row for a forward: their rotary positions [B, T] (int64)."""
+        starts = self.lengths + self.spec
+        if int(starts.max()) + T > self.max_len:
+            raise ContextOverflowError(
+                f"sequence of {int(starts.max()) + T} tokens exceeds the cache/context length {self.max_len}")
+        self._starts, self._kv_len = starts.tolist(), int(starts.max()) + T
+        if depths is None:
+            return starts[:, None] + np.arange(T)
+        return self.lengths[:, None] + depths.cpu().numpy().reshape(-1, T)
+
     def prepare(self, T: int, depths: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Positions [B,T] and attention mask [B,1,T,K] (True = attend) for T new tokens."""
-        starts = (self.lengths + self.spec).tolist()
-        if max(starts) + T > self.max_len:
-            raise ContextOverflowError(
-                f"sequence of {max(starts) + T} tokens exceeds the cache/context length {self.max_len}")
-        self._starts, self._kv_len = starts, max(starts) + T
-        dev = self.device
-        if depths is None:
-            positions = torch.tensor(starts, device=dev)[:, None] + torch.arange(T, device=dev)
-        else:
-            positions = torch.from_numpy(self.lengths).to(dev)[:, None] + depths.to(dev)
-        uniform = len(set(starts)) == 1 and len(set(self.lengths.tolist())) == 1
+        positions = torch.from_numpy(self.slots(T, depths)).to(self.device)
+        uniform = len(set(self._starts)) == 1 and len(set(self.lengths.tolist())) == 1
         if uniform and tree_mask is None and T == 1:
             return positions, None       # one token after everything held: attend to all keys
-        return positions, self._mask(T, None if tree_mask is None else tree_mask.to(dev))
+        return positions, self.mask(T, tree_mask)
 
-    def _mask(self, T: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
+    def mask(self, T: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
+        """The attention mask [B,1,T,K] of a forward whose slots were just claimed (True = attend)."""
+        tree_mask = None if tree_mask is None else tree_mask.to(self.device)
         mask = torch.zeros(self.batch, 1, T, self._kv_len, dtype=torch.bool, device=self.device)
         for b, (L, s) in enumerate(zip(self.lengths.tolist(), self.spec.tolist())):
             mask[b, :, :, :L] = True

@@ -202,9 +202,9 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        # (h, layers, cos, sin, cache, mask) -> h, or None where it does not apply: a range of
-        # layers in one call, put in place by kernels.py for small forwards
-        self.fast_layers: Callable | None = None
+        # forward's arguments -> its result, or None where it does not apply: a whole small
+        # forward in one call, put in place by kernels.py
+        self.fast_forward: Callable | None = None
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B,T,1,hd] for integer positions [B,T] (computed in float32, as HF does)."""
@@ -228,6 +228,10 @@ class Transformer(nn.Module):
         last_only: compute logits for the last position only ([B,1,V]).
         """
         layers = layers or range(self.config.num_layers)
+        if self.fast_forward is not None:
+            out = self.fast_forward(x, cache, depths, tree_mask, layers, last_only)
+            if out is not None:
+                return out
         h = self.embed(x) if layers.start == 0 else x
         B, T = h.shape[:2]
         if cache is None:
@@ -236,12 +240,8 @@ class Transformer(nn.Module):
         else:
             positions, mask = cache.prepare(T, depths, tree_mask)
         cos, sin = self.rotary(positions, h.dtype)
-        fast = self.fast_layers and self.fast_layers(h, layers, cos, sin, cache, mask)
-        if fast is not None:
-            h = fast
-        else:
-            for i in layers:
-                h = self.layers[i](h, cos, sin, cache, mask)
+        for i in layers:
+            h = self.layers[i](h, cos, sin, cache, mask)
         if cache is not None:
             cache.advance(T)
         if layers.stop < self.config.num_layers:

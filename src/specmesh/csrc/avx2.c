@@ -349,9 +349,49 @@ static void block_forward(const Layer *L, float *h, int B, int T, const float *c
 
 // layers[0..n) one after another over h (block_forward's contract), layer l's cache at kc[l], vc[l]:
 // a whole small forward in one call
-void blocks_forward(const Layer *const *layers, int n, float *h, int B, int T, const float *cos, const float *sin,
+static void blocks_forward(const Layer *const *layers, int n, float *h, int B, int T, const float *cos, const float *sin,
                     float *const *kc, float *const *vc, int64_t rs, int max_len, const int *starts,
                     const uint8_t *mask, int ms) {
     for (int l = 0; l < n; l++)
         block_forward(layers[l], h, B, T, cos, sin, kc[l], vc[l], rs, max_len, starts, mask, ms);
+}
+
+typedef struct {            // a model's ends around its layers (kernels.CForward fills it)
+    int D, V, hd, kind;     // hidden size, vocabulary, head dim, the head's weight kind
+    float eps;              // the final norm's
+    const float *embed;     // [V, D] float32
+    const float *inv_freq;  // [hd / 2] rotary inverse frequencies
+    const float *norm;      // [D]
+    const void *head;       // [V, D] of that kind
+    const float *head_s, *head_b;   // int8 scales, bias, or NULL
+} Ends;
+
+// A small forward in one call: T new tokens of each of B sequences through layers[0..n) (block_forward's
+// contract for the caches, starts and mask). In: token ids [B*T] (embedded here), or hidden states h
+// [B*T, D] where ids is NULL; positions [B*T] give the rotary angles (float32 position * inv_freq, as
+// the model computes them). Out: h, and where tail > 0 the logits [B, tail, V] of each sequence's last
+// tail tokens after the final norm.
+void model_forward(const Ends *E, const Layer *const *layers, int n, const int64_t *ids, float *h, int B, int T,
+                   const int64_t *positions, float *const *kc, float *const *vc, int64_t rs, int max_len,
+                   const int *starts, const uint8_t *mask, int ms, int tail, float *logits) {
+    const int M = B * T, D = E->D, hd = E->hd, half = hd / 2;
+    if (ids)
+        for (int r = 0; r < M; r++) memcpy(h + (int64_t)r * D, E->embed + ids[r] * D, sizeof(float) * D);
+    float *cos = malloc(sizeof(float) * M * hd), *sin = malloc(sizeof(float) * M * hd);
+    for (int r = 0; r < M; r++)
+        for (int i = 0; i < half; i++) {
+            float angle = (float)positions[r] * E->inv_freq[i];
+            cos[r * hd + i] = cos[r * hd + half + i] = cosf(angle);
+            sin[r * hd + i] = sin[r * hd + half + i] = sinf(angle);
+        }
+    blocks_forward(layers, n, h, B, T, cos, sin, kc, vc, rs, max_len, starts, mask, ms);
+    if (tail > 0) {
+        float *x = malloc(sizeof(float) * B * tail * D);
+        for (int b = 0; b < B; b++)
+            rms_norm(h + ((int64_t)b * T + T - tail) * D, tail, D, E->norm, E->eps, x + (int64_t)b * tail * D);
+        linear(x, B * tail, D, E->head, E->kind, E->head_s, E->V, E->head_b, logits);
+        free(x);
+    }
+    free(cos);
+    free(sin);
 }
