@@ -90,11 +90,13 @@ class KVCache:
 
     def prepare(self, T: int, depths: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Positions [B,T] and attention mask [B,1,T,K] (True = attend) for T new tokens."""
+        """Positions [B,T] and attention mask [B,1,T,K] (True = attend) for T new tokens; None when
+        they see every key (one token after all that is held) or are causal among themselves (an
+        empty cache)."""
         positions = torch.from_numpy(self.slots(T, depths)).to(self.device)
-        uniform = len(set(self._starts)) == 1 and len(set(self.lengths.tolist())) == 1
-        if uniform and tree_mask is None and T == 1:
-            return positions, None       # one token after everything held: attend to all keys
+        if tree_mask is None and (T == 1 and len(set(self._starts)) == 1 and len(set(self.lengths.tolist())) == 1
+                                  or max(self._starts) == 0):
+            return positions, None       # one token after everything held, or a first prefill: no mask needed
         return positions, self.mask(T, tree_mask)
 
     def mask(self, T: int, tree_mask: torch.Tensor | None) -> torch.Tensor:

@@ -151,6 +151,7 @@ class Attention(nn.Module):
         self.h, self.hkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.qkv = nn.Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.hd, bias=cfg.qkv_bias)
         self.o = nn.Linear(self.h * self.hd, cfg.hidden_size, bias=cfg.o_bias)
+        self.prefill_dtype: torch.dtype | None = None  # kernels.py: forwards of many tokens attend in it
 
     def forward(self, x, cos, sin, cache: KVCache | None, mask: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -158,11 +159,13 @@ class Attention(nn.Module):
         qk = rotate(qkv[:, :, :self.h + self.hkv], cos, sin).transpose(1, 2)   # q and k heads at once
         q, k = qk[:, :self.h], qk[:, self.h:]                                   # [B,H,T,hd], [B,Hkv,T,hd]
         v = qkv[:, :, self.h + self.hkv:].transpose(1, 2)
-        causal = cache is None and mask is None
         if cache is not None:
             k, v = cache.write(self.layer, k, v)                                 # [B,Hkv,S,hd]
             q = q.to(k.dtype)                                                    # see kernels.cache_dtype
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+        if self.prefill_dtype is not None and T >= 16:
+            q, k, v = q.to(self.prefill_dtype), k.to(self.prefill_dtype), v.to(self.prefill_dtype)
+        # no mask: causal over the new tokens (a first prefill, training), or one token seeing all keys
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                              enable_gqa=self.h != self.hkv).to(x.dtype)
         return self.o(out.transpose(1, 2).reshape(B, T, self.h * self.hd))
 

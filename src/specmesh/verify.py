@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specmesh.sampling import SamplingParams, probs_from_logits
+from specmesh.sampling import SamplingParams, argmax, probs_from_logits
 from specmesh.tree import TokenTree
 
 
@@ -65,7 +65,7 @@ def verify(tree: TokenTree, logits: torch.Tensor, params: SamplingParams,
            generator: torch.Generator | None = None) -> Verdict:
     """logits [N, V] at every node, or [n < N, V] at the first n (the rest are not processed yet)."""
     if params.greedy:
-        return _walk(tree, len(logits), logits.argmax(-1).tolist().__getitem__)
+        return _walk(tree, len(logits), argmax(logits).tolist().__getitem__)
     probs = probs_from_logits(logits, params)                   # [n, V]
     if tree.sampled:
         return _rejection_walk(tree, probs, generator)

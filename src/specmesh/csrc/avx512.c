@@ -221,10 +221,28 @@ static inline __m512 load16_i8(const int8_t *p) {      // 16 int8 -> 16 float32 
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
+// Rows m0 .. m0 + MB of i8_linear512 for the 8 weight rows wr (MB is 1 or 2, a constant at each call
+// site): each 16-wide slice of the weights is converted once for both rows.
+static inline __attribute__((always_inline)) void i8_rows(const float *x, int K, int K16, const int8_t *const *wr,
+                                                          float *s, int m0, const int MB) {
+    __m512 acc[2][8];
+    for (int i = 0; i < MB; i++)
+        for (int c = 0; c < 8; c++) acc[i][c] = _mm512_setzero_ps();
+    for (int k = 0; k < K16; k += 16) {
+        __m512 xv[2];
+        for (int i = 0; i < MB; i++) xv[i] = _mm512_loadu_ps(x + (int64_t)(m0 + i) * K + k);
+        for (int c = 0; c < 8; c++) {
+            __m512 wv = load16_i8(wr[c] + k);
+            for (int i = 0; i < MB; i++) acc[i][c] = _mm512_fmadd_ps(wv, xv[i], acc[i][c]);
+        }
+    }
+    for (int i = 0; i < MB; i++) _mm256_storeu_ps(s + 8 * i, hsum8x16(acc[i]));
+}
+
 // avx2.c's i8_linear with AVX-512: y[M,N] = x[M,K] . (scale * w)[N,K]^T (+ bias[N]) for int8 weights
 // with a float32 scale per output row (draft models). 8 output columns at a time share each 16-wide
-// slice of x, and one transposing sum finishes all 8; every output is summed the same way whatever
-// M is (and wherever its column sits in a block of 8).
+// slice of x (two rows of x share each converted slice of weights), and one transposing sum finishes
+// all 8; every output is summed the same way whatever M is (and wherever its column sits in a block).
 void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
                   float *y) {
     const int K16 = K / 16 * 16;
@@ -232,19 +250,17 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
     for (int n0 = 0; n0 < N; n0 += 8) {
         const int8_t *wr[8];                               // past N: row N - 1 again, its result dropped
         for (int c = 0; c < 8; c++) wr[c] = w + (int64_t)(n0 + c < N ? n0 + c : N - 1) * K;
-        for (int m = 0; m < M; m++) {
-            const float *xr = x + (int64_t)m * K;
-            __m512 acc[8];
-            for (int c = 0; c < 8; c++) acc[c] = _mm512_setzero_ps();
-            for (int k = 0; k < K16; k += 16) {
-                __m512 xv = _mm512_loadu_ps(xr + k);
-                for (int c = 0; c < 8; c++) acc[c] = _mm512_fmadd_ps(load16_i8(wr[c] + k), xv, acc[c]);
-            }
-            float s[8];
-            _mm256_storeu_ps(s, hsum8x16(acc));
-            for (int c = 0; c < 8 && n0 + c < N; c++) {
-                for (int k = K16; k < K; k++) s[c] += (float)wr[c][k] * xr[k];
-                y[(int64_t)m * N + n0 + c] = s[c] * scale[n0 + c] + (bias ? bias[n0 + c] : 0.0f);
+        for (int m0 = 0; m0 < M; m0 += 2) {
+            float s[16];
+            if (M - m0 >= 2) i8_rows(x, K, K16, wr, s, m0, 2);
+            else i8_rows(x, K, K16, wr, s, m0, 1);
+            for (int i = 0; i < 2 && m0 + i < M; i++) {
+                const float *xr = x + (int64_t)(m0 + i) * K;
+                for (int c = 0; c < 8 && n0 + c < N; c++) {
+                    float v = s[8 * i + c];
+                    for (int k = K16; k < K; k++) v += (float)wr[c][k] * xr[k];
+                    y[(int64_t)(m0 + i) * N + n0 + c] = v * scale[n0 + c] + (bias ? bias[n0 + c] : 0.0f);
+                }
             }
         }
     }

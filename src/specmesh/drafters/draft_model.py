@@ -14,7 +14,7 @@ import torch
 
 from specmesh.cache import KVCache
 from specmesh.job import Job
-from specmesh.sampling import probs_from_logits
+from specmesh.sampling import argmax, probs_from_logits
 from specmesh.tree import TokenTree
 from specmesh.verify import Verdict
 
@@ -29,9 +29,9 @@ class DraftModel:
         self.pending = prompt[-1:]
         self.slots: dict[int, int] = {}     # tree node -> draft speculative slot
 
-    def _forward(self, tokens: list[int], **tree) -> torch.Tensor:
+    def _forward(self, tokens: list[int], last_only: bool = False, **tree) -> torch.Tensor:
         self.job.stats.draft_forwards += 1
-        return self.model(torch.tensor([tokens], device=self.model.device), self.cache, **tree)[0]
+        return self.model(torch.tensor([tokens], device=self.model.device), self.cache, last_only=last_only, **tree)[0]
 
     def _dist(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft probabilities [n, V]: the sampling transform when sampling, plain softmax when greedy."""
@@ -49,7 +49,7 @@ class DraftModel:
         self.slots = {}
         if depth == 0:
             return tree
-        logits = self._forward(self.pending)[-1:]          # [1, V] at the root
+        logits = self._forward(self.pending, last_only=True)          # [1, V] at the root
         self.cache.commit_all()
         self.pending = []
         chain = width == 1 and max_children == 1
@@ -58,7 +58,7 @@ class DraftModel:
         level = [0]
         for d in range(depth):
             if chain and greedy:                                # argmax chain: no distribution needed
-                level = [tree.add(int(logits[-1].argmax()), level[0])]
+                level = [tree.add(int(argmax(logits[-1])), level[0])]
                 if d + 1 < depth:
                     logits = self._forward_level(tree, level)
                 continue

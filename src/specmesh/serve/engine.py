@@ -26,7 +26,7 @@ import torch
 from specmesh.cache import KVCache
 from specmesh.generation import Row
 from specmesh.kernels import SMALL_ROWS
-from specmesh.sampling import SamplingParams, make_generator, next_tokens
+from specmesh.sampling import SamplingParams, argmax, make_generator, next_tokens
 from specmesh.serve.speculate import ChainSpeculator, TreeSpeculator
 
 MAX_GAMMA = 16              # cache room past the context for a verification
@@ -199,12 +199,12 @@ class Engine:
             logits = self.model(tokens, view)[:, -1]                       # [rows, V]
             view.commit_all()
             self.stats.target_forwards += 1
-            argmax = logits.argmax(-1).tolist()                            # the greedy rows' tokens, at once
+            tops = argmax(logits).tolist()                                 # the greedy rows' tokens, at once
             for i, request in enumerate(group):
                 if request.row.finish or request.aborted:
                     continue
                 p = request.params
-                self._emit(request, argmax[i] if p.greedy else int(next_tokens(logits[i:i + 1], p, request.generator)))
+                self._emit(request, tops[i] if p.greedy else int(next_tokens(logits[i:i + 1], p, request.generator)))
 
     def _emit(self, request: Request, token: int) -> None:
         now = time.perf_counter()

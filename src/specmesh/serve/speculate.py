@@ -24,7 +24,7 @@ from specmesh.cache import KVCache
 from specmesh.drafters.draft_model import DraftModel
 from specmesh.job import Job
 from specmesh.kernels import SMALL_ROWS
-from specmesh.sampling import probs_from_logits
+from specmesh.sampling import argmax, probs_from_logits
 from specmesh.tree import TokenTree
 from specmesh.verify import verify
 
@@ -84,11 +84,11 @@ class ChainSpeculator:
             logits = self.draft(x, view)[:, -1]                                        # [B, V]
             if d == gamma:                                  # this forward only processed the γ-th draft
                 break
-            argmax = logits.argmax(-1).tolist()
+            tops = argmax(logits).tolist()
             for b, request in enumerate(running):
                 p = request.params
                 if p.greedy:
-                    drafts[b].append(argmax[b])
+                    drafts[b].append(tops[b])
                 else:
                     q = probs_from_logits(logits[b], p)
                     drafts[b].append(int(torch.multinomial(q, 1, generator=request.generator)))
