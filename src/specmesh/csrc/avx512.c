@@ -64,6 +64,16 @@ static void group_product(const uint16_t *a, int KP, const uint16_t *wg, int KB,
         _tile_loadd(5, t + 2 * TILE, 64); _tile_dpbf16ps(2, 4, 5);
         _tile_loadd(6, t + 3 * TILE, 64); _tile_dpbf16ps(3, 4, 6);
     }
+    if (rows == 16 && cols == 64) {                            // straight into y
+        _tile_stored(0, y, N * 4); _tile_stored(1, y + 16, N * 4);
+        _tile_stored(2, y + 32, N * 4); _tile_stored(3, y + 48, N * 4);
+        if (bias)
+            for (int m = 0; m < 16; m++)
+                for (int n = 0; n < 64; n += 16)
+                    _mm512_storeu_ps(y + (int64_t)m * N + n, _mm512_add_ps(_mm512_loadu_ps(y + (int64_t)m * N + n),
+                                                                            _mm512_loadu_ps(bias + n)));
+        return;
+    }
     _tile_stored(0, &c[0][0], 256); _tile_stored(1, &c[0][16], 256);
     _tile_stored(2, &c[0][32], 256); _tile_stored(3, &c[0][48], 256);
     for (int m = 0; m < rows; m++)
@@ -73,9 +83,11 @@ static void group_product(const uint16_t *a, int KP, const uint16_t *wg, int KB,
 void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
     const int KB = (K + 31) / 32, KP = KB * 32, MB = (M + 15) / 16, G = (N + 63) / 64;
     uint16_t *a = aligned_alloc(64, sizeof(uint16_t) * MB * 16 * KP);
-    to_bf16(x, M, K, KP, MB, a);
     #pragma omp parallel
     {
+        #pragma omp for schedule(static)
+        for (int mb = 0; mb < MB; mb++)
+            to_bf16(x + (int64_t)mb * 16 * K, M - mb * 16 < 16 ? M - mb * 16 : 16, K, KP, 1, a + (int64_t)mb * 16 * KP);
         configure_tiles();                         // tile state is per thread
         #pragma omp for schedule(static)
         for (int g = 0; g < G; g++) {
