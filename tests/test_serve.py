@@ -163,7 +163,8 @@ def test_metrics_move(live):
 
 
 class FailsWhenBatched:
-    """The target, except that a forward over two or more sequences raises (a simulated kernel fault)."""
+    """The target, except that a forward over two or more sequences raises (a simulated kernel fault).
+    Each step takes a millisecond at least, so the first request still runs when the second comes."""
 
     def __init__(self, model):
         self.model = model
@@ -174,6 +175,7 @@ class FailsWhenBatched:
     def __call__(self, x, *args, **kw):
         if x.shape[0] >= 2:
             raise RuntimeError("simulated kernel fault")
+        time.sleep(0.001)
         return self.model(x, *args, **kw)
 
 
