@@ -151,7 +151,7 @@ class Attention(nn.Module):
         self.h, self.hkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.qkv = nn.Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.hd, bias=cfg.qkv_bias)
         self.o = nn.Linear(self.h * self.hd, cfg.hidden_size, bias=cfg.o_bias)
-        self.prefill_dtype: torch.dtype | None = None  # kernels.py: forwards of many tokens attend in it
+        self.prefill_dtype: torch.dtype | None = None  # kernels.py: forwards of > 64 tokens (prefills) attend in it
 
     def forward(self, x, cos, sin, cache: KVCache | None, mask: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -162,7 +162,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.write(self.layer, k, v)                                 # [B,Hkv,S,hd]
             q = q.to(k.dtype)                                                    # see kernels.cache_dtype
-        if self.prefill_dtype is not None and T >= 16:
+        if self.prefill_dtype is not None and T > 64:
             q, k, v = q.to(self.prefill_dtype), k.to(self.prefill_dtype), v.to(self.prefill_dtype)
         # no mask: causal over the new tokens (a first prefill, training), or one token seeing all keys
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
