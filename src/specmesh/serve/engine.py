@@ -53,6 +53,7 @@ class Request:
     generator: torch.Generator | None = None
     last: int = -1                      # newest token, not yet in the cache
     drafter: object = None              # `tree`: this request's draft model and its cache
+    draft_lag: list[int] = field(default_factory=list)   # `sd`: tokens committed while speculation was off
 
     @property
     def completion_tokens(self) -> int:
@@ -184,7 +185,7 @@ class Engine:
         kernels' batch-invariant shapes: a row's logits do not depend on the others); or, for a
         speculative method, a batch of drafted chains checked at once."""
         self.stats.steps += 1
-        if self.speculator:
+        if self.speculator and self.speculator.speculates(len(self.running)):
             blocks = self.speculator.step(self.running, self.model, self.cache, self.stats)
             for request, block in zip(self.running, blocks):
                 for token in block:
@@ -192,6 +193,8 @@ class Engine:
                         break
                     self._emit(request, token)
             return
+        if self.speculator:                     # a batch too wide to speculate: decode plainly
+            self.speculator.skip(self.running)
         for first in range(0, len(self.running), GROUP):
             group = self.running[first:first + GROUP]
             view = self.cache.view(first, first + len(group))

@@ -10,7 +10,10 @@ forward), the shared `verify` decides per row with the row's own parameters and
 generator, and both caches commit the same path.
 
 γ shrinks as the batch grows: a wider batch already keeps the weights busy, and every
-rejected draft token costs a full row of target compute (README, "Serving").
+rejected draft token costs a full row of target compute; from 5 running requests on γ is 0
+and the step is plain decoding (README, "Serving"). The draft reads what it has not read yet
+(`draft_lag`: a new request's prompt, tokens decoded while speculation was off) in one
+forward per request when it next drafts for it.
 
 `tree` (TreeSpeculator): each request's draft grows its own top-k tree (DraftModel, with a
 cache of its own), and the target checks the trees of all running requests together, padded
@@ -29,8 +32,8 @@ from specmesh.tree import TokenTree
 from specmesh.verify import verify
 
 def default_gamma(batch: int) -> int:
-    """Draft length for a batch of this many rows (measured: README, "Serving")."""
-    return 4 if batch <= 2 else 2 if batch <= 4 else 1
+    """Draft length for a batch of this many rows (measured: README, "Serving"); 0: no speculation."""
+    return 4 if batch <= 2 else 2 if batch <= 4 else 0
 
 
 class ChainSpeculator:
@@ -39,19 +42,30 @@ class ChainSpeculator:
         self.cache = KVCache.for_model(draft, max_batch, max_len)
 
     def admit(self, slot: int, request) -> None:
-        """Prefill the draft's row with the prompt's last `window` tokens (the first token is next)."""
-        view = self.cache.view(slot, slot + 1)
-        view.rollback(0, 0)
-        self.draft(torch.tensor([request.prompt[-self.window:]], device=self.draft.device), view, last_only=True)
-        view.commit_all()
+        """Empty the draft's row: it reads the prompt's last `window` tokens when it first drafts
+        for the request (in a wide batch, which does not speculate, it may never need them)."""
+        self.cache.view(slot, slot + 1).rollback(0, 0)
+        request.draft_lag = list(request.prompt[-self.window:])
 
     def move_row(self, src: int, dst: int) -> None:
         self.cache.move_row(src, dst)
 
+    def speculates(self, batch: int) -> bool:
+        return self._gamma(batch) > 0
+
+    def _gamma(self, batch: int) -> int:
+        return self.gamma if self.gamma is not None else default_gamma(batch)
+
+    def skip(self, running: list) -> None:
+        """The engine decodes this step plainly: the draft will read these tokens when it next drafts."""
+        for request in running:
+            request.draft_lag.append(request.last)
+
     def step(self, running: list, target, target_cache: KVCache, stats) -> list[list[int]]:
         """One speculative step for every running request; returns each one's new tokens."""
         B = len(running)
-        gamma = self.gamma or default_gamma(B)
+        gamma = self._gamma(B)
+        self._catch_up(running)
         drafts, qs = self._draft(running, gamma)
         tokens = torch.tensor([[r.last] + d for r, d in zip(running, drafts)], device=target.device)
         rows_per_forward = max(1, SMALL_ROWS // (gamma + 1))
@@ -73,6 +87,16 @@ class ChainSpeculator:
             stats.accepted += verdict.accepted
             out.append(verdict.tokens)
         return out
+
+    def _catch_up(self, running: list) -> None:
+        """Rows whose draft has not read some tokens (a new prompt's, or tokens decoded while
+        speculation was off) read them now."""
+        for b, request in enumerate(running):
+            if request.draft_lag:
+                view = self.cache.view(b, b + 1)
+                self.draft(torch.tensor([request.draft_lag], device=self.draft.device), view, last_only=True)
+                view.commit_all()
+                request.draft_lag = []
 
     def _draft(self, running: list, gamma: int) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
         """γ tokens per row (argmax when greedy, drawn from q when sampling) and the q rows drawn from."""
@@ -109,6 +133,9 @@ class TreeSpeculator:
 
     def move_row(self, src: int, dst: int) -> None:
         pass                                    # each request's draft cache is its own
+
+    def speculates(self, batch: int) -> bool:
+        return True
 
     def step(self, running: list, target, target_cache: KVCache, stats) -> list[list[int]]:
         trees = [r.drafter.propose(r.last, min(self.depth, r.row.limit - len(r.row.tokens) - 1), self.width,
