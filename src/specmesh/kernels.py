@@ -1,39 +1,35 @@
 """CPU kernel choices for bfloat16 models.
 
-PyTorch's bf16 matrix product on CPUs without native bf16 (AVX2 only) costs a full
-pass over the weights per input row (5 rows 4.6x one row; a 300-token prefill 8x
-slower than float32), which would make every verification forward expensive; and a
-small model's decode step is mostly per-op overhead on any CPU. So wherever gcc can
-build csrc/avx2.c (x86 with AVX2, which includes AVX-512 and AMX machines) a linear
-(BF16Linear) sends up to SMALL_ROWS rows through its kernel, which reads the bf16
-weights once for up to 6 rows, built on first use; more rows (prefill) go through an
-exact float32 copy of the weight pre-packed for oneDNN. Every path multiplies and
-accumulates in float32. Elsewhere, CPUs with native bf16 use oneDNN's linear with the
-bf16 weight pre-packed (PackedLinear, 1.5-2x PyTorch's default), and the rest
-BF16Linear's PyTorch paths.
+A small model's decode step on CPU is mostly per-op overhead and weight traffic, and
+PyTorch's bf16 product on CPUs without native bf16 costs a full pass over the weights per
+input row (a 5-token verification 4.6x one token). So wherever gcc can build csrc/ (x86 with
+AVX2) specmesh runs its own kernels:
 
-Such a model keeps only its linear weights in bf16 and computes in float32 between
-them (embedding, norms, residual stream, attention): the kernels take and return
-float32 anyway, it saves the casts, and a row's result no longer depends on how many
-rows share its forward. With bf16 activations, attention's few-ulp dependence on the
-query count (1 in plain decoding, 5 in a verification) was rounded into a whole bf16
-ulp now and then, and ~10% of 128-token greedy outputs parted from `ar` at near-ties.
-Its RMSNorms run in C too (CRMSNorm), and so does each whole decoder layer when a
-forward brings at most SMALL_ROWS new tokens of one sequence (CBlock: norm, qkv,
-rotary, KV write, attention, o, norm, SwiGLU in one call instead of ~30 PyTorch ops).
-The small models' decode steps were mostly per-op overhead: CBlock cut a draft
-forward from 2.9 to 0.7 ms and a target one from 7.6 to 4.0 ms (100 cached tokens).
-Its attention computes each query the same way whatever the number of queries and
-keys, so decoding and verification agree bit for bit (tests/test_kernels.py).
-Draft models (load_model(..., draft=True)) hold int8 weights there (Int8Linear): half
-the bytes, and a draft's guesses need not be exact, since the target checks every one.
+* csrc/avx2.c: a bf16 product that reads the weights once for up to 6 rows (BF16Linear;
+  int8 weights with a scale per row for drafts, Int8Linear), RMSNorm (CRMSNorm), and a whole
+  small forward in one call (CForward: embedding, rotary angles, every decoder layer, final
+  norm and head for up to SMALL_ROWS new tokens), which cut a draft forward from 2.9 to 0.7 ms
+  on an AVX2 machine.
+* csrc/avx512.c, where the CPU has AVX-512: attention and int8 products twice as wide; and
+  where it also has AMX (Intel Sapphire Rapids on): AMXLinear, a bf16 tile product for every
+  linear, in which 1 to 16 rows cost one pass over the weights (target forward over 400
+  cached tokens: 1.5 ms for 1 new token, 1.6 for 5, 2.2 for 16, where the AVX2 kernel took
+  2.1, 4.2 and 12.3; a 300-token prefill 65 -> 28 ms).
+* elsewhere, CPUs with native bf16 use oneDNN's linear with the bf16 weight pre-packed
+  (PackedLinear), and the rest BF16Linear's PyTorch paths.
 
-Attention: the CPU flash-attention kernel in bfloat16 is 2-5x slower than in float32
-for the few-query shapes of decoding and verification (151 vs 35 us for one query
-over 210 keys), so on CPU every bfloat16 model keeps its KV cache, and attends, in
-float32.
+Such a model keeps only its linear weights in bf16 (int8 for drafts) and computes in float32
+between them (embedding, norms, residual stream, attention, KV cache: the CPU flash-attention
+kernel in bf16 is 2-5x slower than in float32 for decoding's few queries; prefills of more than
+64 tokens attend in bf16 where the CPU has it, 2-3x faster). Every kernel computes a row the
+same way whatever the number of rows, and the attention depends only on the keys a query
+sees (not on where masked keys sit), so a token's logits are bit for bit the same in a
+1-token `ar` step, in a 5-token verification and as a node of a tree (tests/test_kernels.py):
+that is why the bf16 outputs of every method equal `ar`'s. Draft models (load_model(...,
+draft=True)) hold int8 weights: half the bytes, and a draft's guesses need not be exact.
 
-float32 models keep PyTorch's default kernels (the bit-exact reference).
+float32 models keep PyTorch's default kernels (the bit-exact reference), except in the
+server, which puts float32 versions of the C kernels in place for batch invariance.
 """
 from __future__ import annotations
 
@@ -339,7 +335,7 @@ class CForward:
     """model.fast_forward for a model whose blocks are CBlocks: a whole forward of up to SMALL_ROWS
     new tokens (with a cache) in one C call (model_forward): embedding, rotary angles, the layers
     of the range, final norm and head. A small model's decode step was half Python around the
-    kernels (a draft forward 0.36 -> 0.2 ms). Other forwards return None (the model's own path)."""
+    kernels (a draft forward 0.37 -> 0.28 ms). Other forwards return None (the model's own path)."""
 
     def __init__(self, model: nn.Module, kernel: ctypes.CDLL):
         self.model, self.kernel = model, kernel

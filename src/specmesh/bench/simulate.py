@@ -20,7 +20,7 @@ plus 0.1 ms per token beyond, a hop 0.5 ms, the draft 4 ms per tree layer, the b
 0.5 ms, S on a node of its own); `local` is measured on this machine with one thread per
 process, as the real pipelines run (`specmesh simulate --calibrate`, shipped as
 models/profile-local.json): a target layer's and the head's time per token count, S's
-work per timestep per layer width, a gloo hop between processes; stages hold the layers
+work per timestep per layer width, a hop between processes through the runtime's link; stages hold the layers
 the real runtime gives them (pipedec: the split balanced for its steady state), or an
 equal share of them when there are more stages than layers. Or a JSON file of either shape.
 """
@@ -196,7 +196,7 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256) ->
         draft = load_model(embedded.path("draft"), torch.bfloat16, "cpu", draft=True)
         layer, head = (list(v) for v in zip(*(layer_and_head_ms(target, T, context, reps=15) for T in counts)))
         drafts = [grow_ms(draft, T, min(T, 16), 64) for T in counts]
-    hop = gloo_one_way_ms(target.config.hidden_size)
+    hop = link_one_way_ms(target.config.hidden_size)
     profile = {"name": "local", "stage": {"tokens": list(counts), "layer_ms": layer, "head_ms": head},
                "draft": {"tokens": list(counts), "ms": drafts}, "hop_ms": hop, "broadcast_ms": hop,
                "draft_beside_stage0": True}
@@ -204,34 +204,36 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256) ->
     return profile
 
 
-def gloo_one_way_ms(hidden: int, tokens: int = 4, reps: int = 50) -> float:
-    """Half a gloo round trip of a [tokens, hidden] activation between two processes here."""
+def link_one_way_ms(hidden: int, tokens: int = 4, reps: int = 200) -> float:
+    """Half a round trip of a [tokens, hidden] activation between two processes here, through the
+    runtime's own link (shared-memory mailboxes on one machine)."""
     import datetime
     import multiprocessing
     import torch.distributed as dist
+    from specmesh.dist.link import Link
     store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
-    echo = multiprocessing.get_context("spawn").Process(target=_echo, args=(store.port, tokens, hidden, reps + 5))
+    echo = multiprocessing.get_context("spawn").Process(target=_echo, args=(store.port, tokens, hidden, reps + 20))
     echo.start()
-    group = dist.ProcessGroupGloo(store, 0, 2, datetime.timedelta(seconds=60))
+    link = Link(store, 0, ["stage0", "stage1"], 60.0)
     x, y, times = torch.randn(tokens, hidden), torch.empty(tokens, hidden), []
-    for _ in range(reps + 5):
+    for _ in range(reps + 20):
         start = time.perf_counter()
-        group.send([x], 1, 0).wait()
-        group.recv([y], 1, 0).wait()
+        link.send(x, 1)
+        link.recv(y, 1)
         times.append(time.perf_counter() - start)
     echo.join()
-    return float(np.median(times[5:])) * 1e3 / 2
+    return float(np.median(times[20:])) * 1e3 / 2
 
 
 def _echo(port: int, tokens: int, hidden: int, reps: int) -> None:
     import datetime
     import torch.distributed as dist
+    from specmesh.dist.link import Link
     store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
-    group = dist.ProcessGroupGloo(store, 1, 2, datetime.timedelta(seconds=60))
+    link = Link(store, 1, ["stage0", "stage1"], 60.0)
     y = torch.empty(tokens, hidden)
     for _ in range(reps):
-        group.recv([y], 0, 0).wait()
-        group.send([y], 0, 0).wait()
+        link.send(link.recv(y, 0), 0)
 
 
 def sweep_plot(base: SimConfig, prompts: list[str], path: str, depths=(7, 14, 21)) -> dict:
