@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from specmesh.cache import KVCache
@@ -71,7 +72,7 @@ class TreeDrafter:
         self.q = self.y = None              # top-c outputs at each processed node [processed, c]
 
     def start(self, root: int) -> None:
-        self.tree = DynamicTree(root, self.model.device)
+        self.tree = DynamicTree(root)
         self.q = torch.empty(0, self.children, device=self.model.device)
         self.y = torch.empty(0, self.children, dtype=torch.long, device=self.model.device)
 
@@ -85,26 +86,27 @@ class TreeDrafter:
         and the newest layer is grown again from the kept outputs. Returns the tree's M_h."""
         processed = int(self.cache.spec[0])
         keep = self.tree.prune(hit_index)
-        self.cache.commit(0, [0], [i for i in keep.nonzero().flatten().tolist() if i < processed])
-        self.q, self.y = self.q[keep[:processed]], self.y[keep[:processed]]
+        self.cache.commit(0, [0], [i for i in np.flatnonzero(keep).tolist() if i < processed])
+        kept = torch.from_numpy(keep[:processed]).to(self.q.device)
+        self.q, self.y = self.q[kept], self.y[kept]
         if len(self.q) == 0:                 # only the new root is left, not processed yet
             return keep
         if len(self.tree) > len(self.q):     # an unprocessed layer survived: grow it again
             self.tree.drop_last_layer()
-        self.tree.grow(self.q[self.tree.layer(self.tree.depth - 1)], self.y[self.tree.layer(self.tree.depth - 1)],
-                       self.width)
+        newest = self.tree.layer(self.tree.depth - 1)
+        self.tree.grow(self.q[newest].cpu(), self.y[newest].cpu(), self.width)
         return keep
 
     def grow(self) -> int:
         """Process the newest layer and add the next one; returns the processed layer's width."""
-        tree = self.tree
+        tree, device = self.tree, self.model.device
         last = tree.layer(tree.depth - 1)
-        tokens = tree.X[last][None]                                           # [1, T]
-        depths = torch.full((last.stop - last.start,), tree.depth - 1, device=tokens.device)
-        logits = self.model(tokens, self.cache, depths=depths, tree_mask=tree.M[last])[0]   # [T, V]
+        tokens = torch.from_numpy(tree.X[last][None]).to(device)                      # [1, T]
+        depths = torch.full((last.stop - last.start,), tree.depth - 1, device=device)
+        logits = self.model(tokens, self.cache, depths=depths, tree_mask=torch.from_numpy(tree.M[last]).to(device))[0]
         q, y = logits.float().softmax(-1).topk(self.children, dim=-1)        # [T, c]
         self.q, self.y = torch.cat([self.q, q]), torch.cat([self.y, y])
-        tree.grow(q, y, self.width)
+        tree.grow(q.cpu(), y.cpu(), self.width)
         return last.stop - last.start
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -104,14 +105,15 @@ class DynamicTree:
 
     BFS arrays: tokens X [n], probabilities P [n] (of each token at its parent; the root's
     is 1), child counts C [n], and the ancestor mask M [n, n] (M[i, j]: j is i or an
-    ancestor of i); `layers` holds the node count of each layer, root first.
+    ancestor of i); `layers` holds the node count of each layer, root first. numpy arrays:
+    the draft updates them every timestep, and a torch op costs 5-10 us where numpy's costs 1.
     """
 
-    def __init__(self, root: int, device: torch.device | str = "cpu"):
-        self.X = torch.tensor([root], device=device)
-        self.P = torch.ones(1, device=device)
-        self.C = torch.zeros(1, dtype=torch.long, device=device)
-        self.M = torch.ones(1, 1, dtype=torch.bool, device=device)
+    def __init__(self, root: int):
+        self.X = np.array([root], dtype=np.int64)
+        self.P = np.ones(1, dtype=np.float32)
+        self.C = np.zeros(1, dtype=np.int64)
+        self.M = np.ones((1, 1), dtype=bool)
         self.layers = [1]
 
     def __len__(self) -> int:
@@ -126,29 +128,29 @@ class DynamicTree:
         start = sum(self.layers[:l])
         return slice(start, start + self.layers[l])
 
-    def cumulative(self) -> torch.Tensor:
+    def cumulative(self) -> np.ndarray:
         """B = M · log(P): each node's cumulative log-probability from the root [n]."""
-        return self.M.float() @ self.P.log()
+        return self.M.astype(np.float32) @ np.log(self.P)
 
-    def grow(self, Q: torch.Tensor, Y: torch.Tensor, width: int) -> None:
+    def grow(self, Q, Y, width: int) -> None:
         """Add a layer: Q, Y [n_last, c] are the draft's top-c probabilities and tokens at each node
         of the last layer; the min(width, n_last * c) candidates with the highest cumulative
         log-probability B' = log(Q) + B (x) 1_c are kept, in BFS order."""
+        Q, Y = np.asarray(Q, dtype=np.float32), np.asarray(Y, dtype=np.int64)
         last = self.layer(self.depth - 1)
-        scores = Q.log() + self.cumulative()[last, None]                    # B^(l+1) [n_last, c]
-        k = min(width, scores.numel())
-        chosen = scores.flatten().topk(k).indices.sort().values             # D, in parent order
-        S = torch.zeros(scores.numel(), dtype=torch.bool, device=Q.device)
+        scores = np.log(Q) + self.cumulative()[last, None]                   # B^(l+1) [n_last, c]
+        k = min(width, scores.size)
+        chosen = np.sort(np.argsort(-scores.ravel(), kind="stable")[:k])    # D, in parent order
+        S = np.zeros(scores.size, dtype=bool)
         S[chosen] = True
-        S = S.view_as(scores)                                                # selection mask S^(l+1)
+        S = S.reshape(scores.shape)                                          # selection mask S^(l+1)
         self.C[last] = S.sum(1)
         n = len(self)
-        bottom_left = self.M[last].repeat_interleave(self.C[last], dim=0)     # [k, n] inherited ancestors
-        self.M = torch.cat([torch.cat([self.M, self.M.new_zeros(n, k)], 1),
-                            torch.cat([bottom_left, torch.eye(k, dtype=torch.bool, device=Q.device)], 1)])
-        self.X = torch.cat([self.X, Y.flatten()[chosen]])
-        self.P = torch.cat([self.P, Q.flatten()[chosen]])
-        self.C = torch.cat([self.C, self.C.new_zeros(k)])
+        bottom_left = np.repeat(self.M[last], self.C[last], axis=0)          # [k, n] inherited ancestors
+        self.M = np.block([[self.M, np.zeros((n, k), dtype=bool)], [bottom_left, np.eye(k, dtype=bool)]])
+        self.X = np.concatenate([self.X, Y.ravel()[chosen]])
+        self.P = np.concatenate([self.P, Q.ravel()[chosen]])
+        self.C = np.concatenate([self.C, np.zeros(k, dtype=np.int64)])
         self.layers.append(k)
 
     def drop_last_layer(self) -> None:
@@ -162,17 +164,16 @@ class DynamicTree:
         """hit_index: the position of token x in the second layer, or -1 (a miss)."""
         if self.depth < 2:
             return -1
-        found = (self.X[self.layer(1)] == x).nonzero()
+        found = np.flatnonzero(self.X[self.layer(1)] == x)
         return int(found[0]) if len(found) else -1
 
-    def prune(self, hit_index: int) -> torch.Tensor:
+    def prune(self, hit_index: int) -> np.ndarray:
         """Keep the subtree of the second-layer node hit_index (it becomes the root), as
         X <- X·M_h, P <- P·M_h, C <- C·M_h, M <- M_h·M·M_h^T with M_h = M[:, 1 + hit_index].
         Returns M_h (bool [n]), with which callers prune their caches alike."""
-        keep = self.M[:, self.layers[0] + hit_index].clone()
-        depth_of = torch.repeat_interleave(torch.arange(self.depth, device=keep.device),
-                                           torch.tensor(self.layers, device=keep.device))
-        self.layers = [int(c) for c in torch.bincount(depth_of[keep], minlength=self.depth)[1:] if c > 0]
+        keep = self.M[:, self.layers[0] + hit_index].copy()
+        depth_of = np.repeat(np.arange(self.depth), self.layers)
+        self.layers = [int(c) for c in np.bincount(depth_of[keep], minlength=self.depth)[1:] if c > 0]
         self.X, self.P, self.C = self.X[keep], self.P[keep], self.C[keep]
         self.M = self.M[keep][:, keep]
         self.P[0] = 1.0                                  # the new root is certain
@@ -183,7 +184,7 @@ class DynamicTree:
         tree = TokenTree.root(int(self.X[0]))
         sizes = self.M.sum(1).tolist()                   # ancestors incl. self = depth + 1
         for i in range(1, len(self)):
-            ancestors = self.M[i].nonzero().flatten().tolist()
+            ancestors = np.flatnonzero(self.M[i]).tolist()
             parent = max((a for a in ancestors if a != i), key=lambda a: sizes[a])
             tree.add(int(self.X[i]), parent, float(self.P[i]))
         return tree

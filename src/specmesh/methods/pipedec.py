@@ -82,8 +82,9 @@ def newest_layer(drafter: TreeDrafter) -> torch.Tensor:
     """meta of the tree's newest layer: its tokens at depth d, mask rows over every node up to it."""
     tree = drafter.tree
     layer = tree.layer(tree.depth - 1)
-    X = tree.X[layer]
-    return tree_meta(X, torch.full_like(X, tree.depth - 1), torch.full_like(X, -1), tree.M[layer, :layer.stop])
+    X = torch.from_numpy(tree.X[layer])
+    return tree_meta(X, torch.full_like(X, tree.depth - 1), torch.full_like(X, -1),
+                     torch.from_numpy(tree.M[layer, :layer.stop]))
 
 
 def decode(models: Models, job: Job, stages: int = OPTIONS["stages"], tree_width: int = OPTIONS["tree_width"],
