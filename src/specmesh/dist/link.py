@@ -109,12 +109,18 @@ class Mailboxes:
             store.wait([f"shm/mapped/{r}" for r in range(world)])
             os.unlink(path)
 
-    @staticmethod
-    def possible(store: dist.Store, rank: int, world: int) -> bool:
-        """Every rank on this machine, an x86 one (see Mailbox) with /dev/shm."""
+    @classmethod
+    def possible(cls, store: dist.Store, rank: int, world: int) -> bool:
+        """Rank 0 decides for all: every rank on this machine, an x86 one (see Mailbox) whose
+        /dev/shm has room for every mailbox (tmpfs allocates pages as they are written, and one
+        written past its room is a SIGBUS)."""
         store.set(f"host/{rank}", socket.gethostname())
-        hosts = {store.get(f"host/{r}") for r in range(world)}
-        return len(hosts) == 1 and platform.machine() in ("x86_64", "AMD64") and os.path.isdir("/dev/shm")
+        if rank == 0:
+            same = len({store.get(f"host/{r}") for r in range(world)}) == 1
+            shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
+            room = shm is not None and shm.f_bavail * shm.f_frsize >= 2 * world * world * cls.REGION
+            store.set("shm/use", "1" if same and room and platform.machine() in ("x86_64", "AMD64") else "0")
+        return store.get("shm/use") == b"1"
 
     def box(self, src: int, dst: int) -> Mailbox:
         start = (src * self.world + dst) * self.REGION

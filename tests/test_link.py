@@ -1,0 +1,72 @@
+"""The links' shared-memory mailboxes: a ring per ordered pair of ranks on one machine."""
+import os
+import platform
+
+import numpy as np
+import pytest
+import torch
+
+from specmesh import LLM
+from specmesh.dist.link import MAILBOX_BYTES, MAILBOX_SLOTS, Mailbox, Mailboxes
+
+
+def mailbox() -> Mailbox:
+    return Mailbox(np.zeros(Mailboxes.REGION, dtype=np.uint8))
+
+
+def test_messages_come_out_in_order_and_a_full_ring_refuses_more():
+    box = mailbox()
+    sent = [np.full(3 + i, i, dtype=np.uint8) for i in range(MAILBOX_SLOTS)]
+    assert [box.put(m) for m in sent] == list(range(1, MAILBOX_SLOTS + 1))
+    assert box.put(np.zeros(1, dtype=np.uint8)) == 0                      # full until one is read
+    assert not box.taken(1)
+    for m in sent:
+        out = np.empty_like(m)
+        assert box.get(out) and np.array_equal(out, m)
+    assert box.taken(MAILBOX_SLOTS) and not box.get(np.empty(1, dtype=np.uint8))   # empty again
+    assert box.put(np.ones(MAILBOX_BYTES, dtype=np.uint8)) == MAILBOX_SLOTS + 1    # a full-size message
+
+
+def test_a_message_of_the_wrong_size_is_refused():
+    box = mailbox()
+    box.put(np.zeros(8, dtype=np.uint8))
+    with pytest.raises(RuntimeError, match="message of 8 bytes where 4 were expected"):
+        box.get(np.empty(4, dtype=np.uint8))
+
+
+def test_ranks_on_this_machine_talk_through_shared_memory(tiny_checkpoint):
+    """Where the mailboxes apply they must be used (through gloo a PipeDec timestep waits ms for a core),
+    and they leave nothing behind in /dev/shm."""
+    applies = platform.machine() in ("x86_64", "AMD64") and os.path.isdir("/dev/shm")
+    with LLM(target=tiny_checkpoint, method="pp", stages=2, timeout=20) as pp:
+        link = pp.models.remote.link
+        assert (sorted(link.outbox) == sorted(link.inbox) == [1]) == applies
+        assert pp.generate("def f():").tokens
+    if applies:
+        assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"specmesh-{os.getpid()}-")]
+
+
+def test_small_messages_take_the_mailbox_and_large_ones_gloo_in_order():
+    import datetime
+    import threading
+    import torch.distributed as dist
+    from specmesh.dist.link import Link
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+    links = [None, None]
+
+    def join(rank):
+        links[rank] = Link(store if rank == 0 else dist.TCPStore("127.0.0.1", store.port, 2, False), rank,
+                           ["a", "b"], 10.0)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    small, large = torch.arange(10.0), torch.arange(float(MAILBOX_BYTES // 4 + 100))       # large: over a slot
+    messages = [small, large, small * 2, large * 3]
+    waits = [links[0].send(m, 1, wait=False) for m in messages]
+    got = [links[1].recv(torch.empty_like(m), 0) for m in messages]
+    for done in waits:
+        done()
+    assert all(torch.equal(a, b) for a, b in zip(got, messages))
