@@ -237,7 +237,7 @@ class Int8Linear(BF16Linear):
 
 
 def amx_pack(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] weight -> bf16 tiles for csrc/amx.c: [G, KB, 4, 16, 16, 2], padded with zeros to
+    """[N, K] weight -> bf16 tiles for csrc/avx512.c: [G, KB, 4, 16, 16, 2], padded with zeros to
     G = ceil(N / 64) groups of 64 output columns and KB = ceil(K / 32) blocks of 32 inputs; tile
     (g, kb, c) row r holds w[64 g + 16 c + j, 32 kb + 2 r + e] at [j, e]."""
     N, K = weight.shape
@@ -247,7 +247,7 @@ def amx_pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 class AMXLinear(nn.Module):
-    """A bf16 nn.Linear through csrc/amx.c's tile product for every row count: 1 to 16 rows cost one
+    """A bf16 nn.Linear through csrc/avx512.c's tile product for every row count: 1 to 16 rows cost one
     pass over the weights, and a row's result does not depend on the others."""
     KIND = 3                                    # csrc/avx2.c's weight kind
 
@@ -263,7 +263,7 @@ class AMXLinear(nn.Module):
         flat = x.reshape(rows, self.in_features).float().contiguous()
         y = torch.empty(rows, self.out_features)
         self.kernel.amx_linear(flat.data_ptr(), rows, self.in_features, self.weight.data_ptr(), self.out_features,
-                               None if self.bias32 is None else self.bias32.data_ptr(), y.data_ptr())
+                               _ptr(self.bias32), y.data_ptr())
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
@@ -311,9 +311,9 @@ class CBlock(nn.Module):
     block itself. The C attention runs row by row, so a sequence's result does not depend on the
     others in the batch."""
 
-    def __init__(self, block: nn.Module, kernel: ctypes.CDLL):
+    def __init__(self, block: nn.Module):
         super().__init__()
-        self.block, self.kernel = block, kernel
+        self.block = block
         attn, mlp = block.attn, block.mlp
         linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
         self.weights = LayerWeights(
@@ -393,7 +393,7 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False) -> nn.Module:
         if int8:
             _replace(model, BF16Linear, lambda linear: Int8Linear(linear, lib))
         _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
-        _replace(model, Block, lambda block: CBlock(block, lib))
+        _replace(model, Block, CBlock)
         if hasattr(model, "fast_forward"):     # a Transformer (not a bare module of linears)
             model.fast_forward = CForward(model, lib)
     if native_bf16():                           # prefills attend in bf16: 2-3x faster (400 tokens: 2.0 -> 0.7 ms)
@@ -413,7 +413,7 @@ def use_batch_invariant_kernels(model: nn.Module) -> bool:
         return False
     _replace(model, nn.Linear, lambda linear: F32Linear(linear, lib))
     _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
-    _replace(model, Block, lambda block: CBlock(block, lib))
+    _replace(model, Block, CBlock)
     model.fast_forward = CForward(model, lib)
     return True
 

@@ -31,7 +31,7 @@ static inline float bf16_to_float(uint16_t h) {
 }
 
 enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3 };  // weight kinds; int8 rows carry a float32 scale,
-static const int WBYTES[] = {2, 1, 4, 2};         // AMX weights are bf16 packed for amx.c
+static const int WBYTES[] = {2, 1, 4, 2};         // AMX weights are bf16 packed for avx512.c
 
 // csrc/avx512.c, where it builds: kernels.py sets kind AMX only where it did and the CPU has AMX, and
 // switches the AVX-512 attention and int8 products on (use_avx512) only where the CPU has AVX-512
@@ -347,15 +347,6 @@ static void block_forward(const Layer *L, float *h, int B, int T, const float *c
     free(x); free(qkv); free(att); free(gu); free(act);
 }
 
-// layers[0..n) one after another over h (block_forward's contract), layer l's cache at kc[l], vc[l]:
-// a whole small forward in one call
-static void blocks_forward(const Layer *const *layers, int n, float *h, int B, int T, const float *cos, const float *sin,
-                    float *const *kc, float *const *vc, int64_t rs, int max_len, const int *starts,
-                    const uint8_t *mask, int ms) {
-    for (int l = 0; l < n; l++)
-        block_forward(layers[l], h, B, T, cos, sin, kc[l], vc[l], rs, max_len, starts, mask, ms);
-}
-
 typedef struct {            // a model's ends around its layers (kernels.CForward fills it)
     int D, V, hd, kind;     // hidden size, vocabulary, head dim, the head's weight kind
     float eps;              // the final norm's
@@ -366,8 +357,8 @@ typedef struct {            // a model's ends around its layers (kernels.CForwar
     const float *head_s, *head_b;   // int8 scales, bias, or NULL
 } Ends;
 
-// A small forward in one call: T new tokens of each of B sequences through layers[0..n) (block_forward's
-// contract for the caches, starts and mask). In: token ids [B*T] (embedded here), or hidden states h
+// A small forward in one call: T new tokens of each of B sequences through layers[0..n), one after
+// another (block_forward's contract for the caches, layer l's at kc[l], vc[l], starts and mask). In: token ids [B*T] (embedded here), or hidden states h
 // [B*T, D] where ids is NULL; positions [B*T] give the rotary angles (float32 position * inv_freq, as
 // the model computes them). Out: h, and where tail > 0 the logits [B, tail, V] of each sequence's last
 // tail tokens after the final norm.
@@ -384,7 +375,8 @@ void model_forward(const Ends *E, const Layer *const *layers, int n, const int64
             cos[r * hd + i] = cos[r * hd + half + i] = cosf(angle);
             sin[r * hd + i] = sin[r * hd + half + i] = sinf(angle);
         }
-    blocks_forward(layers, n, h, B, T, cos, sin, kc, vc, rs, max_len, starts, mask, ms);
+    for (int l = 0; l < n; l++)
+        block_forward(layers[l], h, B, T, cos, sin, kc[l], vc[l], rs, max_len, starts, mask, ms);
     if (tail > 0) {
         float *x = malloc(sizeof(float) * B * tail * D);
         for (int b = 0; b < B; b++)

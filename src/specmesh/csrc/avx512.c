@@ -34,9 +34,9 @@ static void configure_tiles(void) {                // every tile 16 rows x 64 by
     _tile_loadconfig(&c);
 }
 
-// x [M, K] float32 -> a [MB * 16, KP] bf16 (nearest even), zeros past row M and column K
-static void to_bf16(const float *x, int M, int K, int KP, int MB, uint16_t *a) {
-    memset(a, 0, sizeof(uint16_t) * MB * 16 * KP);
+// x [M <= 16, K] float32 -> a [16, KP] bf16 (nearest even), zeros past row M and column K
+static void to_bf16(const float *x, int M, int K, int KP, uint16_t *a) {
+    memset(a, 0, sizeof(uint16_t) * 16 * KP);
     for (int m = 0; m < M; m++) {
         const float *xr = x + (int64_t)m * K;
         uint16_t *ar = a + (int64_t)m * KP;
@@ -87,7 +87,7 @@ void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const fl
     {
         #pragma omp for schedule(static)
         for (int mb = 0; mb < MB; mb++)
-            to_bf16(x + (int64_t)mb * 16 * K, M - mb * 16 < 16 ? M - mb * 16 : 16, K, KP, 1, a + (int64_t)mb * 16 * KP);
+            to_bf16(x + (int64_t)mb * 16 * K, M - mb * 16 < 16 ? M - mb * 16 : 16, K, KP, a + (int64_t)mb * 16 * KP);
         configure_tiles();                         // tile state is per thread
         #pragma omp for schedule(static)
         for (int g = 0; g < G; g++) {

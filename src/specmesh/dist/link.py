@@ -135,9 +135,10 @@ class Link:
         store.set(f"pid/{rank}", str(os.getpid()))
         self.pids = [int(store.get(f"pid/{r}")) for r in range(len(roles))]
         self.group = dist.ProcessGroupGloo(dist.PrefixStore("link", store), rank, len(roles), IDLE)
-        mailboxes = Mailboxes(store, rank, len(roles)) if Mailboxes.possible(store, rank, len(roles)) else None
-        self.outbox = {r: mailboxes.box(rank, r) for r in range(len(roles)) if r != rank} if mailboxes else {}
-        self.inbox = {r: mailboxes.box(r, rank) for r in range(len(roles)) if r != rank} if mailboxes else {}
+        boxes = Mailboxes(store, rank, len(roles)) if Mailboxes.possible(store, rank, len(roles)) else None
+        peers = [r for r in range(len(roles)) if r != rank] if boxes else []
+        self.outbox = {r: boxes.box(rank, r) for r in peers}         # empty: everything through gloo
+        self.inbox = {r: boxes.box(r, rank) for r in peers}
 
     def describe(self, rank: int) -> str:
         return f"rank {rank} ({self.roles[rank]}, pid {self.pids[rank]})"
