@@ -12,7 +12,7 @@ AVX2) specmesh runs its own kernels:
   on an AVX2 machine.
 * csrc/avx512.c, where the CPU has AVX-512: attention and int8 products twice as wide; and
   where it also has AMX (Intel Sapphire Rapids on): AMXLinear, a bf16 tile product for every
-  linear, in which 1 to 16 rows cost one pass over the weights (target forward over 400
+  linear, in which 1 to 16 rows cost one pass over the weights (target forward over 300
   cached tokens: 1.5 ms for 1 new token, 1.6 for 5, 2.2 for 16, where the AVX2 kernel took
   2.1, 4.2 and 12.3; a 300-token prefill 65 -> 28 ms).
 * elsewhere, CPUs with native bf16 use oneDNN's linear with the bf16 weight pre-packed
