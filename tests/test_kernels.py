@@ -152,6 +152,7 @@ def fused_model(int8: bool = False, std: float = 0.2, **cfg):
     for i, block in enumerate(reference.layers):
         if isinstance(block, kernels.CBlock):
             reference.layers[i] = block.block
+    reference.fast_forward = None                   # the reference's forwards all in PyTorch (its cache as the model's)
     return model, reference
 
 
@@ -168,7 +169,7 @@ def test_c_block_matches_the_pytorch_block(head_dim):
     caches = [KVCache.for_model(m, 1, 64) for m in (model, reference)]
     prompt = torch.randint(1, 97, (1, 21))
     with torch.inference_mode():
-        for m, c in zip((model, reference), caches):                      # prefill: PyTorch in both
+        for m, c in zip((model, reference), caches):                      # prefill: C products, PyTorch attention
             m(prompt, c)
             c.commit_all()
         for T in (1, 3):                                                   # chains
@@ -259,8 +260,9 @@ def test_a_sequence_decodes_alike_alone_and_in_any_batch(dtype):
                     view.commit_all()
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("attend", ["attend", "attend512"])
-def test_attention_depends_only_on_the_keys_a_query_sees(attend):
+def test_attention_depends_only_on_the_keys_a_query_sees(attend, kv_dtype):
     """A query over a prefix and its path's keys gets bit-identical output whether the path's keys
     follow one another (decoding) or sit between masked keys (a tree node's ancestors among other
     nodes), so tree verification equals `ar` exactly."""
@@ -270,25 +272,25 @@ def test_attention_depends_only_on_the_keys_a_query_sees(attend):
     if attend == "attend512" and not cpu_has_avx512():
         return                              # nothing to run here: the CPU has no AVX-512
     fn = getattr(lib, attend)
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3 + \
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4 + \
         [ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
     H, Hkv, hd, max_len = 4, 2, 64, 128
     for seed in range(20):                  # a wrong sum shows in about 2 of 3 cases: catch it for sure
         torch.manual_seed(seed)
         L = int(torch.randint(10, 60, ()))                              # prefix keys; then 3 path keys
         q = torch.randn(H * hd) * 0.5                                   # diffuse softmax: every key counts
-        keys, values = torch.randn(Hkv, L + 3, hd), torch.randn(Hkv, L + 3, hd)
+        keys, values = (torch.randn(Hkv, L + 3, hd).to(kv_dtype) for _ in "kv")
 
         def run(slots: list[int]) -> torch.Tensor:
             kv_len = slots[-1] + 1
-            kc, vc = torch.randn(Hkv, max_len, hd), torch.randn(Hkv, max_len, hd)      # junk in unseen slots
+            kc, vc = (torch.randn(Hkv, max_len, hd).to(kv_dtype) for _ in "kv")       # junk in unseen slots
             kc[:, :L], vc[:, :L] = keys[:, :L], values[:, :L]
             kc[:, slots], vc[:, slots] = keys[:, L:], values[:, L:]
             seen = torch.zeros(kv_len, dtype=torch.uint8)
             seen[:L], seen[slots] = 1, 1
             out = torch.empty(H * hd)
-            fn(q.data_ptr(), H * hd, kc.data_ptr(), vc.data_ptr(), max_len, 0, kv_len, seen.data_ptr(), kv_len, 1, H,
-               Hkv, hd, out.data_ptr())
+            fn(q.data_ptr(), H * hd, kc.data_ptr(), vc.data_ptr(), kv_dtype == torch.bfloat16, max_len, 0, kv_len,
+               seen.data_ptr(), kv_len, 1, H, Hkv, hd, out.data_ptr())
             return out
 
         scattered = [L + i for i in sorted(torch.randperm(40)[:3].tolist())]

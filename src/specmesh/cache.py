@@ -65,7 +65,7 @@ class KVCache:
         cfg = model.config
         layers = layers or range(cfg.num_layers)
         return cls(len(layers), batch, max_len, cfg.num_kv_heads, cfg.head_dim,
-                   cache_dtype(model.dtype, model.device), model.device,
+                   cache_dtype(model), model.device,
                    first_layer=layers.start)
 
     @property

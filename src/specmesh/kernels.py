@@ -19,9 +19,12 @@ AVX2) specmesh runs its own kernels:
   (PackedLinear), and the rest BF16Linear's PyTorch paths.
 
 Such a model keeps only its linear weights in bf16 (int8 for drafts) and computes in float32
-between them (embedding, norms, residual stream, attention, KV cache: the CPU flash-attention
-kernel in bf16 is 2-5x slower than in float32 for decoding's few queries; prefills of more than
-64 tokens attend in bf16 where the CPU has it, 2-3x faster). Every kernel computes a row the
+between them (embedding, norms, residual stream, attention: the CPU flash-attention kernel in
+bf16 is 2-5x slower than in float32 for decoding's few queries; prefills of more than 64
+tokens attend in bf16 where the CPU has it, 2-3x faster). Its KV cache holds bf16 where the C
+forward runs (keys and values rounded to nearest even as they are written, widened exactly
+as they are read): a batch of 8 sequences' decode step reads as many bytes of cache as of
+weights, and half as many in bf16. Every kernel computes a row the
 same way whatever the number of rows, and the attention depends only on the keys a query
 sees (not on where masked keys sit), so a token's logits are bit for bit the same in a
 1-token `ar` step, in a 5-token verification and as a node of a tree (tests/test_kernels.py):
@@ -63,9 +66,12 @@ def native_bf16() -> bool:
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def cache_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The KV cache (and attention) dtype for a model of `dtype` on `device`."""
-    return torch.float32 if device.type == "cpu" and dtype == torch.bfloat16 else dtype
+def cache_dtype(model: nn.Module) -> torch.dtype:
+    """The KV cache dtype of a model: set by use_avx2_kernels (kv_dtype), else float32 for a bf16
+    model on CPU (PyTorch's attention), else the model's."""
+    if getattr(model, "kv_dtype", None) is not None:
+        return model.kv_dtype
+    return torch.float32 if model.device.type == "cpu" and model.dtype == torch.bfloat16 else model.dtype
 
 
 class PackedLinear(nn.Module):
@@ -128,9 +134,18 @@ def avx2_lib() -> ctypes.CDLL | None:
     kernel.f32_linear.restype = None
     kernel.model_forward.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                     ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                      ctypes.c_int, ctypes.c_void_p]
     kernel.model_forward.restype = None
+    kernel.block_qkv.argtypes = [ctypes.POINTER(LayerWeights), ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    kernel.block_qkv.restype = None
+    kernel.block_out.argtypes = [ctypes.POINTER(LayerWeights), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    kernel.block_out.restype = None
+    kernel.rotary_tables.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.c_void_p]
+    kernel.rotary_tables.restype = None
     if hasattr(kernel, "amx_init"):
         kernel.amx_linear.argtypes = kernel.bf16_linear.argtypes
         kernel.amx_linear.restype = None
@@ -332,10 +347,13 @@ class ModelEnds(ctypes.Structure):
 
 
 class CForward:
-    """model.fast_forward for a model whose blocks are CBlocks: a whole forward of up to SMALL_ROWS
-    new tokens (with a cache) in one C call (model_forward): embedding, rotary angles, the layers
-    of the range, final norm and head. A small model's decode step was half Python around the
-    kernels (a draft forward 0.37 -> 0.28 ms). Other forwards return None (the model's own path)."""
+    """model.fast_forward for a model whose blocks are CBlocks, for every forward with a cache on CPU.
+    Up to SMALL_ROWS new tokens go through one C call (model_forward): embedding, rotary angles,
+    the layers of the range, final norm and head. A small model's decode step was half Python
+    around the kernels (a draft forward 0.37 -> 0.28 ms). Longer forwards (prefills) run each
+    layer's products, norms, rotary and cache writes in C too, and its attention through PyTorch's
+    flash kernel (model.attention): a 380-token prefill 26 -> 18 ms. Without a cache (training)
+    it returns None: the model's own path."""
 
     def __init__(self, model: nn.Module, kernel: ctypes.CDLL):
         self.model, self.kernel = model, kernel
@@ -347,24 +365,62 @@ class CForward:
 
     def __call__(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool):
         B, T = x.shape[:2]
-        if cache is None or B * T > SMALL_ROWS or x.device.type != "cpu":
+        if cache is None or x.device.type != "cpu":
             return None
+        if B * T > SMALL_ROWS:
+            return self._long(x, cache, depths, tree_mask, layers, last_only)
         positions = cache.slots(T, depths)                                        # [B, T] int64
         mask = None if tree_mask is None else cache.mask(T, tree_mask).contiguous()   # [B, 1, T, kv_len]
         n, first, L = len(layers), cache.first_layer, self.model.config.num_layers
         weights = (ctypes.POINTER(LayerWeights) * n)(*self.layers[layers.start:layers.stop])
         kc = (ctypes.c_void_p * n)(*(cache.k[i - first].data_ptr() for i in layers))   # each [B, Hkv, max_len, hd]
         vc = (ctypes.c_void_p * n)(*(cache.v[i - first].data_ptr() for i in layers))
-        ids = x.contiguous() if layers.start == 0 else None
-        h = torch.empty(B, T, self.ends.D) if ids is not None else x.float().clone(memory_format=torch.contiguous_format)
+        h = self._hidden(x, layers)
         tail = 0 if layers.stop < L else 1 if last_only else T
         logits = torch.empty(B, tail, self.ends.V)
-        starts = np.asarray(cache._starts, dtype=np.int32)
-        self.kernel.model_forward(ctypes.byref(self.ends), weights, n, _ptr(ids), h.data_ptr(), B, T,
-                                  positions.ctypes.data, kc, vc, cache.k[0].stride(0), cache.max_len,
-                                  starts.ctypes.data, _ptr(mask), cache._kv_len, tail, logits.data_ptr())
+        self.kernel.model_forward(ctypes.byref(self.ends), weights, n, _ptr(x.contiguous() if layers.start == 0 else None),
+                                  h.data_ptr(), B, T, positions.ctypes.data, kc, vc, cache.k[0].dtype == torch.bfloat16,
+                                  cache.k[0].stride(0), cache.max_len, self._starts(cache).ctypes.data, _ptr(mask),
+                                  cache._kv_len, tail, logits.data_ptr())
         cache.advance(T)
         return logits if tail else h
+
+    def _long(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool):
+        from specmesh.model import attention    # not at the top: model imports cache imports this module
+        B, T = x.shape[:2]
+        cfg, first = self.model.config, cache.first_layer
+        H, Q, hd = cfg.num_heads, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.head_dim
+        positions, mask = cache.prepare(T, depths, tree_mask)                    # [B, T]; [B, 1, T, kv_len] or None
+        cos, sin = torch.empty(B * T, hd), torch.empty(B * T, hd)
+        self.kernel.rotary_tables(self.ends.inv_freq, positions.contiguous().data_ptr(), B * T, hd, cos.data_ptr(),
+                                  sin.data_ptr())
+        h = self.model.embed(x).contiguous() if layers.start == 0 else self._hidden(x, layers)   # [B, T, D]
+        qkv = torch.empty(B, T, Q)
+        starts = self._starts(cache)
+        for i in layers:
+            kc, vc = cache.k[i - first], cache.v[i - first]                       # [B, Hkv, max_len, hd]
+            self.kernel.block_qkv(self.layers[i], h.data_ptr(), B, T, cos.data_ptr(), sin.data_ptr(), kc.data_ptr(),
+                                  vc.data_ptr(), kc.dtype == torch.bfloat16, kc.stride(0), cache.max_len,
+                                  starts.ctypes.data, qkv.data_ptr())
+            q = qkv[..., :H * hd].view(B, T, H, hd).transpose(1, 2)
+            out = attention(q, kc[:, :, :cache._kv_len], vc[:, :, :cache._kv_len], mask,
+                            self.model.layers[i].block.attn.prefill_dtype).contiguous()     # [B, T, H*hd]
+            self.kernel.block_out(self.layers[i], h.data_ptr(), B * T, out.data_ptr())
+        cache.advance(T)
+        if layers.stop < cfg.num_layers:
+            return h
+        return self.model.lm_head(self.model.norm(h[:, -1:] if last_only else h)).float()
+
+    def _hidden(self, x: torch.Tensor, layers: range) -> torch.Tensor:
+        """The residual stream [B, T, D] the C code updates in place: empty where it embeds x itself,
+        else a float32 copy of the hidden states x."""
+        if layers.start == 0:
+            return torch.empty(*x.shape[:2], self.ends.D)
+        return x.float().clone(memory_format=torch.contiguous_format)
+
+    @staticmethod
+    def _starts(cache) -> np.ndarray:
+        return np.asarray(cache._starts, dtype=np.int32)        # each row's first new slot
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -396,6 +452,7 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False) -> nn.Module:
         _replace(model, Block, CBlock)
         if hasattr(model, "fast_forward"):     # a Transformer (not a bare module of linears)
             model.fast_forward = CForward(model, lib)
+            model.kv_dtype = torch.bfloat16     # half the bytes for a batch's attention to read
     if native_bf16():                           # prefills attend in bf16: 2-3x faster (400 tokens: 2.0 -> 0.7 ms)
         for attn in (m for m in model.modules() if hasattr(m, "prefill_dtype")):
             attn.prefill_dtype = torch.bfloat16

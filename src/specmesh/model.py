@@ -144,6 +144,19 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              prefill_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd)) v for q [B,H,T,hd] over k, v [B,Hkv,S,hd] -> [B,T,H*hd] in q's dtype.
+    mask [B,1,T,S] (True = attend), or None: causal among the new tokens (a first prefill,
+    training), or one token seeing every key. Attends in the wider of q's and the cache's dtypes
+    (kernels.cache_dtype), or in prefill_dtype for more than 64 queries."""
+    B, H, T, hd = q.shape
+    dtype = prefill_dtype if prefill_dtype is not None and T > 64 else torch.promote_types(q.dtype, k.dtype)
+    out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask,
+                                         is_causal=mask is None and T > 1, enable_gqa=H != k.shape[1])
+    return out.to(q.dtype).transpose(1, 2).reshape(B, T, H * hd)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -161,13 +174,7 @@ class Attention(nn.Module):
         v = qkv[:, :, self.h + self.hkv:].transpose(1, 2)
         if cache is not None:
             k, v = cache.write(self.layer, k, v)                                 # [B,Hkv,S,hd]
-            q = q.to(k.dtype)                                                    # see kernels.cache_dtype
-        if self.prefill_dtype is not None and T > 64:
-            q, k, v = q.to(self.prefill_dtype), k.to(self.prefill_dtype), v.to(self.prefill_dtype)
-        # no mask: causal over the new tokens (a first prefill, training), or one token seeing all keys
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
-                                             enable_gqa=self.h != self.hkv).to(x.dtype)
-        return self.o(out.transpose(1, 2).reshape(B, T, self.h * self.hd))
+        return self.o(attention(q, k, v, mask, self.prefill_dtype))
 
 
 class MLP(nn.Module):
@@ -208,6 +215,7 @@ class Transformer(nn.Module):
         # forward's arguments -> its result, or None where it does not apply: a whole small
         # forward in one call, put in place by kernels.py
         self.fast_forward: Callable | None = None
+        self.kv_dtype: torch.dtype | None = None     # the KV cache's, where kernels.py chose one
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B,T,1,hd] for integer positions [B,T] (computed in float32, as HF does)."""

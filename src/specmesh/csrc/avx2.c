@@ -30,6 +30,30 @@ static inline float bf16_to_float(uint16_t h) {
     return v.f;
 }
 
+static inline uint16_t float_to_bf16(float f) {        // nearest even, NaN as 0x7fc0: as torch rounds
+    union { float f; uint32_t u; } v = { f };
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+// 8 float32 -> 8 bf16 at p, rounded as float_to_bf16 does
+static inline void store_bf16(uint16_t *p, __m256 x) {
+    __m256i u = _mm256_castps_si256(x);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+
+// cached keys and values: float32, or bf16 where kv16 (bf16 models: half the bytes to read)
+static inline __m256 load_kv8(const void *c, int64_t i, int kv16) {
+    return kv16 ? load_bf16((const uint16_t *)c + i) : _mm256_loadu_ps((const float *)c + i);
+}
+
+static inline float load_kv1(const void *c, int64_t i, int kv16) {
+    return kv16 ? bf16_to_float(((const uint16_t *)c)[i]) : ((const float *)c)[i];
+}
+
 enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3 };  // weight kinds; int8 rows carry a float32 scale,
 static const int WBYTES[] = {2, 1, 4, 2};         // AMX weights are bf16 packed for avx512.c
 
@@ -41,8 +65,9 @@ void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const fl
     __attribute__((weak));
 void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
                   float *y) __attribute__((weak));
-void attend512(const float *q, int qs, const float *kc, const float *vc, int max_len, int start, int kv_len,
-               const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) __attribute__((weak));
+void attend512_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
+                    int kv_len, const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out, int g)
+    __attribute__((weak));
 
 // 8 weights from k on of a row of this kind, as float32 (exact)
 static inline __m256 load8(const void *row, int k, int kind) {
@@ -200,21 +225,24 @@ static inline __m256 exp8(__m256 x) {
 }
 
 // Scores of query row qr against keys [j0, j0 + 8) (those >= kv_len give 0): 8 floats at pr.
-static inline void score8(const float *qr, const float *k, int hd, int j0, int kv_len, float scale, float *pr) {
+// Keys k (of one kv head) start at element k0 of kc.
+static inline void score8(const float *qr, const void *kc, int64_t k0, int kv16, int hd, int j0, int kv_len,
+                          float scale, float *pr) {
     __m256 acc[8];
     for (int jj = 0; jj < 8; jj++) {
         acc[jj] = _mm256_setzero_ps();
         if (j0 + jj < kv_len)
             for (int d = 0; d + 8 <= hd; d += 8)
-                acc[jj] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), _mm256_loadu_ps(k + (int64_t)(j0 + jj) * hd + d), acc[jj]);
+                acc[jj] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), load_kv8(kc, k0 + (int64_t)(j0 + jj) * hd + d, kv16),
+                                          acc[jj]);
     }
     _mm256_storeu_ps(pr, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
     for (int jj = 0; jj < 8 && j0 + jj < kv_len; jj++)            // head dims past a multiple of 8
-        for (int d = hd / 8 * 8; d < hd; d++) pr[jj] += qr[d] * k[(int64_t)(j0 + jj) * hd + d] * scale;
+        for (int d = hd / 8 * 8; d < hd; d++) pr[jj] += qr[d] * load_kv1(kc, k0 + (int64_t)(j0 + jj) * hd + d, kv16) * scale;
 }
 
 // Attention of M new tokens (rotated q [M, H*hd], row stride qs) over keys/values
-// kc/vc [Hkv, max_len, hd] (positions [0, kv_len)); token t sees key j where
+// kc/vc [Hkv, max_len, hd] (float32, or bf16 where kv16; positions [0, kv_len)); token t sees key j where
 // mask[t * ms + j] or, without a mask, j <= start + t. out [M, H*hd].
 // Per kv head, blocks of KB keys and values stay in L1 while all the M x H/Hkv query rows
 // that use them go through. A query's result depends only on the keys it sees, not on M,
@@ -222,13 +250,12 @@ static inline void score8(const float *qr, const float *k, int hd, int j0, int k
 // keys weigh exactly 0 and are left out of the sums, which run in key order), so a token
 // attends alike in decoding, in chain verification and as a node of a tree.
 #define KB 64
-void attend(const float *q, int qs, const float *kc, const float *vc, int max_len, int start, int kv_len,
-            const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
+static void attend_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
+                        int kv_len, const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out, int g) {
     const int G = H / Hkv, R = M * G, P = (kv_len + 7) / 8 * 8;    // rows per kv head; padded key count
     const float scale = 1.0f / sqrtf((float)hd);
-    #pragma omp parallel for schedule(static)
-    for (int g = 0; g < Hkv; g++) {
-        const float *k = kc + (int64_t)g * max_len * hd, *v = vc + (int64_t)g * max_len * hd;
+    {
+        const int64_t kv0 = (int64_t)g * max_len * hd;           // this head's keys and values
         float *p = malloc(sizeof(float) * (R + 1) * P);         // row r = t * G + i: query head g * G + i
         float *packed = p + (int64_t)R * P;
         #define Q_ROW(r) (q + (int64_t)((r) / G) * qs + (g * G + (r) % G) * hd)
@@ -238,7 +265,7 @@ void attend(const float *q, int qs, const float *kc, const float *vc, int max_le
                 float *pr = p + (int64_t)r * P;
                 int t = r / G;
                 for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
-                    score8(Q_ROW(r), k, hd, j0, kv_len, scale, pr + j0);
+                    score8(Q_ROW(r), kc, kv0, kv16, hd, j0, kv_len, scale, pr + j0);
                     for (int j = j0; j < j0 + 8; j++)
                         if (!(j < kv_len && (mask ? mask[(int64_t)t * ms + j] : j <= start + t))) pr[j] = -INFINITY;
                 }
@@ -274,13 +301,13 @@ void attend(const float *q, int qs, const float *kc, const float *vc, int max_le
                     for (int j = b; j < end; j++) {
                         if (pr[j] == 0.0f) continue;
                         __m256 w = _mm256_set1_ps(pr[j]);
-                        const float *vj = v + (int64_t)j * hd + d0;
-                        for (int c = 0; c < n; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+                        int64_t vj = kv0 + (int64_t)j * hd + d0;
+                        for (int c = 0; c < n; c++) acc[c] = _mm256_fmadd_ps(w, load_kv8(vc, vj + 8 * c, kv16), acc[c]);
                     }
                     for (int c = 0; c < n; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
                 }
                 for (int j = b; j < end; j++)
-                    for (int d = HV; d < hd; d++) o[d] += pr[j] * v[(int64_t)j * hd + d];
+                    for (int d = HV; d < hd; d++) o[d] += pr[j] * load_kv1(vc, kv0 + (int64_t)j * hd + d, kv16);
             }
         for (int r = 0; r < R; r++)
             for (int d = 0; d < hd; d++) OUT_ROW(r)[d] *= inv[r];
@@ -289,6 +316,20 @@ void attend(const float *q, int qs, const float *kc, const float *vc, int max_le
         free(inv);
         free(p);
     }
+}
+
+// The attention function's kv head g: attend512_head where the CPU has AVX-512 and hd is 64 or 128
+typedef void (*AttendHead)(const float *, int, const void *, const void *, int, int, int, int, const uint8_t *, int,
+                           int, int, int, int, float *, int);
+
+static AttendHead attend_head_for(int hd) {
+    return avx512 && (hd == 64 || hd == 128) ? attend512_head : attend_head;
+}
+
+void attend(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start, int kv_len,
+            const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
+    #pragma omp parallel for schedule(static)
+    for (int g = 0; g < Hkv; g++) attend_head(q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out, g);
 }
 
 // act[M, I] = silu(gate) * up for gu[M, 2I] = [gate | up], with exp8 (the same for every row)
@@ -307,44 +348,87 @@ static void swiglu(const float *gu, int M, int I, float *act) {
     }
 }
 
-// h[B*T, D] <- layer(h) for T new tokens of each of B sequences: row b's keys/values live at
-// kc/vc + b * rs ([Hkv, max_len, hd] each), its new tokens go at offsets starts[b].., and token
-// t of row b sees key j where mask[(b * T + t) * ms + j] or, without a mask, j <= starts[b] + t.
-// cos/sin [B*T, hd] are the rotary tables. The products run over all B*T rows at once and the
-// attention row by row, so a row's result does not depend on the others.
-static void block_forward(const Layer *L, float *h, int B, int T, const float *cos, const float *sin, float *kc, float *vc,
-                   int64_t rs, int max_len, const int *starts, const uint8_t *mask, int ms) {
-    int D = L->D, H = L->H, Hkv = L->Hkv, hd = L->hd, I = L->I, Q = (H + 2 * Hkv) * hd, M = B * T;
-    float *x = malloc(sizeof(float) * M * D), *qkv = malloc(sizeof(float) * M * Q);
-    float *att = malloc(sizeof(float) * M * H * hd), *gu = malloc(sizeof(float) * M * 2 * I);
-    float *act = malloc(sizeof(float) * M * I);
-
+// A layer's first half for T new tokens of each of B sequences: qkv[B*T, (H + 2 Hkv) * hd] <- the
+// rotated q and k and the v of rms_norm(h), with cos/sin [B*T, hd] the rotary tables; the keys and
+// values also go into the cache: row b's live at elements kc/vc + b * rs ([Hkv, max_len, hd] each,
+// float32 or bf16 where kv16), its new tokens at offsets starts[b]...
+void block_qkv(const Layer *L, const float *h, int B, int T, const float *cos, const float *sin, void *kc, void *vc,
+               int kv16, int64_t rs, int max_len, const int *starts, float *qkv) {
+    int D = L->D, H = L->H, Hkv = L->Hkv, hd = L->hd, Q = (H + 2 * Hkv) * hd, M = B * T;
+    float *x = malloc(sizeof(float) * M * D);
     rms_norm(h, M, D, L->attn_norm, L->eps, x);
     linear(x, M, D, L->qkv, L->kind, L->qkv_s, Q, L->qkv_b, qkv);
+    free(x);
     for (int r = 0; r < M; r++) {
         int b = r / T, t = r % T;
         float *row = qkv + (int64_t)r * Q;
         for (int j = 0; j < H + Hkv; j++) rotate(row + j * hd, cos + r * hd, sin + r * hd, hd);
         for (int g = 0; g < Hkv; g++) {
             int64_t at = b * rs + ((int64_t)g * max_len + starts[b] + t) * hd;
-            memcpy(kc + at, row + (H + g) * hd, sizeof(float) * hd);
-            memcpy(vc + at, row + (H + Hkv + g) * hd, sizeof(float) * hd);
+            const float *k = row + (H + g) * hd, *v = row + (H + Hkv + g) * hd;
+            if (kv16) {
+                uint16_t *kb = (uint16_t *)kc + at, *vb = (uint16_t *)vc + at;
+                int d = 0;
+                for (; d + 8 <= hd; d += 8) {
+                    store_bf16(kb + d, _mm256_loadu_ps(k + d));
+                    store_bf16(vb + d, _mm256_loadu_ps(v + d));
+                }
+                for (; d < hd; d++) {
+                    kb[d] = float_to_bf16(k[d]);
+                    vb[d] = float_to_bf16(v[d]);
+                }
+            } else {
+                memcpy((float *)kc + at, k, sizeof(float) * hd);
+                memcpy((float *)vc + at, v, sizeof(float) * hd);
+            }
         }
     }
-    void (*attention)(const float *, int, const float *, const float *, int, int, int, const uint8_t *, int, int, int,
-                      int, int, float *) = avx512 && (hd == 64 || hd == 128) ? attend512 : attend;
-    for (int b = 0; b < B; b++)
-        attention(qkv + (int64_t)b * T * Q, Q, kc + b * rs, vc + b * rs, max_len, starts[b], starts[b] + T,
-               mask ? mask + (int64_t)b * T * ms : NULL, ms, T, H, Hkv, hd, att + (int64_t)b * T * H * hd);
-    linear(att, M, H * hd, L->o, L->kind, L->o_s, D, L->o_b, x);
-    for (int i = 0; i < M * D; i++) h[i] += x[i];
+}
 
+// A layer's second half for M tokens: h[M, D] += o(att[M, H*hd]), then h += mlp(rms_norm(h)).
+void block_out(const Layer *L, float *h, int M, const float *att) {
+    int D = L->D, I = L->I;
+    float *x = malloc(sizeof(float) * M * D), *gu = malloc(sizeof(float) * M * 2 * I), *act = malloc(sizeof(float) * M * I);
+    linear(att, M, L->H * L->hd, L->o, L->kind, L->o_s, D, L->o_b, x);
+    for (int i = 0; i < M * D; i++) h[i] += x[i];
     rms_norm(h, M, D, L->mlp_norm, L->eps, x);
     linear(x, M, D, L->gate_up, L->kind, L->gate_up_s, 2 * I, L->gate_up_b, gu);
     swiglu(gu, M, I, act);
     linear(act, M, I, L->down, L->kind, L->down_s, D, L->down_b, x);
     for (int i = 0; i < M * D; i++) h[i] += x[i];
-    free(x); free(qkv); free(att); free(gu); free(act);
+    free(x); free(gu); free(act);
+}
+
+// h[B*T, D] <- layer(h): block_qkv, then each row's attention (token t of row b sees key j where
+// mask[(b * T + t) * ms + j] or, without a mask, j <= starts[b] + t), then block_out. The products
+// run over all B*T rows at once and the attention row by row, so a row's result does not depend on
+// the others.
+static void block_forward(const Layer *L, float *h, int B, int T, const float *cos, const float *sin, void *kc, void *vc,
+                          int kv16, int64_t rs, int max_len, const int *starts, const uint8_t *mask, int ms) {
+    int H = L->H, Hkv = L->Hkv, hd = L->hd, Q = (H + 2 * Hkv) * hd, M = B * T;
+    float *qkv = malloc(sizeof(float) * M * Q), *att = malloc(sizeof(float) * M * H * hd);
+    block_qkv(L, h, B, T, cos, sin, kc, vc, kv16, rs, max_len, starts, qkv);
+    AttendHead head = attend_head_for(hd);
+    const int es = kv16 ? 2 : 4;                                 // bytes per cached element
+    #pragma omp parallel for collapse(2) schedule(dynamic)      // one parallel region for the batch
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++)
+            head(qkv + (int64_t)b * T * Q, Q, (char *)kc + b * rs * es, (char *)vc + b * rs * es, kv16, max_len,
+                 starts[b], starts[b] + T, mask ? mask + (int64_t)b * T * ms : NULL, ms, T, H, Hkv, hd,
+                 att + (int64_t)b * T * H * hd, g);
+    block_out(L, h, M, att);
+    free(qkv); free(att);
+}
+
+// cos/sin [M, hd] for positions [M]: angle i = (float32) position * inv_freq[i], as the model computes it
+void rotary_tables(const float *inv_freq, const int64_t *positions, int M, int hd, float *cos, float *sin) {
+    const int half = hd / 2;
+    for (int r = 0; r < M; r++)
+        for (int i = 0; i < half; i++) {
+            float angle = (float)positions[r] * inv_freq[i];
+            cos[r * hd + i] = cos[r * hd + half + i] = cosf(angle);
+            sin[r * hd + i] = sin[r * hd + half + i] = sinf(angle);
+        }
 }
 
 typedef struct {            // a model's ends around its layers (kernels.CForward fills it)
@@ -363,20 +447,15 @@ typedef struct {            // a model's ends around its layers (kernels.CForwar
 // the model computes them). Out: h, and where tail > 0 the logits [B, tail, V] of each sequence's last
 // tail tokens after the final norm.
 void model_forward(const Ends *E, const Layer *const *layers, int n, const int64_t *ids, float *h, int B, int T,
-                   const int64_t *positions, float *const *kc, float *const *vc, int64_t rs, int max_len,
+                   const int64_t *positions, void *const *kc, void *const *vc, int kv16, int64_t rs, int max_len,
                    const int *starts, const uint8_t *mask, int ms, int tail, float *logits) {
-    const int M = B * T, D = E->D, hd = E->hd, half = hd / 2;
+    const int M = B * T, D = E->D, hd = E->hd;
     if (ids)
         for (int r = 0; r < M; r++) memcpy(h + (int64_t)r * D, E->embed + ids[r] * D, sizeof(float) * D);
     float *cos = malloc(sizeof(float) * M * hd), *sin = malloc(sizeof(float) * M * hd);
-    for (int r = 0; r < M; r++)
-        for (int i = 0; i < half; i++) {
-            float angle = (float)positions[r] * E->inv_freq[i];
-            cos[r * hd + i] = cos[r * hd + half + i] = cosf(angle);
-            sin[r * hd + i] = sin[r * hd + half + i] = sinf(angle);
-        }
+    rotary_tables(E->inv_freq, positions, M, hd, cos, sin);
     for (int l = 0; l < n; l++)
-        block_forward(layers[l], h, B, T, cos, sin, kc[l], vc[l], rs, max_len, starts, mask, ms);
+        block_forward(layers[l], h, B, T, cos, sin, kc[l], vc[l], kv16, rs, max_len, starts, mask, ms);
     if (tail > 0) {
         float *x = malloc(sizeof(float) * B * tail * D);
         for (int b = 0; b < B; b++)

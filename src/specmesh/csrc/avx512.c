@@ -154,14 +154,22 @@ static inline float softmax_row(float *pr, int P, float *packed) {
     return 1.0f / _mm512_reduce_add_ps(sum);
 }
 
-// One kv head g of attend512 (below); HV = hd / 16 is a constant at each call site, so the query
-// row and the accumulators stay in registers.
+// 16 cached keys or values from element i on: float32, or bf16 where KV16 (exact)
+static inline __m512 load_kv16(const void *c, int64_t i, const int KV16) {
+    if (KV16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+            _mm256_loadu_si256((const __m256i *)((const uint16_t *)c + i))), 16));
+    return _mm512_loadu_ps((const float *)c + i);
+}
+
+// One kv head g of attend512 (below); HV = hd / 16 and KV16 (bf16 keys and values) are constants at
+// each call site, so the query row and the accumulators stay in registers.
 static inline __attribute__((always_inline)) void attend_head(
-        const float *q, int qs, const float *kc, const float *vc, int max_len, int start, int kv_len,
-        const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out, int g, const int HV) {
+        const float *q, int qs, const void *kc, const void *vc, int max_len, int start, int kv_len,
+        const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out, int g, const int HV, const int KV16) {
     const int G = H / Hkv, R = M * G, P = (kv_len + 15) / 16 * 16;
     const float scale = 1.0f / sqrtf((float)hd);
-    const float *k = kc + (int64_t)g * max_len * hd, *v = vc + (int64_t)g * max_len * hd;
+    const int64_t kv0 = (int64_t)g * max_len * hd;               // this head's keys and values
     float *p = aligned_alloc(64, sizeof(float) * (R + 1) * P);    // row r = t * G + i: query head g * G + i
     float *inv = malloc(sizeof(float) * R);
     #define Q_ROW(r) (q + (int64_t)((r) / G) * qs + (g * G + (r) % G) * hd)
@@ -177,7 +185,7 @@ static inline __attribute__((always_inline)) void attend_head(
                     acc[jj] = _mm512_setzero_ps();
                     if (j0 + jj < kv_len)
                         for (int c = 0; c < HV; c++)
-                            acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + (int64_t)(j0 + jj) * hd + 16 * c),
+                            acc[jj] = _mm512_fmadd_ps(qv[c], load_kv16(kc, kv0 + (int64_t)(j0 + jj) * hd + 16 * c, KV16),
                                                       acc[jj]);
                 }
                 _mm256_store_ps(pr + j0, _mm256_mul_ps(hsum8x16(acc), _mm256_set1_ps(scale)));
@@ -199,7 +207,8 @@ static inline __attribute__((always_inline)) void attend_head(
             for (int j = b; j < end; j++) {
                 if (pr[j] == 0.0f) continue;
                 __m512 w = _mm512_set1_ps(pr[j]);
-                for (int c = 0; c < HV; c++) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + (int64_t)j * hd + 16 * c), acc[c]);
+                for (int c = 0; c < HV; c++)
+                    acc[c] = _mm512_fmadd_ps(w, load_kv16(vc, kv0 + (int64_t)j * hd + 16 * c, KV16), acc[c]);
             }
             for (int c = 0; c < HV; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
         }
@@ -213,20 +222,24 @@ static inline __attribute__((always_inline)) void attend_head(
 }
 
 // avx2.c's attend with AVX-512, for head dims 64 and 128 (the caller checks). Same contract: M new tokens' rotated q [M, H*hd] (row stride qs) over kc/vc
-// [Hkv, max_len, hd], positions [0, kv_len); token t sees key j where mask[t * ms + j] or, without
+// [Hkv, max_len, hd] (float32, or bf16 where kv16), positions [0, kv_len); token t sees key j where mask[t * ms + j] or, without
 // a mask, j <= start + t; out [M, H*hd]. Per kv head, blocks of KB keys (and values) stay in L1
 // while all M x H/Hkv query rows that use them go through, each row's q in registers. A query's
 // result does not depend on M or kv_len: key j's score is summed by the same tree wherever it sits,
 // masked keys weigh exactly 0 (and are skipped), and weighted values are summed in key order.
-void attend512(const float *q, int qs, const float *kc, const float *vc, int max_len, int start, int kv_len,
+// attend512_head computes kv head g's query heads; attend512 all of them.
+void attend512_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
+                    int kv_len, const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out, int g) {
+    #define HEAD(HV, KV16) attend_head(q, qs, kc, vc, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out, g, HV, KV16)
+    if (hd == 64) { if (kv16) HEAD(4, 1); else HEAD(4, 0); }
+    else { if (kv16) HEAD(8, 1); else HEAD(8, 0); }
+    #undef HEAD
+}
+
+void attend512(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start, int kv_len,
                const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
     #pragma omp parallel for schedule(static)
-    for (int g = 0; g < Hkv; g++) {
-        if (hd == 64)
-            attend_head(q, qs, kc, vc, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out, g, 4);
-        else
-            attend_head(q, qs, kc, vc, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out, g, 8);
-    }
+    for (int g = 0; g < Hkv; g++) attend512_head(q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out, g);
 }
 
 static inline __m512 load16_i8(const int8_t *p) {      // 16 int8 -> 16 float32 (exact)

@@ -8,7 +8,8 @@ row with its own parameters and seeded generator, and retires the rows that fini
 or whose client left: the last row moves into the freed one, so the running rows stay
 a contiguous prefix of the cache and every forward works on a view of it.
 
-The loop runs in a thread of its own; each step's results go out at once through
+The loop runs in the calling thread (`run`; `specmesh serve` gives it the main thread) or in
+a thread of its own (`start`); each step's results go out at once through
 `deliver` (the HTTP layer hands the whole batch to its event loop in one wake-up, which
 calls each request's `emit`). An exception in the loop fails every request in flight,
 marks the engine failed, and calls `on_failure`.
@@ -108,14 +109,20 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="specmesh-engine", daemon=True)
 
     def start(self) -> "Engine":
+        """Run the loop in a thread of its own."""
         self._thread.start()
         return self
+
+    def run(self) -> None:
+        """Run the loop in this thread until `stop` (or a failure)."""
+        self._loop()
 
     def stop(self) -> None:
         with self._wake:
             self._stop = True
             self._wake.notify()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
 
     @property
     def idle(self) -> bool:
