@@ -160,6 +160,7 @@ void i8_linear(const float *x, int M, int K, const int8_t *w, const float *scale
 
 // y[M,D] = w * (x * rsqrt(mean(x^2) + eps)), row by row (RMSNorm in float32)
 void rms_norm(const float *x, int M, int D, const float *w, float eps, float *y) {
+    #pragma omp parallel for schedule(static) if (M >= 64)
     for (int m = 0; m < M; m++) {
         const float *xr = x + (int64_t)m * D;
         float *yr = y + (int64_t)m * D;
@@ -359,6 +360,7 @@ void block_qkv(const Layer *L, const float *h, int B, int T, const float *cos, c
     rms_norm(h, M, D, L->attn_norm, L->eps, x);
     linear(x, M, D, L->qkv, L->kind, L->qkv_s, Q, L->qkv_b, qkv);
     free(x);
+    #pragma omp parallel for schedule(static) if (M >= 64)
     for (int r = 0; r < M; r++) {
         int b = r / T, t = r % T;
         float *row = qkv + (int64_t)r * Q;
@@ -385,17 +387,22 @@ void block_qkv(const Layer *L, const float *h, int B, int T, const float *cos, c
     }
 }
 
+static void add(float *h, const float *x, int n) {     // h += x (the residual stream)
+    #pragma omp parallel for schedule(static) if (n >= 65536)
+    for (int i = 0; i < n; i++) h[i] += x[i];
+}
+
 // A layer's second half for M tokens: h[M, D] += o(att[M, H*hd]), then h += mlp(rms_norm(h)).
 void block_out(const Layer *L, float *h, int M, const float *att) {
     int D = L->D, I = L->I;
     float *x = malloc(sizeof(float) * M * D), *gu = malloc(sizeof(float) * M * 2 * I), *act = malloc(sizeof(float) * M * I);
     linear(att, M, L->H * L->hd, L->o, L->kind, L->o_s, D, L->o_b, x);
-    for (int i = 0; i < M * D; i++) h[i] += x[i];
+    add(h, x, M * D);
     rms_norm(h, M, D, L->mlp_norm, L->eps, x);
     linear(x, M, D, L->gate_up, L->kind, L->gate_up_s, 2 * I, L->gate_up_b, gu);
     swiglu(gu, M, I, act);
     linear(act, M, I, L->down, L->kind, L->down_s, D, L->down_b, x);
-    for (int i = 0; i < M * D; i++) h[i] += x[i];
+    add(h, x, M * D);
     free(x); free(gu); free(act);
 }
 
