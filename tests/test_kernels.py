@@ -295,3 +295,37 @@ def test_attention_depends_only_on_the_keys_a_query_sees(attend, kv_dtype):
 
         scattered = [L + i for i in sorted(torch.randperm(40)[:3].tolist())]
         assert torch.equal(run(scattered), run([L, L + 1, L + 2])), (seed, scattered)
+
+
+@pytest.mark.parametrize("start", [0, 37])
+def test_tile_attention_is_causal_and_matches_pytorch(start):
+    """csrc/avx512.c's prefill attention on the tile unit (CPUs with AMX): token t sees exactly keys
+    0 .. start + t (junk and NaN past them never leak), and it computes what PyTorch's flash
+    attention does in bf16."""
+    import ctypes  # noqa: F401
+    import torch.nn.functional as F
+    lib = kernels.amx_lib()
+    if lib is None:
+        return                              # nothing to run here: the CPU has no AMX
+    T, H, Hkv, max_len = 83, 4, 2, 256
+    n = start + T
+    torch.manual_seed(0)
+    kc, vc = torch.randn(Hkv, max_len, 64).bfloat16(), torch.randn(Hkv, max_len, 64).bfloat16()
+    kc[:, n:], vc[:, n:] = float("nan"), float("nan")               # slots past the new tokens
+    q = torch.randn(T, H * 64)
+    out = torch.empty(T, H * 64)
+
+    def run(q):
+        lib.amx_attention(q.data_ptr(), H * 64, kc.data_ptr(), vc.data_ptr(), max_len, start, T, H, Hkv, out.data_ptr())
+        return out.clone()
+
+    uniform = run(torch.zeros(T, H * 64))              # equal scores: the mean of the values each token sees
+    seen = torch.arange(n)[None, :] <= (start + torch.arange(T))[:, None]            # [T, n]
+    means = (seen.float() / seen.sum(1, keepdim=True)) @ vc[:, :n].float().transpose(0, 1).reshape(n, Hkv * 64)
+    expected = means.view(T, Hkv, 1, 64).expand(T, Hkv, H // Hkv, 64).reshape(T, H * 64)
+    assert (uniform - expected).abs().max() < 0.02
+    mask = seen[None, None]
+    ref = F.scaled_dot_product_attention(q.view(1, T, H, 64).transpose(1, 2).bfloat16().float(),
+                                         kc[None, :, :n].float(), vc[None, :, :n].float(), attn_mask=mask,
+                                         enable_gqa=True).transpose(1, 2).reshape(T, H * 64)
+    assert (run(q) - ref).abs().max() < 0.03 * ref.abs().max()

@@ -149,6 +149,9 @@ def avx2_lib() -> ctypes.CDLL | None:
     if hasattr(kernel, "amx_init"):
         kernel.amx_linear.argtypes = kernel.bf16_linear.argtypes
         kernel.amx_linear.restype = None
+        kernel.amx_attention.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + \
+            [ctypes.c_int] * 5 + [ctypes.c_void_p]
+        kernel.amx_attention.restype = None
         if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
             kernel.use_avx512(1)
     return kernel
@@ -362,6 +365,7 @@ class CForward:
                               model.embed.weight.data_ptr(), model.inv_freq.data_ptr(), norm.weight.data_ptr(),
                               head.weight.data_ptr(), _ptr(getattr(head, "scale", None)), _ptr(head.bias32))
         self.layers = [ctypes.pointer(b.weights) for b in model.layers]
+        self.amx = amx_lib()
 
     def __call__(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool):
         B, T = x.shape[:2]
@@ -386,11 +390,17 @@ class CForward:
         return logits if tail else h
 
     def _long(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool):
-        from specmesh.model import attention    # not at the top: model imports cache imports this module
+        from specmesh.model import PREFILL_TOKENS, attention    # not at the top: model imports cache imports this module
         B, T = x.shape[:2]
         cfg, first = self.model.config, cache.first_layer
         H, Q, hd = cfg.num_heads, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.head_dim
-        positions, mask = cache.prepare(T, depths, tree_mask)                    # [B, T]; [B, 1, T, kv_len] or None
+        # a prefill (no tree) of a bf16 cache with head dim 64 attends on the tile unit where there is one
+        tiles = self.amx is not None and T > PREFILL_TOKENS and tree_mask is None and hd == 64 \
+            and cache.k[0].dtype == torch.bfloat16
+        if tiles:
+            positions, mask = torch.from_numpy(cache.slots(T, depths)), None
+        else:
+            positions, mask = cache.prepare(T, depths, tree_mask)                # [B, T]; [B, 1, T, kv_len] or None
         cos, sin = torch.empty(B * T, hd), torch.empty(B * T, hd)
         self.kernel.rotary_tables(self.ends.inv_freq, positions.contiguous().data_ptr(), B * T, hd, cos.data_ptr(),
                                   sin.data_ptr())
@@ -402,9 +412,15 @@ class CForward:
             self.kernel.block_qkv(self.layers[i], h.data_ptr(), B, T, cos.data_ptr(), sin.data_ptr(), kc.data_ptr(),
                                   vc.data_ptr(), kc.dtype == torch.bfloat16, kc.stride(0), cache.max_len,
                                   starts.ctypes.data, qkv.data_ptr())
-            q = qkv[..., :H * hd].view(B, T, H, hd).transpose(1, 2)
-            out = attention(q, kc[:, :, :cache._kv_len], vc[:, :, :cache._kv_len], mask,
-                            self.model.layers[i].block.attn.prefill_dtype).contiguous()     # [B, T, H*hd]
+            if tiles:
+                out = torch.empty(B, T, H * hd)
+                for b, start in enumerate(cache._starts):
+                    self.amx.amx_attention(qkv[b].data_ptr(), Q, kc[b].data_ptr(), vc[b].data_ptr(), cache.max_len,
+                                           start, T, H, cfg.num_kv_heads, out[b].data_ptr())
+            else:
+                q = qkv[..., :H * hd].view(B, T, H, hd).transpose(1, 2)
+                out = attention(q, kc[:, :, :cache._kv_len], vc[:, :, :cache._kv_len], mask,
+                                self.model.layers[i].block.attn.prefill_dtype).contiguous()     # [B, T, H*hd]
             self.kernel.block_out(self.layers[i], h.data_ptr(), B * T, out.data_ptr())
         cache.advance(T)
         if layers.stop < cfg.num_layers:

@@ -144,14 +144,17 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+PREFILL_TOKENS = 64     # forwards of more tokens (prefills) may attend in a 16-bit dtype (Attention.prefill_dtype)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               prefill_dtype: torch.dtype | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(hd)) v for q [B,H,T,hd] over k, v [B,Hkv,S,hd] -> [B,T,H*hd] in q's dtype.
     mask [B,1,T,S] (True = attend), or None: causal among the new tokens (a first prefill,
     training), or one token seeing every key. Attends in the wider of q's and the cache's dtypes
-    (kernels.cache_dtype), or in prefill_dtype for more than 64 queries."""
+    (kernels.cache_dtype), or in prefill_dtype for more than PREFILL_TOKENS queries."""
     B, H, T, hd = q.shape
-    dtype = prefill_dtype if prefill_dtype is not None and T > 64 else torch.promote_types(q.dtype, k.dtype)
+    dtype = prefill_dtype if prefill_dtype is not None and T > PREFILL_TOKENS else torch.promote_types(q.dtype, k.dtype)
     out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask,
                                          is_causal=mask is None and T > 1, enable_gqa=H != k.shape[1])
     return out.to(q.dtype).transpose(1, 2).reshape(B, T, H * hd)

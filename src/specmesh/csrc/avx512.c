@@ -290,3 +290,139 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
         }
     }
 }
+
+// Causal attention of a long forward (a prefill) on the tile unit, for head dim 64 and a bf16 cache:
+// T new tokens' rotated q [T, H*64] (row stride qs, float32) over keys/values kc/vc [Hkv, max_len, 64]
+// (bf16, positions [0, start + T)); token t sees key j where j <= start + t. out [T, H*64].
+// Flash-style: per query head and block of 16 tokens, blocks of 32 keys: S = Q K^T on tiles (q
+// rounded to bf16), an online softmax in float32, then P V on tiles (P rounded to bf16), as
+// PyTorch's bf16 flash attention computes it. Keys are packed once per kv head: K^T and V in the
+// tile unit's pair layout.
+#define QB 16                                      // query tokens per block
+#define KB2 64                                     // keys per block
+static void pack_keys(const uint16_t *k, int n, uint16_t *kt) {
+    // kt[b][d][r][j][e] = k[16 b + j][32 d + 2 r + e]: tiles of 16 keys x 32 dims (B operands of Q K^T),
+    // zeros past key n up to a whole block of KB2
+    for (int j0 = 0; j0 < (n + KB2 - 1) / KB2 * KB2; j0 += 16)
+        for (int d = 0; d < 2; d++)
+            for (int r = 0; r < 16; r++)
+                for (int j = 0; j < 16; j++)
+                    for (int e = 0; e < 2; e++)
+                        kt[(((int64_t)(j0 / 16) * 2 + d) * 16 + r) * 32 + j * 2 + e] =
+                            j0 + j < n ? k[(int64_t)(j0 + j) * 64 + 32 * d + 2 * r + e] : 0;
+}
+
+static void pack_values(const uint16_t *v, int n, uint16_t *vp) {
+    // vp[b][c][r][i][e] = v[32 b + 2 r + e][16 c + i]: tiles of 32 keys x 16 dims (B operands of P V)
+    for (int j0 = 0; j0 < (n + KB2 - 1) / KB2 * KB2; j0 += 32)
+        for (int c = 0; c < 4; c++)
+            for (int r = 0; r < 16; r++)
+                for (int i = 0; i < 16; i++)
+                    for (int e = 0; e < 2; e++) {
+                        int j = j0 + 2 * r + e;
+                        vp[(((int64_t)(j0 / 32) * 4 + c) * 16 + r) * 32 + i * 2 + e] = j < n ? v[(int64_t)j * 64 + 16 * c + i] : 0;
+                    }
+}
+
+static void attend_block(const float *q, int qs, const uint16_t *kt, const uint16_t *vp, int start, int T, int t0,
+                         int h, float *out, int H) {
+    uint16_t qa[QB][64] __attribute__((aligned(64))), pa[QB][KB2] __attribute__((aligned(64)));
+    float s[QB][KB2] __attribute__((aligned(64))), pv[QB][64] __attribute__((aligned(64)));
+    float o[QB][64] __attribute__((aligned(64))), m[QB], l[QB];
+    const int rows = T - t0 < QB ? T - t0 : QB;
+    const __m512 scale = _mm512_set1_ps(0.125f);                  // 1 / sqrt(64)
+    for (int i = 0; i < QB; i++) {
+        for (int c = 0; c < 4; c++) {
+            __m512 x = i < rows ? _mm512_loadu_ps(q + (int64_t)(t0 + i) * qs + h * 64 + 16 * c) : _mm512_setzero_ps();
+            _mm256_store_si256((__m256i *)&qa[i][16 * c], (__m256i)_mm512_cvtneps_pbh(x));
+            _mm512_store_ps(&o[i][16 * c], _mm512_setzero_ps());
+        }
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    _tile_loadd(2, &qa[0][0], 128);
+    _tile_loadd(3, &qa[0][32], 128);
+    const int last = start + t0 + rows - 1;                       // the last key any of these tokens sees
+    for (int j0 = 0; j0 <= last; j0 += KB2) {
+        const uint16_t *k0 = kt + (int64_t)(j0 / 16) * 2 * TILE;
+        _tile_zero(0); _tile_zero(1); _tile_zero(4); _tile_zero(5);
+        _tile_loadd(6, k0, 64);            _tile_dpbf16ps(0, 2, 6);
+        _tile_loadd(6, k0 + TILE, 64);     _tile_dpbf16ps(0, 3, 6);
+        _tile_loadd(6, k0 + 2 * TILE, 64); _tile_dpbf16ps(1, 2, 6);
+        _tile_loadd(6, k0 + 3 * TILE, 64); _tile_dpbf16ps(1, 3, 6);
+        _tile_loadd(6, k0 + 4 * TILE, 64); _tile_dpbf16ps(4, 2, 6);
+        _tile_loadd(6, k0 + 5 * TILE, 64); _tile_dpbf16ps(4, 3, 6);
+        _tile_loadd(6, k0 + 6 * TILE, 64); _tile_dpbf16ps(5, 2, 6);
+        _tile_loadd(6, k0 + 7 * TILE, 64); _tile_dpbf16ps(5, 3, 6);
+        _tile_stored(0, &s[0][0], KB2 * 4); _tile_stored(1, &s[0][16], KB2 * 4);
+        _tile_stored(4, &s[0][32], KB2 * 4); _tile_stored(5, &s[0][48], KB2 * 4);
+        for (int i = 0; i < QB; i++) {                             // online softmax, row by row
+            int seen = start + t0 + i - j0 + 1;                    // keys j0 .. j0 + seen - 1
+            __m512 x[KB2 / 16], top = _mm512_set1_ps(-INFINITY);
+            for (int c = 0; c < KB2 / 16; c++) {
+                int n = seen - 16 * c;
+                __mmask16 live = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+                x[c] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, _mm512_load_ps(&s[i][16 * c]), scale);
+                top = _mm512_max_ps(top, x[c]);
+            }
+            float mnew = _mm512_reduce_max_ps(top);
+            if (mnew > m[i]) {                                     // a new maximum: rescale what is summed
+                float alpha = m[i] == -INFINITY ? 0.0f : expf(m[i] - mnew);
+                l[i] *= alpha;
+                for (int c = 0; c < 4; c++)
+                    _mm512_store_ps(&o[i][16 * c], _mm512_mul_ps(_mm512_load_ps(&o[i][16 * c]), _mm512_set1_ps(alpha)));
+                m[i] = mnew;
+            }
+            __m512 sum = _mm512_setzero_ps();
+            for (int c = 0; c < KB2 / 16; c++) {
+                __m512 p = exp16(_mm512_sub_ps(x[c], _mm512_set1_ps(m[i])));
+                sum = _mm512_add_ps(sum, p);
+                _mm256_store_si256((__m256i *)&pa[i][16 * c], (__m256i)_mm512_cvtneps_pbh(p));
+            }
+            l[i] += _mm512_reduce_add_ps(sum);
+        }
+        const uint16_t *v0 = vp + (int64_t)(j0 / 32) * 4 * TILE;
+        _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
+        for (int half = 0; half < KB2 / 32; half++) {             // P V over 32 keys at a time
+            const uint16_t *vh = v0 + (int64_t)half * 4 * TILE;
+            _tile_loadd(0, &pa[0][32 * half], KB2 * 2);
+            _tile_loadd(1, vh, 64);            _tile_dpbf16ps(4, 0, 1);
+            _tile_loadd(1, vh + TILE, 64);     _tile_dpbf16ps(5, 0, 1);
+            _tile_loadd(1, vh + 2 * TILE, 64); _tile_dpbf16ps(6, 0, 1);
+            _tile_loadd(1, vh + 3 * TILE, 64); _tile_dpbf16ps(7, 0, 1);
+        }
+        _tile_stored(4, &pv[0][0], 256); _tile_stored(5, &pv[0][16], 256);
+        _tile_stored(6, &pv[0][32], 256); _tile_stored(7, &pv[0][48], 256);
+        for (int i = 0; i < QB; i++)
+            for (int c = 0; c < 4; c++)
+                _mm512_store_ps(&o[i][16 * c], _mm512_add_ps(_mm512_load_ps(&o[i][16 * c]), _mm512_load_ps(&pv[i][16 * c])));
+    }
+    for (int i = 0; i < rows; i++)
+        for (int c = 0; c < 4; c++)
+            _mm512_storeu_ps(out + (int64_t)(t0 + i) * H * 64 + h * 64 + 16 * c,
+                             _mm512_mul_ps(_mm512_load_ps(&o[i][16 * c]), _mm512_set1_ps(1.0f / l[i])));
+}
+
+void amx_attention(const float *q, int qs, const uint16_t *kc, const uint16_t *vc, int max_len, int start, int T,
+                   int H, int Hkv, float *out) {
+    const int n = start + T, nb = (n + KB2 - 1) / KB2, G = H / Hkv, QN = (T + QB - 1) / QB;
+    const int64_t per_head = (int64_t)nb * KB2 * 64;              // packed bf16 elements per kv head
+    uint16_t *kt = aligned_alloc(64, sizeof(uint16_t) * Hkv * per_head);
+    uint16_t *vp = aligned_alloc(64, sizeof(uint16_t) * Hkv * per_head);
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(static)
+        for (int g = 0; g < 2 * Hkv; g++)
+            if (g < Hkv) pack_keys(kc + (int64_t)g * max_len * 64, n, kt + g * per_head);
+            else pack_values(vc + (int64_t)(g - Hkv) * max_len * 64, n, vp + (g - Hkv) * per_head);
+        configure_tiles();
+        #pragma omp for schedule(dynamic)
+        for (int w = 0; w < H * QN; w++) {                        // the last query blocks first: the most keys
+            int h = w % H, qb = QN - 1 - w / H;
+            attend_block(q, qs, kt + (h / G) * per_head, vp + (h / G) * per_head, start, T, qb * QB, h, out, H);
+        }
+        _tile_release();
+    }
+    free(kt);
+    free(vp);
+}

@@ -10,7 +10,7 @@ forward), the shared `verify` decides per row with the row's own parameters and
 generator, and both caches commit the same path.
 
 γ shrinks as the batch grows: a wider batch already keeps the weights busy, and every
-rejected draft token costs a full row of target compute; from 5 running requests on γ is 0
+rejected draft token costs a full row of target compute; from 4 running requests on γ is 0
 and the step is plain decoding (README, "Serving"). The draft reads what it has not read yet
 (`draft_lag`: a new request's prompt, tokens decoded while speculation was off) in one
 forward per request when it next drafts for it.
@@ -33,7 +33,7 @@ from specmesh.verify import verify
 
 def default_gamma(batch: int) -> int:
     """Draft length for a batch of this many rows (measured: README, "Serving"); 0: no speculation."""
-    return 4 if batch <= 2 else 2 if batch <= 4 else 0
+    return 4 if batch <= 2 else 3 if batch == 3 else 0
 
 
 class ChainSpeculator:
