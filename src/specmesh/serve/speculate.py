@@ -11,7 +11,8 @@ generator, and both caches commit the same path.
 
 γ shrinks as the batch grows: a wider batch already keeps the weights busy, and every
 rejected draft token costs a full row of target compute; from 4 running requests on γ is 0
-and the step is plain decoding (README, "Serving"). The draft reads what it has not read yet
+and the step is plain decoding (README, "Serving"), until the batch has been narrow for
+SETTLE_STEPS steps. The draft reads what it has not read yet
 (`draft_lag`: a new request's prompt, tokens decoded while speculation was off) in one
 forward per request when it next drafts for it.
 
@@ -31,6 +32,9 @@ from specmesh.sampling import argmax, probs_from_logits
 from specmesh.tree import TokenTree
 from specmesh.verify import verify
 
+SETTLE_STEPS = 8    # a batch must stay narrow this many steps before speculation resumes
+
+
 def default_gamma(batch: int) -> int:
     """Draft length for a batch of this many rows (measured: README, "Serving"); 0: no speculation."""
     return 4 if batch <= 2 else 3 if batch == 3 else 0
@@ -40,6 +44,7 @@ class ChainSpeculator:
     def __init__(self, draft, max_batch: int, max_len: int, window: int, gamma: int | None = None):
         self.draft, self.window, self.gamma = draft, window, gamma
         self.cache = KVCache.for_model(draft, max_batch, max_len)
+        self.narrow_steps = SETTLE_STEPS        # steps in a row whose batch was narrow enough to speculate
 
     def admit(self, slot: int, request) -> None:
         """Empty the draft's row: it reads the prompt's last `window` tokens when it first drafts
@@ -51,7 +56,12 @@ class ChainSpeculator:
         self.cache.move_row(src, dst)
 
     def speculates(self, batch: int) -> bool:
-        return self._gamma(batch) > 0
+        """Whether this step speculates (called once per step). After a wide batch, only once the batch
+        has stayed narrow for SETTLE_STEPS steps: a brief dip (clients of finished requests sending
+        their next ones) would make the draft read every request's skipped tokens for a step or two."""
+        narrow = self._gamma(batch) > 0
+        self.narrow_steps = self.narrow_steps + 1 if narrow else 0
+        return narrow and (self.gamma is not None or self.narrow_steps > SETTLE_STEPS)
 
     def _gamma(self, batch: int) -> int:
         return self.gamma if self.gamma is not None else default_gamma(batch)
