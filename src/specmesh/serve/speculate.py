@@ -51,6 +51,8 @@ class ChainSpeculator:
         for the request (in a wide batch, which does not speculate, it may never need them)."""
         self.cache.view(slot, slot + 1).rollback(0, 0)
         request.draft_lag = list(request.prompt[-self.window:])
+        if slot == 0:                           # an idle engine: no wide batch to settle from
+            self.narrow_steps = SETTLE_STEPS
 
     def move_row(self, src: int, dst: int) -> None:
         self.cache.move_row(src, dst)
@@ -58,7 +60,9 @@ class ChainSpeculator:
     def speculates(self, batch: int) -> bool:
         """Whether this step speculates (called once per step). After a wide batch, only once the batch
         has stayed narrow for SETTLE_STEPS steps: a brief dip (clients of finished requests sending
-        their next ones) would make the draft read every request's skipped tokens for a step or two."""
+        their next ones) would make the draft read every request's skipped tokens for a step or two.
+        A request that arrives at an idle engine speculates from its first step, so a seeded request
+        sent alone samples the same tokens whatever came before it."""
         narrow = self._gamma(batch) > 0
         self.narrow_steps = self.narrow_steps + 1 if narrow else 0
         return narrow and (self.gamma is not None or self.narrow_steps > SETTLE_STEPS)
