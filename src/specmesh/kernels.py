@@ -14,7 +14,10 @@ AVX2) specmesh runs its own kernels:
   where it also has AMX (Intel Sapphire Rapids on): AMXLinear, a bf16 tile product for every
   linear, in which 1 to 16 rows cost one pass over the weights (target forward over 300
   cached tokens: 1.5 ms for 1 new token, 1.6 for 5, 2.2 for 16, where the AVX2 kernel took
-  2.1, 4.2 and 12.3; a 300-token prefill 65 -> 28 ms).
+  2.1, 4.2 and 12.3), and a prefill's causal attention on the tiles (amx_attention).
+* longer forwards (prefills) run each layer's products, norms, rotary and cache writes in C
+  too (CForward._long), with PyTorch's flash attention or amx_attention between them: a
+  380-token prefill 26 -> 19 ms.
 * elsewhere, CPUs with native bf16 use oneDNN's linear with the bf16 weight pre-packed
   (PackedLinear), and the rest BF16Linear's PyTorch paths.
 
@@ -24,8 +27,8 @@ bf16 is 2-5x slower than in float32 for decoding's few queries; prefills of more
 tokens attend in bf16 where the CPU has it, 2-3x faster). Its KV cache holds bf16 where the C
 forward runs (keys and values rounded to nearest even as they are written, widened exactly
 as they are read): a batch of 8 sequences' decode step reads as many bytes of cache as of
-weights, and half as many in bf16. Every kernel computes a row the
-same way whatever the number of rows, and the attention depends only on the keys a query
+weights, and half as many in bf16. Every kernel computes a row the same way whatever the
+number of rows, and the attention depends only on the keys a query
 sees (not on where masked keys sit), so a token's logits are bit for bit the same in a
 1-token `ar` step, in a 5-token verification and as a node of a tree (tests/test_kernels.py):
 that is why the bf16 outputs of every method equal `ar`'s. Draft models (load_model(...,

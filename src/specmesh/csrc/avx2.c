@@ -5,7 +5,9 @@
 // i8_linear: the same with int8 weights and a scale per output row (draft models).
 // rms_norm: one call instead of six PyTorch ops per norm.
 // block_forward: a whole decoder layer for a few new tokens of one sequence, one call instead
-//   of ~30 PyTorch ops (the small models' decode steps are dominated by per-op overhead).
+//   of ~30 PyTorch ops (the small models' decode steps are dominated by per-op overhead);
+//   block_qkv and block_out are its halves around the attention, for prefills (kernels.py).
+// KV caches hold float32, or bf16 (kv16): rounded to nearest even when written, widened exactly when read.
 // All compute each row the same way whatever M is, so results do not depend on batching.
 #include <immintrin.h>
 #include <math.h>

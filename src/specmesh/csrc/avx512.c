@@ -8,6 +8,7 @@
 // The weights are pre-packed (kernels.AMXLinear) as w[G][KB][4][16][16][2]: group g of 64 output
 //   columns, K block kb of 32, column block c of 16, then the tile's 16 rows of K pairs
 //   (row r holds w[n][32 kb + 2 r + e] for the 16 columns n, e = 0, 1: the "VNNI" layout).
+// amx_attention: a prefill's causal attention on the tile unit (head dim 64, bf16 cache).
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
 #include <immintrin.h>
 #include <math.h>
