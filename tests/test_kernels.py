@@ -169,7 +169,7 @@ def test_c_block_matches_the_pytorch_block(head_dim):
     caches = [KVCache.for_model(m, 1, 64) for m in (model, reference)]
     prompt = torch.randint(1, 97, (1, 21))
     with torch.inference_mode():
-        for m, c in zip((model, reference), caches):                      # prefill: C products, PyTorch attention
+        for m, c in zip((model, reference), caches):                      # prefill: in C where the CPU has AMX
             m(prompt, c)
             c.commit_all()
         for T in (1, 3):                                                   # chains

@@ -137,8 +137,8 @@ def avx2_lib() -> ctypes.CDLL | None:
     kernel.f32_linear.restype = None
     kernel.model_forward.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                     ctypes.c_int, ctypes.c_void_p]
+                                     ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     kernel.model_forward.restype = None
     kernel.block_qkv.argtypes = [ctypes.POINTER(LayerWeights), ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
@@ -353,13 +353,14 @@ class ModelEnds(ctypes.Structure):
 
 
 class CForward:
-    """model.fast_forward for a model whose blocks are CBlocks, for every forward with a cache on CPU.
+    """model.fast_forward for a model whose blocks are CBlocks: forwards with a cache on CPU.
     Up to SMALL_ROWS new tokens go through one C call (model_forward): embedding, rotary angles,
     the layers of the range, final norm and head. A small model's decode step was half Python
-    around the kernels (a draft forward 0.37 -> 0.28 ms). Longer forwards (prefills) run each
-    layer's products, norms, rotary and cache writes in C too, and its attention through PyTorch's
-    flash kernel (model.attention): a 380-token prefill 26 -> 18 ms. Without a cache (training)
-    it returns None: the model's own path."""
+    around the kernels (a draft forward 0.37 -> 0.28 ms). Where the linears run on the tile unit
+    (fast for any number of rows), longer forwards (prefills) run each layer's products, norms,
+    rotary and cache writes in C too, with amx_attention or PyTorch's flash attention between
+    them: a 380-token prefill 26 -> 19 ms. Other forwards return None: the model's own path
+    (PyTorch's products are the faster ones for many rows of bf16 or float32 weights without AMX)."""
 
     def __init__(self, model: nn.Module, kernel: ctypes.CDLL):
         self.model, self.kernel = model, kernel
@@ -368,14 +369,14 @@ class CForward:
                               model.embed.weight.data_ptr(), model.inv_freq.data_ptr(), norm.weight.data_ptr(),
                               head.weight.data_ptr(), _ptr(getattr(head, "scale", None)), _ptr(head.bias32))
         self.layers = [ctypes.pointer(b.weights) for b in model.layers]
-        self.amx = amx_lib()
+        self.amx = amx_lib() if model.layers[0].weights.kind == AMXLinear.KIND else None
 
     def __call__(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool):
         B, T = x.shape[:2]
         if cache is None or x.device.type != "cpu":
             return None
         if B * T > SMALL_ROWS:
-            return self._long(x, cache, depths, tree_mask, layers, last_only)
+            return None if self.amx is None else self._long(x, cache, depths, tree_mask, layers, last_only)
         positions = cache.slots(T, depths)                                        # [B, T] int64
         mask = None if tree_mask is None else cache.mask(T, tree_mask).contiguous()   # [B, 1, T, kv_len]
         n, first, L = len(layers), cache.first_layer, self.model.config.num_layers
@@ -397,9 +398,8 @@ class CForward:
         B, T = x.shape[:2]
         cfg, first = self.model.config, cache.first_layer
         H, Q, hd = cfg.num_heads, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.head_dim
-        # a prefill (no tree) of a bf16 cache with head dim 64 attends on the tile unit where there is one
-        tiles = self.amx is not None and T > PREFILL_TOKENS and tree_mask is None and hd == 64 \
-            and cache.k[0].dtype == torch.bfloat16
+        # a prefill (no tree) of a bf16 cache with head dim 64 attends on the tile unit
+        tiles = T > PREFILL_TOKENS and tree_mask is None and hd == 64 and cache.k[0].dtype == torch.bfloat16
         if tiles:
             positions, mask = torch.from_numpy(cache.slots(T, depths)), None
         else:
