@@ -257,68 +257,66 @@ static void attend_head(const float *q, int qs, const void *kc, const void *vc, 
                         int kv_len, const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out, int g) {
     const int G = H / Hkv, R = M * G, P = (kv_len + 7) / 8 * 8;    // rows per kv head; padded key count
     const float scale = 1.0f / sqrtf((float)hd);
-    {
-        const int64_t kv0 = (int64_t)g * max_len * hd;           // this head's keys and values
-        float *p = malloc(sizeof(float) * (R + 1) * P);         // row r = t * G + i: query head g * G + i
-        float *packed = p + (int64_t)R * P;
-        #define Q_ROW(r) (q + (int64_t)((r) / G) * qs + (g * G + (r) % G) * hd)
-        #define OUT_ROW(r) (out + (int64_t)((r) / G) * H * hd + (g * G + (r) % G) * hd)
-        for (int b = 0; b < P; b += KB)                          // scores, -inf where not seen
-            for (int r = 0; r < R; r++) {
-                float *pr = p + (int64_t)r * P;
-                int t = r / G;
-                for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
-                    score8(Q_ROW(r), kc, kv0, kv16, hd, j0, kv_len, scale, pr + j0);
-                    for (int j = j0; j < j0 + 8; j++)
-                        if (!(j < kv_len && (mask ? mask[(int64_t)t * ms + j] : j <= start + t))) pr[j] = -INFINITY;
-                }
-            }
-        float *inv = malloc(sizeof(float) * R);
-        for (int r = 0; r < R; r++) {                            // softmax numerators; out = 0
+    const int64_t kv0 = (int64_t)g * max_len * hd;           // this head's keys and values
+    float *p = malloc(sizeof(float) * (R + 1) * P);         // row r = t * G + i: query head g * G + i
+    float *packed = p + (int64_t)R * P;
+    #define Q_ROW(r) (q + (int64_t)((r) / G) * qs + (g * G + (r) % G) * hd)
+    #define OUT_ROW(r) (out + (int64_t)((r) / G) * H * hd + (g * G + (r) % G) * hd)
+    for (int b = 0; b < P; b += KB)                          // scores, -inf where not seen
+        for (int r = 0; r < R; r++) {
             float *pr = p + (int64_t)r * P;
-            __m256 top = _mm256_set1_ps(-INFINITY), sum = _mm256_setzero_ps();
-            for (int j0 = 0; j0 < P; j0 += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(pr + j0));
-            top = _mm256_max_ps(top, _mm256_permute2f128_ps(top, top, 1));
-            top = _mm256_max_ps(top, _mm256_permute_ps(top, 0x4e));
-            top = _mm256_max_ps(top, _mm256_permute_ps(top, 0xb1));   // the row's max in every lane
-            for (int j0 = 0; j0 < P; j0 += 8)
-                _mm256_storeu_ps(pr + j0, exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + j0), top)));
-            int n = 0;                                           // the sum runs over the nonzero numerators
-            for (int j = 0; j < P; j++)                          // compacted in key order (the i-th in lane
-                if (pr[j] != 0.0f) packed[n++] = pr[j];          // i % 8): wherever masked keys sit
-            for (int j = n; j < (n + 7) / 8 * 8; j++) packed[j] = 0.0f;
-            for (int j0 = 0; j0 < n; j0 += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(packed + j0));
-            inv[r] = 1.0f / hsum(sum);
-            memset(OUT_ROW(r), 0, sizeof(float) * hd);
-        }
-        const int HV = hd / 8 * 8;                               // head dims in whole vectors
-        for (int b = 0; b < kv_len; b += KB)                     // out += weights . values, in key order
-            for (int r = 0; r < R; r++) {
-                const float *pr = p + (int64_t)r * P;
-                float *o = OUT_ROW(r);
-                int end = b + KB < kv_len ? b + KB : kv_len;
-                for (int d0 = 0; d0 < HV; d0 += 64) {
-                    int n = (HV - d0 < 64 ? HV - d0 : 64) / 8;
-                    __m256 acc[8];
-                    for (int c = 0; c < n; c++) acc[c] = _mm256_loadu_ps(o + d0 + 8 * c);
-                    for (int j = b; j < end; j++) {
-                        if (pr[j] == 0.0f) continue;
-                        __m256 w = _mm256_set1_ps(pr[j]);
-                        int64_t vj = kv0 + (int64_t)j * hd + d0;
-                        for (int c = 0; c < n; c++) acc[c] = _mm256_fmadd_ps(w, load_kv8(vc, vj + 8 * c, kv16), acc[c]);
-                    }
-                    for (int c = 0; c < n; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
-                }
-                for (int j = b; j < end; j++)
-                    for (int d = HV; d < hd; d++) o[d] += pr[j] * load_kv1(vc, kv0 + (int64_t)j * hd + d, kv16);
+            int t = r / G;
+            for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
+                score8(Q_ROW(r), kc, kv0, kv16, hd, j0, kv_len, scale, pr + j0);
+                for (int j = j0; j < j0 + 8; j++)
+                    if (!(j < kv_len && (mask ? mask[(int64_t)t * ms + j] : j <= start + t))) pr[j] = -INFINITY;
             }
-        for (int r = 0; r < R; r++)
-            for (int d = 0; d < hd; d++) OUT_ROW(r)[d] *= inv[r];
-        #undef Q_ROW
-        #undef OUT_ROW
-        free(inv);
-        free(p);
+        }
+    float *inv = malloc(sizeof(float) * R);
+    for (int r = 0; r < R; r++) {                            // softmax numerators; out = 0
+        float *pr = p + (int64_t)r * P;
+        __m256 top = _mm256_set1_ps(-INFINITY), sum = _mm256_setzero_ps();
+        for (int j0 = 0; j0 < P; j0 += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(pr + j0));
+        top = _mm256_max_ps(top, _mm256_permute2f128_ps(top, top, 1));
+        top = _mm256_max_ps(top, _mm256_permute_ps(top, 0x4e));
+        top = _mm256_max_ps(top, _mm256_permute_ps(top, 0xb1));   // the row's max in every lane
+        for (int j0 = 0; j0 < P; j0 += 8)
+            _mm256_storeu_ps(pr + j0, exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + j0), top)));
+        int n = 0;                                           // the sum runs over the nonzero numerators
+        for (int j = 0; j < P; j++)                          // compacted in key order (the i-th in lane
+            if (pr[j] != 0.0f) packed[n++] = pr[j];          // i % 8): wherever masked keys sit
+        for (int j = n; j < (n + 7) / 8 * 8; j++) packed[j] = 0.0f;
+        for (int j0 = 0; j0 < n; j0 += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(packed + j0));
+        inv[r] = 1.0f / hsum(sum);
+        memset(OUT_ROW(r), 0, sizeof(float) * hd);
     }
+    const int HV = hd / 8 * 8;                               // head dims in whole vectors
+    for (int b = 0; b < kv_len; b += KB)                     // out += weights . values, in key order
+        for (int r = 0; r < R; r++) {
+            const float *pr = p + (int64_t)r * P;
+            float *o = OUT_ROW(r);
+            int end = b + KB < kv_len ? b + KB : kv_len;
+            for (int d0 = 0; d0 < HV; d0 += 64) {
+                int n = (HV - d0 < 64 ? HV - d0 : 64) / 8;
+                __m256 acc[8];
+                for (int c = 0; c < n; c++) acc[c] = _mm256_loadu_ps(o + d0 + 8 * c);
+                for (int j = b; j < end; j++) {
+                    if (pr[j] == 0.0f) continue;
+                    __m256 w = _mm256_set1_ps(pr[j]);
+                    int64_t vj = kv0 + (int64_t)j * hd + d0;
+                    for (int c = 0; c < n; c++) acc[c] = _mm256_fmadd_ps(w, load_kv8(vc, vj + 8 * c, kv16), acc[c]);
+                }
+                for (int c = 0; c < n; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
+            }
+            for (int j = b; j < end; j++)
+                for (int d = HV; d < hd; d++) o[d] += pr[j] * load_kv1(vc, kv0 + (int64_t)j * hd + d, kv16);
+        }
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < hd; d++) OUT_ROW(r)[d] *= inv[r];
+    #undef Q_ROW
+    #undef OUT_ROW
+    free(inv);
+    free(p);
 }
 
 // The attention function's kv head g: attend512_head where the CPU has AVX-512 and hd is 64 or 128
