@@ -186,7 +186,7 @@ def amx_lib() -> ctypes.CDLL | None:
 
 class LayerWeights(ctypes.Structure):
     """csrc/avx2.c's Layer: a decoder layer's sizes and weight pointers."""
-    _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hkv", "hd", "I", "kind")] + [("eps", ctypes.c_float)] + [
+    _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hkv", "hd", "I", "kind", "glu")] + [("eps", ctypes.c_float)] + [
         (n, ctypes.c_void_p) for n in ("attn_norm", "mlp_norm", "qkv", "o", "gate_up", "down",
                                        "qkv_s", "o_s", "gate_up_s", "down_s", "qkv_b", "o_b", "gate_up_b", "down_b")]
 
@@ -267,17 +267,28 @@ def amx_pack(weight: torch.Tensor) -> torch.Tensor:
     return w.view(G, 4, 16, KB, 16, 2).permute(0, 3, 1, 4, 2, 5).contiguous()
 
 
+def glu_order(I: int) -> torch.Tensor:
+    """Rows of a [gate | up] weight (2I rows) in the order csrc/avx512.c's amx_glu reads them: per
+    group of 64, 32 gate rows and then the 32 matching up rows."""
+    gate = torch.arange(I).view(I // 32, 32)
+    return torch.cat([gate, gate + I], 1).flatten()
+
+
 class AMXLinear(nn.Module):
     """A bf16 nn.Linear through csrc/avx512.c's tile product for every row count: 1 to 16 rows cost one
-    pass over the weights, and a row's result does not depend on the others."""
+    pass over the weights, and a row's result does not depend on the others. `order`: the weight's
+    rows are packed in this order (glu_order); forward returns the columns in their own order."""
     KIND = 3                                    # csrc/avx2.c's weight kind
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: ctypes.CDLL):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: ctypes.CDLL,
+                 order: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.kernel = kernel
-        self.weight = amx_pack(weight.detach())
-        self.bias32 = None if bias is None else bias.detach().float()
+        self.glu = order is not None
+        self.order = None if order is None else torch.argsort(order)     # packed column -> own column
+        self.weight = amx_pack(weight.detach() if order is None else weight.detach()[order])
+        self.bias32 = None if bias is None else bias.detach().float()[slice(None) if order is None else order]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -285,6 +296,8 @@ class AMXLinear(nn.Module):
         y = torch.empty(rows, self.out_features)
         self.kernel.amx_linear(flat.data_ptr(), rows, self.in_features, self.weight.data_ptr(), self.out_features,
                                _ptr(self.bias32), y.data_ptr())
+        if self.order is not None:
+            y = y[:, self.order]
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
@@ -338,7 +351,8 @@ class CBlock(nn.Module):
         attn, mlp = block.attn, block.mlp
         linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
         self.weights = LayerWeights(
-            attn.o.out_features, attn.h, attn.hkv, attn.hd, mlp.down.in_features, attn.qkv.KIND, block.attn_norm.eps,
+            attn.o.out_features, attn.h, attn.hkv, attn.hd, mlp.down.in_features, attn.qkv.KIND,
+            getattr(mlp.gate_up, "glu", False), block.attn_norm.eps,
             _ptr(block.attn_norm.weight), _ptr(block.mlp_norm.weight), *(_ptr(lin.weight) for lin in linears),
             *(_ptr(getattr(lin, "scale", None)) for lin in linears), *(_ptr(lin.bias32) for lin in linears))
 
@@ -455,11 +469,14 @@ def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
     return use_avx2_kernels(model, int8=draft)
 
 
-def use_avx2_kernels(model: nn.Module, int8: bool = False) -> nn.Module:
+def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.Module:
     """bf16 linear weights (int8 with `int8`: draft models), float32 everywhere else, C norms
-    and blocks where they build (in place)."""
-    from specmesh.model import Block, RMSNorm   # not at the top: model imports cache imports this module
+    and blocks where they build (in place). With AMX, MLPs whose width is a multiple of 32 apply
+    SwiGLU in the gate/up product (amx_glu; `glu=False`: product, then SwiGLU: the same values)."""
+    from specmesh.model import MLP, Block, RMSNorm   # not at the top: model imports cache imports this module
     if (amx := amx_lib()) is not None and not int8:
+        for mlp in (m for m in model.modules() if glu and isinstance(m, MLP) and m.down.in_features % 32 == 0):
+            mlp.gate_up = AMXLinear(mlp.gate_up.weight, mlp.gate_up.bias, amx, glu_order(mlp.down.in_features))
         _replace(model, nn.Linear, lambda linear: AMXLinear(linear.weight, linear.bias, amx))
     else:
         _replace(model, nn.Linear, BF16Linear)

@@ -65,6 +65,8 @@ static int avx512 = 0;
 void use_avx512(int on) { avx512 = on; }
 void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y)
     __attribute__((weak));
+void amx_glu(const float *x, int M, int K, const uint16_t *w, int I, const float *bias, float *act)
+    __attribute__((weak));
 void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
                   float *y) __attribute__((weak));
 void attend512_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
@@ -194,7 +196,8 @@ static void rotate(float *x, const float *cos, const float *sin, int hd) {
 
 typedef struct {            // one decoder layer's weights (kernels.CBlock fills it)
     int D, H, Hkv, hd, I;   // hidden size, query heads, kv heads, head dim, MLP width
-    int kind;               // weight kind of the four projections (BF16, INT8, F32)
+    int kind;               // weight kind of the four projections (BF16, INT8, F32, AMX)
+    int glu;                // AMX: gate_up packed for amx_glu (gate and up columns interleaved by 32)
     float eps;
     const float *attn_norm, *mlp_norm;
     const void *qkv, *o, *gate_up, *down;          // [N, K] of that kind
@@ -395,15 +398,21 @@ static void add(float *h, const float *x, int n) {     // h += x (the residual s
 // A layer's second half for M tokens: h[M, D] += o(att[M, H*hd]), then h += mlp(rms_norm(h)).
 void block_out(const Layer *L, float *h, int M, const float *att) {
     int D = L->D, I = L->I;
-    float *x = malloc(sizeof(float) * M * D), *gu = malloc(sizeof(float) * M * 2 * I), *act = malloc(sizeof(float) * M * I);
+    float *x = malloc(sizeof(float) * M * D), *act = malloc(sizeof(float) * M * I);
     linear(att, M, L->H * L->hd, L->o, L->kind, L->o_s, D, L->o_b, x);
     add(h, x, M * D);
     rms_norm(h, M, D, L->mlp_norm, L->eps, x);
-    linear(x, M, D, L->gate_up, L->kind, L->gate_up_s, 2 * I, L->gate_up_b, gu);
-    swiglu(gu, M, I, act);
+    if (L->glu)                                                  // SwiGLU in the tile product's epilogue
+        amx_glu(x, M, D, L->gate_up, I, L->gate_up_b, act);
+    else {
+        float *gu = malloc(sizeof(float) * M * 2 * I);
+        linear(x, M, D, L->gate_up, L->kind, L->gate_up_s, 2 * I, L->gate_up_b, gu);
+        swiglu(gu, M, I, act);
+        free(gu);
+    }
     linear(act, M, I, L->down, L->kind, L->down_s, D, L->down_b, x);
     add(h, x, M * D);
-    free(x); free(gu); free(act);
+    free(x); free(act);
 }
 
 // h[B*T, D] <- layer(h): block_qkv, then each row's attention (token t of row b sees key j where

@@ -123,6 +123,41 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
 }
 
+// act[M, I] = silu(gate) * up, where gate and up are the two halves of x . w^T (+ bias) and w is
+// packed with the columns interleaved (kernels.glu_order: group g holds gate columns 32 g .. 32 g + 31,
+// then the matching up columns), so SwiGLU runs on each 16-row block's 64 products while they are in
+// L1 and only act is written: half the bytes of [gate | up]. Products, bias and SwiGLU are computed
+// as amx_linear and avx2.c's swiglu compute them (exp16 is exp8 on 16 lanes): the same values.
+void amx_glu(const float *x, int M, int K, const uint16_t *w, int I, const float *bias, float *act) {
+    const int KB = (K + 31) / 32, KP = KB * 32, MB = (M + 15) / 16, G = I / 32;
+    uint16_t *a = aligned_alloc(64, sizeof(uint16_t) * MB * 16 * KP);
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(static)
+        for (int mb = 0; mb < MB; mb++)
+            to_bf16(x + (int64_t)mb * 16 * K, M - mb * 16 < 16 ? M - mb * 16 : 16, K, KP, a + (int64_t)mb * 16 * KP);
+        configure_tiles();
+        float c[16][64] __attribute__((aligned(64)));
+        #pragma omp for schedule(static)
+        for (int g = 0; g < G; g++)
+            for (int mb = 0; mb < MB; mb++) {
+                int rows = M - mb * 16 < 16 ? M - mb * 16 : 16;
+                group_product(a + (int64_t)mb * 16 * KP, KP, w + (int64_t)g * KB * 4 * TILE, KB, rows, 64,
+                              bias ? bias + g * 64 : NULL, 64, &c[0][0]);
+                for (int m = 0; m < rows; m++)
+                    for (int j = 0; j < 32; j += 16) {
+                        __m512 gv = _mm512_load_ps(&c[m][j]);
+                        __m512 sig = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                                                     exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+                        _mm512_storeu_ps(act + (int64_t)(mb * 16 + m) * I + 32 * g + j,
+                                         _mm512_mul_ps(sig, _mm512_load_ps(&c[m][32 + j])));
+                    }
+            }
+        _tile_release();
+    }
+    free(a);
+}
+
 // [sum(a[0]), ..., sum(a[7])] of 16 lanes each: the same addition tree for every key
 static inline __m256 hsum8x16(const __m512 *a) {
     __m256 h[8];
