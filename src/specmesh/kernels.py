@@ -17,7 +17,7 @@ AVX2) specmesh runs its own kernels:
   2.1, 4.2 and 12.3), and a prefill's causal attention on the tiles (amx_attention).
 * longer forwards (prefills) run each layer's products, norms, rotary and cache writes in C
   too (CForward._long), with PyTorch's flash attention or amx_attention between them: a
-  380-token prefill 26 -> 19 ms.
+  380-token prefill 26 -> 17 ms (with SwiGLU in the gate/up product: amx_glu).
 * elsewhere, CPUs with native bf16 use oneDNN's linear with the bf16 weight pre-packed
   (PackedLinear), and the rest BF16Linear's PyTorch paths.
 
@@ -373,7 +373,7 @@ class CForward:
     around the kernels (a draft forward 0.37 -> 0.28 ms). Where the linears run on the tile unit
     (fast for any number of rows), longer forwards (prefills) run each layer's products, norms,
     rotary and cache writes in C too, with amx_attention or PyTorch's flash attention between
-    them: a 380-token prefill 26 -> 19 ms. Other forwards return None: the model's own path
+    them: a 380-token prefill 26 -> 17 ms. Other forwards return None: the model's own path
     (PyTorch's products are the faster ones for many rows of bf16 or float32 weights without AMX)."""
 
     def __init__(self, model: nn.Module, kernel: ctypes.CDLL):
