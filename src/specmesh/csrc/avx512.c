@@ -330,7 +330,7 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
 // Causal attention of a long forward (a prefill) on the tile unit, for head dim 64 and a bf16 cache:
 // T new tokens' rotated q [T, H*64] (row stride qs, float32) over keys/values kc/vc [Hkv, max_len, 64]
 // (bf16, positions [0, start + T)); token t sees key j where j <= start + t. out [T, H*64].
-// Flash-style: per query head and block of 16 tokens, blocks of 32 keys: S = Q K^T on tiles (q
+// Flash-style: per query head and block of 16 tokens, blocks of 64 keys: S = Q K^T on tiles (q
 // rounded to bf16), an online softmax in float32, then P V on tiles (P rounded to bf16), as
 // PyTorch's bf16 flash attention computes it. Keys are packed once per kv head: K^T and V in the
 // tile unit's pair layout.
@@ -356,10 +356,12 @@ static void pack_values(const uint16_t *v, int n, uint16_t *vp) {
                 for (int i = 0; i < 16; i++)
                     for (int e = 0; e < 2; e++) {
                         int j = j0 + 2 * r + e;
-                        vp[(((int64_t)(j0 / 32) * 4 + c) * 16 + r) * 32 + i * 2 + e] = j < n ? v[(int64_t)j * 64 + 16 * c + i] : 0;
+                        vp[(((int64_t)(j0 / 32) * 4 + c) * 16 + r) * 32 + i * 2 + e] =
+                            j < n ? v[(int64_t)j * 64 + 16 * c + i] : 0;
                     }
 }
 
+// Query head h's tokens t0 .. t0 + QB - 1 (those below T) over its kv head's packed keys kt and values vp.
 static void attend_block(const float *q, int qs, const uint16_t *kt, const uint16_t *vp, int start, int T, int t0,
                          int h, float *out, int H) {
     uint16_t qa[QB][64] __attribute__((aligned(64))), pa[QB][KB2] __attribute__((aligned(64)));
