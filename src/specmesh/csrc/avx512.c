@@ -217,6 +217,10 @@ static inline __attribute__((always_inline)) void attend_head(
             __m512 qv[MAX_HV], acc[8];
             for (int c = 0; c < HV; c++) qv[c] = _mm512_loadu_ps(Q_ROW(r) + 16 * c);
             for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
+                if (r == 0) {                                    // the keys 32 ahead, on their way from L3
+                    const char *ahead = (const char *)kc + (kv0 + (int64_t)(j0 + 32) * hd) * (KV16 ? 2 : 4);
+                    for (int line = 0; line < 8 * hd * (KV16 ? 2 : 4); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+                }
                 for (int jj = 0; jj < 8; jj++) {
                     acc[jj] = _mm512_setzero_ps();
                     if (j0 + jj < kv_len)
@@ -241,6 +245,10 @@ static inline __attribute__((always_inline)) void attend_head(
             __m512 acc[MAX_HV];
             for (int c = 0; c < HV; c++) acc[c] = _mm512_loadu_ps(o + 16 * c);
             for (int j = b; j < end; j++) {
+                if (r == 0) {                                    // the values 32 keys ahead, on their way from L3
+                    const char *ahead = (const char *)vc + (kv0 + (int64_t)(j + 32) * hd) * (KV16 ? 2 : 4);
+                    for (int line = 0; line < hd * (KV16 ? 2 : 4); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+                }
                 if (pr[j] == 0.0f) continue;
                 __m512 w = _mm512_set1_ps(pr[j]);
                 for (int c = 0; c < HV; c++)
