@@ -302,7 +302,6 @@ def test_tile_attention_is_causal_and_matches_pytorch(start):
     """csrc/avx512.c's prefill attention on the tile unit (CPUs with AMX): token t sees exactly keys
     0 .. start + t (junk and NaN past them never leak), and it computes what PyTorch's flash
     attention does in bf16."""
-    import ctypes  # noqa: F401
     import torch.nn.functional as F
     lib = kernels.amx_lib()
     if lib is None:

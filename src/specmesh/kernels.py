@@ -285,10 +285,16 @@ class AMXLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.kernel = kernel
-        self.glu = order is not None
+        weight, bias = weight.detach(), None if bias is None else bias.detach().float()
+        if order is not None:
+            weight, bias = weight[order], None if bias is None else bias[order]
         self.order = None if order is None else torch.argsort(order)     # packed column -> own column
-        self.weight = amx_pack(weight.detach() if order is None else weight.detach()[order])
-        self.bias32 = None if bias is None else bias.detach().float()[slice(None) if order is None else order]
+        self.weight, self.bias32 = amx_pack(weight), bias
+
+    @property
+    def glu(self) -> bool:
+        """Packed for csrc/avx512.c's amx_glu (glu_order)."""
+        return self.order is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features

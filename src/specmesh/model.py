@@ -167,7 +167,7 @@ class Attention(nn.Module):
         self.h, self.hkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.qkv = nn.Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.hd, bias=cfg.qkv_bias)
         self.o = nn.Linear(self.h * self.hd, cfg.hidden_size, bias=cfg.o_bias)
-        self.prefill_dtype: torch.dtype | None = None  # kernels.py: forwards of > 64 tokens (prefills) attend in it
+        self.prefill_dtype: torch.dtype | None = None  # kernels.py: forwards of > PREFILL_TOKENS attend in it
 
     def forward(self, x, cos, sin, cache: KVCache | None, mask: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape

@@ -81,29 +81,6 @@ static void group_product(const uint16_t *a, int KP, const uint16_t *wg, int KB,
         for (int n = 0; n < cols; n++) y[(int64_t)m * N + n] = c[m][n] + (bias ? bias[n] : 0.0f);
 }
 
-void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
-    const int KB = (K + 31) / 32, KP = KB * 32, MB = (M + 15) / 16, G = (N + 63) / 64;
-    uint16_t *a = aligned_alloc(64, sizeof(uint16_t) * MB * 16 * KP);
-    #pragma omp parallel
-    {
-        #pragma omp for schedule(static)
-        for (int mb = 0; mb < MB; mb++)
-            to_bf16(x + (int64_t)mb * 16 * K, M - mb * 16 < 16 ? M - mb * 16 : 16, K, KP, a + (int64_t)mb * 16 * KP);
-        configure_tiles();                         // tile state is per thread
-        #pragma omp for schedule(static)
-        for (int g = 0; g < G; g++) {
-            int cols = N - g * 64 < 64 ? N - g * 64 : 64;
-            for (int mb = 0; mb < MB; mb++) {
-                int rows = M - mb * 16 < 16 ? M - mb * 16 : 16;
-                group_product(a + (int64_t)mb * 16 * KP, KP, w + (int64_t)g * KB * 4 * TILE, KB, rows, cols,
-                              bias ? bias + g * 64 : NULL, N, y + (int64_t)mb * 16 * N + g * 64);
-            }
-        }
-        _tile_release();
-    }
-    free(a);
-}
-
 // e^x lane by lane: avx2.c's exp8 on 16 lanes (Cephes' polynomial); e^x < 1e-37 becomes 0
 static inline __m512 exp16(__m512 x) {
     __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-85.0f), _CMP_LT_OQ);
@@ -123,39 +100,61 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
 }
 
-// act[M, I] = silu(gate) * up, where gate and up are the two halves of x . w^T (+ bias) and w is
-// packed with the columns interleaved (kernels.glu_order: group g holds gate columns 32 g .. 32 g + 31,
-// then the matching up columns), so SwiGLU runs on each 16-row block's 64 products while they are in
-// L1 and only act is written: half the bytes of [gate | up]. Products, bias and SwiGLU are computed
-// as amx_linear and avx2.c's swiglu compute them (exp16 is exp8 on 16 lanes): the same values.
-void amx_glu(const float *x, int M, int K, const uint16_t *w, int I, const float *bias, float *act) {
-    const int KB = (K + 31) / 32, KP = KB * 32, MB = (M + 15) / 16, G = I / 32;
+// act rows of a GLU product (amx_glu): silu(gate) * up for the rows of one group's 64 products c, as
+// avx2.c's swiglu computes it (exp16 is exp8 on 16 lanes): the same values
+static void glu_rows(float c[16][64], int rows, float *act, int I) {
+    for (int m = 0; m < rows; m++)
+        for (int j = 0; j < 32; j += 16) {
+            __m512 gv = _mm512_load_ps(&c[m][j]);
+            __m512 sig = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                                         exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+            _mm512_storeu_ps(act + (int64_t)m * I + j, _mm512_mul_ps(sig, _mm512_load_ps(&c[m][32 + j])));
+        }
+}
+
+// amx_linear's and amx_glu's product: y = x . w^T (+ bias), or where act is given (N = 2I, w packed
+// for amx_glu) act = silu(gate) * up of each group's 64 products while they are in L1.
+static void tile_product(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y,
+                         float *act) {
+    const int KB = (K + 31) / 32, KP = KB * 32, MB = (M + 15) / 16, G = (N + 63) / 64, I = N / 2;
     uint16_t *a = aligned_alloc(64, sizeof(uint16_t) * MB * 16 * KP);
     #pragma omp parallel
     {
         #pragma omp for schedule(static)
         for (int mb = 0; mb < MB; mb++)
             to_bf16(x + (int64_t)mb * 16 * K, M - mb * 16 < 16 ? M - mb * 16 : 16, K, KP, a + (int64_t)mb * 16 * KP);
-        configure_tiles();
+        configure_tiles();                         // tile state is per thread
         float c[16][64] __attribute__((aligned(64)));
         #pragma omp for schedule(static)
-        for (int g = 0; g < G; g++)
+        for (int g = 0; g < G; g++) {
+            int cols = N - g * 64 < 64 ? N - g * 64 : 64;
             for (int mb = 0; mb < MB; mb++) {
                 int rows = M - mb * 16 < 16 ? M - mb * 16 : 16;
-                group_product(a + (int64_t)mb * 16 * KP, KP, w + (int64_t)g * KB * 4 * TILE, KB, rows, 64,
-                              bias ? bias + g * 64 : NULL, 64, &c[0][0]);
-                for (int m = 0; m < rows; m++)
-                    for (int j = 0; j < 32; j += 16) {
-                        __m512 gv = _mm512_load_ps(&c[m][j]);
-                        __m512 sig = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f),
-                                                                     exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-                        _mm512_storeu_ps(act + (int64_t)(mb * 16 + m) * I + 32 * g + j,
-                                         _mm512_mul_ps(sig, _mm512_load_ps(&c[m][32 + j])));
-                    }
+                const uint16_t *am = a + (int64_t)mb * 16 * KP, *wg = w + (int64_t)g * KB * 4 * TILE;
+                const float *bg = bias ? bias + g * 64 : NULL;
+                if (act) {
+                    group_product(am, KP, wg, KB, rows, 64, bg, 64, &c[0][0]);
+                    glu_rows(c, rows, act + (int64_t)mb * 16 * I + 32 * g, I);
+                } else
+                    group_product(am, KP, wg, KB, rows, cols, bg, N, y + (int64_t)mb * 16 * N + g * 64);
             }
+        }
         _tile_release();
     }
     free(a);
+}
+
+void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
+    tile_product(x, M, K, w, N, bias, y, NULL);
+}
+
+// act[M, I] = silu(gate) * up, where gate and up are the two halves of x . w^T (+ bias) and w is
+// packed with the columns interleaved (kernels.glu_order: group g holds gate columns 32 g .. 32 g + 31,
+// then the matching up columns), so SwiGLU runs on each 16-row block's 64 products while they are in
+// L1 and only act is written: half the bytes of [gate | up]. Products, bias and SwiGLU are computed
+// as amx_linear and avx2.c's swiglu compute them: the same values.
+void amx_glu(const float *x, int M, int K, const uint16_t *w, int I, const float *bias, float *act) {
+    tile_product(x, M, K, w, 2 * I, bias, NULL, act);
 }
 
 // [sum(a[0]), ..., sum(a[7])] of 16 lanes each: the same addition tree for every key
