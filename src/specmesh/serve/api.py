@@ -13,6 +13,7 @@ import json
 import math
 import time
 import uuid
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -35,6 +36,14 @@ class APIError(Exception):
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass
+class Jobs:
+    """The engine requests of one HTTP request (its prompts times n) and their events, as
+    (choice index, Event) in the order the engine produced them."""
+    events: asyncio.Queue
+    requests: list[Request]
 
 
 class Server:
@@ -123,7 +132,7 @@ class Server:
         return "".join(PLAIN_CHAT_TEMPLATE.format(**m) for m in messages) + "assistant:"
 
     # -- running requests ---------------------------------------------------------------------
-    def start(self, prompts: list[list[int]], params: SamplingParams, n: int) -> list[tuple[Request, asyncio.Queue]]:
+    def start(self, prompts: list[list[int]], params: SamplingParams, n: int) -> Jobs:
         """Submit n samples per prompt; sample j of a seeded request uses seed + j."""
         if self.draining:
             raise APIError("the server is shutting down", code="server_shutting_down", status=503)
@@ -132,44 +141,46 @@ class Server:
         if self.engine.deliver is deliver_here:             # one wake-up of this loop per engine step
             loop = asyncio.get_running_loop()
             self.engine.deliver = lambda batch: loop.call_soon_threadsafe(deliver_here, batch)
-        jobs = []
+        jobs = Jobs(asyncio.Queue(), [])
         for prompt in prompts:
             for j in range(n):
-                queue: asyncio.Queue = asyncio.Queue()
                 p = SamplingParams(**{**vars(params), "seed": None if params.seed is None else params.seed + j})
-                jobs.append((Request(prompt, p, queue.put_nowait), queue))
-        for request, _ in jobs:
+                i = len(jobs.requests)
+                jobs.requests.append(Request(prompt, p, lambda event, i=i: jobs.events.put_nowait((i, event))))
+        for request in jobs.requests:
             self.metrics.requests.inc()
             self.engine.submit(request)
         return jobs
 
-    async def collect(self, http: HTTPRequest, jobs) -> list[tuple[str, str]]:
+    def abort_unfinished(self, jobs: Jobs, reasons: list[str | None]) -> None:
+        for request, reason in zip(jobs.requests, reasons):
+            if reason is None:
+                self.engine.abort(request)
+
+    async def collect(self, http: HTTPRequest, jobs: Jobs) -> list[tuple[str, str]]:
         """Wait for every job; (text, finish_reason) each. Aborts all if the client leaves."""
-        texts = [[] for _ in jobs]
-        reasons: list[str | None] = [None] * len(jobs)
+        texts = [[] for _ in jobs.requests]
+        reasons: list[str | None] = [None] * len(jobs.requests)
         try:
-            for i, (request, queue) in enumerate(jobs):
-                while reasons[i] is None:
-                    try:
-                        event: Event = await asyncio.wait_for(queue.get(), timeout=0.5)
-                    except asyncio.TimeoutError:
-                        if await http.is_disconnected():
-                            raise asyncio.CancelledError from None
-                        continue
-                    if event.error:
-                        raise APIError(event.error, code="engine_failed", status=500)
-                    texts[i].append(event.text)
-                    reasons[i] = event.finish_reason
+            while None in reasons:
+                try:
+                    i, event = await asyncio.wait_for(jobs.events.get(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    if await http.is_disconnected():
+                        raise asyncio.CancelledError from None
+                    continue
+                if event.error:
+                    raise APIError(event.error, code="engine_failed", status=500)
+                texts[i].append(event.text)
+                reasons[i] = event.finish_reason
         finally:
-            for (request, _), reason in zip(jobs, reasons):
-                if reason is None:
-                    self.engine.abort(request)
+            self.abort_unfinished(jobs, reasons)
         return [("".join(t), r) for t, r in zip(texts, reasons)]
 
 
-def usage(jobs) -> dict:
-    prompt = sum(len(p) for p in {id(r.prompt): r.prompt for r, _ in jobs}.values())
-    completion = sum(r.completion_tokens for r, _ in jobs)
+def usage(jobs: Jobs) -> dict:
+    prompt = sum(len(p) for p in {id(r.prompt): r.prompt for r in jobs.requests}.values())
+    completion = sum(r.completion_tokens for r in jobs.requests)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -246,38 +257,31 @@ def create_app(server: Server) -> FastAPI:
     return app
 
 
-def stream(http: HTTPRequest, server: Server, jobs, head: dict, include_usage: bool, choice, first=None):
-    """Server-sent events: one chunk per text piece of any choice, then [DONE]."""
+def stream(http: HTTPRequest, server: Server, jobs: Jobs, head: dict, include_usage: bool, choice, first=None):
+    """Server-sent events, then [DONE]. Each wake-up sends what the engine has produced since, one
+    chunk per choice (a speculative step's accepted tokens are one chunk), in one write."""
 
     async def events():
-        done, queues = [False] * len(jobs), {}
+        done: list[str | None] = [None] * len(jobs.requests)      # each choice's finish_reason
         try:
             if first:
-                yield sse(head | {"choices": [first(i) for i in range(len(jobs))]})
-            queues = {asyncio.ensure_future(q.get()): i for i, (_, q) in enumerate(jobs)}
-            while queues:
-                ready, _ = await asyncio.wait(queues, return_when=asyncio.FIRST_COMPLETED)
-                for task in ready:
-                    i = queues.pop(task)
-                    event: Event = task.result()
+                yield sse(head | {"choices": [first(i) for i in range(len(jobs.requests))]})
+            while None in done:
+                batch = [await jobs.events.get()]
+                while not jobs.events.empty():
+                    batch.append(jobs.events.get_nowait())
+                texts: dict[int, str] = {}
+                for i, event in batch:
                     if event.error:
-                        yield sse(error_body(event.error, "server_error", code="engine_failed"))
-                        yield "data: [DONE]\n\n"
+                        yield sse(error_body(event.error, "server_error", code="engine_failed")) + "data: [DONE]\n\n"
                         return
-                    if event.text or event.finish_reason:
-                        yield sse(head | {"choices": [choice(i, event.text, event.finish_reason)]})
-                    if event.finish_reason:
-                        done[i] = True
-                    else:
-                        queues[asyncio.ensure_future(jobs[i][1].get())] = i
+                    texts[i] = texts.get(i, "") + event.text
+                    done[i] = event.finish_reason
+                yield "".join(sse(head | {"choices": [choice(i, text, done[i])]}) for i, text in texts.items())
             if include_usage:
                 yield sse(head | {"choices": [], "usage": usage(jobs)})
             yield "data: [DONE]\n\n"
         finally:
-            for task in queues:
-                task.cancel()
-            for (request, _), finished in zip(jobs, done):
-                if not finished:
-                    server.engine.abort(request)
+            server.abort_unfinished(jobs, done)
 
     return StreamingResponse(events(), media_type="text/event-stream")
