@@ -345,27 +345,40 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
 #define KB2 64                                     // keys per block
 static void pack_keys(const uint16_t *k, int n, uint16_t *kt) {
     // kt[b][d][r][j][e] = k[16 b + j][32 d + 2 r + e]: tiles of 16 keys x 32 dims (B operands of Q K^T),
-    // zeros past key n up to a whole block of KB2
-    for (int j0 = 0; j0 < (n + KB2 - 1) / KB2 * KB2; j0 += 16)
-        for (int d = 0; d < 2; d++)
-            for (int r = 0; r < 16; r++)
-                for (int j = 0; j < 16; j++)
-                    for (int e = 0; e < 2; e++)
-                        kt[(((int64_t)(j0 / 16) * 2 + d) * 16 + r) * 32 + j * 2 + e] =
-                            j0 + j < n ? k[(int64_t)(j0 + j) * 64 + 32 * d + 2 * r + e] : 0;
+    // zeros past key n up to a whole block of KB2. A tile row r gathers dim pair r of the 16 keys.
+    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(32));          // key j's first pair, in pairs
+    for (int j0 = 0; j0 < (n + KB2 - 1) / KB2 * KB2; j0 += 16) {
+        __mmask16 live = n - j0 >= 16 ? 0xffff : n <= j0 ? 0 : (__mmask16)((1u << (n - j0)) - 1);
+        const int *base = (const int *)(k + (int64_t)j0 * 64);
+        for (int p = 0; p < 32; p++)                                          // pair p = 16 d + r
+            _mm512_store_si512(kt + ((int64_t)(j0 / 16) * 32 + p) * 32,
+                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live,
+                                                           _mm512_add_epi32(rows, _mm512_set1_epi32(p)), base, 4));
+    }
 }
 
 static void pack_values(const uint16_t *v, int n, uint16_t *vp) {
-    // vp[b][c][r][i][e] = v[32 b + 2 r + e][16 c + i]: tiles of 32 keys x 16 dims (B operands of P V)
+    // vp[b][c][r][i][e] = v[32 b + 2 r + e][16 c + i]: tiles of 32 keys x 16 dims (B operands of P V),
+    // zeros past key n: row r interleaves dims 16 c .. 16 c + 15 of keys 2 r and 2 r + 1
+    __m512i pick[2];                               // dims 16 c' + i of the two keys' 32-dim halves, interleaved
+    for (int c = 0; c < 2; c++) {
+        uint16_t idx[32];
+        for (int i = 0; i < 16; i++) idx[2 * i] = 16 * c + i, idx[2 * i + 1] = 32 + 16 * c + i;
+        pick[c] = _mm512_loadu_si512(idx);
+    }
     for (int j0 = 0; j0 < (n + KB2 - 1) / KB2 * KB2; j0 += 32)
-        for (int c = 0; c < 4; c++)
-            for (int r = 0; r < 16; r++)
-                for (int i = 0; i < 16; i++)
-                    for (int e = 0; e < 2; e++) {
-                        int j = j0 + 2 * r + e;
-                        vp[(((int64_t)(j0 / 32) * 4 + c) * 16 + r) * 32 + i * 2 + e] =
-                            j < n ? v[(int64_t)j * 64 + 16 * c + i] : 0;
-                    }
+        for (int r = 0; r < 16; r++) {
+            int j = j0 + 2 * r;
+            for (int half = 0; half < 2; half++) {                           // dims 32 half .. 32 half + 31
+                __m512i even = j < n ? _mm512_loadu_si512(v + (int64_t)j * 64 + 32 * half) : _mm512_setzero_si512();
+                __m512i odd = j + 1 < n ? _mm512_loadu_si512(v + (int64_t)(j + 1) * 64 + 32 * half)
+                                        : _mm512_setzero_si512();
+                for (int c = 2 * half; c < 2 * half + 2; c++)
+                    _mm512_store_si512(vp + (((int64_t)(j0 / 32) * 4 + c) * 16 + r) * 32,
+                                       _mm512_permutex2var_epi16(even, pick[c % 2], odd));
+            }
+        }
 }
 
 // Query head h's tokens t0 .. t0 + QB - 1 (those below T) over its kv head's packed keys kt and values vp.
