@@ -337,150 +337,171 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
 // Causal attention of a long forward (a prefill) on the tile unit, for head dim 64 and a bf16 cache:
 // T new tokens' rotated q [T, H*64] (row stride qs, float32) over keys/values kc/vc [Hkv, max_len, 64]
 // (bf16, positions [0, start + T)); token t sees key j where j <= start + t. out [T, H*64].
-// Flash-style: per query head and block of 16 tokens, blocks of 64 keys: S = Q K^T on tiles (q
-// rounded to bf16), an online softmax in float32, then P V on tiles (P rounded to bf16), as
-// PyTorch's bf16 flash attention computes it. Keys are packed once per kv head: K^T and V in the
-// tile unit's pair layout.
+// Flash-style: per query head and block of 16 tokens, blocks of 64 keys: scores on tiles (q rounded to
+// bf16), an online softmax in float32, then the value sum on tiles (probabilities rounded to bf16), as
+// PyTorch's bf16 flash attention computes it. Transposed, so that the softmax needs no horizontal
+// reduction: S^T = K Q^T puts one key's scores for the 16 queries in one vector, and O^T = V^T P^T.
+// Per kv head, the keys are copied (zero past n) and the values transposed, once.
 #define QB 16                                      // query tokens per block
 #define KB2 64                                     // keys per block
-static void pack_keys(const uint16_t *k, int n, uint16_t *kt) {
-    // kt[b][d][r][j][e] = k[16 b + j][32 d + 2 r + e]: tiles of 16 keys x 32 dims (B operands of Q K^T),
-    // zeros past key n up to a whole block of KB2. A tile row r gathers dim pair r of the 16 keys.
+
+// vt[d][j] = v[j][d] for the 64 dims and keys j < npad (zero past n): rows of V^T, A operands of O^T
+static void transpose_values(const uint16_t *v, int n, int npad, uint16_t *vt) {
+    uint16_t idx[2][32];                           // the low (dim d) or high (dim d + 1) halves of 32 words
+    for (int i = 0; i < 32; i++) idx[0][i] = (uint16_t)(2 * i), idx[1][i] = (uint16_t)(2 * i + 1);
+    const __m512i lo = _mm512_loadu_si512(idx[0]), hi = _mm512_loadu_si512(idx[1]);
     const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32(32));          // key j's first pair, in pairs
-    for (int j0 = 0; j0 < (n + KB2 - 1) / KB2 * KB2; j0 += 16) {
-        __mmask16 live = n - j0 >= 16 ? 0xffff : n <= j0 ? 0 : (__mmask16)((1u << (n - j0)) - 1);
-        const int *base = (const int *)(k + (int64_t)j0 * 64);
-        for (int p = 0; p < 32; p++)                                          // pair p = 16 d + r
-            _mm512_store_si512(kt + ((int64_t)(j0 / 16) * 32 + p) * 32,
-                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live,
-                                                           _mm512_add_epi32(rows, _mm512_set1_epi32(p)), base, 4));
+                                            _mm512_set1_epi32(32));          // key j's first dim pair, in pairs
+    for (int j0 = 0; j0 < npad; j0 += 32) {
+        __mmask16 live[2];
+        for (int g = 0; g < 2; g++) {
+            int left = n - j0 - 16 * g;
+            live[g] = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+        }
+        for (int p = 0; p < 32; p++) {             // dims 2p, 2p + 1 of keys j0 .. j0 + 31
+            __m512i w[2];
+            for (int g = 0; g < 2; g++)
+                w[g] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live[g],
+                                                   _mm512_add_epi32(rows, _mm512_set1_epi32(p)),
+                                                   (const int *)(v + (int64_t)(j0 + 16 * g) * 64), 4);
+            _mm512_storeu_si512(vt + (int64_t)(2 * p) * npad + j0, _mm512_permutex2var_epi16(w[0], lo, w[1]));
+            _mm512_storeu_si512(vt + (int64_t)(2 * p + 1) * npad + j0, _mm512_permutex2var_epi16(w[0], hi, w[1]));
+        }
     }
 }
 
-static void pack_values(const uint16_t *v, int n, uint16_t *vp) {
-    // vp[b][c][r][i][e] = v[32 b + 2 r + e][16 c + i]: tiles of 32 keys x 16 dims (B operands of P V),
-    // zeros past key n: row r interleaves dims 16 c .. 16 c + 15 of keys 2 r and 2 r + 1
-    __m512i pick[2];                               // dims 16 c' + i of the two keys' 32-dim halves, interleaved
-    for (int c = 0; c < 2; c++) {
-        uint16_t idx[32];
-        for (int i = 0; i < 16; i++) idx[2 * i] = 16 * c + i, idx[2 * i + 1] = 32 + 16 * c + i;
-        pick[c] = _mm512_loadu_si512(idx);
-    }
-    for (int j0 = 0; j0 < (n + KB2 - 1) / KB2 * KB2; j0 += 32)
-        for (int r = 0; r < 16; r++) {
-            int j = j0 + 2 * r;
-            for (int half = 0; half < 2; half++) {                           // dims 32 half .. 32 half + 31
-                __m512i even = j < n ? _mm512_loadu_si512(v + (int64_t)j * 64 + 32 * half) : _mm512_setzero_si512();
-                __m512i odd = j + 1 < n ? _mm512_loadu_si512(v + (int64_t)(j + 1) * 64 + 32 * half)
-                                        : _mm512_setzero_si512();
-                for (int c = 2 * half; c < 2 * half + 2; c++)
-                    _mm512_store_si512(vp + (((int64_t)(j0 / 32) * 4 + c) * 16 + r) * 32,
-                                       _mm512_permutex2var_epi16(even, pick[c % 2], odd));
+// r[i][j] <-> r[j][i] for 16 rows of 16 32-bit words: per stage b = 8, 4, 2, 1, the off-diagonal b x b
+// blocks of each 2b x 2b block trade places
+static inline void transpose16(__m512i r[16]) {
+    static const int32_t index[4][2][16] __attribute__((aligned(64))) = {   // [stage b = 8, 4, 2, 1][row i, i + b]
+        {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}, {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
+        {{0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}, {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}},
+        {{0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}, {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}},
+        {{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}, {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}},
+    };
+    for (int s = 0, b = 8; b >= 1; s++, b /= 2) {
+        const __m512i ilo = _mm512_load_si512(index[s][0]), ihi = _mm512_load_si512(index[s][1]);
+        for (int i = 0; i < 16; i++)
+            if (!(i & b)) {
+                __m512i a = r[i], c = r[i + b];
+                r[i] = _mm512_permutex2var_epi32(a, ilo, c);
+                r[i + b] = _mm512_permutex2var_epi32(a, ihi, c);
             }
-        }
+    }
 }
 
-// Query head h's tokens t0 .. t0 + QB - 1 (those below T) over its kv head's packed keys kt and values vp.
-static void attend_block(const float *q, int qs, const uint16_t *kt, const uint16_t *vp, int start, int T, int t0,
-                         int h, float *out, int H) {
-    uint16_t qa[QB][64] __attribute__((aligned(64))), pa[QB][KB2] __attribute__((aligned(64)));
-    float s[QB][KB2] __attribute__((aligned(64))), pv[QB][64] __attribute__((aligned(64)));
-    float o[QB][64] __attribute__((aligned(64))), m[QB], l[QB];
-    const int rows = T - t0 < QB ? T - t0 : QB;
-    const __m512 scale = _mm512_set1_ps(0.125f);                  // 1 / sqrt(64)
-    for (int i = 0; i < QB; i++) {
-        for (int c = 0; c < 4; c++) {
-            __m512 x = i < rows ? _mm512_loadu_ps(q + (int64_t)(t0 + i) * qs + h * 64 + 16 * c) : _mm512_setzero_ps();
-            _mm256_store_si256((__m256i *)&qa[i][16 * c], (__m256i)_mm512_cvtneps_pbh(x));
-            _mm512_store_ps(&o[i][16 * c], _mm512_setzero_ps());
+// Query head h's tokens t0 .. t0 + QB - 1 (those below T) over its kv head's keys k [npad, 64] and V^T vt.
+static void attend_block(const float *q, int qs, const uint16_t *k, const uint16_t *vt, int npad, int start, int T,
+                         int t0, int h, float *out, int H) {
+    uint16_t qt[32][QB][2] __attribute__((aligned(64)));          // Q^T, dim pairs: B operands of S^T
+    uint16_t pt[KB2 / 2][QB][2] __attribute__((aligned(64)));     // P^T, key pairs: B operands of O^T
+    float st[KB2][QB] __attribute__((aligned(64))), pv[64][QB] __attribute__((aligned(64)));
+    __m512 o[64];                                                  // O^T: per dim, the 16 queries
+    const int rows = T - t0 < QB ? T - t0 : QB, n = start + T;
+    for (int half = 0; half < 2; half++) {                         // qt[p][i] = query i's dims 2p, 2p + 1
+        __m512i w[16];
+        for (int i = 0; i < QB; i++) {
+            const float *x = q + (int64_t)(t0 + i) * qs + h * 64 + 32 * half;
+            w[i] = i < rows ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x))
+                            : _mm512_setzero_si512();
         }
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
+        transpose16(w);
+        for (int p = 0; p < 16; p++) _mm512_store_si512(qt[16 * half + p], w[p]);
     }
-    _tile_loadd(2, &qa[0][0], 128);
-    _tile_loadd(3, &qa[0][32], 128);
-    const int last = start + t0 + rows - 1;                       // the last key any of these tokens sees
+    uint16_t il[32];                                               // interleave two keys' 16 bf16 probabilities
+    for (int i = 0; i < 16; i++) il[2 * i] = (uint16_t)i, il[2 * i + 1] = (uint16_t)(16 + i);
+    const __m512i interleave = _mm512_loadu_si512(il);
+    // query i sees keys <= start + t0 + i (the rows past T: as the last token, and dropped)
+    const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i limit = _mm512_min_epi32(_mm512_add_epi32(iota, _mm512_set1_epi32(start + t0)),
+                                           _mm512_set1_epi32(n - 1));
+    const int first_limit = start + t0, last = start + t0 + rows - 1;
+    const __m512 scale = _mm512_set1_ps(0.125f), neg_inf = _mm512_set1_ps(-INFINITY);   // 1 / sqrt(64)
+    __m512 m = neg_inf, l = _mm512_setzero_ps();
+    for (int d = 0; d < 64; d++) o[d] = _mm512_setzero_ps();
+    _tile_loadd(4, &qt[0][0][0], 64);
+    _tile_loadd(5, &qt[16][0][0], 64);
     for (int j0 = 0; j0 <= last; j0 += KB2) {
-        const uint16_t *k0 = kt + (int64_t)(j0 / 16) * 2 * TILE;
-        _tile_zero(0); _tile_zero(1); _tile_zero(4); _tile_zero(5);
-        _tile_loadd(6, k0, 64);            _tile_dpbf16ps(0, 2, 6);
-        _tile_loadd(6, k0 + TILE, 64);     _tile_dpbf16ps(0, 3, 6);
-        _tile_loadd(6, k0 + 2 * TILE, 64); _tile_dpbf16ps(1, 2, 6);
-        _tile_loadd(6, k0 + 3 * TILE, 64); _tile_dpbf16ps(1, 3, 6);
-        _tile_loadd(6, k0 + 4 * TILE, 64); _tile_dpbf16ps(4, 2, 6);
-        _tile_loadd(6, k0 + 5 * TILE, 64); _tile_dpbf16ps(4, 3, 6);
-        _tile_loadd(6, k0 + 6 * TILE, 64); _tile_dpbf16ps(5, 2, 6);
-        _tile_loadd(6, k0 + 7 * TILE, 64); _tile_dpbf16ps(5, 3, 6);
-        _tile_stored(0, &s[0][0], KB2 * 4); _tile_stored(1, &s[0][16], KB2 * 4);
-        _tile_stored(4, &s[0][32], KB2 * 4); _tile_stored(5, &s[0][48], KB2 * 4);
-        for (int i = 0; i < QB; i++) {                             // online softmax, row by row
-            int seen = start + t0 + i - j0 + 1;                    // keys j0 .. j0 + seen - 1
-            __m512 x[KB2 / 16], top = _mm512_set1_ps(-INFINITY);
-            for (int c = 0; c < KB2 / 16; c++) {
-                int n = seen - 16 * c;
-                __mmask16 live = n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
-                x[c] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), live, _mm512_load_ps(&s[i][16 * c]), scale);
-                top = _mm512_max_ps(top, x[c]);
-            }
-            float mnew = _mm512_reduce_max_ps(top);
-            if (mnew > m[i]) {                                     // a new maximum: rescale what is summed
-                float alpha = m[i] == -INFINITY ? 0.0f : expf(m[i] - mnew);
-                l[i] *= alpha;
-                for (int c = 0; c < 4; c++)
-                    _mm512_store_ps(&o[i][16 * c], _mm512_mul_ps(_mm512_load_ps(&o[i][16 * c]), _mm512_set1_ps(alpha)));
-                m[i] = mnew;
-            }
-            __m512 sum = _mm512_setzero_ps();
-            for (int c = 0; c < KB2 / 16; c++) {
-                __m512 p = exp16(_mm512_sub_ps(x[c], _mm512_set1_ps(m[i])));
-                sum = _mm512_add_ps(sum, p);
-                _mm256_store_si256((__m256i *)&pa[i][16 * c], (__m256i)_mm512_cvtneps_pbh(p));
-            }
-            l[i] += _mm512_reduce_add_ps(sum);
+        const uint16_t *k0 = k + (int64_t)j0 * 64;              // A operands: 16 keys x 32 dims, rows 128 bytes apart
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        _tile_loadd(6, k0, 128);                _tile_dpbf16ps(0, 6, 4);
+        _tile_loadd(7, k0 + 16 * 64, 128);      _tile_dpbf16ps(1, 7, 4);
+        _tile_loadd(6, k0 + 32 * 64, 128);      _tile_dpbf16ps(2, 6, 4);
+        _tile_loadd(7, k0 + 48 * 64, 128);      _tile_dpbf16ps(3, 7, 4);
+        _tile_loadd(6, k0 + 32, 128);           _tile_dpbf16ps(0, 6, 5);
+        _tile_loadd(7, k0 + 16 * 64 + 32, 128); _tile_dpbf16ps(1, 7, 5);
+        _tile_loadd(6, k0 + 32 * 64 + 32, 128); _tile_dpbf16ps(2, 6, 5);
+        _tile_loadd(7, k0 + 48 * 64 + 32, 128); _tile_dpbf16ps(3, 7, 5);
+        _tile_stored(0, &st[0][0], 64); _tile_stored(1, &st[16][0], 64);
+        _tile_stored(2, &st[32][0], 64); _tile_stored(3, &st[48][0], 64);
+        const int masked = j0 + KB2 - 1 > first_limit;            // some query does not see every key here
+        __m512 x[KB2], top[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
+        for (int j = 0; j < KB2; j++) {
+            x[j] = _mm512_mul_ps(_mm512_load_ps(st[j]), scale);
+            if (masked)
+                x[j] = _mm512_mask_mov_ps(neg_inf, _mm512_cmp_epi32_mask(_mm512_set1_epi32(j0 + j), limit, _MM_CMPINT_LE),
+                                          x[j]);
+            top[j & 3] = _mm512_max_ps(top[j & 3], x[j]);
         }
-        const uint16_t *v0 = vp + (int64_t)(j0 / 32) * 4 * TILE;
-        _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
-        for (int half = 0; half < KB2 / 32; half++) {             // P V over 32 keys at a time
-            const uint16_t *vh = v0 + (int64_t)half * 4 * TILE;
-            _tile_loadd(0, &pa[0][32 * half], KB2 * 2);
-            _tile_loadd(1, vh, 64);            _tile_dpbf16ps(4, 0, 1);
-            _tile_loadd(1, vh + TILE, 64);     _tile_dpbf16ps(5, 0, 1);
-            _tile_loadd(1, vh + 2 * TILE, 64); _tile_dpbf16ps(6, 0, 1);
-            _tile_loadd(1, vh + 3 * TILE, 64); _tile_dpbf16ps(7, 0, 1);
+        __m512 mnew = _mm512_max_ps(m, _mm512_max_ps(_mm512_max_ps(top[0], top[1]), _mm512_max_ps(top[2], top[3])));
+        __m512 alpha = exp16(_mm512_sub_ps(m, mnew));              // 0 while m is -inf
+        m = mnew;
+        __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int j = 0; j < KB2; j += 2) {
+            __m512 p0 = exp16(_mm512_sub_ps(x[j], m)), p1 = exp16(_mm512_sub_ps(x[j + 1], m));
+            sum[0] = _mm512_add_ps(sum[0], p0);
+            sum[1] = _mm512_add_ps(sum[1], p1);
+            _mm512_store_si512(pt[j / 2], _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
         }
-        _tile_stored(4, &pv[0][0], 256); _tile_stored(5, &pv[0][16], 256);
-        _tile_stored(6, &pv[0][32], 256); _tile_stored(7, &pv[0][48], 256);
-        for (int i = 0; i < QB; i++)
-            for (int c = 0; c < 4; c++)
-                _mm512_store_ps(&o[i][16 * c], _mm512_add_ps(_mm512_load_ps(&o[i][16 * c]), _mm512_load_ps(&pv[i][16 * c])));
+        l = _mm512_fmadd_ps(l, alpha, _mm512_add_ps(sum[0], sum[1]));
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (int half = 0; half < 2; half++) {                    // keys j0 + 32 half .. j0 + 32 half + 31
+            _tile_loadd(4, &pt[16 * half][0][0], 64);
+            const uint16_t *v0 = vt + j0 + 32 * half;
+            _tile_loadd(5, v0, npad * 2);                 _tile_dpbf16ps(0, 5, 4);
+            _tile_loadd(6, v0 + 16 * npad, npad * 2);     _tile_dpbf16ps(1, 6, 4);
+            _tile_loadd(7, v0 + 32 * npad, npad * 2);     _tile_dpbf16ps(2, 7, 4);
+            _tile_loadd(5, v0 + 48 * npad, npad * 2);     _tile_dpbf16ps(3, 5, 4);
+        }
+        _tile_stored(0, &pv[0][0], 64); _tile_stored(1, &pv[16][0], 64);
+        _tile_stored(2, &pv[32][0], 64); _tile_stored(3, &pv[48][0], 64);
+        for (int d = 0; d < 64; d++) o[d] = _mm512_fmadd_ps(o[d], alpha, _mm512_load_ps(pv[d]));
+        _tile_loadd(4, &qt[0][0][0], 64);                          // Q^T again (tiles 4, 5 held P^T, V^T)
+        _tile_loadd(5, &qt[16][0][0], 64);
     }
-    for (int i = 0; i < rows; i++)
-        for (int c = 0; c < 4; c++)
-            _mm512_storeu_ps(out + (int64_t)(t0 + i) * H * 64 + h * 64 + 16 * c,
-                             _mm512_mul_ps(_mm512_load_ps(&o[i][16 * c]), _mm512_set1_ps(1.0f / l[i])));
+    const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);
+    for (int c = 0; c < 4; c++) {                                  // O = (O^T)^T, 16 dims at a time
+        __m512i w[16];
+        for (int d = 0; d < 16; d++) w[d] = _mm512_castps_si512(_mm512_mul_ps(o[16 * c + d], inv));
+        transpose16(w);
+        for (int i = 0; i < rows; i++)
+            _mm512_storeu_si512(out + (int64_t)(t0 + i) * H * 64 + h * 64 + 16 * c, w[i]);
+    }
 }
 
 void amx_attention(const float *q, int qs, const uint16_t *kc, const uint16_t *vc, int max_len, int start, int T,
                    int H, int Hkv, float *out) {
-    const int n = start + T, nb = (n + KB2 - 1) / KB2, G = H / Hkv, QN = (T + QB - 1) / QB;
-    const int64_t per_head = (int64_t)nb * KB2 * 64;              // packed bf16 elements per kv head
-    uint16_t *kt = aligned_alloc(64, sizeof(uint16_t) * Hkv * per_head);
-    uint16_t *vp = aligned_alloc(64, sizeof(uint16_t) * Hkv * per_head);
+    const int n = start + T, npad = (n + KB2 - 1) / KB2 * KB2, G = H / Hkv, QN = (T + QB - 1) / QB;
+    uint16_t *k = aligned_alloc(64, sizeof(uint16_t) * Hkv * npad * 64);
+    uint16_t *vt = aligned_alloc(64, sizeof(uint16_t) * Hkv * npad * 64);
     #pragma omp parallel
     {
         #pragma omp for schedule(static)
         for (int g = 0; g < 2 * Hkv; g++)
-            if (g < Hkv) pack_keys(kc + (int64_t)g * max_len * 64, n, kt + g * per_head);
-            else pack_values(vc + (int64_t)(g - Hkv) * max_len * 64, n, vp + (g - Hkv) * per_head);
+            if (g < Hkv) {
+                memcpy(k + (int64_t)g * npad * 64, kc + (int64_t)g * max_len * 64, sizeof(uint16_t) * n * 64);
+                memset(k + ((int64_t)g * npad + n) * 64, 0, sizeof(uint16_t) * (npad - n) * 64);
+            } else
+                transpose_values(vc + (int64_t)(g - Hkv) * max_len * 64, n, npad, vt + (int64_t)(g - Hkv) * npad * 64);
         configure_tiles();
         #pragma omp for schedule(dynamic)
         for (int w = 0; w < H * QN; w++) {                        // the last query blocks first: the most keys
             int h = w % H, qb = QN - 1 - w / H;
-            attend_block(q, qs, kt + (h / G) * per_head, vp + (h / G) * per_head, start, T, qb * QB, h, out, H);
+            attend_block(q, qs, k + (int64_t)(h / G) * npad * 64, vt + (int64_t)(h / G) * npad * 64, npad, start, T,
+                         qb * QB, h, out, H);
         }
         _tile_release();
     }
-    free(kt);
-    free(vp);
+    free(k);
+    free(vt);
 }
