@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from specmesh.sampling import SamplingParams
-from specmesh.serve.engine import Engine, Event, Request, deliver_here
+from specmesh.serve.engine import Engine, Request, deliver_here
 from specmesh.serve.metrics import Metrics
 
 PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"     # one line per message, then "assistant:"
