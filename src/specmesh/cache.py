@@ -166,6 +166,13 @@ class KVCache:
         self.lengths[:] = L
         self.spec[:] = 0
 
+    def fill(self, row: int, k: list[torch.Tensor], v: list[torch.Tensor]) -> None:
+        """Row's committed tokens become these keys and values (per layer [Hkv, P, hd]); none speculative."""
+        P = k[0].shape[1]
+        for dst, src in zip(self.k + self.v, k + v):
+            dst[row, :, :P] = src
+        self.lengths[row], self.spec[row] = P, 0
+
     def rollback(self, row: int, length: int) -> None:
         """Truncate row to `length` committed tokens and drop its speculative slots."""
         if not 0 <= length <= self.lengths[row] + self.spec[row]:

@@ -125,6 +125,9 @@ def build_parser() -> Parser:
                    help="sd: a fixed draft length (default: by batch size); tree: its depth (default 5)")
     v.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM, how long running requests may take to finish (default: 30)")
+    v.add_argument("--prefix-cache-mb", type=float, default=256.0, metavar="MB",
+                   help="memory for the keys and values of prompt prefixes served before, reused exactly "
+                        "where the kernels allow (default: 256; 0: off)")
 
     lt = sub.add_parser("loadtest", help="load a running server with streaming completions; latency percentiles")
     lt.add_argument("--url", required=True, help="the server root, without /v1 (e.g. http://127.0.0.1:8000)")
@@ -291,7 +294,8 @@ def cmd_serve(args, parser) -> int:
     from specmesh.serve import ServeConfig, run
     return run(ServeConfig(method=args.method, host=args.host, port=args.port, model_name=args.model_name,
                            dtype=args.dtype, target=args.target, draft=args.draft, device=args.device,
-                           max_batch=args.max_batch, gamma=args.gamma, grace_s=args.grace))
+                           max_batch=args.max_batch, gamma=args.gamma, grace_s=args.grace,
+                           prefix_cache_mb=args.prefix_cache_mb))
 
 
 def cmd_loadtest(args, parser) -> int:

@@ -24,6 +24,7 @@ class ServeConfig:
     max_batch: int = 16
     gamma: int | None = None        # sd: a fixed draft length (None: by batch size); tree: its depth
     grace_s: float = 30.0           # SIGTERM: how long running requests may take to finish
+    prefix_cache_mb: float = 256.0  # prompt prefixes' keys and values kept for reuse (0: off)
     log_level: str = "info"
 
 
@@ -42,14 +43,28 @@ def build(cfg: ServeConfig):
     from specmesh.serve.metrics import Metrics
     if cfg.method not in METHODS:
         raise ValueError(f"the server runs methods {', '.join(METHODS)}; not {cfg.method!r}")
+    if not cfg.prefix_cache_mb >= 0:
+        raise ValueError(f"--prefix-cache-mb must be >= 0, got {cfg.prefix_cache_mb}")
     llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype)
     for model in (llm.models.target, llm.models.draft):
         if model is not None:
             use_batch_invariant_kernels(model)          # float32 on x86: rows independent of their batch
     metrics = Metrics()
-    engine = Engine(llm, cfg.max_batch, cfg.gamma, on_finish=metrics.finish)
+    engine = Engine(llm, cfg.max_batch, cfg.gamma, on_finish=metrics.finish, prefix_cache=make_prefix_cache(cfg, llm))
     server = Server(engine, cfg.model_name, metrics)
     return server, create_app(server)
+
+
+def make_prefix_cache(cfg: ServeConfig, llm):
+    """The engine's prefix cache, or None where it is off or could not be exact (said on stderr)."""
+    from specmesh.serve.prefix_cache import PrefixCache, unsupported
+    if cfg.prefix_cache_mb == 0:
+        return None
+    reason = unsupported(llm.models.target)
+    if reason:
+        print(f"specmesh serve: prefix cache off: {reason}", file=sys.stderr)
+        return None
+    return PrefixCache(llm.models.target, cfg.prefix_cache_mb)
 
 
 def run(cfg: ServeConfig) -> int:

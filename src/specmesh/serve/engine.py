@@ -2,7 +2,8 @@
 
 Running requests live in rows [0, B) of one KV cache (and, for `sd`, of the draft's;
 speculation: serve/speculate.py). Each step admits waiting requests (each prefilled
-alone, in the next free row, as long as rows are free), then runs the target over all
+alone, in the next free row, as long as rows are free; a prompt's cached prefix, if any, is
+read from the prefix cache: serve/prefix_cache.py), then runs the target over all
 B running rows (one new token each, or a drafted chain or tree each), samples every
 row with its own parameters and seeded generator, and retires the rows that finished
 or whose client left: the last row moves into the freed one, so the running rows stay
@@ -28,6 +29,7 @@ from specmesh.cache import KVCache
 from specmesh.generation import Row
 from specmesh.kernels import SMALL_ROWS
 from specmesh.sampling import SamplingParams, argmax, make_generator, next_tokens
+from specmesh.serve.prefix_cache import PrefixCache
 from specmesh.serve.speculate import ChainSpeculator, TreeSpeculator
 
 MAX_GAMMA = 16              # cache room past the context for a verification
@@ -74,6 +76,7 @@ class EngineStats:
     target_forwards: int = 0
     drafted: int = 0                    # speculative methods: draft tokens verified
     accepted: int = 0                   # ... and accepted
+    cached_prompt_tokens: int = 0       # prompt tokens read from the prefix cache instead of computed
     steps: int = 0
     running: int = 0
     waiting: int = 0
@@ -82,7 +85,7 @@ class EngineStats:
 class Engine:
     def __init__(self, llm, max_batch: int = 16, gamma: int | None = None,
                  on_failure: Callable[[BaseException], None] | None = None,
-                 on_finish: Callable[[Request], None] | None = None):
+                 on_finish: Callable[[Request], None] | None = None, prefix_cache: PrefixCache | None = None):
         self.model, self.tokenizer = llm.models.target, llm.tokenizer
         self.context = llm.context
         self.eos = set(self.model.config.eos_ids)
@@ -97,6 +100,7 @@ class Engine:
             self.speculator = TreeSpeculator(llm.models.draft, gamma or options["gamma"], options["tree_width"],
                                              options["max_children"], options["draft_window"])
         self.max_batch = max_batch
+        self.prefix_cache = prefix_cache
         self.running: list[Request] = []            # running[i] holds cache row i
         self.waiting: collections.deque[Request] = collections.deque()
         self.stats = EngineStats()
@@ -177,10 +181,14 @@ class Engine:
             p = request.params
             request.row = Row(self.tokenizer, p, self.eos, min(p.max_new_tokens, self.context - len(request.prompt)))
             request.generator = make_generator(p.seed, self.model.device)
-            ids = torch.tensor([request.prompt], device=self.model.device)
+            cached = self.prefix_cache.load(request.prompt, self.cache, slot) if self.prefix_cache else 0
+            ids = torch.tensor([request.prompt[cached:]], device=self.model.device)
             logits = self.model(ids, view, last_only=True)[:, -1]
             view.commit_all()
+            if self.prefix_cache:
+                self.prefix_cache.store(request.prompt, self.cache, slot)
             self.stats.target_forwards += 1
+            self.stats.cached_prompt_tokens += cached
             if self.speculator:
                 self.speculator.admit(slot, request)
             self._emit(request, int(next_tokens(logits, p, request.generator)))

@@ -14,6 +14,9 @@ class Metrics:
                                 registry=r)
         self.generated = Counter("specmesh_generated_tokens", "Tokens generated", registry=r)
         self._generated = 0
+        self.cached = Counter("specmesh_prefix_cache_hit_tokens", "Prompt tokens read from the prefix cache",
+                              registry=r)
+        self._cached = 0
         self.acceptance = Gauge("specmesh_acceptance_rate", "Accepted / drafted tokens (speculative methods)",
                                 registry=r)
         self.tokens_per_forward = Gauge("specmesh_tokens_per_target_forward", "Generated tokens per target forward",
@@ -38,6 +41,8 @@ class Metrics:
         s = engine.stats
         self.generated.inc(s.generated_tokens - self._generated)
         self._generated = s.generated_tokens
+        self.cached.inc(s.cached_prompt_tokens - self._cached)
+        self._cached = s.cached_prompt_tokens
         self.tokens_per_forward.set(s.generated_tokens / s.target_forwards if s.target_forwards else 0)
         self.acceptance.set(s.accepted / s.drafted if getattr(s, "drafted", 0) else 0)
         self.queue.set(s.waiting)
