@@ -408,9 +408,10 @@ static void attend_block(const float *q, int qs, const uint16_t *k, const uint16
         transpose16(w);
         for (int p = 0; p < 16; p++) _mm512_store_si512(qt[16 * half + p], w[p]);
     }
-    uint16_t il[32];                                               // interleave two keys' 16 bf16 probabilities
-    for (int i = 0; i < 16; i++) il[2 * i] = (uint16_t)i, il[2 * i + 1] = (uint16_t)(16 + i);
-    const __m512i interleave = _mm512_loadu_si512(il);
+    static const uint16_t pairs[32] __attribute__((aligned(64))) = {      // two keys' probabilities, interleaved
+        0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30,
+        15, 31};
+    const __m512i interleave = _mm512_load_si512(pairs);
     // query i sees keys <= start + t0 + i (the rows past T: as the last token, and dropped)
     const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512i limit = _mm512_min_epi32(_mm512_add_epi32(iota, _mm512_set1_epi32(start + t0)),

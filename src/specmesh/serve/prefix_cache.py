@@ -53,7 +53,6 @@ class PrefixCache:
         self.v = torch.zeros_like(self.k)
         self.table: collections.OrderedDict[bytes, int] = collections.OrderedDict()   # digest -> block, LRU first
         self.free = list(range(blocks))
-        self.hit_tokens = 0                 # prompt tokens read from the cache instead of computed
 
     @property
     def blocks(self) -> int:
@@ -72,17 +71,17 @@ class PrefixCache:
         if not ids:
             return 0
         index = torch.tensor(ids, device=self.k.device)
-        L, n, (Hkv, _, hd) = self.k.shape[0], len(ids), self.k.shape[2:]
-        # [n, Hkv, BLOCK, hd] per layer -> [Hkv, n * BLOCK, hd]
-        cache.fill(row, [self.k[l, index].transpose(0, 1).reshape(Hkv, n * BLOCK, hd) for l in range(L)],
-                   [self.v[l, index].transpose(0, 1).reshape(Hkv, n * BLOCK, hd) for l in range(L)])
-        self.hit_tokens += n * BLOCK
-        return n * BLOCK
+        layers = range(self.k.shape[0])
+        # per layer: blocks [n, Hkv, BLOCK, hd] -> the row's [Hkv, n * BLOCK, hd]
+        cache.fill(row, [self.k[l, index].transpose(0, 1).flatten(1, 2) for l in layers],
+                   [self.v[l, index].transpose(0, 1).flatten(1, 2) for l in layers])
+        return len(ids) * BLOCK
 
     def store(self, prompt: list[int], cache: KVCache, row: int) -> None:
         """Keep the full blocks of `prompt`, whose keys and values `row` holds."""
+        n = min(len(prompt) // BLOCK, self.blocks)          # more than the pool holds would evict itself
         new = []
-        for i, digest in enumerate(digests(prompt, len(prompt) // BLOCK)):
+        for i, digest in enumerate(digests(prompt, n)):
             if digest in self.table:
                 self.table.move_to_end(digest)
             else:
@@ -93,7 +92,6 @@ class PrefixCache:
             return
         src = torch.tensor([i for i, _ in new], device=self.k.device)
         dst = torch.tensor([b for _, b in new], device=self.k.device)
-        n = len(prompt) // BLOCK
         for l, (kc, vc) in enumerate(zip(cache.k, cache.v)):
             for pool, c in ((self.k, kc), (self.v, vc)):
                 blocks = c[row, :, :n * BLOCK].unflatten(1, (n, BLOCK)).transpose(0, 1)    # [n, Hkv, BLOCK, hd]
