@@ -128,3 +128,40 @@ def test_mismatched_vocabularies(tiny_checkpoint, tmp_path):
     tok.save(str(other / "tokenizer.json"))
     with pytest.raises(VocabularyMismatchError, match="different vocabularies"):
         LLM(target=tiny_checkpoint, draft=other)
+
+
+@pytest.mark.parametrize("checkpoint", ["tiny_checkpoint", "embedded"])
+def test_a_row_decodes_byte_level_tokens_as_the_tokenizer_does(checkpoint, request):
+    """Row builds a byte-level tokenizer's text from each token's bytes (linear time): the same text as
+    a full decode after every token, split multi-byte characters and stop strings included."""
+    import random
+    from pathlib import Path
+    from specmesh.generation import Row
+    from specmesh.tokenizer import Tokenizer
+    path = Path(__file__).parents[1] / "models" / "target" if checkpoint == "embedded" else request.getfixturevalue(checkpoint)
+    tokenizer = Tokenizer(path)
+    assert tokenizer.token_bytes is not None
+    rng = random.Random(1)
+    accented = tokenizer.encode("héllo wörld — ünïcode ✓ 日本語")
+    for trial in range(30):
+        ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randrange(1, 60))] + accented
+        params = SamplingParams(max_new_tokens=1000, stop=["ö"] if trial % 3 == 0 else [])
+        row = Row(tokenizer, params, {0}, 1000)
+        for i, t in enumerate(ids):
+            row.extend([t])
+            if row.finish:
+                break
+            assert row.text == tokenizer.decode(row.tokens)
+        if row.finish == "stop":
+            assert "ö" not in row.text and row.text == tokenizer.decode(row.tokens)[:len(row.text)]
+
+
+def test_other_tokenizers_decode_in_full(tmp_path):
+    """A tokenizer that is not byte-level (here a word-level one) gets no token bytes: Row decodes in full."""
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+    from specmesh.tokenizer import Tokenizer
+    inner = HFTokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
+    inner.pre_tokenizer = pre_tokenizers.Whitespace()
+    inner.decoder = decoders.WordPiece()
+    inner.save(str(tmp_path / "tokenizer.json"))
+    assert Tokenizer(tmp_path).token_bytes is None
