@@ -49,6 +49,7 @@ def build(cfg: ServeConfig):
     for model in (llm.models.target, llm.models.draft):
         if model is not None:
             use_batch_invariant_kernels(model)          # float32 on x86: rows independent of their batch
+    llm.tokenizer.token_bytes                           # checked once now, not on the first request
     metrics = Metrics()
     engine = Engine(llm, cfg.max_batch, cfg.gamma, on_finish=metrics.finish, prefix_cache=make_prefix_cache(cfg, llm))
     server = Server(engine, cfg.model_name, metrics)
