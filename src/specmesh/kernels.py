@@ -17,7 +17,7 @@ AVX2) specmesh runs its own kernels:
   2.1, 4.2 and 12.3), and a prefill's causal attention on the tiles (amx_attention).
 * longer forwards (prefills) run each layer's products, norms, rotary and cache writes in C
   too (CForward._long), with PyTorch's flash attention or amx_attention between them: a
-  380-token prefill 26 -> 17 ms (with SwiGLU in the gate/up product: amx_glu).
+  380-token prefill 26 -> 15-16 ms (with SwiGLU in the gate/up product: amx_glu).
 * elsewhere, CPUs with native bf16 use oneDNN's linear with the bf16 weight pre-packed
   (PackedLinear), and the rest BF16Linear's PyTorch paths.
 
@@ -379,7 +379,7 @@ class CForward:
     around the kernels (a draft forward 0.37 -> 0.28 ms). Where the linears run on the tile unit
     (fast for any number of rows), longer forwards (prefills) run each layer's products, norms,
     rotary and cache writes in C too, with amx_attention or PyTorch's flash attention between
-    them: a 380-token prefill 26 -> 17 ms. Other forwards return None: the model's own path
+    them: a 380-token prefill 26 -> 15-16 ms. Other forwards return None: the model's own path
     (PyTorch's products are the faster ones for many rows of bf16 or float32 weights without AMX)."""
 
     def __init__(self, model: nn.Module, kernel: ctypes.CDLL):
@@ -390,6 +390,9 @@ class CForward:
                               head.weight.data_ptr(), _ptr(getattr(head, "scale", None)), _ptr(head.bias32))
         self.layers = [ctypes.pointer(b.weights) for b in model.layers]
         self.amx = amx_lib() if model.layers[0].weights.kind == AMXLinear.KIND else None
+        # prefills (no tree) attend on the tile unit too, for head dim 64 and a bf16 cache
+        self.tile_attention = self.amx is not None and model.config.head_dim == 64 \
+            and cache_dtype(model) == torch.bfloat16
 
     def __call__(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool):
         B, T = x.shape[:2]
@@ -418,8 +421,7 @@ class CForward:
         B, T = x.shape[:2]
         cfg, first = self.model.config, cache.first_layer
         H, Q, hd = cfg.num_heads, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.head_dim
-        # a prefill (no tree) of a bf16 cache with head dim 64 attends on the tile unit
-        tiles = T > PREFILL_TOKENS and tree_mask is None and hd == 64 and cache.k[0].dtype == torch.bfloat16
+        tiles = self.tile_attention and T > PREFILL_TOKENS and tree_mask is None and cache.k[0].dtype == torch.bfloat16
         if tiles:
             positions, mask = torch.from_numpy(cache.slots(T, depths)), None
         else:
@@ -493,8 +495,8 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> 
         _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
         _replace(model, Block, CBlock)
         if hasattr(model, "fast_forward"):     # a Transformer (not a bare module of linears)
-            model.fast_forward = CForward(model, lib)
             model.kv_dtype = torch.bfloat16     # half the bytes for a batch's attention to read
+            model.fast_forward = CForward(model, lib)
     if native_bf16():                           # prefills attend in bf16: 2-3x faster (400 tokens: 2.0 -> 0.7 ms)
         for attn in (m for m in model.modules() if hasattr(m, "prefill_dtype")):
             attn.prefill_dtype = torch.bfloat16

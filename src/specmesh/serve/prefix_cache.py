@@ -33,10 +33,8 @@ MIN_REST = PREFILL_TOKENS + 1       # a prompt's uncached rest attends on the ti
 def unsupported(model) -> str | None:
     """Why cached prefixes would not be bit-exact for this model here; None where they are."""
     forward = getattr(model, "fast_forward", None)
-    if not isinstance(forward, CForward) or forward.amx is None:
-        return "prefills do not run on the tile unit here (a CPU with AMX and bfloat16 weights)"
-    if model.config.head_dim != 64 or cache_dtype(model) != torch.bfloat16:
-        return "the tile-unit attention needs head dim 64 and a bfloat16 cache"
+    if not isinstance(forward, CForward) or not forward.tile_attention:
+        return "prefills do not attend on the tile unit here (a CPU with AMX, bfloat16 weights, head dim 64)"
     return None
 
 
