@@ -4,7 +4,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from specmesh.model import ModelConfig, Transformer
+from specmesh.model.model import ModelConfig, Transformer
 
 torch.set_num_threads(int(os.environ.get("SPECMESH_TEST_THREADS", "2")))
 
@@ -46,7 +46,7 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 def save_random_model(path, cfg: ModelConfig, seed: int) -> None:
-    from specmesh.loader import save_model
+    from specmesh.model.loader import save_model
     torch.manual_seed(seed)
     model = Transformer(cfg)
     for name, p in model.named_parameters():    # unit norms, a sharp head: few likely tokens per step

@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from specmesh.cache import ContextOverflowError, KVCache
+from specmesh.model.cache import ContextOverflowError, KVCache
 
 
 def random_tree(n: int, vocab: int, seed: int):

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import torch
 
-from specmesh.tree import DynamicTree
+from specmesh.proposers.dynamic_tree import DynamicTree
 
 # root 7; layer 2 from c = 2 candidates of the root; layer 3 from c = 2 candidates of each
 Q1, Y1 = torch.tensor([[0.6, 0.3]]), torch.tensor([[11, 12]])

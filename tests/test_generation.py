@@ -3,7 +3,6 @@ import pytest
 import torch
 
 from specmesh import LLM, SamplingParams
-from specmesh.generation import Generation
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +77,8 @@ def test_n_samples_are_batched_and_independent(llm):
     assert len(out.samples) == 4
     assert out.tokens == out.samples[0].tokens and out.text == out.samples[0].text
     assert len({tuple(s.tokens) for s in out.samples}) > 1
-    assert out.stats.target_forwards == 12          # one batched forward per step
+    # one prefill for the four, then each sample's 11 steps (decoded as one batch)
+    assert out.stats.target_forwards == 1 + 4 * 11
 
 
 def test_top_k_one_is_greedy(llm):
@@ -132,12 +132,12 @@ def test_mismatched_vocabularies(tiny_checkpoint, tmp_path):
 
 @pytest.mark.parametrize("checkpoint", ["tiny_checkpoint", "embedded"])
 def test_a_row_decodes_byte_level_tokens_as_the_tokenizer_does(checkpoint, request):
-    """Row builds a byte-level tokenizer's text from each token's bytes (linear time): the same text as
+    """A sequence builds a byte-level tokenizer's text from each token's bytes (linear time): the same text as
     a full decode after every token, split multi-byte characters and stop strings included."""
     import random
     from pathlib import Path
-    from specmesh.generation import Row
-    from specmesh.tokenizer import Tokenizer
+    from specmesh.engine.sequence import Prompt, Sequence
+    from specmesh.model.tokenizer import Tokenizer
     path = Path(__file__).parents[1] / "models" / "target" if checkpoint == "embedded" else request.getfixturevalue(checkpoint)
     tokenizer = Tokenizer(path)
     assert tokenizer.token_bytes is not None
@@ -146,7 +146,7 @@ def test_a_row_decodes_byte_level_tokens_as_the_tokenizer_does(checkpoint, reque
     for trial in range(30):
         ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randrange(1, 60))] + accented
         params = SamplingParams(max_new_tokens=1000, stop=["ö"] if trial % 3 == 0 else [])
-        row = Row(tokenizer, params, {0}, 1000)
+        row = Sequence(Prompt([1]), params, tokenizer, {0}, 1000, torch.Generator())
         for i, t in enumerate(ids):
             row.extend([t])
             if row.finish:
@@ -157,9 +157,9 @@ def test_a_row_decodes_byte_level_tokens_as_the_tokenizer_does(checkpoint, reque
 
 
 def test_other_tokenizers_decode_in_full(tmp_path):
-    """A tokenizer that is not byte-level (here a word-level one) gets no token bytes: Row decodes in full."""
+    """A tokenizer that is not byte-level (here a word-level one) gets no token bytes: a sequence decodes in full."""
     from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
-    from specmesh.tokenizer import Tokenizer
+    from specmesh.model.tokenizer import Tokenizer
     inner = HFTokenizer(models.WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
     inner.pre_tokenizer = pre_tokenizers.Whitespace()
     inner.decoder = decoders.WordPiece()

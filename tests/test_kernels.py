@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from specmesh import kernels
-from specmesh.model import RMSNorm
+from specmesh.model.model import RMSNorm
 
 ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 40)       # every path: gemv, C kernel blocks, packed float32
 
@@ -139,7 +139,7 @@ def test_amx_linear_matches_exact_product_whatever_the_rows(bias):
 def fused_model(int8: bool = False, std: float = 0.2, **cfg):
     """A random bf16 model with the CPU kernels in place, and a copy that runs its blocks in PyTorch."""
     from conftest import tiny_config
-    from specmesh.model import Transformer
+    from specmesh.model.model import Transformer
     torch.manual_seed(4)
     model = Transformer(tiny_config(**cfg)).eval()
     for p in model.parameters():
@@ -163,7 +163,7 @@ def needs_cblock(model) -> None:
 
 @pytest.mark.parametrize("head_dim", [16, 36, 64])      # 36: head dims past a multiple of 8; 64: AVX-512
 def test_c_block_matches_the_pytorch_block(head_dim):
-    from specmesh.cache import KVCache
+    from specmesh.model.cache import KVCache
     model, reference = fused_model(head_dim=head_dim, qkv_bias=True)
     needs_cblock(model)
     caches = [KVCache.for_model(m, 1, 64) for m in (model, reference)]
@@ -186,7 +186,7 @@ def test_c_block_matches_the_pytorch_block(head_dim):
 
 
 def test_int8_draft_blocks_stay_close_to_bf16():
-    from specmesh.cache import KVCache
+    from specmesh.model.cache import KVCache
     model, _ = fused_model()
     draft, _ = fused_model(int8=True)
     needs_cblock(draft)
@@ -201,7 +201,7 @@ def test_int8_draft_blocks_stay_close_to_bf16():
 def test_c_block_row_results_do_not_depend_on_the_batch_of_new_tokens(head_dim):
     """A token's logits are bit-identical whether it is decoded alone or verified among others
     (what makes bf16 speculation equal `ar`): keys and queries at different offsets in SIMD blocks."""
-    from specmesh.cache import KVCache
+    from specmesh.model.cache import KVCache
     model, _ = fused_model(head_dim=head_dim)
     needs_cblock(model)
     tokens = torch.randint(1, 97, (1, 30))
@@ -218,7 +218,7 @@ def test_c_block_row_results_do_not_depend_on_the_batch_of_new_tokens(head_dim):
 
 def batch_invariant_fp32_model():
     from conftest import tiny_config
-    from specmesh.model import Transformer
+    from specmesh.model.model import Transformer
     torch.manual_seed(5)
     model = Transformer(tiny_config(head_dim=36)).eval()
     for p in model.parameters():
@@ -231,7 +231,7 @@ def batch_invariant_fp32_model():
 def test_a_sequence_decodes_alike_alone_and_in_any_batch(dtype):
     """The server's batched steps: rows of different lengths in one forward give each row
     bit-identical logits to the row decoded alone (bf16 kernels; float32 batch-invariant kernels)."""
-    from specmesh.cache import KVCache
+    from specmesh.model.cache import KVCache
     model = fused_model(head_dim=36)[0] if dtype == "bfloat16" else batch_invariant_fp32_model()
     needs_cblock(model)
     lengths = [5, 17, 9, 30, 12, 8]
@@ -335,8 +335,8 @@ def test_swiglu_in_the_tile_product_gives_the_same_values():
     bit what the product followed by SwiGLU gives: in a prefill, a decode step, a chain, and in the
     PyTorch path without a cache (where the packed columns are put back in order)."""
     from conftest import tiny_config
-    from specmesh.cache import KVCache
-    from specmesh.model import Transformer
+    from specmesh.model.cache import KVCache
+    from specmesh.model.model import Transformer
     if kernels.amx_lib() is None:
         return                              # nothing to run here: the CPU has no AMX
     torch.manual_seed(4)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specmesh import LLM
-from specmesh.dist.link import MAILBOX_BYTES, MAILBOX_SLOTS, Mailbox, Mailboxes
+from specmesh.runtime.link import MAILBOX_BYTES, MAILBOX_SLOTS, Mailbox, Mailboxes
 
 
 def mailbox() -> Mailbox:
@@ -50,7 +50,7 @@ def test_small_messages_take_the_mailbox_and_large_ones_gloo_in_order():
     import datetime
     import threading
     import torch.distributed as dist
-    from specmesh.dist.link import Link
+    from specmesh.runtime.link import Link
     store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
     links = [None, None]
 

@@ -6,9 +6,9 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="tests need the [test] extra: pip install -e .[test]")
 
-from specmesh.cache import KVCache
-from specmesh.loader import CheckpointError, load_model, save_model
-from specmesh.model import UnsupportedModelError
+from specmesh.model.cache import KVCache
+from specmesh.model.loader import CheckpointError, load_model, save_model
+from specmesh.model.model import UnsupportedModelError
 
 SMALL = dict(vocab_size=120, hidden_size=64, intermediate_size=112, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512)

@@ -11,11 +11,11 @@ import torch
 from scipy.stats import chi2_contingency
 
 from specmesh import LLM, SamplingParams
-from specmesh.dist.link import PeerError
+from specmesh.runtime.link import PeerError
 from specmesh.methods import pearl
 from specmesh.methods.pearl import Rounds
-from specmesh.sampling import SamplingParams as Params
-from specmesh.verify import verify
+from specmesh.spec.sampling import SamplingParams as Params
+from specmesh.spec.verify import verify
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x", "self.y = y\n\n" * 3]
 
@@ -146,7 +146,7 @@ def test_seeded_sampling_is_reproducible(tiny_checkpoint, tiny_draft_checkpoint)
 def test_a_dead_or_hung_draft_rank_fails_within_the_timeout(tiny_checkpoint, sig, message):
     llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma=2, timeout=3)
     pid = llm.models.remote.link.pids[1]
-    run = iter(llm.start("def", SamplingParams(max_new_tokens=200, ignore_eos=True)))
+    run = iter(llm.stream("def", SamplingParams(max_new_tokens=200, ignore_eos=True)))
     next(run)
     os.kill(pid, sig)
     start = time.monotonic()

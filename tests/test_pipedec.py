@@ -6,8 +6,8 @@ import torch
 from scipy.stats import chi2_contingency
 
 from specmesh import LLM, SamplingParams
-from specmesh import pipedec
-from specmesh.loader import load_model
+from specmesh.methods.pipeline import schedule
+from specmesh.model.loader import load_model
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x"]
 
@@ -25,7 +25,7 @@ def random_draft(tiny_draft_checkpoint):
 def decode(ar, draft, prompt, stages, width, children, max_new=30, **params):
     params = SamplingParams(max_new_tokens=max_new, ignore_eos=True, **params)
     with torch.inference_mode():
-        return pipedec.run(ar.models.target, draft, ar.encode(prompt), params, max_new, stages, width, children)
+        return schedule.run(ar.models.target, draft, ar.encode(prompt), params, max_new, stages, width, children)
 
 
 @pytest.mark.parametrize("stages, width, children", [(2, 1, 1), (2, 4, 2), (3, 8, 4), (5, 32, 16)])
@@ -67,7 +67,7 @@ def test_pruning_regrows_the_newest_layer_from_the_kept_outputs(ar):
     wide as the width allows again (not just the survivors of the old layer)."""
     target = ar.models.target
     with torch.inference_mode():
-        drafter = pipedec.TreeDrafter(target, ar.encode("def add(a, b):"), 64, width=4, children=4)
+        drafter = schedule.TreeDrafter(target, ar.encode("def add(a, b):"), 64, width=4, children=4)
         drafter.start(5)
         for _ in range(3):
             drafter.grow()

@@ -13,9 +13,9 @@ import torch
 from scipy.stats import chi2_contingency
 
 from specmesh import LLM, SamplingParams
-from specmesh import pipedec
-from specmesh.dist.link import PeerError
-from specmesh.loader import load_model
+from specmesh.methods.pipeline import schedule
+from specmesh.runtime.link import PeerError
+from specmesh.model.loader import load_model
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x"]
 
@@ -70,7 +70,7 @@ def test_the_simulator_runs_exactly_what_the_pipeline_runs(ar, pipelines, tiny_d
                        SamplingParams(max_new_tokens=25, ignore_eos=True, temperature=0.9, seed=3)):
             out = llm.generate(prompt, params)
             with torch.inference_mode():
-                sim = pipedec.run(ar.models.target, draft, ar.encode(prompt), params, 25, stages, 3, 2)
+                sim = schedule.run(ar.models.target, draft, ar.encode(prompt), params, 25, stages, 3, 2)
             assert out.tokens == sim.tokens
             assert (out.stats.timesteps, out.stats.hits, out.stats.decisions) == (
                 sim.timesteps, sim.hits, len(sim.outcomes)), (prompt, params.temperature)
@@ -105,7 +105,7 @@ def test_a_killed_stage_fails_within_the_timeout(tiny_checkpoint, tiny_draft_che
     llm = LLM(target=tiny_checkpoint, draft=draft, method=method, stages=3, timeout=3)
     assert llm.models.remote.link.roles == ["stage0" if method == "pp" else "draft+stage0", "stage1", "stage2"]
     pid = llm.models.remote.link.pids[2]
-    run = iter(llm.start("def", SamplingParams(max_new_tokens=400, ignore_eos=True)))
+    run = iter(llm.stream("def", SamplingParams(max_new_tokens=400, ignore_eos=True)))
     next(run)
     os.kill(pid, signal.SIGKILL)
     start = time.monotonic()
@@ -125,14 +125,22 @@ def test_bad_pipelines_are_refused_before_any_process_starts(tiny_checkpoint, ti
         LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="pipedec", draft_apart=2)
 
 
-def test_torchrun_starts_every_rank_with_the_same_command(ar, tiny_checkpoint, tiny_draft_checkpoint, tmp_path):
+TORCHRUN_ROLES = {"pp": ("stage0", "stage1"), "stpp": (r"draft\+stage0", "stage1"),
+                  "pipedec": (r"draft\+stage0", "stage1"), "pearl": ("target", "draft")}
+
+
+@pytest.mark.parametrize("method", list(TORCHRUN_ROLES))
+def test_torchrun_starts_every_rank_with_the_same_command(ar, tiny_checkpoint, tiny_draft_checkpoint, tmp_path,
+                                                          method):
+    """Every rank of every multi-process method is served by the CLI under torchrun: greedy output equals ar's."""
     out = tmp_path / "out.json"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "specmesh.cli", "generate", "def add(a, b):", "--method", "pipedec", "--target",
+                           "-m", "specmesh.cli", "generate", "def add(a, b):", "--method", method, "--target",
                            str(tiny_checkpoint), "--draft", str(tiny_draft_checkpoint), "--max-new-tokens", "12",
                            "--json", str(out)], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"rank 0 role draft\+stage0 pid \d+", proc.stderr), proc.stderr[-3000:]
-    assert re.search(r"rank 1 role stage1 pid \d+", proc.stderr)
+    first, second = TORCHRUN_ROLES[method]
+    assert re.search(rf"rank 0 role {first} pid \d+", proc.stderr), proc.stderr[-3000:]
+    assert re.search(rf"rank 1 role {second} pid \d+", proc.stderr), proc.stderr[-3000:]
     expected = ar.generate("def add(a, b):", SamplingParams(max_new_tokens=12)).tokens
     assert json.loads(out.read_text())["tokens"] == expected

@@ -5,7 +5,7 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from specmesh import LLM, SamplingParams
-from specmesh.dist.pipeline import stage_layers
+from specmesh.runtime.pipeline import stage_layers
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x"]
 

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from specmesh import kernels
-from specmesh.cache import KVCache
-from specmesh.model import Transformer
-from specmesh.serve.prefix_cache import BLOCK, MIN_REST, PrefixCache, unsupported
+from specmesh.model.cache import KVCache
+from specmesh.model.model import Transformer
+from specmesh.engine.prefix_cache import BLOCK, MIN_REST, PrefixCache, unsupported
 
 
 def tile_model(seed: int = 3) -> Transformer:
@@ -85,9 +85,8 @@ def test_the_server_reads_cached_prompts_and_answers_the_same():
     """Through the engine: a prompt served again, and one that shares its beginning, read their
     prefix from the cache and get the tokens they get without one (the embedded target, bf16)."""
     from specmesh.bench.prompts import load_prompts
-    from specmesh.sampling import SamplingParams
+    from specmesh.spec.sampling import SamplingParams
     from specmesh.serve import ServeConfig, build
-    from specmesh.serve.engine import Request
 
     def answers(prefix_cache_mb):
         server, _ = build(ServeConfig(prefix_cache_mb=prefix_cache_mb))
@@ -99,14 +98,14 @@ def test_the_server_reads_cached_prompts_and_answers_the_same():
         try:
             for prompt in prompts:
                 done = threading.Event()
-                request = Request(prompt, SamplingParams(max_new_tokens=12, temperature=0),
-                                  lambda event: event.finish_reason and done.set())
-                engine.submit(request)
+                [seq] = engine.sequences(prompt, SamplingParams(max_new_tokens=12, temperature=0))
+                seq.emit = lambda event: event.finish_reason and done.set()
+                engine.submit([seq])
                 assert done.wait(60), "the engine did not answer"
-                out.append(request.row.tokens)
+                out.append(seq.tokens)
         finally:
             engine.stop()
-        return out, engine.stats.cached_prompt_tokens, engine.prefix_cache
+        return out, engine.stats.cached_prompt_tokens, engine.runner.prefix_cache
 
     plain, none_cached, off = answers(0)
     assert off is None and none_cached == 0

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from specmesh import LLM, SamplingParams
-from specmesh.cache import KVCache
-from specmesh.drafters.branches import Branches
-from specmesh.drafters.ngram import ContextCache, build_corpus_cache
-from specmesh.methods.selfdraft import forward_inputs
-from specmesh.tree import TokenTree
+from specmesh.model.cache import KVCache
+from specmesh.proposers.ngram import ContextCache, build_corpus_cache
+from specmesh.proposers.multibranch import candidates
+from specmesh.spec.token_tree import TokenTree
 
 
 def test_context_cache_is_lru_and_bounded_per_key():
@@ -37,27 +36,27 @@ def test_planted_ngram_is_proposed(tmp_path):
     planted = [11, 12, 13, 14]
     docs = [np.concatenate([rng.integers(20, 200, 50), planted]).astype(np.int32) for _ in range(30)]
     build_corpus_cache(docs, cont_len=3).save(tmp_path / "c.npz")
-    from specmesh.drafters.ngram import CorpusCache
+    from specmesh.proposers.ngram import CorpusCache
     cache = CorpusCache.load(tmp_path / "c.npz")
     assert (12, 13, 14) in cache.lookup([99, 11], 4)
 
 
 @torch.no_grad()
 def test_branch_logits_do_not_see_other_branches_or_candidates(tiny_model):
+    """A branch is a path of the verified tree: its tokens see the root and the branch's earlier tokens only."""
     prefix = [3, 1, 4, 1, 5, 9, 2, 6]
 
     def branch0_logits(other_branch, candidates):
         cache = KVCache.for_model(tiny_model, 1, 64)
         tiny_model(torch.tensor([prefix]), cache)
         cache.commit_all()
-        drafts = Branches(2, 4, 4, [0])
-        drafts.tokens = [[7, 8, 9], other_branch]
-        tree = TokenTree.from_paths(10, candidates)
-        tokens, depths, mask = forward_inputs(tree, drafts, "cpu")
-        return tiny_model(tokens, cache, depths=depths, tree_mask=mask)[0, len(tree):len(tree) + 3]
+        tree = TokenTree.from_paths(10, candidates + [[7, 8, 9], other_branch])
+        logits = tiny_model(torch.tensor([tree.tokens]), cache, depths=tree.depth_tensor(),
+                            tree_mask=tree.ancestor_mask())[0]
+        return logits[[tree.node([7, 8, 9][:j + 1]) for j in range(3)]]
 
     a = branch0_logits([20, 21], [[30, 31, 32]])
-    b = branch0_logits([40, 41, 42, 43], [[50], [51, 52]])
+    b = branch0_logits([40, 41, 42, 43], [[50], [51, 52], [7, 8]])
     assert (a - b).abs().max() <= 1e-5
     plain = tiny_model(torch.tensor([prefix + [10, 7, 8, 9]]))[0, -3:]
     assert (a - plain).abs().max() <= 1e-5
@@ -77,7 +76,6 @@ def test_greedy_equals_ar(tiny_checkpoint, options, max_new):
 
 
 def test_candidates_come_from_the_context_then_the_corpus():
-    from specmesh.methods.selfdraft import candidates
     context = ContextCache(gram=4)
     context.add_sequence([5, 6, 7, 8, 1, 9, 9, 9])
     docs = [np.array([2, 5, 1, 1, 1] * 4, dtype=np.int32)]

@@ -143,7 +143,7 @@ def test_a_client_that_disconnects_is_aborted_and_its_row_freed(live):
             if line.startswith("data:"):
                 break
     deadline = time.monotonic() + 5
-    while engine.running or engine.waiting:
+    while not engine.idle:
         assert time.monotonic() < deadline, "the disconnected request is still running"
         time.sleep(0.01)
     assert 'reason="aborted"' in httpx.get(live.url + "/metrics").text
@@ -183,7 +183,7 @@ def test_an_engine_failure_fails_requests_in_flight_and_health(tiny_checkpoint):
     server = LiveServer(tiny_checkpoint)
     try:
         engine = server.server.engine
-        engine.model = FailsWhenBatched(engine.model)
+        engine.runner.model = FailsWhenBatched(engine.runner.model)
         body = {"prompt": "x", "max_tokens": 200, "temperature": 0}
         with ThreadPoolExecutor(2) as pool:
             plain = pool.submit(httpx.post, server.url + "/v1/completions", json=body, timeout=20)
@@ -217,7 +217,7 @@ def test_loadtest_reports_throughput_and_latency_percentiles(live, tmp_path, mod
 
 
 def test_loadtest_counts_errors(tmp_path):
-    from specmesh.serve.loadtest import LoadConfig, run
+    from specmesh.bench.loadtest import LoadConfig, run
     summary, errors = run(LoadConfig(url=f"http://127.0.0.1:{free_port()}", concurrency=1, duration=0.3,
                                      prompts=["x"]))
     assert summary["requests"] >= 1 and summary["errors"] == summary["requests"] and errors
@@ -274,10 +274,10 @@ def test_speculative_server_gives_ar_output_alone_and_batched(live, tiny_checkpo
         stats = sd.server.engine.stats
         perfect = draft == "tiny_checkpoint"
         if method == "sd":
-            assert stats.drafted > 0 and (stats.accepted == stats.drafted if perfect
-                                          else stats.accepted < stats.drafted / 5)
+            assert stats.drafted_tokens > 0 and (stats.accepted_tokens == stats.drafted_tokens if perfect
+                                          else stats.accepted_tokens < stats.drafted_tokens / 5)
         else:                                   # a tree accepts one path of its nodes at most
-            assert stats.target_forwards < (30 * len(PROMPTS)) / 2 if perfect else stats.accepted < stats.drafted / 5
+            assert stats.target_forwards < (30 * len(PROMPTS)) / 2 if perfect else stats.accepted_tokens < stats.drafted_tokens / 5
         seeded = [complete(sd, "def", max_tokens=12, temperature=1.0, seed=3).choices[0].text for _ in range(2)]
         assert seeded[0] == seeded[1]
     finally:

@@ -52,7 +52,7 @@ def test_profiles_load_and_fail_clearly(tmp_path):
 
 
 def test_balanced_split_evens_out_the_steady_state():
-    from specmesh.dist.pipeline import balanced_layers
+    from specmesh.runtime.pipeline import balanced_layers
     # stage 0 also carries S (3 ms) and processes 4-node layers (1 ms a layer); the last a root (0.5) + head (1)
     assert balanced_layers(8, 2, 3.0, 1.0, 0.5, 1.0) == [range(0, 1), range(1, 8)]     # 4 ms vs 4.5 ms
     assert balanced_layers(8, 2, 0.0, 1.0, 1.0, 0.0) == [range(0, 4), range(4, 8)]
@@ -61,7 +61,7 @@ def test_balanced_split_evens_out_the_steady_state():
 
 
 def test_pipedec_splits_each_request_for_its_context():
-    from specmesh.methods.pipedec import StageCosts
+    from specmesh.methods.pipeline.pipedec import StageCosts
     # a tree layer's attention grows fast with the context: long requests move layers off stage 0
     costs = StageCosts(8, 2, (64, 512), wide=(1.0, 5.0), root=(0.5, 0.6), head=(1.0, 1.0), draft=2.0)
     assert costs.split(64) == [range(0, 2), range(2, 8)] and costs.split(512) == [range(0, 1), range(1, 8)]

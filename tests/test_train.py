@@ -3,7 +3,7 @@ import numpy as np
 import torch
 
 from specmesh import train
-from specmesh.model import Transformer
+from specmesh.model.model import Transformer
 from conftest import tiny_config
 
 

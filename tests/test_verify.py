@@ -5,9 +5,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specmesh import verify as V
-from specmesh.sampling import SamplingParams
-from specmesh.tree import TokenTree
+from specmesh.spec import verify as V
+from specmesh.spec.sampling import SamplingParams
+from specmesh.spec.token_tree import TokenTree
 
 SAMPLE = SamplingParams(temperature=1.0)
 GREEDY = SamplingParams()

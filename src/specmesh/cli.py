@@ -44,46 +44,43 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
 
 
-def add_method_options(p: argparse.ArgumentParser) -> None:
-    """Options of speculative methods; each applies to the listed methods that have it."""
+def option_help(name: str) -> str:
+    """An option's help with the methods that have it and their defaults, from the declarations."""
+    from specmesh.methods import OPTIONS, having
+    defaults = ", ".join(f"{spec.name} {spec.defaults[name]}" if OPTIONS[name].kind is not bool else spec.name
+                         for spec in having(name))
+    return f"{OPTIONS[name].help} ({defaults})"
+
+
+def add_method_options(p: argparse.ArgumentParser, names: list[str] | None = None) -> None:
+    """Method options, generated from methods/base.py's declarations (each applies to the methods that
+    have it; the defaults are theirs)."""
+    from specmesh.methods import OPTIONS
     o = p.add_argument_group("method options (default: each method's tuned value)")
-    o.add_argument("--gamma", type=positive_int,
-                   help="draft length / tree depth (sd, tree, stpp; pearl: default round(c), measured at start-up)")
-    o.add_argument("--draft-window", type=positive_int,
-                   help="prompt tokens the draft model reads (sd, tree, pearl, stpp)")
-    o.add_argument("--tree-width", type=positive_int, help="nodes kept per tree level: w (tree, stpp, pipedec)")
-    o.add_argument("--max-children", type=positive_int,
-                   help="children per node in top-k expansion: c (tree, stpp, pipedec)")
-    o.add_argument("--branches", type=positive_int, help="draft branches N (selfdraft)")
-    o.add_argument("--branch-len", type=positive_int, help="branch length cap L (selfdraft)")
-    o.add_argument("--gram", type=positive_int, help="n-gram size G (selfdraft)")
-    o.add_argument("--max-candidates", type=positive_int, help="candidate continuations verified per step (selfdraft)")
-    o.add_argument("--ngram-cache", metavar="FILE", help="corpus n-gram cache (selfdraft; default: beside the target)")
-    o.add_argument("--timeout", type=positive_int, metavar="SECONDS",
-                   help="how long a rank waits for another before failing (pearl, pp, pipedec, stpp; default 30)")
-    o.add_argument("--stages", type=positive_int,
-                   help="pipeline stages, one process each (pp, pipedec, stpp; default 2)")
-    o.add_argument("--draft-apart", action="store_const", const=True, default=None,
-                   help="pipedec, stpp: run the draft S in a process of its own (a device of its own) "
-                        "instead of beside stage 0")
-
-
-OPTION_NAMES = ("gamma", "draft_window", "tree_width", "max_children", "branches", "branch_len", "gram",
-                "max_candidates", "ngram_cache", "timeout", "stages", "draft_apart")
+    for name in names or OPTIONS:
+        flag, option = "--" + name.replace("_", "-"), OPTIONS[name]
+        if option.kind is bool:
+            o.add_argument(flag, action="store_const", const=True, default=None, help=option_help(name))
+        else:
+            o.add_argument(flag, type=positive_int if option.kind is int else str, metavar=option.metavar,
+                           help=option_help(name))
 
 
 def method_options(args) -> dict:
-    return {k: getattr(args, k) for k in OPTION_NAMES if getattr(args, k) is not None}
+    from specmesh.methods import OPTIONS
+    return {k: getattr(args, k) for k in OPTIONS if getattr(args, k, None) is not None}
 
 
 def build_parser() -> Parser:
+    from specmesh.methods import METHODS
+    from specmesh.serve import SERVED
     parser = Parser(prog="specmesh", description="Lossless speculative decoding for Llama-family models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     g = sub.add_parser("generate", help="generate text from a prompt (streams to the terminal)")
     g.add_argument("prompt", nargs="?", help="the prompt text")
     g.add_argument("--prompt-file", metavar="FILE", help="read the prompt verbatim from FILE ('-' for stdin)")
-    g.add_argument("--method", default="ar", help="decoding method (default: ar)")
+    g.add_argument("--method", default="ar", help=f"decoding method: {', '.join(METHODS)} (default: ar)")
     add_model_args(g)
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--max-new-tokens", type=positive_int, default=128)
@@ -113,7 +110,7 @@ def build_parser() -> Parser:
     b.add_argument("--plot", metavar="OUT.png", help="draw speedup and tokens per target forward per method")
 
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
-    v.add_argument("--method", default="ar", choices=["ar", "sd", "tree"], help="decoding method (default: ar)")
+    v.add_argument("--method", default="ar", choices=SERVED, help="decoding method (default: ar)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     v.add_argument("--port", type=positive_int, default=8000)
     v.add_argument("--model-name", default="specmesh-target", help="the model id clients send (default: specmesh-target)")
@@ -121,13 +118,12 @@ def build_parser() -> Parser:
                    help="default bfloat16 (the fastest on CPU); float32 is the exact reference")
     add_model_args(v)
     v.add_argument("--max-batch", type=positive_int, default=16, help="requests decoded together (default: 16)")
-    v.add_argument("--gamma", type=positive_int,
-                   help="sd: a fixed draft length (default: by batch size); tree: its depth (default 5)")
     v.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM, how long running requests may take to finish (default: 30)")
     v.add_argument("--prefix-cache-mb", type=float, default=256.0, metavar="MB",
                    help="memory for the keys and values of prompt prefixes served before, reused exactly "
                         "where the kernels allow (default: 256; 0: off)")
+    add_method_options(v, sorted({o for name in SERVED for o in METHODS[name].defaults}))
 
     lt = sub.add_parser("loadtest", help="load a running server with streaming completions; latency percentiles")
     lt.add_argument("--url", required=True, help="the server root, without /v1 (e.g. http://127.0.0.1:8000)")
@@ -201,36 +197,37 @@ def read_prompt(args, parser) -> str:
     return path.read_bytes().decode("utf-8")       # verbatim: no newline translation
 
 
-DISTRIBUTED = ("pearl", "pp", "pipedec", "stpp")
-
-
 def serve_torchrun_rank(args) -> int:
     """Under torchrun every rank runs the same command; the ranks after 0 serve: pearl's draft rank,
     a pipeline's stages."""
     import torch
     from specmesh import embedded
-    from specmesh.dist import pipeline
-    from specmesh.dist.link import join_env
-    from specmesh.methods import pearl
+    from specmesh.methods import METHODS
+    from specmesh.proposers import remote_chain
+    from specmesh.methods.pipeline.stages import StageServer
+    from specmesh.runtime import pipeline
+    from specmesh.runtime.link import join_env
     device = args.device
     if device == "cuda" and "LOCAL_RANK" in os.environ:
         device = f"cuda:{os.environ['LOCAL_RANK']}"
-    timeout = args.timeout or pearl.OPTIONS["timeout"]
+    timeout = args.timeout or METHODS[args.method].defaults["timeout"]
     torch.set_num_threads(1)
     if args.method == "pearl":
         config = {"draft": str(args.draft or embedded.path("draft")), "dtype": args.dtype, "device": device}
-        pearl.DraftServer(config).run(join_env(pearl.ROLES, timeout))
+        remote_chain.DraftServer(config).run(join_env(remote_chain.ROLES, timeout))
         return 0
     config = {"target": str(args.target or embedded.path("target")), "dtype": args.dtype, "device": device}
     roles = pipeline.roles(args.stages or 2, args.method != "pp", bool(args.draft_apart))
-    pipeline.StageServer(config).run(join_env(roles, timeout))
+    StageServer(config).run(join_env(roles, timeout))
     return 0
 
 
 def cmd_generate(args, parser) -> int:
     from specmesh import LLM, SamplingParams
-    from specmesh.dist.link import under_torchrun
-    if args.method in DISTRIBUTED and under_torchrun() and int(os.environ["RANK"]) > 0:
+    from specmesh.methods import METHODS
+    from specmesh.runtime.link import under_torchrun
+    spec = METHODS.get(args.method)
+    if spec is not None and spec.start is not None and under_torchrun() and int(os.environ["RANK"]) > 0:
         return serve_torchrun_rank(args)
     prompt = read_prompt(args, parser)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -238,7 +235,7 @@ def cmd_generate(args, parser) -> int:
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
               **method_options(args))
     with llm:
-        run = llm.start(prompt, params)
+        run = llm.stream(prompt, params)
         stream = args.json != "-"
         for piece in run:
             if stream:
@@ -260,7 +257,7 @@ def cmd_generate(args, parser) -> int:
 
 def cmd_models(args, parser) -> int:
     from specmesh import embedded
-    from specmesh.loader import count_parameters
+    from specmesh.model.loader import count_parameters
     rows = [{"name": name, "role": role, "path": str(path), "parameters": count_parameters(path)}
             for name, (role, path) in embedded.MODELS.items()]
     if args.json:
@@ -294,13 +291,13 @@ def cmd_serve(args, parser) -> int:
     from specmesh.serve import ServeConfig, run
     return run(ServeConfig(method=args.method, host=args.host, port=args.port, model_name=args.model_name,
                            dtype=args.dtype, target=args.target, draft=args.draft, device=args.device,
-                           max_batch=args.max_batch, gamma=args.gamma, grace_s=args.grace,
+                           max_batch=args.max_batch, options=method_options(args), grace_s=args.grace,
                            prefix_cache_mb=args.prefix_cache_mb))
 
 
 def cmd_loadtest(args, parser) -> int:
     from specmesh.bench.prompts import load_prompts
-    from specmesh.serve.loadtest import LoadConfig, print_summary, run
+    from specmesh.bench.loadtest import LoadConfig, print_summary, run
     if args.rate is not None and args.rate <= 0:
         parser.error("--rate must be positive")
     if args.duration <= 0:
@@ -328,12 +325,13 @@ def cmd_simulate(args, parser) -> int:
     if (args.prompt is None) == (args.prompts is None):
         parser.error("give exactly one of PROMPT or --prompts FILE")
     prompts = [args.prompt] if args.prompt is not None else load_prompts(args.prompts, args.limit)
-    from specmesh.methods import pipedec, stpp
+    from specmesh.methods import METHODS
+    pipedec, stpp = METHODS["pipedec"].defaults, METHODS["stpp"].defaults
     paper = args.profile == "gpu-cluster"
     cfg = SimConfig(args.method, args.stages, Profile.load(args.profile), args.max_new_tokens,
-                    args.tree_width or (32 if paper else pipedec.OPTIONS["tree_width"]),
-                    args.max_children or (16 if paper else pipedec.OPTIONS["max_children"]),
-                    args.depth or (5 if paper else stpp.OPTIONS["gamma"]), args.draft_window, args.target, args.draft)
+                    args.tree_width or (32 if paper else pipedec["tree_width"]),
+                    args.max_children or (16 if paper else pipedec["max_children"]),
+                    args.depth or (5 if paper else stpp["gamma"]), args.draft_window, args.target, args.draft)
     if args.plot:
         from specmesh.bench.simulate import sweep_plot
         table = sweep_plot(cfg, prompts, args.plot)
@@ -354,8 +352,8 @@ def cmd_simulate(args, parser) -> int:
 
 
 def cmd_ngram(args, parser) -> int:
-    from specmesh.drafters.ngram import build_corpus_cache, read_corpus
-    from specmesh.loader import load_tokenizer
+    from specmesh.proposers.ngram import build_corpus_cache, read_corpus
+    from specmesh.model.loader import load_tokenizer
     from specmesh import embedded
     tokenizer = load_tokenizer(args.tokenizer or embedded.path("target"))
     docs = read_corpus(Path(args.corpus), tokenizer, skip_heldout=args.skip_heldout)
@@ -381,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     sub = parser._subparsers._group_actions[0].choices[args.command]
-    from specmesh.dist.link import PeerError
+    from specmesh.runtime.link import PeerError
     try:
         return COMMANDS[args.command](args, sub)
     except (ValueError, FileNotFoundError) as e:

@@ -1,16 +1,27 @@
-"""The Python API: `LLM(...).generate(prompt, SamplingParams(...))`."""
+"""The Python API: `LLM(...).generate(prompts, SamplingParams(...))`.
+
+`generate` runs the engine (engine/engine.py) to completion in this process, as offline batched
+inference: a list of prompts (and the n samples of each) decode as one batch, each sequence with
+its own parameters and seeded generator; every result equals what the prompt gives alone.
+"""
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from specmesh import embedded, methods
-from specmesh.generation import Generation, Output
-from specmesh.job import Models
-from specmesh.loader import DTYPES, load_model, load_tokenizer
-from specmesh.sampling import SamplingParams
+from specmesh.engine.engine import Engine
+from specmesh.engine.sequence import Output, Sequence
+from specmesh.methods import Models
+from specmesh.model.loader import DTYPES, load_model, load_tokenizer
+from specmesh.spec.sampling import SamplingParams
+
+Prompt = str | list[int]        # text, or token ids
+
+MAX_BATCH = 16                  # sequences decoded together by default
 
 
 class VocabularyMismatchError(ValueError):
@@ -30,11 +41,16 @@ class LLM:
 
     LLM() uses the embedded target; LLM(target=DIR, draft=DIR, method="sd") uses yours.
     Method options (gamma=4, tree_width=4, ...) go to the methods that have them.
+    `max_batch`: sequences decoded together (the multi-process methods take one at a time).
     """
 
     def __init__(self, target: str | Path | None = None, draft: str | Path | None = None, method: str = "ar",
-                 device: str = "cpu", dtype: str | torch.dtype = "float32", **options):
+                 device: str = "cpu", dtype: str | torch.dtype = "float32", max_batch: int = MAX_BATCH,
+                 **options):
         self.method = methods.get(method, options)
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+        self.max_batch = max_batch
         self.dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
         target = Path(target) if target else embedded.path("target")
@@ -44,8 +60,9 @@ class LLM:
             draft = embedded.path("draft")
         if draft is not None:
             check_vocabularies(self.tokenizer, load_tokenizer(draft), target, Path(draft))
-        if self.method.start:               # other processes: pearl's draft, a pipeline's stages
-            self.method.start(self.models, None if draft is None else Path(draft), self.dtype, self.method.options)
+        if self.method.spec.start:          # other processes: pearl's draft, a pipeline's stages
+            self.method.spec.start(self.models, None if draft is None else Path(draft), self.dtype,
+                                   self.method.options)
         elif draft is not None:
             self.models.draft = load_model(draft, self.dtype, self.device, draft=True)
 
@@ -63,21 +80,72 @@ class LLM:
     def context(self) -> int:
         return self.models.target.config.max_position_embeddings
 
-    def encode(self, prompt: str | list[int]) -> list[int]:
-        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
 
-    def start(self, prompt: str | list[int], params: SamplingParams | None = None) -> Generation:
+    def engine(self, prompts: list[list[int]], params: SamplingParams, rows: int | None = None) -> Engine:
+        """An engine sized for these prompts: its cache rows hold the longest prompt plus its new tokens."""
+        longest = max(len(p) for p in prompts)
+        max_len = min(self.context, longest + params.max_new_tokens) + self.method.slack
+        rows = rows or min(self.max_batch, len(prompts) * params.n)
+        return Engine(self.models, self.method, self.tokenizer, rows, max_len)
+
+    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None
+                 ) -> Output | list[Output]:
+        """One prompt -> its Output; a list of prompts -> a list of Outputs, in order."""
         params = params or SamplingParams()
         params.validate()
-        if isinstance(prompt, str) and not prompt:
-            raise ValueError("prompt is empty")
-        return Generation(self.method, self.models, self.tokenizer, self.encode(prompt), params, self.context)
+        batch = isinstance(prompts, list) and bool(prompts) and not isinstance(prompts[0], int)
+        ids = [self.encode(p) for p in (prompts if batch else [prompts])]
+        engine = self.engine(ids, params)
+        requests = [engine.sequences(i, params) for i in ids]
+        start = time.perf_counter()
+        engine.submit([seq for seqs in requests for seq in seqs])
+        try:
+            while not engine.idle:
+                engine.step()
+        except BaseException:
+            engine.abandon()
+            raise
+        elapsed = time.perf_counter() - start
+        outputs = [Output.of(seqs, elapsed) for seqs in requests]
+        return outputs if batch else outputs[0]
 
-    def generate(self, prompt: str | list[int], params: SamplingParams | None = None) -> Output:
-        return self.start(prompt, params).run()
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> "Stream":
+        """Iterate for the first sample's text as it grows; `.output` holds the result afterwards."""
+        params = params or SamplingParams()
+        params.validate()
+        ids = self.encode(prompt)
+        engine = self.engine([ids], params)
+        return Stream(engine, engine.sequences(ids, params))
 
-    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[str]:
-        yield from self.start(prompt, params)
+
+class Stream:
+    def __init__(self, engine: Engine, seqs: list[Sequence]):
+        self.engine, self.seqs = engine, seqs
+        self.output: Output | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        first = self.seqs[0]
+        start = time.perf_counter()
+        self.engine.submit(self.seqs)
+        try:
+            while not self.engine.idle:
+                self.engine.step()
+                piece = first.stream_piece()
+                if piece:
+                    yield piece
+        except BaseException:                   # a failure, or the consumer stopped early (GeneratorExit)
+            self.engine.abandon()
+            raise
+        self.output = Output.of(self.seqs, time.perf_counter() - start)
+        piece = first.stream_piece()
+        if piece:
+            yield piece
 
 
 def check_vocabularies(target_tok, draft_tok, target: Path, draft: Path) -> None:

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import torch
 
-from specmesh.cache import KVCache
+from specmesh.model.cache import KVCache
 
 
 @contextmanager

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from specmesh import corpus
-from specmesh.loader import save_model
-from specmesh.model import ModelConfig, Transformer
+from specmesh.model.loader import save_model
+from specmesh.model.model import ModelConfig, Transformer
 
 EOS = "<|endoftext|>"
 VOCAB = 8192
@@ -172,7 +172,7 @@ def run(cfg: TrainConfig) -> dict:
 def load_stage1(cfg: TrainConfig) -> tuple[Transformer, Transformer]:
     """Target and draft of a finished co-training, exported to cfg.resume_from; its tokenizer is reused."""
     import shutil
-    from specmesh.loader import load_model
+    from specmesh.model.loader import load_model
     src = Path(cfg.resume_from)
     tok_dir = Path(cfg.work) / "tokenizer"
     tok_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from specmesh.stats import Stats
+from specmesh.engine.stats import Stats
 
 PEERS = ("hf", "hf-assisted", "hf-pld")
 PLD_TOKENS = 10         # transformers' documented example value

@@ -24,9 +24,9 @@ from tqdm import tqdm
 from specmesh import embedded, methods
 from specmesh.bench.peers import PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
-from specmesh.loader import DTYPES, load_tokenizer
-from specmesh.sampling import SamplingParams
-from specmesh.stats import Stats
+from specmesh.model.loader import DTYPES, load_tokenizer
+from specmesh.spec.sampling import SamplingParams
+from specmesh.engine.stats import Stats
 from specmesh.timing import torch_threads
 
 NEAR_TIE_REL = 2 ** -5

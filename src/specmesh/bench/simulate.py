@@ -1,7 +1,7 @@
 """`specmesh simulate`: PipeDec, PP and STPP on a virtual clock, for more pipeline stages than exist.
 
 The real algorithms run in one process with the real models, so every emitted token,
-hit and miss is what the pipeline would produce (pipedec: specmesh.pipedec.run, which
+hit and miss is what the pipeline would produce (pipedec: specmesh.methods.pipeline.schedule.run, which
 follows the distributed runtime timestep by timestep; pp: `ar`; stpp: the `tree`
 method's static trees); only time is modelled, per stage, from a cost profile. Results
 say "simulated".
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from specmesh import embedded
-from specmesh.dist.pipeline import balanced_layers, stage_layers
+from specmesh.runtime.pipeline import balanced_layers, stage_layers
 
 METHODS = ("pipedec", "pp", "stpp")
 GPU_CLUSTER = {"name": "gpu-cluster", "stage": {"base_ms": 10.0, "flat_tokens": 64, "per_token_ms": 0.1},
@@ -121,7 +121,7 @@ class Simulator:
 
     def __init__(self, cfg: SimConfig):
         from specmesh import LLM
-        from specmesh.loader import load_model
+        from specmesh.model.loader import load_model
         self.cfg = cfg
         if cfg.method == "stpp":
             self.llm = LLM(target=cfg.target, draft=cfg.draft, method="tree", gamma=cfg.depth,
@@ -150,8 +150,8 @@ class Simulator:
         return max(work) + p.hop_ms + p.broadcast_ms
 
     def __call__(self, ids: list[int]) -> Result:
-        from specmesh import pipedec
-        from specmesh.sampling import SamplingParams
+        from specmesh.methods.pipeline import schedule as pipedec
+        from specmesh.spec.sampling import SamplingParams
         cfg, p = self.cfg, self.cfg.profile
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens)
         if cfg.method == "pipedec":
@@ -187,8 +187,8 @@ def simulate(cfg: SimConfig, prompts: list[str]) -> dict:
 def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256) -> dict:
     """Measure this machine's costs (bfloat16, one thread, as each pipeline process runs) and write
     the `local` profile."""
-    from specmesh.loader import load_model
-    from specmesh.pipedec import grow_ms
+    from specmesh.model.loader import load_model
+    from specmesh.proposers.dynamic_tree import grow_ms
     from specmesh.timing import layer_and_head_ms, torch_threads
 
     with torch.inference_mode(), torch_threads(1):
@@ -210,7 +210,7 @@ def link_one_way_ms(hidden: int, tokens: int = 4, reps: int = 200) -> float:
     import datetime
     import multiprocessing
     import torch.distributed as dist
-    from specmesh.dist.link import Link
+    from specmesh.runtime.link import Link
     store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
     echo = multiprocessing.get_context("spawn").Process(target=_echo, args=(store.port, tokens, hidden, reps + 20))
     echo.start()
@@ -228,7 +228,7 @@ def link_one_way_ms(hidden: int, tokens: int = 4, reps: int = 200) -> float:
 def _echo(port: int, tokens: int, hidden: int, reps: int) -> None:
     import datetime
     import torch.distributed as dist
-    from specmesh.dist.link import Link
+    from specmesh.runtime.link import Link
     store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
     link = Link(store, 1, ["stage0", "stage1"], 60.0)
     y = torch.empty(tokens, hidden)

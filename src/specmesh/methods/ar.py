@@ -1,28 +1,47 @@
-"""Plain autoregressive decoding of the target: the reference every method must match."""
+"""Plain autoregressive decoding of the target: the reference every method must match.
+
+A step is one target forward over every running sequence's newest token.
+"""
 from __future__ import annotations
 
-from collections.abc import Iterator
+import torch
 
-from specmesh.cache import KVCache
-from specmesh.job import Job, Models
-from specmesh.sampling import next_tokens
-
-NEEDS_DRAFT = False
-BATCHED = True          # decodes the n samples of a request as one batch
-OPTIONS: dict = {}
+from specmesh.engine.runner import Runner
+from specmesh.engine.sequence import Sequence
+from specmesh.methods.base import MethodSpec
+from specmesh.spec.sampling import argmax, next_tokens
 
 
-def slack(**_) -> int:
-    return 0
+def first_token(logits: torch.Tensor, seq: Sequence) -> int:
+    """The token after the prompt, from the prefill's logits [1, V]."""
+    return int(next_tokens(logits, seq.params, seq.generator))
 
 
-def decode(models: Models, job: Job) -> Iterator[list[list[int]]]:
-    target = models.target
-    cache = KVCache.for_model(target, job.rows, job.max_len)
-    logits = job.prefill(target, cache, job.prompt, "target")     # [B, V]
-    while True:
-        tokens = next_tokens(logits, job.params, job.generator)  # [B]
-        yield [[t] for t in tokens.tolist()]
-        logits = target(tokens[:, None], cache)[:, -1]
-        cache.commit_all()
-        job.stats.target_forwards += 1
+class AR:
+    def __init__(self, runner: Runner):
+        self.runner = runner
+
+    def admit(self, seq: Sequence, row: int) -> list[int]:
+        return [first_token(self.runner.prefill(seq, row), seq)]
+
+    def step(self, seqs: list[Sequence]) -> list[list[int]]:
+        tokens = torch.tensor([[s.last] for s in seqs], device=self.runner.device)
+        logits = self.runner.forward(tokens)[:, -1]                      # [B, V]
+        self.runner.cache.commit_all()
+        tops = argmax(logits).tolist()                                  # the greedy rows' tokens, at once
+        out = []
+        for i, seq in enumerate(seqs):
+            seq.stats.target_forwards += 1
+            p = seq.params
+            out.append([tops[i] if p.greedy else int(next_tokens(logits[i:i + 1], p, seq.generator))])
+        return out
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.runner.move_row(src, dst)
+
+    def release(self, seq: Sequence) -> None:
+        pass
+
+
+SPEC = MethodSpec("ar", "plain autoregressive decoding of the target: the reference", {}, False,
+                  build=lambda models, method, runner: AR(runner), slack=lambda options: 0)

@@ -1,14 +1,15 @@
-"""`specmesh serve`: the OpenAI-compatible server (engine.py: batching loop; api.py: HTTP; metrics.py)."""
+"""`specmesh serve`: the OpenAI-compatible server over the engine (api.py: HTTP; metrics.py: Prometheus)."""
 from __future__ import annotations
 
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from specmesh.methods import METHODS
 
-METHODS = ("ar", "sd", "tree")
+SERVED = [name for name, spec in METHODS.items() if spec.max_rows is None]     # the batched methods
 
 
 @dataclass
@@ -22,7 +23,7 @@ class ServeConfig:
     draft: str | None = None
     device: str = "cpu"
     max_batch: int = 16
-    gamma: int | None = None        # sd: a fixed draft length (None: by batch size); tree: its depth
+    options: dict = field(default_factory=dict)     # method options (sd without gamma: γ by batch size)
     grace_s: float = 30.0           # SIGTERM: how long running requests may take to finish
     prefix_cache_mb: float = 256.0  # prompt prefixes' keys and values kept for reuse (0: off)
     log_level: str = "info"
@@ -37,28 +38,27 @@ def build(cfg: ServeConfig):
     except ImportError as e:
         raise ValueError(f"specmesh serve needs {e.name}: pip install -e '.[serve]'") from None
     from specmesh import LLM
-    from specmesh.kernels import use_batch_invariant_kernels
+    from specmesh.engine.engine import Engine
     from specmesh.serve.api import Server, create_app
-    from specmesh.serve.engine import Engine
     from specmesh.serve.metrics import Metrics
-    if cfg.method not in METHODS:
-        raise ValueError(f"the server runs methods {', '.join(METHODS)}; not {cfg.method!r}")
+    if cfg.method not in SERVED:
+        raise ValueError(f"the server runs methods {', '.join(SERVED)}; not {cfg.method!r}")
     if not cfg.prefix_cache_mb >= 0:
         raise ValueError(f"--prefix-cache-mb must be >= 0, got {cfg.prefix_cache_mb}")
-    llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype)
-    for model in (llm.models.target, llm.models.draft):
-        if model is not None:
-            use_batch_invariant_kernels(model)          # float32 on x86: rows independent of their batch
+    llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype,
+              **cfg.options)
     llm.tokenizer.token_bytes                           # checked once now, not on the first request
     metrics = Metrics()
-    engine = Engine(llm, cfg.max_batch, cfg.gamma, on_finish=metrics.finish, prefix_cache=make_prefix_cache(cfg, llm))
+    engine = Engine(llm.models, llm.method, llm.tokenizer, cfg.max_batch, llm.context + llm.method.slack,
+                    make_prefix_cache(cfg, llm))
+    engine.on_finish = metrics.finish
     server = Server(engine, cfg.model_name, metrics)
     return server, create_app(server)
 
 
 def make_prefix_cache(cfg: ServeConfig, llm):
     """The engine's prefix cache, or None where it is off or could not be exact (said on stderr)."""
-    from specmesh.serve.prefix_cache import PrefixCache, unsupported
+    from specmesh.engine.prefix_cache import PrefixCache, unsupported
     if cfg.prefix_cache_mb == 0:
         return None
     reason = unsupported(llm.models.target)

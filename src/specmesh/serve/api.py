@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,11 +17,13 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from specmesh.sampling import SamplingParams
-from specmesh.serve.engine import Engine, Request, deliver_here
+from specmesh.engine.engine import Engine, deliver_here
+from specmesh.engine.sequence import Sequence
 from specmesh.serve.metrics import Metrics
+from specmesh.spec.sampling import InvalidParameter, SamplingParams
 
 PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"     # one line per message, then "assistant:"
+OPENAI_DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}
 
 
 class APIError(Exception):
@@ -40,10 +41,10 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 @dataclass
 class Jobs:
-    """The engine requests of one HTTP request (its prompts times n) and their events, as
+    """The sequences of one HTTP request (its prompts times n, in choice order) and their events, as
     (choice index, Event) in the order the engine produced them."""
     events: asyncio.Queue
-    requests: list[Request]
+    requests: list[Sequence]
 
 
 class Server:
@@ -70,43 +71,20 @@ class Server:
                              "model", "model_not_found")
         return body
 
-    def params(self, body: dict, prompt_tokens: int) -> tuple[SamplingParams, int]:
-        """Sampling parameters and n from an OpenAI request body."""
-        def number(name, default, kind=float):
-            value = body.get(name, default)
-            if value is None:
-                return default
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-                raise APIError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}", name)
-            return kind(value)
-
-        max_tokens = number("max_tokens", 16, int)
-        if "max_completion_tokens" in body:
-            max_tokens = number("max_completion_tokens", max_tokens, int)
-        temperature, top_p = number("temperature", 1.0), number("top_p", 1.0)
-        top_k, n, seed = number("top_k", 0, int), number("n", 1, int), body.get("seed")
-        context = self.engine.context
-        if max_tokens <= 0:
-            raise APIError(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-        if prompt_tokens + max_tokens > context:
-            raise APIError(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
-                             f"context of {context} tokens", "max_tokens")
-        if math.isnan(temperature) or temperature < 0:
-            raise APIError(f"temperature must be >= 0, got {temperature}", "temperature")
-        if math.isnan(top_p) or not 0 < top_p <= 1:
-            raise APIError(f"top_p must be in (0, 1], got {top_p}", "top_p")
-        if top_k < 0:
-            raise APIError(f"top_k must be >= 0, got {top_k}", "top_k")
-        if n < 1:
-            raise APIError(f"n must be at least 1, got {n}", "n")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise APIError(f"seed must be an integer, got {seed!r}", "seed")
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            raise APIError("stop must be a non-empty string or a list of them", "stop")
-        return SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                              seed=seed, stop=stop), n
+    def params(self, body: dict, prompt_tokens: int) -> SamplingParams:
+        """OpenAI's fields onto SamplingParams, which checks them (its error becomes a 400 naming the field)."""
+        given = {"max_new_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
+                 "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
+                 "n": body.get("n"), "seed": body.get("seed"), "stop": body.get("stop") or None}
+        try:
+            params = SamplingParams(**OPENAI_DEFAULTS | {k: v for k, v in given.items() if v is not None})
+        except InvalidParameter as e:
+            name = "max_tokens" if e.param == "max_new_tokens" else e.param
+            raise APIError(str(e).replace("max_new_tokens", "max_tokens"), name) from None
+        if prompt_tokens + params.max_new_tokens > self.engine.context:
+            raise APIError(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({params.max_new_tokens}) exceeds the "
+                           f"context of {self.engine.context} tokens", "max_tokens")
+        return params
 
     def encode(self, text, param: str) -> list[int]:
         if not isinstance(text, str):
@@ -132,8 +110,8 @@ class Server:
         return "".join(PLAIN_CHAT_TEMPLATE.format(**m) for m in messages) + "assistant:"
 
     # -- running requests ---------------------------------------------------------------------
-    def start(self, prompts: list[list[int]], params: SamplingParams, n: int) -> Jobs:
-        """Submit n samples per prompt; sample j of a seeded request uses seed + j."""
+    def start(self, prompts: list[list[int]], params: SamplingParams) -> Jobs:
+        """Submit params.n sequences per prompt."""
         if self.draining:
             raise APIError("the server is shutting down", code="server_shutting_down", status=503)
         if self.engine.failure is not None:
@@ -141,15 +119,11 @@ class Server:
         if self.engine.deliver is deliver_here:             # one wake-up of this loop per engine step
             loop = asyncio.get_running_loop()
             self.engine.deliver = lambda batch: loop.call_soon_threadsafe(deliver_here, batch)
-        jobs = Jobs(asyncio.Queue(), [])
-        for prompt in prompts:
-            for j in range(n):
-                p = SamplingParams(**{**vars(params), "seed": None if params.seed is None else params.seed + j})
-                i = len(jobs.requests)
-                jobs.requests.append(Request(prompt, p, lambda event, i=i: jobs.events.put_nowait((i, event))))
-        for request in jobs.requests:
-            self.metrics.requests.inc()
-            self.engine.submit(request)
+        jobs = Jobs(asyncio.Queue(), [seq for ids in prompts for seq in self.engine.sequences(ids, params)])
+        for i, seq in enumerate(jobs.requests):
+            seq.emit = lambda event, i=i: jobs.events.put_nowait((i, event))
+        self.metrics.requests.inc(len(jobs.requests))
+        self.engine.submit(jobs.requests)
         return jobs
 
     def abort_unfinished(self, jobs: Jobs, reasons: list[str | None]) -> None:
@@ -179,8 +153,8 @@ class Server:
 
 
 def usage(jobs: Jobs) -> dict:
-    prompt = sum(len(p) for p in {id(r.prompt): r.prompt for r in jobs.requests}.values())
-    completion = sum(r.completion_tokens for r in jobs.requests)
+    prompt = sum(len(p.ids) for p in {id(s.prompt): s.prompt for s in jobs.requests}.values())
+    completion = sum(len(s.tokens) for s in jobs.requests)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -222,8 +196,7 @@ def create_app(server: Server) -> FastAPI:
         if not prompts:
             raise APIError("prompt is empty", "prompt")
         ids = [server.encode(p, "prompt") for p in prompts]
-        params, n = server.params(body, max(len(i) for i in ids))
-        jobs = server.start(ids, params, n)
+        jobs = server.start(ids, server.params(body, max(len(i) for i in ids)))
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": server.model_name}
         if body.get("stream"):
@@ -239,8 +212,7 @@ def create_app(server: Server) -> FastAPI:
     async def chat(http: HTTPRequest):
         body = await server.body(http)
         ids = server.encode(server.chat_prompt(body.get("messages")), "messages")
-        params, n = server.params(body, len(ids))
-        jobs = server.start([ids], params, n)
+        jobs = server.start([ids], server.params(body, len(ids)))
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": server.model_name}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -28,14 +28,13 @@ class Metrics:
         self.tpot = Histogram("specmesh_time_per_output_token_seconds", "Mean time between output tokens",
                               registry=r, buckets=LATENCY_BUCKETS)
 
-    def finish(self, request) -> None:
-        """Called by the engine when a request leaves the batch."""
-        reason = "aborted" if request.aborted else (request.row.finish or "length")
-        self.finished.labels(reason).inc()
-        if request.first_token_at is not None:
-            self.ttft.observe(request.first_token_at - request.arrival)
-            if request.finished_at and request.completion_tokens > 1:
-                self.tpot.observe((request.finished_at - request.first_token_at) / (request.completion_tokens - 1))
+    def finish(self, seq) -> None:
+        """Called by the engine when a sequence leaves the batch."""
+        self.finished.labels("aborted" if seq.aborted else (seq.finish or "length")).inc()
+        if seq.first_token_at is not None:
+            self.ttft.observe(seq.first_token_at - seq.arrival)
+            if seq.finished_at and len(seq.tokens) > 1:
+                self.tpot.observe((seq.finished_at - seq.first_token_at) / (len(seq.tokens) - 1))
 
     def render(self, engine) -> bytes:
         s = engine.stats
@@ -44,7 +43,7 @@ class Metrics:
         self.cached.inc(s.cached_prompt_tokens - self._cached)
         self._cached = s.cached_prompt_tokens
         self.tokens_per_forward.set(s.generated_tokens / s.target_forwards if s.target_forwards else 0)
-        self.acceptance.set(s.accepted / s.drafted if getattr(s, "drafted", 0) else 0)
+        self.acceptance.set(s.acceptance_rate or 0)
         self.queue.set(s.waiting)
         self.batch.set(s.running)
         return generate_latest(self.registry)

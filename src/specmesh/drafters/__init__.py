@@ -1,1 +1,0 @@
-"""Drafters: what proposes the token trees the target verifies."""

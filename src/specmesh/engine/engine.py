@@ -1,0 +1,197 @@
+"""The engine: one step loop for `LLM.generate`, `specmesh generate`, the bench and `specmesh serve`.
+
+step() = admit waiting sequences (the method prefills them, or starts their loop) -> retire the done
+-> the method's step over every running sequence -> append each one's tokens (stopping rules:
+engine/sequence.py) -> retire the done.
+
+`LLM` runs steps until its sequences are done (offline batched inference). The server runs the loop
+in a thread (`run` in the calling thread; `specmesh serve` gives it the main thread, `start` a thread
+of its own): each step's text goes out at once through `deliver` (the HTTP layer hands the whole
+batch to its event loop in one wake-up, which calls each sequence's `emit`). An exception in the
+loop fails every sequence in flight, marks the engine failed and calls `on_failure`.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from specmesh.engine.prefix_cache import PrefixCache
+from specmesh.engine.runner import Runner
+from specmesh.engine.scheduler import Scheduler
+from specmesh.engine.sequence import Event, Prompt, Sequence
+from specmesh.engine.stats import EngineStats
+from specmesh.methods import Configured, Models
+from specmesh.model.tokenizer import Tokenizer
+from specmesh.spec.sampling import SamplingParams, make_generator
+
+
+def deliver_here(batch: list[tuple[Sequence, Event]]) -> None:
+    """Without an event loop: hand each event to its sequence in the engine's thread."""
+    for seq, event in batch:
+        seq.emit(event)
+
+
+class Engine:
+    def __init__(self, models: Models, method: Configured, tokenizer: Tokenizer, rows: int, max_len: int,
+                 prefix_cache: PrefixCache | None = None):
+        self.models, self.tokenizer = models, tokenizer
+        self.context = models.target.config.max_position_embeddings
+        self.eos = set(models.target.config.eos_ids)
+        self.stats = EngineStats()
+        rows = min(rows, method.spec.max_rows or rows)
+        self.runner = Runner(models.target, rows, max_len, self.stats, prefix_cache)
+        self.method = method.spec.build(models, method, self.runner)
+        self.scheduler = Scheduler(rows)
+        self.deliver: Callable[[list[tuple[Sequence, Event]]], None] = deliver_here
+        self.on_finish: Callable[[Sequence], None] | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
+        self.failure: BaseException | None = None
+        self._outbox: list[tuple[Sequence, Event]] = []
+        self._wake = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="specmesh-engine", daemon=True)
+
+    # -- requests -------------------------------------------------------------------------------
+    def sequences(self, ids: list[int], params: SamplingParams) -> list[Sequence]:
+        """The n sequences of one request (sample j of a seeded request uses seed + j)."""
+        if not ids:
+            raise ValueError("prompt is empty")
+        if len(ids) >= self.context:
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {self.context} tokens")
+        limit = min(params.max_new_tokens, self.context - len(ids))
+        prompt = Prompt(list(ids), waiting=params.n)
+        device = self.models.target.device
+        return [Sequence(prompt, params, self.tokenizer, self.eos, limit,
+                         make_generator(None if params.seed is None else params.seed + j, device))
+                for j in range(params.n)]
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        if self.failure is not None:
+            raise RuntimeError(f"the engine failed: {self.failure}")
+        with self._wake:
+            for seq in seqs:
+                self.scheduler.add(seq)
+            self.stats.waiting = len(self.scheduler.waiting)
+            self._wake.notify()
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a sequence (its client left); its row is freed at the end of the current step."""
+        seq.aborted = True
+        with self._wake:
+            self._wake.notify()
+
+    def abandon(self) -> None:
+        """Drop every sequence in flight (its consumer stopped, or a step failed): loop methods close
+        their loops, so their other processes hear that the request is over. Errors while closing are
+        dropped: the reason for abandoning is the one that matters."""
+        with self._wake:
+            doomed = self.scheduler.clear()
+        for seq in doomed:
+            seq.aborted = True
+            try:
+                self.method.release(seq)
+            except Exception:       # noqa: BLE001 - a loop's other processes may be gone already
+                pass
+
+    @property
+    def idle(self) -> bool:
+        with self._wake:
+            return self.scheduler.idle
+
+    # -- one step -------------------------------------------------------------------------------
+    def step(self) -> None:
+        with torch.inference_mode():
+            self._admit()
+            self._retire()
+            running = self.scheduler.running
+            if running:
+                self.stats.steps += 1
+                for seq, block in zip(running, self.method.step(running)):
+                    self._emit(seq, block)
+                self._flush()
+            self._retire()
+
+    def _admit(self) -> None:
+        while True:
+            with self._wake:                    # never idle-looking in between: see `idle`
+                admission = self.scheduler.next_admission()
+                self.stats.waiting = len(self.scheduler.waiting)
+            if admission is None:
+                break
+            seq, row = admission
+            self._emit(seq, self.method.admit(seq, row))
+            self._flush()
+        self.stats.running = len(self.scheduler.running)
+
+    def _emit(self, seq: Sequence, tokens: list[int]) -> None:
+        if seq.done or not tokens:
+            return
+        now = time.perf_counter()
+        seq.first_token_at = seq.first_token_at or now
+        before = len(seq.tokens)
+        seq.extend(tokens)
+        seq.stats.generated_tokens = len(seq.tokens)
+        self.stats.generated_tokens += len(seq.tokens) - before
+        if seq.emit is None:
+            return
+        piece = seq.stream_piece()
+        if seq.finish:
+            seq.finished_at = now
+            self._outbox.append((seq, Event(piece, seq.finish_reason)))
+        elif piece:
+            self._outbox.append((seq, Event(piece)))
+
+    def _flush(self) -> None:
+        if self._outbox:
+            self.deliver(self._outbox)
+            self._outbox = []
+
+    def _retire(self) -> None:
+        for seq in self.scheduler.retire(self.method.move_row):
+            self.method.release(seq)
+            self.stats.add(seq.stats)
+            if self.on_finish:
+                self.on_finish(seq)
+        self.stats.running = len(self.scheduler.running)
+
+    # -- the server's loop ----------------------------------------------------------------------
+    def start(self) -> "Engine":
+        """Run the loop in a thread of its own."""
+        self._thread.start()
+        return self
+
+    def run(self) -> None:
+        """Run the loop in this thread until `stop` (or a failure)."""
+        self._loop()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not self._stop and self.scheduler.idle:
+                        self._wake.wait()
+                    if self._stop:
+                        return
+                self.step()
+        except BaseException as e:           # noqa: BLE001 - every failure must reach the clients
+            self._fail(e)
+
+    def _fail(self, error: BaseException) -> None:
+        self.failure = error
+        message = f"engine failure: {type(error).__name__}: {error}"
+        with self._wake:
+            doomed = list(self.scheduler.running) + list(self.scheduler.waiting)
+        self.abandon()
+        self.deliver([(seq, Event(error=message)) for seq in doomed if seq.emit is not None])
+        if self.on_failure:
+            self.on_failure(error)

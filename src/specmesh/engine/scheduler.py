@@ -1,0 +1,59 @@
+"""Which sequences run: a queue of waiting ones and the running ones, which hold cache rows 0..B-1.
+
+Admission takes waiting sequences in arrival order while rows are free (a sequence whose client left
+while it waited is dropped). Retiring frees the rows of finished and aborted sequences: the last
+running sequence moves into each freed row, so the running rows stay a contiguous prefix of the
+cache and every forward works on a view of it.
+"""
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+from specmesh.engine.sequence import Sequence
+
+
+class Scheduler:
+    def __init__(self, rows: int):
+        self.rows = rows
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []           # running[i] holds cache row i
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def next_admission(self) -> tuple[Sequence, int] | None:
+        """The next waiting sequence and the row it gets, if a row is free."""
+        while self.waiting and len(self.running) < self.rows:
+            seq = self.waiting.popleft()
+            if seq.aborted:
+                continue
+            self.running.append(seq)
+            return seq, len(self.running) - 1
+        return None
+
+    def retire(self, move_row: Callable[[int, int], None]) -> list[Sequence]:
+        """Remove the done sequences; `move_row(src, dst)` moves a row's state into a freed one."""
+        done, i = [], 0
+        while i < len(self.running):
+            seq = self.running[i]
+            if not seq.done:
+                i += 1
+                continue
+            last = len(self.running) - 1
+            if i != last:
+                move_row(last, i)
+            self.running[i] = self.running[last]
+            self.running.pop()
+            done.append(seq)
+        return done
+
+    def clear(self) -> list[Sequence]:
+        """Every sequence, running or waiting, out of the scheduler."""
+        doomed = self.running + list(self.waiting)
+        self.running, self.waiting = [], collections.deque()
+        return doomed
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting

@@ -1,0 +1,125 @@
+"""Building csrc/ for this machine and its ctypes signatures; which vector units this CPU has."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parents[1] / "csrc" / "avx2.c"
+AVX512_SOURCE = Path(__file__).parents[1] / "csrc" / "avx512.c"
+
+
+class LayerWeights(ctypes.Structure):
+    """csrc/avx2.c's Layer: a decoder layer's sizes and weight pointers."""
+    _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hkv", "hd", "I", "kind", "glu")] + [("eps", ctypes.c_float)] + [
+        (n, ctypes.c_void_p) for n in ("attn_norm", "mlp_norm", "qkv", "o", "gate_up", "down",
+                                       "qkv_s", "o_s", "gate_up_s", "down_s", "qkv_b", "o_b", "gate_up_b", "down_b")]
+
+
+class ModelEnds(ctypes.Structure):
+    """csrc/avx2.c's Ends: a model's embedding, rotary frequencies, final norm and head."""
+    _fields_ = [(n, ctypes.c_int) for n in ("D", "V", "hd", "kind")] + [("eps", ctypes.c_float)] + [
+        (n, ctypes.c_void_p) for n in ("embed", "inv_freq", "norm", "head", "head_s", "head_b")]
+
+
+@functools.cache
+def avx2_lib() -> ctypes.CDLL | None:
+    """csrc/avx2.c (and csrc/avx512.c where gcc can build it) compiled for this machine (cached by
+    source hash), or None where it cannot be. Where the CPU has AVX-512 its attention and int8
+    products are switched on from the start (SPECMESH_AVX512=0 keeps AVX2's, to compare), so a
+    process computes every forward the same way.
+
+    It links PyTorch's own libgomp, so the kernel shares PyTorch's OpenMP threads
+    (torch.set_num_threads applies to it)."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("gcc") is None:
+        return None
+    sources = [SOURCE.read_bytes(), AVX512_SOURCE.read_bytes()]
+    cache = Path(os.environ.get("SPECMESH_CACHE", Path.home() / ".cache" / "specmesh"))
+    lib = cache / f"avx2-{hashlib.sha256(b''.join(sources)).hexdigest()[:16]}.so"
+    if not lib.exists():
+        torch_lib = Path(torch.__file__).parent / "lib"
+        omp = ["-fopenmp", f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lgomp"] \
+            if (torch_lib / "libgomp.so.1").exists() else []
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            out = Path(tmp) / lib.name
+            for files in ([SOURCE, AVX512_SOURCE], [SOURCE]):    # without avx512.c where gcc is too old for it
+                build = subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-shared", "-fPIC", *map(str, files),
+                                        "-o", str(out), *omp, "-lm"], capture_output=True, text=True)
+                if build.returncode == 0:
+                    break
+            else:
+                warnings.warn(f"could not build the AVX2 kernels, using PyTorch's: {build.stderr[-500:]}")
+                return None
+            out.replace(lib)                        # atomic: concurrent processes never see half a file
+    kernel = ctypes.CDLL(str(lib))
+    kernel.bf16_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                   ctypes.c_void_p, ctypes.c_void_p]
+    kernel.bf16_linear.restype = None
+    kernel.i8_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    kernel.i8_linear.restype = None
+    kernel.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
+                                ctypes.c_void_p]
+    kernel.rms_norm.restype = None
+    kernel.f32_linear.argtypes = kernel.bf16_linear.argtypes
+    kernel.f32_linear.restype = None
+    kernel.model_forward.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    kernel.model_forward.restype = None
+    kernel.block_qkv.argtypes = [ctypes.POINTER(LayerWeights), ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    kernel.block_qkv.restype = None
+    kernel.block_out.argtypes = [ctypes.POINTER(LayerWeights), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    kernel.block_out.restype = None
+    kernel.rotary_tables.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.c_void_p]
+    kernel.rotary_tables.restype = None
+    if hasattr(kernel, "amx_init"):
+        kernel.amx_linear.argtypes = kernel.bf16_linear.argtypes
+        kernel.amx_linear.restype = None
+        kernel.amx_attention.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + \
+            [ctypes.c_int] * 5 + [ctypes.c_void_p]
+        kernel.amx_attention.restype = None
+        if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
+            kernel.use_avx512(1)
+    return kernel
+
+
+AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
+AMX = AVX512 | {"amx_tile", "amx_bf16", "avx512_bf16"}
+
+
+@functools.cache
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux), or none where they cannot be read."""
+    try:
+        return set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return set()
+
+
+@functools.cache
+def amx_lib() -> ctypes.CDLL | None:
+    """The kernel library where this CPU has AMX with bf16 tiles (and AVX-512) and Linux lends the
+    tile registers to this process, else None. SPECMESH_AMX=0 turns it off (to compare)."""
+    lib = avx2_lib()
+    if lib is None or not hasattr(lib, "amx_init") or os.environ.get("SPECMESH_AMX", "1") == "0" \
+            or os.environ.get("SPECMESH_AVX512", "1") == "0" or not AMX <= cpu_flags():
+        return None
+    return lib if lib.amx_init() == 0 else None
+
+
+def native_bf16() -> bool:
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()

@@ -1,0 +1,140 @@
+"""A whole forward in C: the norm and block wrappers csrc/ reads its weights from, and CForward, the model's
+fast_forward for forwards with a cache on CPU."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+from torch import nn
+
+from specmesh.kernels.build import LayerWeights, ModelEnds, amx_lib
+from specmesh.kernels.linears import SMALL_ROWS, AMXLinear, _ptr
+from specmesh.model.model import PREFILL_TOKENS, attention
+
+
+class CRMSNorm(nn.Module):
+    """model.RMSNorm on float32 activations through the C kernel."""
+
+    def __init__(self, norm: nn.Module, kernel: ctypes.CDLL):
+        super().__init__()
+        self.weight, self.eps, self.kernel = norm.weight, float(norm.eps), kernel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        self.kernel.rms_norm(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], self.weight.data_ptr(), self.eps,
+                             y.data_ptr())
+        return y
+
+
+class CBlock(nn.Module):
+    """model.Block with its weights described for csrc/avx2.c (LayerWeights): CForward runs small
+    forwards through every layer in one C call; other shapes (prefill, training) go through the
+    block itself. The C attention runs row by row, so a sequence's result does not depend on the
+    others in the batch."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+        attn, mlp = block.attn, block.mlp
+        linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
+        self.weights = LayerWeights(
+            attn.o.out_features, attn.h, attn.hkv, attn.hd, mlp.down.in_features, attn.qkv.KIND,
+            getattr(mlp.gate_up, "glu", False), block.attn_norm.eps,
+            _ptr(block.attn_norm.weight), _ptr(block.mlp_norm.weight), *(_ptr(lin.weight) for lin in linears),
+            *(_ptr(getattr(lin, "scale", None)) for lin in linears), *(_ptr(lin.bias32) for lin in linears))
+
+    def forward(self, x, cos, sin, cache, mask):
+        return self.block(x, cos, sin, cache, mask)
+
+
+class CForward:
+    """model.fast_forward for a model whose blocks are CBlocks: forwards with a cache on CPU.
+    Up to SMALL_ROWS new tokens go through one C call (model_forward): embedding, rotary angles,
+    the layers of the range, final norm and head. A small model's decode step was half Python
+    around the kernels (a draft forward 0.37 -> 0.28 ms). Where the linears run on the tile unit
+    (fast for any number of rows), longer forwards (prefills) run each layer's products, norms,
+    rotary and cache writes in C too, with amx_attention or PyTorch's flash attention between
+    them: a 380-token prefill 26 -> 15-16 ms. Other forwards return None: the model's own path
+    (PyTorch's products are the faster ones for many rows of bf16 or float32 weights without AMX)."""
+
+    def __init__(self, model: nn.Module, kernel: ctypes.CDLL):
+        self.model, self.kernel = model, kernel
+        head, norm, cfg = model.lm_head, model.norm, model.config
+        self.ends = ModelEnds(cfg.hidden_size, cfg.vocab_size, cfg.head_dim, head.KIND, norm.eps,
+                              model.embed.weight.data_ptr(), model.inv_freq.data_ptr(), norm.weight.data_ptr(),
+                              head.weight.data_ptr(), _ptr(getattr(head, "scale", None)), _ptr(head.bias32))
+        self.layers = [ctypes.pointer(b.weights) for b in model.layers]
+        self.amx = amx_lib() if model.layers[0].weights.kind == AMXLinear.KIND else None
+        # prefills (no tree) attend on the tile unit too, for head dim 64 and a bf16 cache
+        self.tile_attention = self.amx is not None and model.config.head_dim == 64 \
+            and model.cache_dtype == torch.bfloat16
+
+    def __call__(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool):
+        B, T = x.shape[:2]
+        if cache is None or x.device.type != "cpu":
+            return None
+        if B * T > SMALL_ROWS:
+            return None if self.amx is None else self._long(x, cache, depths, tree_mask, layers, last_only)
+        positions = cache.slots(T, depths)                                        # [B, T] int64
+        mask = None if tree_mask is None else cache.mask(T, tree_mask).contiguous()   # [B, 1, T, kv_len]
+        n, first, L = len(layers), cache.first_layer, self.model.config.num_layers
+        weights = (ctypes.POINTER(LayerWeights) * n)(*self.layers[layers.start:layers.stop])
+        kc = (ctypes.c_void_p * n)(*(cache.k[i - first].data_ptr() for i in layers))   # each [B, Hkv, max_len, hd]
+        vc = (ctypes.c_void_p * n)(*(cache.v[i - first].data_ptr() for i in layers))
+        h = self._hidden(x, layers)
+        tail = 0 if layers.stop < L else 1 if last_only else T
+        logits = torch.empty(B, tail, self.ends.V)
+        self.kernel.model_forward(ctypes.byref(self.ends), weights, n, _ptr(x.contiguous() if layers.start == 0 else None),
+                                  h.data_ptr(), B, T, positions.ctypes.data, kc, vc, cache.k[0].dtype == torch.bfloat16,
+                                  cache.k[0].stride(0), cache.max_len, self._starts(cache).ctypes.data, _ptr(mask),
+                                  cache.kv_len, tail, logits.data_ptr())
+        cache.advance(T)
+        return logits if tail else h
+
+    def _long(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool):
+        B, T = x.shape[:2]
+        cfg, first = self.model.config, cache.first_layer
+        H, Q, hd = cfg.num_heads, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.head_dim
+        tiles = self.tile_attention and T > PREFILL_TOKENS and tree_mask is None and cache.k[0].dtype == torch.bfloat16
+        if tiles:
+            positions, mask = torch.from_numpy(cache.slots(T, depths)), None
+        else:
+            positions, mask = cache.prepare(T, depths, tree_mask)                # [B, T]; [B, 1, T, kv_len] or None
+        cos, sin = torch.empty(B * T, hd), torch.empty(B * T, hd)
+        self.kernel.rotary_tables(self.ends.inv_freq, positions.contiguous().data_ptr(), B * T, hd, cos.data_ptr(),
+                                  sin.data_ptr())
+        h = self.model.embed(x).contiguous() if layers.start == 0 else self._hidden(x, layers)   # [B, T, D]
+        qkv = torch.empty(B, T, Q)
+        starts = self._starts(cache)
+        for i in layers:
+            kc, vc = cache.k[i - first], cache.v[i - first]                       # [B, Hkv, max_len, hd]
+            self.kernel.block_qkv(self.layers[i], h.data_ptr(), B, T, cos.data_ptr(), sin.data_ptr(), kc.data_ptr(),
+                                  vc.data_ptr(), kc.dtype == torch.bfloat16, kc.stride(0), cache.max_len,
+                                  starts.ctypes.data, qkv.data_ptr())
+            if tiles:
+                out = torch.empty(B, T, H * hd)
+                for b, start in enumerate(cache.starts):
+                    self.amx.amx_attention(qkv[b].data_ptr(), Q, kc[b].data_ptr(), vc[b].data_ptr(), cache.max_len,
+                                           start, T, H, cfg.num_kv_heads, out[b].data_ptr())
+            else:
+                q = qkv[..., :H * hd].view(B, T, H, hd).transpose(1, 2)
+                out = attention(q, kc[:, :, :cache.kv_len], vc[:, :, :cache.kv_len], mask,
+                                self.model.layers[i].block.attn.prefill_dtype).contiguous()     # [B, T, H*hd]
+            self.kernel.block_out(self.layers[i], h.data_ptr(), B * T, out.data_ptr())
+        cache.advance(T)
+        if layers.stop < cfg.num_layers:
+            return h
+        return self.model.lm_head(self.model.norm(h[:, -1:] if last_only else h)).float()
+
+    def _hidden(self, x: torch.Tensor, layers: range) -> torch.Tensor:
+        """The residual stream [B, T, D] the C code updates in place: empty where it embeds x itself,
+        else a float32 copy of the hidden states x."""
+        if layers.start == 0:
+            return torch.empty(*x.shape[:2], self.ends.D)
+        return x.float().clone(memory_format=torch.contiguous_format)
+
+    @staticmethod
+    def _starts(cache) -> np.ndarray:
+        return np.asarray(cache.starts, dtype=np.int32)        # each row's first new slot

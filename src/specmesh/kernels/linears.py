@@ -1,0 +1,178 @@
+"""The linear layers that replace nn.Linear (docs/kernels.md): bf16 weights read once for several rows
+(BF16Linear), int8 drafts (Int8Linear), AMX tiles (AMXLinear), batch-invariant float32 (F32Linear),
+oneDNN's pre-packed bf16 (PackedLinear)."""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specmesh.kernels.build import amx_lib, avx2_lib
+
+SMALL_ROWS = 16     # AVX2: up to this many rows the C kernel beats the packed float32 copy
+GEMV_ROWS = 3       # without the C kernel: up to this many rows PyTorch's bf16 product beats it
+
+
+def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
+    return device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear with its weight reordered once for oneDNN (CPU, bfloat16, inference only)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1),
+                             persistent=False)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self.packed, self.bias,
+                                                 "none", [], "")
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+class BF16Linear(nn.Module):
+    """A bf16 nn.Linear computing in float32, few rows through csrc/avx2.c (see the module docstring)."""
+    KIND = 0                                    # csrc/avx2.c's weight kind
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight.detach().contiguous()                     # [N, K] bf16
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.bias32 = None if self.bias is None else self.bias.float()
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(self.weight.float(), 1),
+                             persistent=False)
+        self.kernel = avx2_lib()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if self.kernel is None and rows <= GEMV_ROWS:                          # PyTorch's bf16 gemv
+            return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+        flat = x.reshape(rows, self.in_features).float()
+        out = self._small(flat) if self.kernel is not None and rows <= SMALL_ROWS else self._large(flat)
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def _large(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias32, "none", [], "")
+
+    def _small(self, x: torch.Tensor) -> torch.Tensor:
+        """[M, K] float32 -> [M, N] float32 through the C kernel (which reads x densely)."""
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], self.out_features)
+        self.kernel.bf16_linear(x.data_ptr(), x.shape[0], self.in_features, self.weight.data_ptr(),
+                                self.out_features, None if self.bias32 is None else self.bias32.data_ptr(),
+                                y.data_ptr())
+        return y
+
+
+class Int8Linear(BF16Linear):
+    """A linear with int8 weights and a float32 scale per output row (symmetric, rounded to
+    nearest): half the bytes of BF16Linear, for draft models, whose guesses need not be exact.
+    Up to SMALL_ROWS rows go through the C kernel, more (a prefill) through the dequantized weight:
+    in bf16 tiles where the CPU has AMX, else in float32."""
+    KIND = 1
+
+    def __init__(self, linear: BF16Linear, kernel: ctypes.CDLL):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
+        w = linear.weight.float()
+        self.scale = (w.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny)        # [N]
+        self.weight = torch.round(w / self.scale[:, None]).to(torch.int8).contiguous()         # [N, K]
+        self.bias, self.bias32 = linear.bias, linear.bias32
+        dequantized = self.weight.float() * self.scale[:, None]
+        amx = amx_lib()
+        self.tiles = None if amx is None else AMXLinear(dequantized, self.bias32, amx)
+        if amx is None:
+            self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(dequantized, 1), persistent=False)
+
+    def _large(self, x: torch.Tensor) -> torch.Tensor:
+        return super()._large(x) if self.tiles is None else self.tiles(x)
+
+    def _small(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], self.out_features)
+        self.kernel.i8_linear(x.data_ptr(), x.shape[0], self.in_features, self.weight.data_ptr(), self.scale.data_ptr(),
+                              self.out_features, None if self.bias32 is None else self.bias32.data_ptr(), y.data_ptr())
+        return y
+
+
+def amx_pack(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] weight -> bf16 tiles for csrc/avx512.c: [G, KB, 4, 16, 16, 2], padded with zeros to
+    G = ceil(N / 64) groups of 64 output columns and KB = ceil(K / 32) blocks of 32 inputs; tile
+    (g, kb, c) row r holds w[64 g + 16 c + j, 32 kb + 2 r + e] at [j, e]."""
+    N, K = weight.shape
+    G, KB = -(-N // 64), -(-K // 32)
+    w = F.pad(weight.to(torch.bfloat16), (0, KB * 32 - K, 0, G * 64 - N))
+    return w.view(G, 4, 16, KB, 16, 2).permute(0, 3, 1, 4, 2, 5).contiguous()
+
+
+def glu_order(I: int) -> torch.Tensor:
+    """Rows of a [gate | up] weight (2I rows) in the order csrc/avx512.c's amx_glu reads them: per
+    group of 64, 32 gate rows and then the 32 matching up rows."""
+    gate = torch.arange(I).view(I // 32, 32)
+    return torch.cat([gate, gate + I], 1).flatten()
+
+
+class AMXLinear(nn.Module):
+    """A bf16 nn.Linear through csrc/avx512.c's tile product for every row count: 1 to 16 rows cost one
+    pass over the weights, and a row's result does not depend on the others. `order`: the weight's
+    rows are packed in this order (glu_order); forward returns the columns in their own order."""
+    KIND = 3                                    # csrc/avx2.c's weight kind
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: ctypes.CDLL,
+                 order: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.kernel = kernel
+        weight, bias = weight.detach(), None if bias is None else bias.detach().float()
+        if order is not None:
+            weight, bias = weight[order], None if bias is None else bias[order]
+        self.order = None if order is None else torch.argsort(order)     # packed column -> own column
+        self.weight, self.bias32 = amx_pack(weight), bias
+
+    @property
+    def glu(self) -> bool:
+        """Packed for csrc/avx512.c's amx_glu (glu_order)."""
+        return self.order is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        flat = x.reshape(rows, self.in_features).float().contiguous()
+        y = torch.empty(rows, self.out_features)
+        self.kernel.amx_linear(flat.data_ptr(), rows, self.in_features, self.weight.data_ptr(), self.out_features,
+                               _ptr(self.bias32), y.data_ptr())
+        if self.order is not None:
+            y = y[:, self.order]
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+
+class F32Linear(nn.Module):
+    """A float32 nn.Linear whose few-row products (up to SMALL_ROWS) go through csrc/avx2.c, where a
+    row's result does not depend on how many rows share the product (BLAS's does, in the last
+    bits): for batch-invariant serving. More rows (a prefill, which runs alone) go through BLAS."""
+    KIND = 2
+
+    def __init__(self, linear: nn.Linear, kernel: ctypes.CDLL):
+        super().__init__()
+        self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
+        self.weight, self.bias = linear.weight, linear.bias                        # [N, K], [N] float32 (saved)
+        self.bias32 = self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows > SMALL_ROWS:
+            return F.linear(x, self.weight, self.bias32)
+        flat = x.reshape(rows, self.in_features).float().contiguous()
+        y = torch.empty(rows, self.out_features)
+        self.kernel.f32_linear(flat.data_ptr(), rows, self.in_features, self.weight.data_ptr(), self.out_features,
+                               None if self.bias32 is None else self.bias32.data_ptr(), y.data_ptr())
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()

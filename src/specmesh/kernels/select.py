@@ -1,0 +1,80 @@
+"""Which kernels a loaded model runs: chosen in one place (select_kernels), when a model is loaded, the same
+for `LLM` and the server."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specmesh.kernels.build import amx_lib, avx2_lib, native_bf16
+from specmesh.kernels.forward import CBlock, CForward, CRMSNorm
+from specmesh.kernels.linears import AMXLinear, BF16Linear, F32Linear, Int8Linear, PackedLinear, can_pack, glu_order
+from specmesh.model.model import MLP, Block, RMSNorm
+
+
+def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
+    """Put this CPU's bf16 kernels in place (in place): ours wherever csrc/avx2.c builds, else
+    oneDNN's pre-packed bf16 linears on CPUs with native bf16, else BF16Linear's PyTorch paths."""
+    if avx2_lib() is None and native_bf16():
+        _replace(model, nn.Linear, PackedLinear)
+        return model
+    return use_avx2_kernels(model, int8=draft)
+
+
+def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.Module:
+    """bf16 linear weights (int8 with `int8`: draft models), float32 everywhere else, C norms
+    and blocks where they build (in place). With AMX, MLPs whose width is a multiple of 32 apply
+    SwiGLU in the gate/up product (amx_glu; `glu=False`: product, then SwiGLU: the same values)."""
+    if (amx := amx_lib()) is not None and not int8:
+        for mlp in (m for m in model.modules() if glu and isinstance(m, MLP) and m.down.in_features % 32 == 0):
+            mlp.gate_up = AMXLinear(mlp.gate_up.weight, mlp.gate_up.bias, amx, glu_order(mlp.down.in_features))
+        _replace(model, nn.Linear, lambda linear: AMXLinear(linear.weight, linear.bias, amx))
+    else:
+        _replace(model, nn.Linear, BF16Linear)
+    model.float()                               # the linears' bf16 weights are no parameters: they stay
+    if (lib := avx2_lib()) is not None:
+        if int8:
+            _replace(model, BF16Linear, lambda linear: Int8Linear(linear, lib))
+        _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
+        _replace(model, Block, CBlock)
+        if hasattr(model, "fast_forward"):     # a Transformer (not a bare module of linears)
+            model.kv_dtype = torch.bfloat16     # half the bytes for a batch's attention to read
+            model.fast_forward = CForward(model, lib)
+    if native_bf16():                           # prefills attend in bf16: 2-3x faster (400 tokens: 2.0 -> 0.7 ms)
+        for attn in (m for m in model.modules() if hasattr(m, "prefill_dtype")):
+            attn.prefill_dtype = torch.bfloat16
+    return model
+
+
+def use_batch_invariant_kernels(model: nn.Module) -> bool:
+    """float32 models on x86 CPUs: few-row forwards (decode steps of up to SMALL_ROWS sequences) through
+    csrc/avx2.c, so a sequence's logits do not depend on what else is in its batch (the server).
+    Returns whether the kernels could be put in place."""
+    lib = avx2_lib()
+    already = any(isinstance(m, (BF16Linear, PackedLinear, CBlock)) for m in model.modules())   # a bf16 model
+    if lib is None or already or model.dtype != torch.float32 or model.device.type != "cpu":
+        return False
+    _replace(model, nn.Linear, lambda linear: F32Linear(linear, lib))
+    _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
+    _replace(model, Block, CBlock)
+    model.fast_forward = CForward(model, lib)
+    return True
+
+
+def select_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
+    """The one place kernels are chosen for a loaded model (in place): on CPU, bf16 models get this CPU's
+    bf16 kernels (use_cpu_kernels) and float32 ones the batch-invariant float32 kernels, so that a
+    sequence's logits do not depend on the other rows of its batch (use_batch_invariant_kernels)."""
+    if model.device.type != "cpu":
+        return model
+    if can_pack(model.dtype, model.device):
+        return use_cpu_kernels(model, draft)
+    use_batch_invariant_kernels(model)
+    return model
+
+
+def _replace(module: nn.Module, kind: type[nn.Module], make) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, kind):
+            setattr(module, name, make(child))
+        else:
+            _replace(child, kind, make)

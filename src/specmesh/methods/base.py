@@ -1,0 +1,115 @@
+"""What a decoding method is: its declaration (options with defaults, needs) and the step the engine runs.
+
+Every option is declared once, here (`OPTIONS`: its help and kind) and in each method's spec (its
+default there): the CLI's flags and help, the server's options and `LLM(**options)` are all read
+from these declarations.
+
+A method instance runs over the engine's running sequences (running[i] holds cache row i):
+  admit(seq, row) -> tokens   sets up a new sequence (prefill, proposer state); its first tokens
+  step(seqs) -> blocks        one step for every running sequence: the tokens each committed
+  move_row(src, dst)          the engine moved a sequence to another row (a finished one left)
+  release(seq)                the sequence left the batch
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from specmesh.engine.sequence import Sequence
+from specmesh.model.model import Transformer
+
+
+@dataclass
+class Models:
+    """What a method runs on: the target, the draft, and the method's other processes, if any."""
+    target: Transformer
+    draft: Transformer | None = None
+    target_path: Path | None = None         # the target's checkpoint folder (holds its n-gram cache)
+    remote: object | None = None            # pearl's DraftPeer, a pipeline's Pipeline
+
+    def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
+
+
+class Method(Protocol):
+    def admit(self, seq: Sequence, row: int) -> list[int]: ...
+    def step(self, seqs: list[Sequence]) -> list[list[int]]: ...
+    def move_row(self, src: int, dst: int) -> None: ...
+    def release(self, seq: Sequence) -> None: ...
+
+
+@dataclass(frozen=True)
+class Option:
+    help: str
+    kind: type = int            # int: a positive integer; bool: a flag; str: a file
+    metavar: str | None = None
+
+
+OPTIONS = {
+    "gamma": Option("draft length / tree depth (pearl: 0 means round(c), measured at start-up)"),
+    "draft_window": Option("prompt tokens the draft model reads"),
+    "tree_width": Option("nodes kept per tree level: w"),
+    "max_children": Option("children per node in the top-k expansion: c"),
+    "branches": Option("Self-Draft branches N"),
+    "branch_len": Option("Self-Draft branch length cap L"),
+    "gram": Option("n-gram size G"),
+    "max_candidates": Option("n-gram candidate continuations verified per step"),
+    "ngram_cache": Option("corpus n-gram cache (default: ngram.npz beside the target, if any)", str, "FILE"),
+    "timeout": Option("seconds a rank waits for another before failing", metavar="SECONDS"),
+    "stages": Option("pipeline stages, one process each"),
+    "draft_apart": Option("run the draft S in a process of its own instead of beside stage 0", bool),
+}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    summary: str
+    defaults: dict                      # its options, with their defaults
+    needs_draft: bool
+    build: Callable                     # build(models, options, rows, max_len, stats) -> Method
+    slack: Callable[[dict], int]        # cache slots a step needs beyond prompt + new tokens
+    start: Callable | None = None       # start(models, draft, dtype, options): its other processes
+    max_rows: int | None = None         # sequences a step takes at most (None: any)
+
+
+@dataclass(frozen=True)
+class Configured:
+    """A method with its options resolved: `options` holds every one of its options, `given` those the
+    caller set (a policy may treat a default differently from a choice)."""
+    spec: MethodSpec
+    options: dict
+    given: frozenset
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def needs_draft(self) -> bool:
+        return self.spec.needs_draft
+
+    @property
+    def slack(self) -> int:
+        return self.spec.slack(self.options)
+
+
+def configure(spec: MethodSpec, options: dict) -> Configured:
+    """`spec` with `options` applied; options of other methods are ignored, unknown ones are an error."""
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown method option(s) {', '.join(sorted(unknown))}; known: {', '.join(OPTIONS)}")
+    given = {k: v for k, v in options.items() if k in spec.defaults and v is not None}
+    for k, v in given.items():
+        kind = OPTIONS[k].kind
+        if kind is bool and not isinstance(v, bool):
+            raise ValueError(f"{spec.name}: {k} must be true or false, got {v!r}")
+        if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{spec.name}: {k} must be a positive integer, got {v!r}")
+        if kind is str and not isinstance(v, str):
+            raise ValueError(f"{spec.name}: {k} must be a string, got {v!r}")
+    return Configured(spec, spec.defaults | given, frozenset(given))

@@ -1,0 +1,1 @@
+"""The pipeline methods: pp, stpp, pipedec (and pipedec's one-process schedule, for simulate)."""

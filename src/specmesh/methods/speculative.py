@@ -1,0 +1,122 @@
+"""The speculative step shared by `sd`, `tree` and `selfdraft`:
+
+  propose (a tree per running sequence) -> one target forward over all trees (padded to one size)
+  -> `verify` each with its own parameters and generator -> commit the accepted paths -> the
+  proposer learns the verdicts.
+
+The methods differ only in their proposer (proposers/) and in how deep they draft. `DraftDepth` is
+the one speculation policy: a fixed depth, or (`sd` without `gamma`) a depth by the number of running
+sequences, since a wider batch already keeps the weights busy and every rejected draft token costs a
+full row of target compute (docs/serving.md).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from specmesh.engine.runner import Runner
+from specmesh.engine.sequence import Sequence
+from specmesh.methods.ar import AR
+from specmesh.methods.base import Configured, MethodSpec
+from specmesh.proposers import Proposer
+from specmesh.proposers.draft_model import DraftModel
+from specmesh.proposers.multibranch import MultiBranch, corpus_cache
+from specmesh.spec.verify import verify
+
+SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow this long before speculation resumes
+
+
+def sd_depth_by_width(width: int) -> int:
+    """`sd`'s draft length for a batch of this many sequences; 0: decode plainly (measured on an Intel
+    Xeon with AMX: docs/serving.md)."""
+    return 4 if width <= 2 else 3 if width == 3 else 0
+
+
+@dataclass
+class DraftDepth:
+    fixed: int | None = None
+    by_width: Callable[[int], int] = sd_depth_by_width
+    narrow_steps: int = SETTLE_STEPS        # steps in a row whose batch was narrow enough to speculate
+
+    def depth(self, width: int) -> int:
+        """How deep to draft this step (called once per step). After a wide batch, speculation resumes
+        only once the batch has stayed narrow for SETTLE_STEPS steps: a brief dip (clients of finished
+        requests sending their next ones) would make the draft read every sequence's skipped tokens."""
+        if self.fixed is not None:
+            return self.fixed
+        depth = self.by_width(width)
+        self.narrow_steps = self.narrow_steps + 1 if depth else 0
+        return depth if self.narrow_steps > SETTLE_STEPS else 0
+
+    def idle(self) -> None:
+        """A sequence arrived at an idle engine: it speculates from its first step (so a seeded request
+        sent alone samples the same tokens whatever ran before it)."""
+        self.narrow_steps = SETTLE_STEPS
+
+
+class Speculative(AR):
+    def __init__(self, runner: Runner, proposer: Proposer, depth: DraftDepth):
+        super().__init__(runner)
+        self.proposer, self.policy = proposer, depth
+
+    def admit(self, seq: Sequence, row: int) -> list[int]:
+        tokens = super().admit(seq, row)
+        self.proposer.admit(row, seq)
+        if row == 0:
+            self.policy.idle()
+        return tokens
+
+    def step(self, seqs: list[Sequence]) -> list[list[int]]:
+        depth = self.policy.depth(len(seqs))
+        trees = self.proposer.propose(seqs, [max(0, min(depth, s.remaining - 1)) for s in seqs])
+        logits = self.runner.forward_trees(trees)                                  # [B, N, V]
+        verdicts = []
+        for b, (seq, tree) in enumerate(zip(seqs, trees)):
+            verdict = verify(tree, logits[b, :len(tree)], seq.params, seq.generator)
+            self.runner.cache.commit(b, verdict.path)
+            s = seq.stats
+            s.target_forwards += 1
+            s.verifications += 1
+            s.drafted_tokens += len(tree) - 1
+            s.accepted_tokens += verdict.accepted
+            verdicts.append(verdict)
+        self.proposer.accept(seqs, trees, verdicts, logits)
+        return [v.tokens for v in verdicts]
+
+    def move_row(self, src: int, dst: int) -> None:
+        super().move_row(src, dst)
+        self.proposer.move_row(src, dst)
+
+
+def build_sd(models, method: Configured, runner: Runner) -> Speculative:
+    o = method.options
+    draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"])
+    return Speculative(runner, draft, DraftDepth(o["gamma"] if "gamma" in method.given else None))
+
+
+def build_tree(models, method: Configured, runner: Runner) -> Speculative:
+    o = method.options
+    draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"], o["tree_width"],
+                       o["max_children"])
+    return Speculative(runner, draft, DraftDepth(o["gamma"]))
+
+
+def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
+    o = method.options
+    corpus = corpus_cache(models.target_path, o["ngram_cache"])
+    proposer = MultiBranch(runner.rows, o["branches"], o["branch_len"], o["gram"], o["max_candidates"], corpus)
+    return Speculative(runner, proposer, DraftDepth(o["gram"] - 1))
+
+
+SD = MethodSpec("sd", "a draft model proposes a chain of γ tokens, the target verifies them in one forward "
+                "(Leviathan/Chen)", {"gamma": 4, "draft_window": 64}, True, build_sd,
+                slack=lambda o: o["gamma"] + 1)
+TREE = MethodSpec("tree", "the draft grows a top-k tree (the best `tree_width` per level), the target verifies it "
+                  "in one forward with tree attention (SpecInfer-style)",
+                  {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64}, True, build_tree,
+                  slack=lambda o: o["gamma"] * o["tree_width"] + 1)
+SELFDRAFT = MethodSpec("selfdraft", "Multi-Branch Self-Drafting: no draft model; n-gram candidates and N draft "
+                       "branches in one target forward",
+                       {"branches": 1, "branch_len": 1, "gram": 6, "max_candidates": 1, "ngram_cache": ""}, False,
+                       build_selfdraft,
+                       slack=lambda o: 1 + o["max_candidates"] * (o["gram"] - 1) + o["branches"] * o["branch_len"])

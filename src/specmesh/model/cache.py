@@ -1,0 +1,180 @@
+"""Preallocated KV cache with a committed prefix and speculative slots.
+
+Per row b the slots [0, L_b) hold committed tokens and [L_b, L_b + S_b) hold
+speculative ones (tree nodes, draft tokens) not yet accepted. A forward writes its
+T new tokens at [L_b + S_b, L_b + S_b + T) and they become speculative slots; each
+attends to the committed prefix plus whichever speculative slots its tree mask
+allows (its ancestors), at rotary position L_b + depth.
+
+`commit(b, path, keep)` moves the slots `path` (indices into the speculative
+region, root to leaf) to become committed positions L_b.., then keeps the slots
+`keep` as the new speculative region; `prune` keeps without committing;
+`rollback` truncates. Tree verification, PipeDec's past/predict cache, Self-Draft
+branches and batched serving all use this one mechanism.
+
+`view(start, stop)` is a cache over a contiguous range of rows that shares this one's
+memory and counters: the server keeps its running requests in rows [0, B) and runs
+each step on `view(0, B)`, and prefills a new request alone in its own row.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+
+class ContextOverflowError(ValueError):
+    pass
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str, first_layer: int = 0):
+        shape = (batch, num_kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.first_layer = first_layer
+        self.max_len = max_len
+        self.lengths = np.zeros(batch, dtype=np.int64)   # committed tokens per row
+        self.spec = np.zeros(batch, dtype=np.int64)      # speculative slots per row
+        self.starts: list[int] = []
+        self.kv_len = 0
+
+    def view(self, start: int, stop: int) -> "KVCache":
+        """Rows [start, stop) as a cache of their own, sharing memory and counters with this one."""
+        view = KVCache.__new__(KVCache)
+        view.k, view.v = [k[start:stop] for k in self.k], [v[start:stop] for v in self.v]
+        view.first_layer, view.max_len = self.first_layer, self.max_len
+        view.lengths, view.spec = self.lengths[start:stop], self.spec[start:stop]     # numpy views
+        view.starts, view.kv_len = [], 0
+        return view
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Row src's tokens become row dst's (src keeps a stale copy)."""
+        n = int(self.lengths[src] + self.spec[src])
+        for kc, vc in zip(self.k, self.v):
+            kc[dst, :, :n] = kc[src, :, :n]
+            vc[dst, :, :n] = vc[src, :, :n]
+        self.lengths[dst], self.spec[dst] = self.lengths[src], self.spec[src]
+
+    @classmethod
+    def for_model(cls, model, batch: int, max_len: int, layers: range | None = None) -> "KVCache":
+        cfg = model.config
+        layers = layers or range(cfg.num_layers)
+        return cls(len(layers), batch, max_len, cfg.num_kv_heads, cfg.head_dim,
+                   model.cache_dtype, model.device,
+                   first_layer=layers.start)
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def device(self) -> torch.device:
+        return self.k[0].device
+
+    # -- one forward: prepare -> write (per layer) -> advance -------------------------------
+    def slots(self, T: int, depths: torch.Tensor | None = None) -> np.ndarray:
+        """Claim the next T slots of every row for a forward: their rotary positions [B, T] (int64)."""
+        starts = self.lengths + self.spec
+        if int(starts.max()) + T > self.max_len:
+            raise ContextOverflowError(
+                f"sequence of {int(starts.max()) + T} tokens exceeds the cache/context length {self.max_len}")
+        self.starts, self.kv_len = starts.tolist(), int(starts.max()) + T
+        if depths is None:
+            return starts[:, None] + np.arange(T)
+        return self.lengths[:, None] + depths.cpu().numpy().reshape(-1, T)
+
+    def prepare(self, T: int, depths: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Positions [B,T] and attention mask [B,1,T,K] (True = attend) for T new tokens; None when
+        they see every key (one token after all that is held) or are causal among themselves (an
+        empty cache)."""
+        positions = torch.from_numpy(self.slots(T, depths)).to(self.device)
+        if tree_mask is None and (T == 1 and len(set(self.starts)) == 1 and len(set(self.lengths.tolist())) == 1
+                                  or max(self.starts) == 0):
+            return positions, None       # one token after everything held, or a first prefill: no mask needed
+        return positions, self.mask(T, tree_mask)
+
+    def mask(self, T: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
+        """The attention mask [B,1,T,K] of a forward whose slots were just claimed (True = attend)."""
+        tree_mask = None if tree_mask is None else tree_mask.to(self.device)
+        mask = torch.zeros(self.batch, 1, T, self.kv_len, dtype=torch.bool, device=self.device)
+        for b, (L, s) in enumerate(zip(self.lengths.tolist(), self.spec.tolist())):
+            mask[b, :, :, :L] = True
+            if tree_mask is None:       # chain continuing the held speculative slots
+                mask[b, 0, :, L:L + s + T] = torch.ones(T, s + T, dtype=torch.bool, device=self.device).tril(s)
+            else:
+                mask[b, 0, :, L:L + s + T] = tree_mask if tree_mask.dim() == 2 else tree_mask[b]
+        return mask
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [B,Hkv,T,hd] at each row's write offset; return keys/values [B,Hkv,K,hd]."""
+        kc, vc = self.k[layer - self.first_layer], self.v[layer - self.first_layer]
+        T = k.shape[2]
+        if len(set(self.starts)) == 1:
+            s = self.starts[0]
+            kc[:, :, s:s + T] = k
+            vc[:, :, s:s + T] = v
+        else:
+            for b, s in enumerate(self.starts):
+                kc[b, :, s:s + T] = k[b]
+                vc[b, :, s:s + T] = v[b]
+        return kc[:, :, :self.kv_len], vc[:, :, :self.kv_len]
+
+    def advance(self, T: int) -> None:
+        """The T tokens just written become speculative slots."""
+        self.spec += T
+
+    # -- after verification ------------------------------------------------------------------
+    def commit(self, row: int, path: Sequence[int], keep: Sequence[int] = ()) -> None:
+        """Speculative slots `path` become committed (in order); `keep` stays speculative."""
+        order = list(path) + list(keep)
+        if any(not 0 <= i < self.spec[row] for i in order):
+            raise IndexError(f"slot index out of range: row {row} holds {self.spec[row]} speculative slots")
+        L = int(self.lengths[row])
+        if order != list(range(len(order))):
+            src = torch.tensor(order, device=self.device) + L
+            for kc, vc in zip(self.k, self.v):
+                kc[row, :, L:L + len(order)] = kc[row].index_select(1, src)
+                vc[row, :, L:L + len(order)] = vc[row].index_select(1, src)
+        self.lengths[row] = L + len(path)
+        self.spec[row] = len(keep)
+
+    def commit_all(self, row: int | None = None) -> None:
+        """Every speculative slot becomes committed, in slot order (plain decoding)."""
+        rows = slice(None) if row is None else row
+        self.lengths[rows] += self.spec[rows]
+        self.spec[rows] = 0
+
+    def prune(self, row: int, keep: Sequence[int]) -> None:
+        self.commit(row, [], keep)
+
+    def prefix(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A copy of the committed prefix (all rows equally long): per-layer k, v [B,Hkv,L,hd]."""
+        L = int(self.lengths[0])
+        return [k[:, :, :L].clone() for k in self.k], [v[:, :, :L].clone() for v in self.v]
+
+    def load_prefix(self, kv: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+        """Make a `prefix()` copy the committed tokens of every row."""
+        L = kv[0][0].shape[2]
+        for dst, src in zip(self.k + self.v, kv[0] + kv[1]):
+            dst[:, :, :L] = src
+        self.lengths[:] = L
+        self.spec[:] = 0
+
+    def fill(self, row: int, k: list[torch.Tensor], v: list[torch.Tensor]) -> None:
+        """Row's committed tokens become these keys and values (per layer [Hkv, P, hd]); none speculative."""
+        P = k[0].shape[1]
+        for dst, src in zip(self.k + self.v, k + v):
+            dst[row, :, :P] = src
+        self.lengths[row], self.spec[row] = P, 0
+
+    def rollback(self, row: int, length: int) -> None:
+        """Truncate row to `length` committed tokens and drop its speculative slots."""
+        if not 0 <= length <= self.lengths[row] + self.spec[row]:
+            raise IndexError(f"cannot roll back row {row} to {length}")
+        self.lengths[row] = length
+        self.spec[row] = 0

@@ -1,0 +1,153 @@
+"""HuggingFace checkpoint directory <-> our Transformer and Tokenizer.
+
+A checkpoint is `config.json`, `model.safetensors` (or shards listed in
+`model.safetensors.index.json`) and `tokenizer.json`. Our model fuses q/k/v and
+gate/up projections; this module joins them on load and splits them on save.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specmesh.kernels import select_kernels
+from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
+from specmesh.model.tokenizer import Tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CheckpointError(FileNotFoundError):
+    pass
+
+
+def _hf_names(i: int) -> dict[str, list[str]]:
+    """Our parameter name -> the HF names it is concatenated from (dim 0), for layer i."""
+    p = f"model.layers.{i}."
+    names = {
+        "attn_norm.weight": [p + "input_layernorm.weight"],
+        "mlp_norm.weight": [p + "post_attention_layernorm.weight"],
+        "attn.o.weight": [p + "self_attn.o_proj.weight"], "attn.o.bias": [p + "self_attn.o_proj.bias"],
+        "mlp.down.weight": [p + "mlp.down_proj.weight"], "mlp.down.bias": [p + "mlp.down_proj.bias"],
+        "mlp.gate_up.weight": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+        "mlp.gate_up.bias": [p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias"],
+    }
+    for kind in ("weight", "bias"):
+        names[f"attn.qkv.{kind}"] = [p + f"self_attn.{x}_proj.{kind}" for x in "qkv"]
+    return {f"layers.{i}.{k}": v for k, v in names.items()}
+
+
+def name_map(cfg: ModelConfig) -> dict[str, list[str]]:
+    names = {"embed.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
+    if not cfg.tie_word_embeddings:
+        names["lm_head.weight"] = ["lm_head.weight"]
+    for i in range(cfg.num_layers):
+        names.update(_hf_names(i))
+    return names
+
+
+def _require(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise CheckpointError(f"{what} not found: {path}")
+    return path
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {path}")
+    return ModelConfig.from_hf(json.loads(_require(path / "config.json", "config.json").read_text()))
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if single.exists():
+        return load_file(single)
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weights = {}
+        for shard in shards:
+            weights.update(load_file(_require(path / shard, "weight shard")))
+        return weights
+    raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               pack: bool = True, draft: bool = False) -> Transformer:
+    """Load a checkpoint for inference; `pack` puts this CPU's kernels in place (kernels.select_kernels: the
+    one place they are chosen, for `LLM` and the server alike), which for a bf16 `draft` model hold its
+    weights in int8 where csrc/avx2.c builds."""
+    path = Path(path)
+    cfg = read_config(path)
+    hf = read_weights(path)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    state = {}
+    for ours, theirs in name_map(cfg).items():
+        present = [n for n in theirs if n in hf]
+        if not present:
+            if ours.endswith(".bias"):
+                continue
+            raise CheckpointError(f"{path}: weight {theirs[0]} is missing")
+        state[ours] = torch.cat([hf[n] for n in present], dim=0)
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise CheckpointError(f"{path}: no weights for {missing[:3]}")
+    model.inv_freq = rope_inv_freq(cfg)   # buffers are not in the checkpoint
+    model = model.to(device=device, dtype=dtype).eval()
+    if pack:
+        select_kernels(model, draft)
+    return model
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {path}")
+    _require(path / "tokenizer.json", "tokenizer.json")
+    return Tokenizer(path)
+
+
+def save_model(model: Transformer, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write config.json + model.safetensors in HF layout (splitting fused projections)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    ours = {k.replace(".block.", "."): v for k, v in model.state_dict().items()}     # kernels.CBlock wraps Block
+    out = {}
+    for name, theirs in name_map(cfg).items():
+        if name not in ours:
+            continue
+        parts = ours[name].split(_split_sizes(cfg, name), dim=0) if len(theirs) > 1 else [ours[name]]
+        for hf_name, part in zip(theirs, parts):
+            out[hf_name] = part.detach().to("cpu", dtype).contiguous()
+    hf_cfg = cfg.to_hf() | {"torch_dtype": str(dtype).removeprefix("torch.")}
+    (path / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
+    save_file(out, path / "model.safetensors", metadata={"format": "pt"})
+
+
+def _split_sizes(cfg: ModelConfig, name: str) -> list[int]:
+    if ".qkv." in name:
+        return [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
+    return [cfg.intermediate_size] * 2      # gate_up
+
+
+def count_parameters(path: str | Path) -> int:
+    """Parameters of a checkpoint, read from safetensors headers (tied weights counted once)."""
+    from safetensors import safe_open
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() \
+        else ["model.safetensors"]
+    total = 0
+    for name in files:
+        with safe_open(path / name, "pt") as f:
+            for key in f.keys():
+                total += math.prod(f.get_slice(key).get_shape())
+    return total

@@ -1,0 +1,284 @@
+"""A compact Llama-family decoder (Llama 2/3, Qwen2, Mistral, TinyLlama).
+
+RMSNorm, rotary embeddings (default, linear and llama3 scaling), grouped-query
+attention, SwiGLU MLP, optional q/k/v bias, tied or untied embeddings. Projections
+are fused (qkv, gate_up) for fewer kernel launches; the loader splits/joins them
+to and from the HuggingFace layout.
+
+`Transformer.forward` runs any contiguous range of layers: the embedding only on
+layer 0, the final norm and the LM head only on the last layer. That is what
+pipeline stages (PipeDec) and layer-parallel drafting (EasySpec) build on.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specmesh.model.cache import KVCache
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    model_type: str = "llama"
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "ModelConfig":
+        """Read a HuggingFace `config.json` dict (transformers 4.x and 5.x spellings)."""
+        model_type = cfg.get("model_type")
+        if model_type not in ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"unsupported model_type {model_type!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
+        archs = cfg.get("architectures") or [ARCHITECTURES[model_type]]
+        if archs[0] not in ARCHITECTURES.values():
+            raise UnsupportedModelError(
+                f"unsupported architecture {archs[0]!r}; supported: {', '.join(sorted(ARCHITECTURES.values()))}")
+        heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
+        rope = dict(cfg.get("rope_parameters") or {})  # transformers 5 keeps theta and scaling here
+        rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        scaling = cfg.get("rope_scaling") or rope
+        if (scaling.get("rope_type") or scaling.get("type") or "default") == "default":
+            scaling = None
+        attention_bias = cfg.get("attention_bias", False)
+        return cls(
+            vocab_size=cfg["vocab_size"], hidden_size=hidden, intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"], num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=rope_theta, rope_scaling=scaling,
+            qkv_bias=model_type == "qwen2" or attention_bias, o_bias=model_type != "qwen2" and attention_bias,
+            mlp_bias=cfg.get("mlp_bias", False), tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            model_type=model_type, bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"))
+
+    def to_hf(self) -> dict:
+        """A `config.json` dict that transformers' AutoModelForCausalLM loads."""
+        cfg = {
+            "architectures": [ARCHITECTURES[self.model_type]], "model_type": self.model_type,
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim, "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling,
+            "hidden_act": "silu", "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
+        }
+        if self.model_type == "llama":
+            cfg.update(attention_bias=self.o_bias, mlp_bias=self.mlp_bias)
+        return cfg
+
+    @property
+    def eos_ids(self) -> list[int]:
+        eos = self.eos_token_id
+        return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Rotary inverse frequencies [head_dim/2], with linear or llama3 scaling."""
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    s = cfg.rope_scaling
+    if s is None:
+        return inv
+    kind = s.get("rope_type") or s.get("type")
+    if kind == "linear":
+        return inv / s["factor"]
+    if kind != "llama3":
+        raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r}; supported: linear, llama3")
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_ctx = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)   # long waves: divide by factor
+    smooth = (old_ctx / wavelen - low) / (high - low)                 # medium waves: interpolate
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply rotary embedding (HF's rotate-half convention). x [B,T,H,hd], cos/sin [B,T,1,hd]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # HF's op order (in float32, then cast back); on CPU 3x faster than F.rms_norm for one row
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+PREFILL_TOKENS = 64     # forwards of more tokens (prefills) may attend in a 16-bit dtype (Attention.prefill_dtype)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              prefill_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd)) v for q [B,H,T,hd] over k, v [B,Hkv,S,hd] -> [B,T,H*hd] in q's dtype.
+    mask [B,1,T,S] (True = attend), or None: causal among the new tokens (a first prefill,
+    training), or one token seeing every key. Attends in the wider of q's and the cache's dtypes
+    (Transformer.cache_dtype), or in prefill_dtype for more than PREFILL_TOKENS queries."""
+    B, H, T, hd = q.shape
+    dtype = prefill_dtype if prefill_dtype is not None and T > PREFILL_TOKENS else torch.promote_types(q.dtype, k.dtype)
+    out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask,
+                                         is_causal=mask is None and T > 1, enable_gqa=H != k.shape[1])
+    return out.to(q.dtype).transpose(1, 2).reshape(B, T, H * hd)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.h, self.hkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.hd, bias=cfg.qkv_bias)
+        self.o = nn.Linear(self.h * self.hd, cfg.hidden_size, bias=cfg.o_bias)
+        self.prefill_dtype: torch.dtype | None = None  # the kernels: forwards of > PREFILL_TOKENS attend in it
+
+    def forward(self, x, cos, sin, cache: KVCache | None, mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        qkv = self.qkv(x).view(B, T, self.h + 2 * self.hkv, self.hd)
+        qk = rotate(qkv[:, :, :self.h + self.hkv], cos, sin).transpose(1, 2)   # q and k heads at once
+        q, k = qk[:, :self.h], qk[:, self.h:]                                   # [B,H,T,hd], [B,Hkv,T,hd]
+        v = qkv[:, :, self.h + self.hkv:].transpose(1, 2)
+        if cache is not None:
+            k, v = cache.write(self.layer, k, v)                                 # [B,Hkv,S,hd]
+        return self.o(attention(q, k, v, mask, self.prefill_dtype))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache, mask):
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # forward's arguments -> its result, or None where it does not apply: a whole small
+        # forward in one call, put in place by the kernels (kernels/select.py)
+        self.fast_forward: Callable | None = None
+        self.kv_dtype: torch.dtype | None = None     # the KV cache's, where the kernels chose one
+
+    def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B,T,1,hd] for integer positions [B,T] (computed in float32, as HF does)."""
+        freqs = positions[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, *, depths: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None, layers: range | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Run `layers` (default: all) over new tokens.
+
+        x: token ids [B,T] when the range starts at layer 0, else hidden states [B,T,D].
+        cache: without one, a plain causal forward from position 0 (training, tests).
+          With one, the T new tokens go into its speculative slots after the committed
+          prefix; `depths` [T] or [B,T] gives each token's depth below the prefix
+          (position = committed length + depth) and `tree_mask` [T, S+T] or [B,T,S+T]
+          says which speculative slots (S already held + the T new) each token sees.
+          Both default to a chain continuing the held speculative slots.
+        Returns logits [B,T,V] (float32) when the range ends at the last layer, else hidden states.
+        last_only: compute logits for the last position only ([B,1,V]).
+        """
+        layers = layers or range(self.config.num_layers)
+        if self.fast_forward is not None:
+            out = self.fast_forward(x, cache, depths, tree_mask, layers, last_only)
+            if out is not None:
+                return out
+        h = self.embed(x) if layers.start == 0 else x
+        B, T = h.shape[:2]
+        if cache is None:
+            positions = torch.arange(T, device=h.device).expand(B, T)
+            mask = None
+        else:
+            positions, mask = cache.prepare(T, depths, tree_mask)
+        cos, sin = self.rotary(positions, h.dtype)
+        for i in layers:
+            h = self.layers[i](h, cos, sin, cache, mask)
+        if cache is not None:
+            cache.advance(T)
+        if layers.stop < self.config.num_layers:
+            return h
+        if last_only:
+            h = h[:, -1:]
+        return self.lm_head(self.norm(h)).float()
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The KV cache's dtype: the kernels' choice (kv_dtype), else float32 for a bf16 model on CPU
+        (PyTorch's attention), else the model's."""
+        if self.kv_dtype is not None:
+            return self.kv_dtype
+        return torch.float32 if self.device.type == "cpu" and self.dtype == torch.bfloat16 else self.dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

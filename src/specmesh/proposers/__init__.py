@@ -1,0 +1,33 @@
+"""Everything that proposes tokens, behind one interface.
+
+A proposer keeps per-row state beside the engine's cache rows (running sequence i holds row i):
+  admit(row, seq)                     a new sequence took `row`
+  propose(seqs, budgets) -> trees     a TokenTree below each sequence's newest token, at most
+                                      budgets[i] levels deep (0: the root alone)
+  accept(seqs, trees, verdicts, logits)  the verifier's verdicts, and the target's logits at every
+                                      node ([B, N, V]: Self-Draft reads its branches' predictions there)
+  move_row(src, dst)                  the engine moved a sequence to another row
+
+A tree may hold nodes from several sources (n-gram candidates and branches; later fused drafters);
+chains drawn from the draft distribution carry their q rows (`TokenTree.sampled`), so `verify` uses
+rejection sampling for them. Implementations: draft_model.DraftModel (chains and top-k trees),
+multibranch.MultiBranch (n-gram caches and branches); pipedec's dynamic tree (dynamic_tree.TreeDrafter)
+and PEARL's draft rank (remote_chain) propose inside their own loops, across processes.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from specmesh.engine.sequence import Sequence
+from specmesh.spec.token_tree import TokenTree
+from specmesh.spec.verify import Verdict
+
+
+class Proposer(Protocol):
+    def admit(self, row: int, seq: Sequence) -> None: ...
+    def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]: ...
+    def accept(self, seqs: list[Sequence], trees: list[TokenTree], verdicts: list[Verdict],
+               logits: torch.Tensor | None = None) -> None: ...
+    def move_row(self, src: int, dst: int) -> None: ...

@@ -1,0 +1,176 @@
+"""A small draft model proposing a chain (`sd`) or a top-k tree (`tree`, `stpp`) below each row's newest
+token, for every running row at once.
+
+The draft's cache has the target's rows. Per row it holds committed tokens, then, while a proposal
+is out, the tree nodes it processed (speculative slots, the same slots in every row: all rows grow
+trees of one shape). Tokens a row committed that the draft has not read yet wait in `pending`:
+the last accepted draft token (a tree's deepest level is never processed), a new prompt's last
+`window` tokens, tokens committed while speculation was off.
+
+A proposal of depth d: rows with more than one pending token besides the root read all but the
+last of them alone (the prompt's window, shared by a request's samples); then one batched forward
+reads each row's last pending token and root (rows with one token fewer get a padding slot that
+nothing sees); then d - 1 batched forwards, one per tree level. Each level keeps the `width` best
+of the top-`max_children` children of the level before, by cumulative log-probability; a
+sampling chain draws each token from q instead (unless `deterministic`: a verifier without q rows).
+
+The draft reads only the last `window` prompt tokens: its guesses hinge on the recent context, and a
+long prompt's draft prefill (and the longer attention of every draft step) cost more than the few
+acceptances they buy (docs/methods.md).
+"""
+from __future__ import annotations
+
+import torch
+
+from specmesh.engine.sequence import Sequence
+from specmesh.model.cache import KVCache
+from specmesh.model.model import Transformer
+from specmesh.spec.sampling import argmax, probs_from_logits
+from specmesh.spec.token_tree import TokenTree
+from specmesh.spec.verify import Verdict
+
+
+class DraftModel:
+    def __init__(self, model: Transformer, rows: int, max_len: int, window: int, width: int = 1,
+                 max_children: int = 1, deterministic: bool = False):
+        self.model, self.window, self.width, self.max_children = model, window, width, max_children
+        self.chain = width == 1 and max_children == 1
+        self.deterministic = deterministic
+        self.cache = KVCache.for_model(model, rows, max_len)
+        self.pending: list[list[int]] = [[] for _ in range(rows)]     # per row: unread tokens, oldest first
+        self.slots: dict[int, int] = {}         # tree node -> speculative slot (the same in every row)
+
+    # -- rows -----------------------------------------------------------------------------------
+    def admit(self, row: int, seq: Sequence) -> None:
+        self.cache.rollback(row, 0)
+        self.pending[row] = list(seq.ids[-self.window:])
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.cache.move_row(src, dst)
+        self.pending[dst] = self.pending[src]
+
+    # -- proposing --------------------------------------------------------------------------------
+    def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
+        """A tree below each row's newest token, at most budgets[b] levels deep."""
+        for b, seq in enumerate(seqs):
+            self.pending[b].append(seq.last)
+        trees = [TokenTree.root(seq.last) for seq in seqs]
+        self.slots = {}
+        depth = max(budgets)
+        if depth == 0:
+            return trees
+        self._catch_up(seqs)
+        logits = self._read_pending(seqs)                       # [B, V] at each root
+        level = [0]
+        for d in range(depth):
+            level = self._grow(seqs, trees, level, logits, [d < budget for budget in budgets])
+            if d + 1 < depth:
+                logits = self._forward_level(seqs, trees, level)     # [B, width, V]
+        return [tree.truncate(budget) for tree, budget in zip(trees, budgets)]
+
+    def _forward(self, seqs: list[Sequence], tokens: list[list[int]], **tree) -> torch.Tensor:
+        for seq in seqs:
+            seq.stats.draft_forwards += 1
+        view = self.cache.view(0, len(seqs))
+        return self.model(torch.tensor(tokens, device=self.model.device), view, **tree)
+
+    def _catch_up(self, seqs: list[Sequence]) -> None:
+        """Rows with more than two unread tokens read all but the last alone; fresh rows with the same
+        tokens (a request's samples) share one forward."""
+        done: dict[tuple[int, ...], int] = {}
+        for b, seq in enumerate(seqs):
+            if len(self.pending[b]) <= 2:
+                continue
+            read = tuple(self.pending[b][:-1])
+            self.pending[b] = self.pending[b][-1:]
+            fresh = self.cache.lengths[b] == 0
+            if fresh and read in done:
+                self.cache.move_row(done[read], b)          # a copy: the source row stays
+                continue
+            view = self.cache.view(b, b + 1)
+            self.model(torch.tensor([read], device=self.model.device), view, last_only=True)
+            view.commit_all()
+            seq.stats.draft_forwards += 1
+            if fresh:
+                done[read] = b
+
+    def _read_pending(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Each row's one or two unread tokens, the root last, in one forward (committed); logits [B, V]."""
+        B, rows = len(seqs), self.pending[:len(seqs)]
+        T = max(len(p) for p in rows)
+        if all(len(p) == T for p in rows):
+            logits = self._forward(seqs, rows)[:, -1]
+            self.cache.commit_all()
+        else:                                               # pad short rows in front: a slot nothing sees
+            tokens = [[p[0]] * (T - len(p)) + p for p in rows]
+            depths = torch.tensor([[0] * (T - len(p)) + list(range(len(p))) for p in rows])
+            mask = torch.zeros(B, T, T, dtype=torch.bool)
+            for b, p in enumerate(rows):
+                pad = T - len(p)
+                mask[b, pad:, pad:] = torch.ones(len(p), len(p), dtype=torch.bool).tril()
+                mask[b, :pad, :pad] = torch.eye(pad, dtype=torch.bool)
+            dev = self.model.device
+            logits = self._forward(seqs, tokens, depths=depths.to(dev), tree_mask=mask.to(dev))[:, -1]
+            for b, p in enumerate(rows):
+                self.cache.commit(b, range(T - len(p), T))
+        for b in range(B):
+            self.pending[b] = []
+        return logits
+
+    def _grow(self, seqs: list[Sequence], trees: list[TokenTree], level: list[int], logits: torch.Tensor,
+              kept: list[bool]) -> list[int]:
+        """Add a level below `level` (the same node numbers in every tree) from the draft's logits at
+        those nodes ([B, V] or [B, len(level), V]); returns the new level's nodes. Rows whose tree will
+        not keep the level (`kept`) get argmax tokens: their generators advance as they would alone."""
+        logits = logits.view(len(seqs), len(level), -1)
+        if self.chain:
+            tops = argmax(logits[:, 0]).tolist()
+            for b, (seq, tree) in enumerate(zip(seqs, trees)):
+                if seq.params.greedy or self.deterministic or not kept[b]:
+                    tree.add(tops[b], level[0])
+                else:                                       # a sampling chain: x ~ q, verified against q
+                    q = probs_from_logits(logits[b, 0], seq.params)
+                    x = int(torch.multinomial(q, 1, generator=seq.generator))
+                    tree.sampled, tree.q[level[0]] = True, q
+                    tree.add(x, level[0], float(q[x]))
+            return [len(trees[0]) - 1]
+        new = [self._expand(seq, tree, level, logits[b]) for b, (seq, tree) in enumerate(zip(seqs, trees))]
+        return new[0]
+
+    def _expand(self, seq: Sequence, tree: TokenTree, level: list[int], logits: torch.Tensor) -> list[int]:
+        """The `width` best of the top-`max_children` children of each node of `level` (logits [n, V])."""
+        q = logits.float().softmax(-1) if seq.params.greedy else probs_from_logits(logits, seq.params)
+        top_p, top_x = q.topk(self.max_children, dim=-1)                    # [n, k]
+        scores = torch.tensor([tree.logp[n] for n in level])[:, None] + top_p.log().cpu()
+        best = scores.flatten().topk(min(self.width, scores.numel())).indices.sort().values.tolist()
+        top_p, top_x, k = top_p.flatten().tolist(), top_x.flatten().tolist(), self.max_children
+        return [tree.add(top_x[i], level[i // k], top_p[i]) for i in best]
+
+    def _forward_level(self, seqs: list[Sequence], trees: list[TokenTree], level: list[int]) -> torch.Tensor:
+        """Run the draft over a new level in every row; each node sees its drafted ancestors (the root
+        is committed). Returns logits [B, len(level), V]."""
+        held = len(self.slots)
+        for i, node in enumerate(level):
+            self.slots[node] = held + i
+        tokens = [[tree.tokens[n] for n in level] for tree in trees]
+        if self.chain:                                      # a chain so far: the cache's default mask
+            return self._forward(seqs, tokens)
+        mask = torch.zeros(len(trees), len(level), held + len(level), dtype=torch.bool)
+        for b, tree in enumerate(trees):
+            for i, node in enumerate(level):
+                for anc in tree.path_to(tree.parents[node])[1:]:
+                    mask[b, i, self.slots[anc]] = True
+                mask[b, i, held + i] = True
+        depths = torch.full((len(level),), trees[0].depths[level[0]] - 1)
+        dev = self.model.device
+        return self._forward(seqs, tokens, depths=depths.to(dev), tree_mask=mask.to(dev))
+
+    # -- learning the verdicts --------------------------------------------------------------------
+    def accept(self, seqs: list[Sequence], trees: list[TokenTree], verdicts: list[Verdict],
+               logits: torch.Tensor | None = None) -> None:
+        """Keep each row's accepted path in the draft cache; queue accepted tokens it has not read."""
+        for b, (tree, verdict) in enumerate(zip(trees, verdicts)):
+            path = verdict.path[1:]
+            processed = [self.slots[n] for n in path if n in self.slots]     # a prefix of the path
+            self.cache.commit(b, processed)
+            self.pending[b] += [tree.tokens[n] for n in path[len(processed):]]

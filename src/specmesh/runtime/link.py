@@ -1,0 +1,327 @@
+"""Point-to-point links between specmesh processes, on torch.distributed with no global state.
+
+A `Link` is one process's end of a small group: its rank, every rank's role (and
+pid), and tensor/object send and receive whose waits are bounded, so that a peer
+that died or stopped answering becomes a `PeerError` naming it rather than a hang.
+Each link builds its own gloo process group from its own TCP store, so one process
+may hold several (the bench runs pearl in float32 and in bfloat16).
+
+Two ways in:
+* `launch(roles, config)` on one machine: this process is rank 0; ranks 1.. start as
+  `python -m specmesh.runtime.worker` subprocesses (they die with it), and one line per
+  process goes to stderr: `rank R role ROLE pid P`.
+* under torchrun every rank runs the same command and `join_env()` meets the others
+  through env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
+
+Messages are small (a few token ids, a decision; q rows when sampling; a tree layer's
+hidden states), so they stay on the host even when the models sit on GPUs: NCCL would
+save nothing on a few bytes and cannot bound an idle wait between jobs. When every rank
+runs on this machine (x86), messages of up to MAILBOX_BYTES go through shared-memory
+mailboxes (`Mailboxes`): the receiver polls, so nothing waits for a thread to be woken.
+Through gloo a message took 0.1 ms at the median but 2.5 ms at the 90th percentile while
+both cores computed (gloo's I/O thread waits for a core); that tail cost PipeDec's
+pipeline a millisecond per timestep. Larger messages (a prompt's hidden states), and
+every message between machines, go through gloo.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+IDLE = datetime.timedelta(days=7)       # how long a rank may wait for work between jobs
+STARTUP_S = 120.0                        # a worker must load its model and join within this
+MAILBOX_SLOTS, MAILBOX_BYTES = 8, 1 << 18   # per ordered pair of ranks: messages in flight, bytes each
+SPIN_S, NAP_S = 0.05, 2e-4               # a waiting rank polls for SPIN_S, then naps between polls
+
+
+class PeerError(RuntimeError):
+    """Another rank died or did not answer in time."""
+
+
+class Mailbox:
+    """One direction between two ranks: a ring of MAILBOX_SLOTS messages in shared memory, one
+    writer and one reader. [0] counts messages written, [1] messages read (x86 keeps stores in
+    order, so a reader that sees the count also sees the message)."""
+
+    def __init__(self, region: np.ndarray):
+        self.count = region[:16].view(np.int64)                             # [written, read]
+        self.sizes = region[64:64 + 8 * MAILBOX_SLOTS].view(np.int64)
+        self.slots = region[128:].reshape(MAILBOX_SLOTS, MAILBOX_BYTES)
+
+    def put(self, data: np.ndarray) -> int:
+        """Write `data` (uint8) if a slot is free: its sequence number, else 0."""
+        written, read = int(self.count[0]), int(self.count[1])
+        if written - read >= MAILBOX_SLOTS:
+            return 0
+        slot = written % MAILBOX_SLOTS
+        self.slots[slot, :data.size] = data
+        self.sizes[slot] = data.size
+        self.count[0] = written + 1
+        return written + 1
+
+    def taken(self, seq: int) -> bool:
+        return int(self.count[1]) >= seq
+
+    def get(self, out: np.ndarray) -> bool:
+        """Fill `out` (uint8) with the next message if there is one."""
+        written, read = int(self.count[0]), int(self.count[1])
+        if written == read:
+            return False
+        slot = read % MAILBOX_SLOTS
+        if self.sizes[slot] != out.size:
+            raise RuntimeError(f"message of {int(self.sizes[slot])} bytes where {out.size} were expected")
+        out[:] = self.slots[slot, :out.size]
+        self.count[1] = read + 1
+        return True
+
+
+class Mailboxes:
+    """Shared memory for every ordered pair of ranks on this machine: rank 0 creates a file in
+    /dev/shm, every rank maps it, and rank 0 removes the name once all have (nothing is left
+    behind however the processes end)."""
+    REGION = 128 + MAILBOX_SLOTS * MAILBOX_BYTES
+
+    def __init__(self, store: dist.Store, rank: int, world: int):
+        self.world, size = world, world * world * self.REGION
+        if rank == 0:
+            path = f"/dev/shm/specmesh-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            with open(path, "wb") as f:
+                f.truncate(size)                # tmpfs: pages are allocated when first written
+            store.set("shm/path", path)
+        else:
+            path = store.get("shm/path").decode()
+        self.memory = torch.from_file(path, shared=True, size=size, dtype=torch.uint8).numpy()
+        store.set(f"shm/mapped/{rank}", "1")
+        if rank == 0:
+            store.wait([f"shm/mapped/{r}" for r in range(world)])
+            os.unlink(path)
+
+    @classmethod
+    def possible(cls, store: dist.Store, rank: int, world: int) -> bool:
+        """Rank 0 decides for all: every rank on this machine, an x86 one (see Mailbox) whose
+        /dev/shm has room for every mailbox (tmpfs allocates pages as they are written, and one
+        written past its room is a SIGBUS)."""
+        store.set(f"host/{rank}", socket.gethostname())
+        if rank == 0:
+            same = len({store.get(f"host/{r}") for r in range(world)}) == 1
+            shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
+            room = shm is not None and shm.f_bavail * shm.f_frsize >= 2 * world * world * cls.REGION
+            store.set("shm/use", "1" if same and room and platform.machine() in ("x86_64", "AMD64") else "0")
+        return store.get("shm/use") == b"1"
+
+    def box(self, src: int, dst: int) -> Mailbox:
+        start = (src * self.world + dst) * self.REGION
+        return Mailbox(self.memory[start:start + self.REGION])
+
+
+class Link:
+    def __init__(self, store: dist.Store, rank: int, roles: list[str], timeout_s: float,
+                 procs: dict[int, subprocess.Popen] | None = None):
+        self.rank, self.roles, self.timeout_s = rank, roles, timeout_s
+        self.procs = procs or {}
+        store.set(f"pid/{rank}", str(os.getpid()))
+        self.pids = [int(store.get(f"pid/{r}")) for r in range(len(roles))]
+        self.group = dist.ProcessGroupGloo(dist.PrefixStore("link", store), rank, len(roles), IDLE)
+        boxes = Mailboxes(store, rank, len(roles)) if Mailboxes.possible(store, rank, len(roles)) else None
+        peers = [r for r in range(len(roles)) if r != rank] if boxes else []
+        self.outbox = {r: boxes.box(rank, r) for r in peers}         # empty: everything through gloo
+        self.inbox = {r: boxes.box(r, rank) for r in peers}
+
+    def describe(self, rank: int) -> str:
+        return f"rank {rank} ({self.roles[rank]}, pid {self.pids[rank]})"
+
+    # -- tensors ------------------------------------------------------------------------------
+    def send(self, tensor: torch.Tensor, dst: int, wait: bool = True, mailbox: bool = True
+             ) -> Callable[[], None] | None:
+        """Send `tensor` to `dst`. It completes once the receiver has taken it; with `wait=False`
+        this returns at once with a function that waits for that (keeping the tensor alive).
+        `mailbox=False`: through gloo whatever the size (job messages, for which a rank waits idle)."""
+        tensor = tensor.contiguous()
+        if mailbox and dst in self.outbox and tensor.nbytes <= MAILBOX_BYTES:
+            box, data = self.outbox[dst], as_bytes(tensor)
+            seq = self._poll(lambda: box.put(data), dst, self.timeout_s)
+            done = functools.partial(self._poll, lambda: box.taken(seq), dst, self.timeout_s)
+        else:
+            work = self._guard(lambda: self.group.send([tensor], dst, 0), dst)
+            done = functools.partial(self._wait, work, dst, self.timeout_s, tensor)
+        if not wait:
+            return done
+        done()
+        return None
+
+    def recv(self, tensor: torch.Tensor, src: int, idle: bool = False, mailbox: bool = True) -> torch.Tensor:
+        """Fill `tensor` from `src`, waiting at most the link's timeout (`idle`: as long as it takes,
+        for a rank waiting for its next job; a peer's death still ends the wait at once).
+        `mailbox` as in `send`: both ends must agree."""
+        if mailbox and src in self.inbox and tensor.nbytes <= MAILBOX_BYTES:
+            box, out = self.inbox[src], as_bytes(tensor)
+            self._poll(lambda: box.get(out), src, self.timeout_s)
+            return tensor
+        work = self._guard(lambda: self.group.recv([tensor], src, 0), src)
+        self._wait(work, src, None if idle else self.timeout_s)
+        return tensor
+
+    def _poll(self, ready: Callable, peer: int, timeout_s: float):
+        """Poll `ready()` until it returns something true (returned), checking now and then that
+        `peer` still runs and answers in time; after SPIN_S with naps."""
+        if value := ready():
+            return value
+        start, polls = time.monotonic(), 0
+        while not (value := ready()):
+            polls += 1
+            if polls % 512:
+                continue
+            waited = time.monotonic() - start
+            if not self._alive(peer):
+                raise self._error(peer, self._fate(peer, RuntimeError("its process ended")))
+            if waited > timeout_s:
+                raise self._error(peer, f"did not answer within {timeout_s:g} s")
+            if waited > SPIN_S:
+                time.sleep(NAP_S)
+        return value
+
+    def _alive(self, rank: int) -> bool:
+        """The rank's process runs (a stopped one counts; a zombie does not)."""
+        if rank in self.procs:
+            return self.procs[rank].poll() is None
+        try:
+            with open(f"/proc/{self.pids[rank]}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except (FileNotFoundError, IndexError):
+            return False
+
+    def _wait(self, work, peer: int, timeout_s: float | None, *keep_alive) -> None:
+        self._guard(lambda: work.wait() if timeout_s is None else work.wait(datetime.timedelta(seconds=timeout_s)),
+                    peer)
+
+    def _guard(self, call, peer: int):
+        """Run a gloo call; any failure becomes a PeerError naming the peer."""
+        try:
+            return call()
+        except RuntimeError as e:
+            raise self._error(peer, self._fate(peer, e)) from None
+
+    def _error(self, peer: int, fate: str) -> PeerError:
+        others = [f"{self.describe(r)} {self._fate(r, RuntimeError('its process ended'))}"
+                  for r, proc in self.procs.items() if r != peer and proc.poll() is not None]
+        return PeerError("; ".join(others + [f"{self.describe(peer)} {fate}"]))  # a dead rank downstream first
+
+    def _fate(self, peer: int, error: RuntimeError) -> str:
+        proc = self.procs.get(peer)
+        if proc is not None:
+            try:
+                code = proc.wait(timeout=1.0)
+                return (f"was killed by signal {-code}" if code < 0 else f"exited with code {code}")
+            except subprocess.TimeoutExpired:
+                pass
+        if "Timed out" in str(error) or "timeout" in str(error).lower():
+            return f"did not answer within {self.timeout_s:g} s"
+        return f"is gone ({str(error).splitlines()[0][:160]})"
+
+    # -- JSON objects (job descriptions) ------------------------------------------------------
+    def send_obj(self, obj, dst: int) -> None:
+        """A JSON object (a job, shutdown) through gloo: the receiver may be waiting idle."""
+        data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+        self.send(torch.tensor([data.numel()]), dst, mailbox=False)
+        self.send(data, dst, mailbox=False)
+
+    def recv_obj(self, src: int, idle: bool = False):
+        size = int(self.recv(torch.zeros(1, dtype=torch.int64), src, idle, mailbox=False))
+        return json.loads(bytes(self.recv(torch.zeros(size, dtype=torch.uint8), src, mailbox=False).tolist()))
+
+    # -- shutdown -----------------------------------------------------------------------------
+    def shutdown(self, healthy: bool = True) -> None:
+        """Rank 0: tell every other rank to exit (when the link is still `healthy`), then close:
+        workers get a grace period to exit, or none after a failure."""
+        if healthy:
+            try:
+                for rank in range(1, len(self.roles)):
+                    self.send_obj({"shutdown": True}, rank)
+            except PeerError:
+                healthy = False
+        self.close(grace_s=5.0 if healthy else 0.0)
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """Wait briefly for launched workers to exit, then kill what is left."""
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs = {}
+
+
+def as_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor's memory as uint8 (shared with it)."""
+    return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+def connect(roles: list[str], config: dict, timeout_s: float) -> Link:
+    """Rank 0's link: under torchrun the ranks it started, else workers launched here."""
+    return join_env(roles, timeout_s) if under_torchrun() else launch(roles, config, timeout_s)
+
+
+def launch(roles: list[str], config: dict, timeout_s: float) -> Link:
+    """Start ranks 1.. of `roles` as worker processes on this machine; return rank 0's link.
+
+    `config` (JSON) tells the workers what to load and serve (see specmesh.runtime.worker)."""
+    store = dist.TCPStore("127.0.0.1", 0, len(roles), True, timeout=datetime.timedelta(seconds=STARTUP_S),
+                          wait_for_workers=False)
+    procs = {}
+    print(f"rank 0 role {roles[0]} pid {os.getpid()}", file=sys.stderr, flush=True)
+    for rank in range(1, len(roles)):
+        env = os.environ | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "RANK": str(rank),
+                            "WORLD_SIZE": str(len(roles)),
+                            "SPECMESH_WORKER": json.dumps(config | {"roles": roles, "parent": os.getpid()})}
+        procs[rank] = subprocess.Popen([sys.executable, "-m", "specmesh.runtime.worker"], env=env)
+        print(f"rank {rank} role {roles[rank]} pid {procs[rank].pid}", file=sys.stderr, flush=True)
+    try:
+        wait_ready(store, procs)
+        return Link(store, 0, roles, timeout_s, procs)
+    except BaseException:
+        for proc in procs.values():
+            proc.kill()
+        raise
+
+
+def wait_ready(store: dist.Store, procs: dict[int, subprocess.Popen]) -> None:
+    """Wait until every worker has loaded its model and said so (or fail if one exits first)."""
+    deadline = time.monotonic() + STARTUP_S
+    for rank, proc in procs.items():
+        while not store.check([f"ready/{rank}"]):
+            if proc.poll() is not None:
+                raise PeerError(f"rank {rank} (pid {proc.pid}) exited with code {proc.returncode} while starting")
+            if time.monotonic() > deadline:
+                raise PeerError(f"rank {rank} (pid {proc.pid}) did not start within {STARTUP_S:g} s")
+            time.sleep(0.01)
+
+
+def join_env(roles: list[str], timeout_s: float) -> Link:
+    """This process's link under torchrun (or as a launched worker): rank from the environment.
+    Under torchrun each rank announces itself (`rank R role ROLE pid P`), as the launcher would."""
+    store, rank, world = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=STARTUP_S)))
+    if world != len(roles):
+        raise ValueError(f"this job needs {len(roles)} processes ({', '.join(roles)}), torchrun started {world}")
+    if under_torchrun():
+        print(f"rank {rank} role {roles[rank]} pid {os.getpid()}", file=sys.stderr, flush=True)
+    store.set(f"ready/{rank}", "1")
+    return Link(store, rank, roles, timeout_s)
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "SPECMESH_WORKER" not in os.environ

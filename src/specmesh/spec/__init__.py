@@ -1,0 +1,1 @@
+"""The lossless core: token trees, the one verifier and the sampling transform."""

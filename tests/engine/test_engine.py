@@ -1,0 +1,93 @@
+"""The one engine: a batch of prompts gives each prompt's solo output; n samples share one prefill."""
+import pytest
+import torch
+
+from specmesh import LLM, SamplingParams
+
+PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x", "self.y = y\n\n" * 3,
+           "import os\n", "print(", "return self", "while True:"]
+BATCHED = ["ar", "sd", "tree", "selfdraft"]
+
+
+def llm_for(method, checkpoint, draft, dtype):
+    options = {"gamma": 3} if method in ("sd", "tree") else {}
+    return LLM(target=checkpoint, draft=draft if method in ("sd", "tree") else None, method=method, dtype=dtype,
+               **options)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("method", BATCHED)
+def test_a_batch_of_prompts_gives_each_its_solo_output(tiny_checkpoint, tiny_draft_checkpoint, method, dtype):
+    llm = llm_for(method, tiny_checkpoint, tiny_draft_checkpoint, dtype)
+    params = SamplingParams(max_new_tokens=20)
+    alone = [llm.generate(p, params).tokens for p in PROMPTS]
+    together = llm.generate(PROMPTS, params)
+    assert [o.tokens for o in together] == alone
+    ar = LLM(target=tiny_checkpoint, dtype=dtype)
+    assert alone == [ar.generate(p, params).tokens for p in PROMPTS]      # and ar's, in this dtype
+
+
+def test_outputs_keep_the_order_of_the_prompts_and_each_its_own_params(tiny_checkpoint):
+    llm = LLM(target=tiny_checkpoint)
+    outs = llm.generate(PROMPTS[:3], SamplingParams(max_new_tokens=5, n=2))
+    assert len(outs) == 3 and all(len(o.samples) == 2 for o in outs)
+    assert [o.prompt_tokens for o in outs] == [len(llm.encode(p)) for p in PROMPTS[:3]]
+    ids = llm.encode(PROMPTS[0])
+    assert llm.generate(ids, SamplingParams(max_new_tokens=5)).tokens == outs[0].tokens     # token ids: one prompt
+    assert llm.generate([ids, ids], SamplingParams(max_new_tokens=5))[1].tokens == outs[0].tokens
+
+
+def spy_forwards(model) -> list[int]:
+    """The number of new tokens of every forward of `model` from now on."""
+    widths = []
+    real = model.forward
+    model.forward = lambda x, *a, **kw: (widths.append(x.shape[1]), real(x, *a, **kw))[1]
+    return widths
+
+
+@pytest.mark.parametrize("method", BATCHED)
+def test_n_samples_prefill_the_prompt_once(tiny_checkpoint, tiny_draft_checkpoint, method):
+    llm = llm_for(method, tiny_checkpoint, tiny_draft_checkpoint, "float32")
+    prompt = "class Point:\n    def __init__(self, x, y):\n        self.x = x\n"
+    length = len(llm.encode(prompt))
+    widths = spy_forwards(llm.models.target)
+    out = llm.generate(prompt, SamplingParams(max_new_tokens=6, temperature=1.0, seed=0, n=64))
+    assert len(out.samples) == 64 and all(1 <= len(s.tokens) <= 6 for s in out.samples)
+    assert widths.count(length) == 1 and max(widths) <= max(length, 16)
+    assert len({tuple(s.tokens) for s in out.samples}) > 8             # independent samples
+
+
+@pytest.mark.parametrize("method", BATCHED)
+def test_sample_j_of_a_seeded_request_is_the_seed_plus_j_alone(tiny_checkpoint, tiny_draft_checkpoint, method):
+    llm = llm_for(method, tiny_checkpoint, tiny_draft_checkpoint, "float32")
+    many = llm.generate("def", SamplingParams(max_new_tokens=8, temperature=1.0, seed=10, n=3))
+    alone = [llm.generate("def", SamplingParams(max_new_tokens=8, temperature=1.0, seed=10 + j)).tokens
+             for j in range(3)]
+    assert [s.tokens for s in many.samples] == alone
+
+
+def test_a_batch_wider_than_max_batch_runs_in_waves(tiny_checkpoint):
+    llm = LLM(target=tiny_checkpoint, max_batch=3)
+    params = SamplingParams(max_new_tokens=12)
+    assert [o.tokens for o in llm.generate(PROMPTS, params)] == [llm.generate(p, params).tokens for p in PROMPTS]
+    with pytest.raises(ValueError, match="max_batch"):
+        LLM(target=tiny_checkpoint, max_batch=0)
+
+
+def test_stream_of_a_stopped_consumer_ends_its_sequences(tiny_checkpoint):
+    llm = LLM(target=tiny_checkpoint)
+    stream = llm.stream("def add(a, b):", SamplingParams(max_new_tokens=50))
+    for _ in stream:
+        break
+    assert stream.engine.idle
+
+
+def test_the_engine_counts_what_it_runs(tiny_checkpoint):
+    llm = LLM(target=tiny_checkpoint)
+    engine = llm.engine([[1, 2, 3]], SamplingParams(max_new_tokens=4, n=5), rows=5)
+    with torch.inference_mode():
+        engine.submit(engine.sequences([1, 2, 3], SamplingParams(max_new_tokens=4, n=5)))
+        while not engine.idle:
+            engine.step()
+    s = engine.stats
+    assert s.prefills == 1 and s.generated_tokens == 20 and s.target_forwards == 1 + 3 and s.steps == 3

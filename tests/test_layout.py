@@ -1,0 +1,92 @@
+"""The package's structure, checked statically: no import loop (imports inside functions included), and the
+layers' rules: runtime/ knows no methods, serve/ knows no kernels, verifier or proposers."""
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).parents[1] / "src"
+PACKAGE = SRC / "specmesh"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The specmesh modules a file imports anywhere in it (`from pkg import sub` counts sub)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("specmesh")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specmesh"):
+            subs = {f"{node.module}.{a.name}" for a in node.names} & known
+            found |= subs or {node.module}
+            if len(subs) < len(node.names):         # names defined in the module itself
+                found.add(node.module)
+    return found & known
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports(path, set(mods)) - {name} for name, path in mods.items()}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_loop_anywhere():
+    edges = graph()
+    edges.pop("specmesh", None)         # the package's front door re-exports the API; nothing imports it back
+    assert find_cycle(edges) is None, " -> ".join(find_cycle(edges))
+
+
+def test_the_cycle_finder_finds_a_loop():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def violations(package: str, forbidden: list[str]) -> list[str]:
+    return [f"{m} imports {i}" for m, deps in graph().items() if under(m, package)
+            for i in deps if any(under(i, f) for f in forbidden)]
+
+
+def test_runtime_knows_no_methods_verifier_or_sampling():
+    assert violations("specmesh.runtime", ["specmesh.methods", "specmesh.spec.verify", "specmesh.spec.sampling",
+                                           "specmesh.proposers"]) == []
+
+
+def test_serve_knows_no_kernels_verifier_or_proposers():
+    assert violations("specmesh.serve", ["specmesh.kernels", "specmesh.spec.verify", "specmesh.proposers"]) == []
+
+
+def test_no_module_beside_methods_shares_a_methods_name():
+    from specmesh.methods import METHODS
+    clashes = [name for name, path in modules().items()
+               if not under(name, "specmesh.methods") and path.stem in METHODS]
+    assert clashes == []
