@@ -98,14 +98,14 @@ class Engine:
 
     @property
     def idle(self) -> bool:
-        with self._wake:
-            return self.scheduler.idle
+        return self.scheduler.idle          # no lock needed: admission never leaves the scheduler empty-looking
 
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> None:
         with torch.inference_mode():
-            self._admit()
-            self._retire()
+            if self.scheduler.waiting:
+                self._admit()
+                self._retire()                  # some may be done at once (EOS or a limit of one token)
             running = self.scheduler.running
             if running:
                 self.stats.steps += 1
@@ -116,7 +116,7 @@ class Engine:
 
     def _admit(self) -> None:
         while True:
-            with self._wake:                    # never idle-looking in between: see `idle`
+            with self._wake:
                 admission = self.scheduler.next_admission()
                 self.stats.waiting = len(self.scheduler.waiting)
             if admission is None:

@@ -26,6 +26,7 @@ class Runner:
                  prefix_cache: PrefixCache | None = None):
         self.model, self.stats, self.prefix_cache = model, stats, prefix_cache
         self.rows, self.max_len = rows, max_len
+        self.device = model.device
         self._cache: KVCache | None = None
 
     @property
@@ -34,10 +35,6 @@ class Runner:
         if self._cache is None:
             self._cache = KVCache.for_model(self.model, self.rows, self.max_len)
         return self._cache
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
 
     def prefill(self, seq: Sequence, row: int) -> torch.Tensor:
         """Put seq's prompt into `row` (empty) as committed tokens; returns the logits after it [1, V].

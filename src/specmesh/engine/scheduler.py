@@ -25,11 +25,12 @@ class Scheduler:
     def next_admission(self) -> tuple[Sequence, int] | None:
         """The next waiting sequence and the row it gets, if a row is free."""
         while self.waiting and len(self.running) < self.rows:
-            seq = self.waiting.popleft()
-            if seq.aborted:
-                continue
-            self.running.append(seq)
-            return seq, len(self.running) - 1
+            seq = self.waiting[0]
+            if not seq.aborted:
+                self.running.append(seq)        # before it leaves the queue: never empty-looking midway
+            self.waiting.popleft()
+            if not seq.aborted:
+                return seq, len(self.running) - 1
         return None
 
     def retire(self, move_row: Callable[[int, int], None]) -> list[Sequence]:

@@ -39,17 +39,21 @@ class KVCache:
         self.max_len = max_len
         self.lengths = np.zeros(batch, dtype=np.int64)   # committed tokens per row
         self.spec = np.zeros(batch, dtype=np.int64)      # speculative slots per row
-        self.starts: list[int] = []
-        self.kv_len = 0
+        self.starts: list[int] = []                      # each row's first slot of the current forward
+        self.kv_len = 0                                  # keys the current forward attends over
+        self.views: dict[tuple[int, int], KVCache] = {}
 
     def view(self, start: int, stop: int) -> "KVCache":
-        """Rows [start, stop) as a cache of their own, sharing memory and counters with this one."""
-        view = KVCache.__new__(KVCache)
-        view.k, view.v = [k[start:stop] for k in self.k], [v[start:stop] for v in self.v]
-        view.first_layer, view.max_len = self.first_layer, self.max_len
-        view.lengths, view.spec = self.lengths[start:stop], self.spec[start:stop]     # numpy views
-        view.starts, view.kv_len = [], 0
-        return view
+        """Rows [start, stop) as a cache of their own, sharing memory and counters with this one (made once
+        per range: a decoding step asks for the same few every time)."""
+        if (start, stop) not in self.views:
+            view = KVCache.__new__(KVCache)
+            view.k, view.v = [k[start:stop] for k in self.k], [v[start:stop] for v in self.v]
+            view.first_layer, view.max_len = self.first_layer, self.max_len
+            view.lengths, view.spec = self.lengths[start:stop], self.spec[start:stop]     # numpy views
+            view.starts, view.kv_len, view.views = [], 0, {}
+            self.views[start, stop] = view
+        return self.views[start, stop]
 
     def move_row(self, src: int, dst: int) -> None:
         """Row src's tokens become row dst's (src keeps a stale copy)."""

@@ -260,10 +260,19 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones():
             os.kill(proc.pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("method", ["sd", "tree"])
-@pytest.mark.parametrize("draft", ["tiny_checkpoint", "tiny_draft_checkpoint"])     # perfect and random drafts
+def solo_outputs(checkpoint, method, draft, prompts, max_tokens):
+    """What `LLM.generate` (the path of `specmesh generate`) gives each prompt alone, float32 as the servers here."""
+    from specmesh import LLM, SamplingParams
+    llm = LLM(target=checkpoint, draft=draft, method=method, dtype="float32")
+    return [llm.generate(p, SamplingParams(max_new_tokens=max_tokens)).text for p in prompts]
+
+
+@pytest.mark.parametrize("method, draft", [("sd", "tiny_checkpoint"), ("sd", "tiny_draft_checkpoint"),
+                                           ("tree", "tiny_checkpoint"), ("tree", "tiny_draft_checkpoint"),
+                                           ("selfdraft", None)])          # perfect and random drafts
 def test_speculative_server_gives_ar_output_alone_and_batched(live, tiny_checkpoint, request, draft, method):
-    sd = LiveServer(tiny_checkpoint, method=method, draft=str(request.getfixturevalue(draft)))
+    draft = draft and request.getfixturevalue(draft)
+    sd = LiveServer(tiny_checkpoint, method=method, draft=draft and str(draft))
     try:
         expected = [complete(live, p, max_tokens=30, temperature=0).choices[0].text for p in PROMPTS]
         alone = [complete(sd, p, max_tokens=30, temperature=0).choices[0].text for p in PROMPTS[:4]]
@@ -271,14 +280,33 @@ def test_speculative_server_gives_ar_output_alone_and_batched(live, tiny_checkpo
             together = list(pool.map(lambda p: complete(sd, p, max_tokens=30, temperature=0).choices[0].text,
                                      PROMPTS))
         assert alone == expected[:4] and together == expected
+        assert together == solo_outputs(tiny_checkpoint, method, draft, PROMPTS, 30)
         stats = sd.server.engine.stats
-        perfect = draft == "tiny_checkpoint"
+        perfect = draft == tiny_checkpoint
         if method == "sd":
             assert stats.drafted_tokens > 0 and (stats.accepted_tokens == stats.drafted_tokens if perfect
-                                          else stats.accepted_tokens < stats.drafted_tokens / 5)
-        else:                                   # a tree accepts one path of its nodes at most
-            assert stats.target_forwards < (30 * len(PROMPTS)) / 2 if perfect else stats.accepted_tokens < stats.drafted_tokens / 5
+                                                 else stats.accepted_tokens < stats.drafted_tokens / 5)
+        elif method == "tree":                  # a tree accepts one path of its nodes at most
+            assert stats.target_forwards < (30 * len(PROMPTS)) / 2 if perfect \
+                else stats.accepted_tokens < stats.drafted_tokens / 5
+        else:
+            assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0
         seeded = [complete(sd, "def", max_tokens=12, temperature=1.0, seed=3).choices[0].text for _ in range(2)]
         assert seeded[0] == seeded[1]
     finally:
         sd.close()
+
+
+def test_the_server_answers_as_specmesh_generate_does(live, tiny_checkpoint, tmp_path):
+    from specmesh.cli import main
+    for prompt in PROMPTS[:2]:
+        out = tmp_path / "out.json"
+        assert main(["generate", prompt, "--target", str(tiny_checkpoint), "--dtype", "float32", "--max-new-tokens",
+                     "24", "--json", str(out)]) == 0
+        served = complete(live, prompt, max_tokens=24, temperature=0).choices[0].text
+        assert json.loads(out.read_text())["text"] == served
+
+
+def test_the_server_refuses_a_method_it_cannot_batch(tiny_checkpoint):
+    with pytest.raises(ValueError, match="the server runs methods ar, sd, tree, selfdraft; not 'pearl'"):
+        build(ServeConfig(target=str(tiny_checkpoint), method="pearl"))

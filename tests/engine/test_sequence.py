@@ -138,7 +138,7 @@ def test_a_row_decodes_byte_level_tokens_as_the_tokenizer_does(checkpoint, reque
     from pathlib import Path
     from specmesh.engine.sequence import Prompt, Sequence
     from specmesh.model.tokenizer import Tokenizer
-    path = Path(__file__).parents[1] / "models" / "target" if checkpoint == "embedded" else request.getfixturevalue(checkpoint)
+    path = Path(__file__).parents[2] / "models" / "target" if checkpoint == "embedded" else request.getfixturevalue(checkpoint)
     tokenizer = Tokenizer(path)
     assert tokenizer.token_bytes is not None
     rng = random.Random(1)
