@@ -64,3 +64,15 @@ def tiny_draft_checkpoint(tiny_checkpoint, tmp_path_factory):
     save_random_model(path, tiny_config(vocab_size=vocab, eos_token_id=0, num_layers=2, hidden_size=32,
                                         num_heads=2, num_kv_heads=1), seed=7)
     return path
+
+
+def run_measured(cmd: list[str], timeout: float = 600) -> tuple[int, float]:
+    """Run cmd (its output discarded) under a parent of its own; its exit status and peak resident memory
+    in MiB (RUSAGE_CHILDREN of a fresh parent: this process's other children do not count)."""
+    import subprocess
+    import sys
+    measure = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, "
+               "stderr=subprocess.DEVNULL).returncode; print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", measure, *cmd], capture_output=True, text=True, timeout=timeout)
+    rc, peak_kb = map(int, out.stdout.split())
+    return rc, peak_kb / 1024

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_measured
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
 
@@ -85,3 +86,25 @@ def test_bench_methods_and_peers_json_and_plot(tiny_checkpoint, tiny_draft_check
     assert out["methods"]["sd"]["acceptance_rate"] is not None and out["methods"]["ar"]["acceptance_rate"] is None
     assert len(out["per_prompt"]) == 2 * len(methods)
     assert png.stat().st_size > 10_000
+
+
+def test_many_samples_of_one_prompt_share_its_prefill_in_bounded_memory(tmp_path):
+    """`--n 3000` on a 100-token prompt with the embedded target: the prompt's keys and values are computed
+    once and copied into the rows of each wave of max_batch samples, so memory does not grow with n times
+    the prompt (peak resident memory of the generate process, measured by a parent of its own)."""
+    from specmesh.bench.prompts import load_prompts
+    from specmesh.model.tokenizer import Tokenizer
+    from specmesh import embedded
+    tokenizer = Tokenizer(embedded.path("target"))
+    prompt = tokenizer.decode(tokenizer.encode(load_prompts(None)[0])[:100])
+    (tmp_path / "prompt.txt").write_text(prompt)
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "specmesh.cli", "generate", "--prompt-file", str(tmp_path / "prompt.txt"),
+           "--method", "ar", "--n", "3000", "--max-new-tokens", "3", "--temperature", "1", "--seed", "0",
+           "--json", str(out)]
+    rc, peak_mib = run_measured(cmd)
+    assert rc == 0
+    samples = json.loads(out.read_text())["samples"]
+    assert len(samples) == 3000 and all(len(s["tokens"]) == 3 for s in samples)
+    assert len({tuple(s["tokens"]) for s in samples}) > 1000          # independent draws
+    assert peak_mib < 2048, f"peak resident memory {peak_mib:.0f} MiB"

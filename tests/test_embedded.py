@@ -1,11 +1,11 @@
 """The shipped model family, end to end: listing, parity with transformers, real draft, memory."""
 import json
-import resource
 import subprocess
 import sys
 
 import pytest
 import torch
+from conftest import run_measured
 
 from specmesh import LLM, SamplingParams, embedded
 from specmesh.bench.prompts import load_prompts
@@ -61,8 +61,7 @@ def test_embedded_speculation_greedy_equals_ar_and_is_accepted(target_dir, promp
 
 
 def test_generate_with_target_and_draft_stays_under_1_5_gib(target_dir):
-    r = subprocess.run([sys.executable, "-m", "specmesh.cli", "generate", "def parse(text):", "--method", "sd",
-                        "--max-new-tokens", "16"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    rc, peak_mib = run_measured([sys.executable, "-m", "specmesh.cli", "generate", "def parse(text):", "--method", "sd",
+                                 "--max-new-tokens", "16"])
+    assert rc == 0
     assert peak_mib < 1536, f"peak RSS {peak_mib:.0f} MiB"

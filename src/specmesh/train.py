@@ -9,7 +9,7 @@
   3. the draft alone distilled from the finished, frozen target (pure KL on a fresh
      shuffle): a draft that chases a moving target lags it, and agreement with the
      final target is what speculation pays for;
-  4. bfloat16 autocast (about 1.9x faster than float32 on AMX CPUs), AdamW,
+  4. bfloat16 autocast (faster than float32 on CPUs with native bf16: docs/models.md), AdamW,
      linear warm-up then cosine decay; checkpoints in --work for resuming;
   5. the finished weights are written in HF layout, 16-bit, with held-out metrics.
 """

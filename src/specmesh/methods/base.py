@@ -21,13 +21,18 @@ from specmesh.engine.sequence import Sequence
 from specmesh.model.model import Transformer
 
 
+class Remote(Protocol):
+    """A method's other processes, seen from rank 0."""
+    def close(self) -> None: ...
+
+
 @dataclass
 class Models:
     """What a method runs on: the target, the draft, and the method's other processes, if any."""
     target: Transformer
     draft: Transformer | None = None
     target_path: Path | None = None         # the target's checkpoint folder (holds its n-gram cache)
-    remote: object | None = None            # pearl's DraftPeer, a pipeline's Pipeline
+    remote: Remote | None = None            # pearl's DraftPeer, a pipeline's Pipeline
 
     def close(self) -> None:
         if self.remote is not None:

@@ -1,8 +1,8 @@
 """PEARL's draft rank (Liu et al., ICLR 2025): the draft in a process of its own, drafting without pause.
 
-Rank 1 (`DraftServer`) holds the draft and, per job, a `ChainDrafter`: each round it drafts γ tokens
-(with their q rows when sampling) while rank 0's target works, sends them, and commits whatever rank 0
-decides. Rank 0 sees it through `DraftPeer`: start-up and calibration (γ defaults to round(c), c = target
+Rank 1 (`DraftServer`) holds the draft and, per job, a `ChainDrafter`: each round the draft model
+(proposers/draft_model.py, the one draft forward loop) drafts γ tokens (with their q rows when sampling)
+while rank 0's target works, sends them, and commits whatever rank 0 decides. Rank 0 sees it through `DraftPeer`: start-up and calibration (γ defaults to round(c), c = target
 forward time / draft forward time, both measured at start-up with one thread each, at the same time:
 the paper's Table 6 choice), then per job begin -> (decide -> drafts)* -> end (methods/pearl.py).
 """
@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import atexit
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from specmesh.engine.sequence import Sequence
-from specmesh.model.cache import KVCache
+from specmesh.engine.stats import Stats
 from specmesh.model.loader import DTYPES, load_model
+from specmesh.proposers.draft_model import DraftModel
 from specmesh.runtime.link import Link, PeerError, connect
-from specmesh.spec.sampling import SamplingParams, probs_from_logits
+from specmesh.spec.sampling import SamplingParams
+from specmesh.spec.verify import Verdict
 from specmesh.timing import forward_ms, torch_threads
 
 MAX_GAMMA = 16
@@ -30,53 +33,65 @@ CONTINUE, STOP = 0, 1
 # rank 1: the draft
 
 
-class ChainDrafter:
-    """The draft's side of one job: a chain that grows γ tokens per round until told otherwise.
+@dataclass
+class Chain:
+    """The draft rank's view of a sequence, as the draft model proposes for it: the prompt window (`ids`),
+    the tokens after it (`tokens`: decided, then undecided drafts), the sampling parameters and generator."""
+    ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
 
-    `tail` holds the tokens past the cache's committed prefix, in order: the first
-    `cache.spec` of them are processed (speculative slots), the rest wait for the next
-    forward; the first `final` are known to be committed, the others are undecided drafts."""
+    @property
+    def last(self) -> int:
+        return self.tokens[-1]
+
+
+class ChainDrafter:
+    """The draft's side of one job: each round the draft model (proposers/draft_model.py) drafts a chain of γ
+    tokens after the newest token, decided or not, as if every undecided draft will be accepted; rank 0's
+    decisions then commit undecided drafts or drop them.
+
+    The draft model's cache holds the prompt window, then the first `read` of `chain.tokens`; the first
+    `final` of those are decided. A rejection that drops drafts the draft has read rolls its cache back."""
 
     def __init__(self, model, prompt: list[int], window: int, limit: int, gamma: int, params: SamplingParams,
                  seed: int):
-        self.model, self.params = model, params
-        prompt = prompt[-window:]
-        self.cache = KVCache.for_model(model, 1, len(prompt) + limit + 2 * gamma + 2)
-        if len(prompt) > 1:
-            model(torch.tensor([prompt[:-1]], device=model.device), self.cache, last_only=True)
-            self.cache.commit_all()
-        self.tail, self.final = prompt[-1:], 1
-        self.committed: list[int] = []      # the tokens generated so far, as rank 0 decided them
-        self.generator = torch.Generator(model.device).manual_seed(seed)
+        self.chain = Chain(prompt[-window:], params, torch.Generator(model.device).manual_seed(seed))
+        self.base = len(self.chain.ids)
+        self.draft = DraftModel(model, 1, self.base + limit + 2 * gamma + 2, window)
+        self.draft.admit(0, self.chain)
+        self.read, self.final = -1, 0           # -1: the prompt window is not read yet
 
-    def draft(self, n: int) -> tuple[list[int], torch.Tensor | None]:
-        """Draft n tokens after the tail; returns them and, when sampling, their q rows [n, V]."""
-        tokens, qs = [], []
-        for _ in range(n):
-            new = self.tail[self.cache.spec[0]:]
-            logits = self.model(torch.tensor([new], device=self.model.device), self.cache)[0, -1]
-            if self.params.greedy:
-                x = int(logits.argmax())
-            else:
-                q = probs_from_logits(logits, self.params)
-                x = int(torch.multinomial(q, 1, generator=self.generator))
-                qs.append(q)
-            self.tail.append(x)
-            tokens.append(x)
-        return tokens, torch.stack(qs).cpu() if qs else None
+    @property
+    def committed(self) -> list[int]:
+        """The tokens generated so far, as rank 0 decided them."""
+        return self.chain.tokens[:self.final]
+
+    def draft_chain(self, n: int) -> tuple[list[int], torch.Tensor | None]:
+        """Draft n tokens after the newest; returns them and, when sampling, their q rows [n, V]."""
+        tokens = self.chain.tokens
+        self.draft.pending[0] = (self.chain.ids if self.read < 0 else []) + tokens[max(self.read, 0):-1]
+        [tree] = self.draft.propose([self.chain], [n])
+        self.draft.accept([self.chain], [tree], [Verdict(list(range(len(tree))), tree.tokens[1:], None)])
+        drafts = tree.tokens[1:]
+        self.read = len(tokens) + n - 1         # all but the newest draft, which the next round reads
+        tokens += drafts
+        q = torch.stack([tree.q[i] for i in range(n)]).cpu() if tree.sampled else None
+        return drafts, q
 
     def decide(self, accepted: int, token: int) -> None:
         """`accepted` undecided drafts are committed; token >= 0: then it, and the other drafts are dropped."""
-        self.committed += self.tail[self.final:self.final + accepted] + ([token] if token >= 0 else [])
         self.final += accepted
-        done = min(self.cache.spec[0], self.final)       # committed tokens already in the cache
-        keep = range(done, self.cache.spec[0])
-        if token >= 0:
-            self.tail = self.tail[:self.final] + [token]
-            self.final += 1
-            keep = ()
-        self.cache.commit(0, range(done), keep)
-        self.tail, self.final = self.tail[done:], self.final - done
+        if token < 0:
+            return
+        del self.chain.tokens[self.final:]
+        if self.read > self.final:              # it read drafts that are gone
+            self.read = self.final
+            self.draft.cache.rollback(0, self.base + self.read)
+        self.chain.tokens.append(token)
+        self.final += 1
 
 
 class DraftServer:
@@ -104,7 +119,7 @@ class DraftServer:
                 link.send(torch.tensor([len(drafter.committed)]), 0)
                 link.send(torch.tensor(drafter.committed, dtype=torch.int64), 0)
                 return
-            tokens, q = drafter.draft(job["gamma"])
+            tokens, q = drafter.draft_chain(job["gamma"])
             link.send(torch.tensor(tokens), 0)
             if q is not None:
                 link.send(q, 0)

@@ -18,9 +18,8 @@ hidden states), so they stay on the host even when the models sit on GPUs: NCCL 
 save nothing on a few bytes and cannot bound an idle wait between jobs. When every rank
 runs on this machine (x86), messages of up to MAILBOX_BYTES go through shared-memory
 mailboxes (`Mailboxes`): the receiver polls, so nothing waits for a thread to be woken.
-Through gloo a message took 0.1 ms at the median but 2.5 ms at the 90th percentile while
-both cores computed (gloo's I/O thread waits for a core); that tail cost PipeDec's
-pipeline a millisecond per timestep. Larger messages (a prompt's hidden states), and
+Through gloo a message had a long tail while both cores computed (gloo's I/O thread waits for
+a core), which cost PipeDec's pipeline time every timestep (docs/pipelines.md). Larger messages (a prompt's hidden states), and
 every message between machines, go through gloo.
 """
 from __future__ import annotations

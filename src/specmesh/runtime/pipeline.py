@@ -254,7 +254,6 @@ class Pipeline:
 
     def __init__(self, link: Link, stage: Stage | None, split: list[range]):
         self.link, self.stage, self.split = link, stage, split
-        self.costs = None                       # pipedec: what balances each job's split (StageCosts)
         self.max_nodes = 0
         self.latest = Decision(NONE)            # the last decision, for rank 0's own stage to apply
         self.sending: list = []                 # sends not known to be received yet

@@ -75,7 +75,7 @@ def run(cfg: ServeConfig) -> int:
     The engine loop runs in the main thread (where the models were loaded) and HTTP in a thread
     of its own. The reason is OpenMP: each thread that runs parallel kernels gets a team of
     worker threads, and libgomp stops its workers spin-waiting between kernels once there are
-    more of them than CPUs. Forwards in a second thread made decode steps 40% slower on 2 cores."""
+    more of them than CPUs. Forwards in a second thread made decode steps much slower on 2 cores (docs/serving.md)."""
     import uvicorn
     server, app = build(cfg)
     failed = threading.Event()

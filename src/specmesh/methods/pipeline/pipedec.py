@@ -44,9 +44,14 @@ def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> Non
     print(f"pipedec: target layers per stage balanced for each request's context on this machine "
           f"({show(costs.split(128))} at 128 tokens, {show(costs.split(1024))} at 1024); the draft S "
           f"{'apart' if options['draft_apart'] else 'beside stage 0'}", file=sys.stderr, flush=True)
-    models.remote = Pipeline.start(models, dtype, costs.split(128), options["timeout"], stages.SERVE, draft=True,
-                                   apart=options["draft_apart"])
+    models.remote = BalancedPipeline.start(models, dtype, costs.split(128), options["timeout"], stages.SERVE,
+                                           draft=True, apart=options["draft_apart"])
     models.remote.costs = costs
+
+
+class BalancedPipeline(Pipeline):
+    """The pipeline with what balances each job's split across its stages (StageCosts)."""
+    costs: "StageCosts"
 
 
 @dataclass
@@ -90,7 +95,7 @@ def newest_layer(drafter: TreeDrafter) -> torch.Tensor:
 
 
 def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
-    pipe: Pipeline = models.remote
+    pipe: BalancedPipeline = models.remote
     stats, width = seq.stats, options["tree_width"]
     max_len = len(seq.ids) + seq.limit + slack(options)
     pipe.begin(stages.job(seq, "pipedec"), max_len, True, draft_room(options["stages"], width),
