@@ -44,26 +44,29 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
 
 
-def option_help(name: str) -> str:
+def option_help(name: str, methods: list[str] | None = None) -> str:
     """An option's help with the methods that have it and their defaults, from the declarations."""
     from specmesh.methods import OPTIONS, having
-    defaults = ", ".join(f"{spec.name} {spec.defaults[name]}" if OPTIONS[name].kind is not bool else spec.name
-                         for spec in having(name))
-    return f"{OPTIONS[name].help} ({defaults})"
+    specs = [spec for spec in having(name) if methods is None or spec.name in methods]
+    shown = [spec.name if OPTIONS[name].kind is bool or spec.defaults[name] == "" else
+             f"{spec.name} {spec.defaults[name]}" for spec in specs]
+    return f"{OPTIONS[name].help} ({', '.join(shown)})"
 
 
-def add_method_options(p: argparse.ArgumentParser, names: list[str] | None = None) -> None:
-    """Method options, generated from methods/base.py's declarations (each applies to the methods that
-    have it; the defaults are theirs)."""
-    from specmesh.methods import OPTIONS
+def add_method_options(p: argparse.ArgumentParser, methods: list[str] | None = None) -> None:
+    """Method options, generated from methods/base.py's declarations: each applies to the methods that have
+    it, with their defaults (`methods`: only these methods' options)."""
+    from specmesh.methods import METHODS, OPTIONS
     o = p.add_argument_group("method options (default: each method's tuned value)")
-    for name in names or OPTIONS:
-        flag, option = "--" + name.replace("_", "-"), OPTIONS[name]
+    for name, option in OPTIONS.items():
+        if methods is not None and not any(name in METHODS[m].defaults for m in methods):
+            continue
+        flag = "--" + name.replace("_", "-")
         if option.kind is bool:
-            o.add_argument(flag, action="store_const", const=True, default=None, help=option_help(name))
+            o.add_argument(flag, action="store_const", const=True, default=None, help=option_help(name, methods))
         else:
-            o.add_argument(flag, type=positive_int if option.kind is int else str, metavar=option.metavar,
-                           help=option_help(name))
+            o.add_argument(flag, type=positive_int if option.kind is int else str, metavar=option.metavar or "N",
+                           help=option_help(name, methods))
 
 
 def method_options(args) -> dict:
@@ -123,7 +126,7 @@ def build_parser() -> Parser:
     v.add_argument("--prefix-cache-mb", type=float, default=256.0, metavar="MB",
                    help="memory for the keys and values of prompt prefixes served before, reused exactly "
                         "where the kernels allow (default: 256; 0: off)")
-    add_method_options(v, sorted({o for name in SERVED for o in METHODS[name].defaults}))
+    add_method_options(v, SERVED)
 
     lt = sub.add_parser("loadtest", help="load a running server with streaming completions; latency percentiles")
     lt.add_argument("--url", required=True, help="the server root, without /v1 (e.g. http://127.0.0.1:8000)")

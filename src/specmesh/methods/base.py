@@ -55,7 +55,8 @@ class Option:
 
 
 OPTIONS = {
-    "gamma": Option("draft length / tree depth (pearl: 0 means round(c), measured at start-up)"),
+    "gamma": Option("draft length / tree depth (sd without it in a batch: by batch size; pearl 0: round(c), "
+                    "measured at start-up)"),
     "draft_window": Option("prompt tokens the draft model reads"),
     "tree_width": Option("nodes kept per tree level: w"),
     "max_children": Option("children per node in the top-k expansion: c"),

@@ -35,7 +35,7 @@ class Tokenizer:
         """Each token's bytes, where `decode` (skipping special tokens) is their concatenation read as
         UTF-8 with replacement characters: a byte-level BPE, as the embedded models' and most current
         LLMs' tokenizers are. It lets a growing output be decoded in time linear in its length
-        (generation.Row). Checked against `decode` on every token and on random sequences; None
+        (engine/sequence.py). Checked against `decode` on every token and on random sequences; None
         where the tokenizer is of another kind or any check fails."""
         if (json.loads(self.inner.to_str()).get("decoder") or {}).get("type") != "ByteLevel":
             return None

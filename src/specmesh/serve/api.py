@@ -40,11 +40,11 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 
 @dataclass
-class Jobs:
-    """The sequences of one HTTP request (its prompts times n, in choice order) and their events, as
-    (choice index, Event) in the order the engine produced them."""
+class Choices:
+    """The choices of one HTTP request: its sequences (its prompts times n, in choice order) and their
+    events, as (choice index, Event) in the order the engine produced them."""
     events: asyncio.Queue
-    requests: list[Sequence]
+    seqs: list[Sequence]
 
 
 class Server:
@@ -110,7 +110,7 @@ class Server:
         return "".join(PLAIN_CHAT_TEMPLATE.format(**m) for m in messages) + "assistant:"
 
     # -- running requests ---------------------------------------------------------------------
-    def start(self, prompts: list[list[int]], params: SamplingParams) -> Jobs:
+    def start(self, prompts: list[list[int]], params: SamplingParams) -> Choices:
         """Submit params.n sequences per prompt."""
         if self.draining:
             raise APIError("the server is shutting down", code="server_shutting_down", status=503)
@@ -119,26 +119,26 @@ class Server:
         if self.engine.deliver is deliver_here:             # one wake-up of this loop per engine step
             loop = asyncio.get_running_loop()
             self.engine.deliver = lambda batch: loop.call_soon_threadsafe(deliver_here, batch)
-        jobs = Jobs(asyncio.Queue(), [seq for ids in prompts for seq in self.engine.sequences(ids, params)])
-        for i, seq in enumerate(jobs.requests):
-            seq.emit = lambda event, i=i: jobs.events.put_nowait((i, event))
-        self.metrics.requests.inc(len(jobs.requests))
-        self.engine.submit(jobs.requests)
-        return jobs
+        choices = Choices(asyncio.Queue(), [seq for ids in prompts for seq in self.engine.sequences(ids, params)])
+        for i, seq in enumerate(choices.seqs):
+            seq.emit = lambda event, i=i: choices.events.put_nowait((i, event))
+        self.metrics.requests.inc(len(choices.seqs))
+        self.engine.submit(choices.seqs)
+        return choices
 
-    def abort_unfinished(self, jobs: Jobs, reasons: list[str | None]) -> None:
-        for request, reason in zip(jobs.requests, reasons):
+    def abort_unfinished(self, choices: Choices, reasons: list[str | None]) -> None:
+        for seq, reason in zip(choices.seqs, reasons):
             if reason is None:
-                self.engine.abort(request)
+                self.engine.abort(seq)
 
-    async def collect(self, http: HTTPRequest, jobs: Jobs) -> list[tuple[str, str]]:
-        """Wait for every job; (text, finish_reason) each. Aborts all if the client leaves."""
-        texts = [[] for _ in jobs.requests]
-        reasons: list[str | None] = [None] * len(jobs.requests)
+    async def collect(self, http: HTTPRequest, choices: Choices) -> list[tuple[str, str]]:
+        """Wait for every choice; (text, finish_reason) each. Aborts all if the client leaves."""
+        texts = [[] for _ in choices.seqs]
+        reasons: list[str | None] = [None] * len(choices.seqs)
         try:
             while None in reasons:
                 try:
-                    i, event = await asyncio.wait_for(jobs.events.get(), timeout=0.5)
+                    i, event = await asyncio.wait_for(choices.events.get(), timeout=0.5)
                 except asyncio.TimeoutError:
                     if await http.is_disconnected():
                         raise asyncio.CancelledError from None
@@ -148,13 +148,13 @@ class Server:
                 texts[i].append(event.text)
                 reasons[i] = event.finish_reason
         finally:
-            self.abort_unfinished(jobs, reasons)
+            self.abort_unfinished(choices, reasons)
         return [("".join(t), r) for t, r in zip(texts, reasons)]
 
 
-def usage(jobs: Jobs) -> dict:
-    prompt = sum(len(p.ids) for p in {id(s.prompt): s.prompt for s in jobs.requests}.values())
-    completion = sum(len(s.tokens) for s in jobs.requests)
+def usage(choices: Choices) -> dict:
+    prompt = sum(len(p.ids) for p in {id(s.prompt): s.prompt for s in choices.seqs}.values())
+    completion = sum(len(s.tokens) for s in choices.seqs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -196,52 +196,52 @@ def create_app(server: Server) -> FastAPI:
         if not prompts:
             raise APIError("prompt is empty", "prompt")
         ids = [server.encode(p, "prompt") for p in prompts]
-        jobs = server.start(ids, server.params(body, max(len(i) for i in ids)))
+        choices = server.start(ids, server.params(body, max(len(i) for i in ids)))
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": server.model_name}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return stream(http, server, jobs, head, include_usage,
+            return stream(http, server, choices, head, include_usage,
                           lambda i, text, reason: {"text": text, "index": i, "logprobs": None,
                                                    "finish_reason": reason})
-        results = await server.collect(http, jobs)
+        results = await server.collect(http, choices)
         return head | {"choices": [{"text": t, "index": i, "logprobs": None, "finish_reason": r}
-                                   for i, (t, r) in enumerate(results)], "usage": usage(jobs)}
+                                   for i, (t, r) in enumerate(results)], "usage": usage(choices)}
 
     @app.post("/v1/chat/completions")
     async def chat(http: HTTPRequest):
         body = await server.body(http)
         ids = server.encode(server.chat_prompt(body.get("messages")), "messages")
-        jobs = server.start([ids], server.params(body, len(ids)))
+        choices = server.start([ids], server.params(body, len(ids)))
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": server.model_name}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return stream(http, server, jobs, head | {"object": "chat.completion.chunk"}, include_usage,
+            return stream(http, server, choices, head | {"object": "chat.completion.chunk"}, include_usage,
                           lambda i, text, reason: {"index": i, "delta": {"content": text} if text or not reason
                                                    else {}, "finish_reason": reason},
                           first=lambda i: {"index": i, "delta": {"role": "assistant", "content": ""},
                                            "finish_reason": None})
-        results = await server.collect(http, jobs)
-        return head | {"object": "chat.completion", "usage": usage(jobs), "choices": [
+        results = await server.collect(http, choices)
+        return head | {"object": "chat.completion", "usage": usage(choices), "choices": [
             {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": r}
             for i, (t, r) in enumerate(results)]}
 
     return app
 
 
-def stream(http: HTTPRequest, server: Server, jobs: Jobs, head: dict, include_usage: bool, choice, first=None):
+def stream(http: HTTPRequest, server: Server, choices: Choices, head: dict, include_usage: bool, choice, first=None):
     """Server-sent events, then [DONE]. Each wake-up sends what the engine has produced since, one
     chunk per choice (a speculative step's accepted tokens are one chunk), in one write."""
 
     async def events():
-        done: list[str | None] = [None] * len(jobs.requests)      # each choice's finish_reason
+        done: list[str | None] = [None] * len(choices.seqs)      # each choice's finish_reason
         try:
             if first:
-                yield sse(head | {"choices": [first(i) for i in range(len(jobs.requests))]})
+                yield sse(head | {"choices": [first(i) for i in range(len(choices.seqs))]})
             while None in done:
-                batch = [await jobs.events.get()]
-                while not jobs.events.empty():
-                    batch.append(jobs.events.get_nowait())
+                batch = [await choices.events.get()]
+                while not choices.events.empty():
+                    batch.append(choices.events.get_nowait())
                 texts: dict[int, str] = {}
                 for i, event in batch:
                     if event.error:
@@ -251,9 +251,9 @@ def stream(http: HTTPRequest, server: Server, jobs: Jobs, head: dict, include_us
                     done[i] = event.finish_reason
                 yield "".join(sse(head | {"choices": [choice(i, text, done[i])]}) for i, text in texts.items())
             if include_usage:
-                yield sse(head | {"choices": [], "usage": usage(jobs)})
+                yield sse(head | {"choices": [], "usage": usage(choices)})
             yield "data: [DONE]\n\n"
         finally:
-            server.abort_unfinished(jobs, done)
+            server.abort_unfinished(choices, done)
 
     return StreamingResponse(events(), media_type="text/event-stream")
