@@ -126,6 +126,10 @@ def build_parser() -> Parser:
     v.add_argument("--prefix-cache-mb", type=float, default=256.0, metavar="MB",
                    help="memory for the keys and values of prompt prefixes served before, reused exactly "
                         "where the kernels allow (default: 256; 0: off)")
+    v.add_argument("--max-n", type=positive_int, metavar="N",
+                   help="samples per prompt one request may ask for (default: --max-batch); more: 400")
+    v.add_argument("--max-queued", type=positive_int, metavar="N",
+                   help="sequences that may wait for a free row (default: 16 x --max-batch); more: 429")
     add_method_options(v, SERVED)
 
     lt = sub.add_parser("loadtest", help="load a running server with streaming completions; latency percentiles")
@@ -295,6 +299,7 @@ def cmd_serve(args, parser) -> int:
     return run(ServeConfig(method=args.method, host=args.host, port=args.port, model_name=args.model_name,
                            dtype=args.dtype, target=args.target, draft=args.draft, device=args.device,
                            max_batch=args.max_batch, options=method_options(args), grace_s=args.grace,
+                           max_n=args.max_n, max_queued=args.max_queued,
                            prefix_cache_mb=args.prefix_cache_mb))
 
 

@@ -91,3 +91,26 @@ def test_the_engine_counts_what_it_runs(tiny_checkpoint):
             engine.step()
     s = engine.stats
     assert s.prefills == 1 and s.generated_tokens == 20 and s.target_forwards == 1 + 3 and s.steps == 3
+
+
+def test_admission_shares_the_rows_fairly_between_requests():
+    """A request for many samples is admitted in pieces: a free row goes to the prompt with the fewest
+    running sequences, so a later request is not stuck behind all of an earlier one's samples."""
+    from types import SimpleNamespace
+
+    from specmesh.engine.scheduler import Scheduler
+    big, small = object(), object()
+    seq = lambda prompt, name: SimpleNamespace(prompt=prompt, aborted=False, done=False, name=name)  # noqa: E731
+    scheduler = Scheduler(rows=2)
+    for i in range(5):
+        scheduler.add(seq(big, f"big{i}"))
+    scheduler.add(seq(small, "small"))
+    admitted = [scheduler.next_admission()[0].name for _ in range(2)]
+    assert admitted == ["big0", "small"] and scheduler.next_admission() is None      # one row each
+    scheduler.running[0].done = True
+    scheduler.retire(lambda src, dst: None)
+    assert scheduler.next_admission()[0].name == "big1" and scheduler.waiting == 3
+    scheduler.queues[id(big)][0].aborted = True                                       # its client left
+    scheduler.running[0].done = True
+    scheduler.retire(lambda src, dst: None)
+    assert scheduler.next_admission()[0].name == "big3"

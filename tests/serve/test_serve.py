@@ -223,27 +223,31 @@ def test_loadtest_counts_errors(tmp_path):
     assert summary["requests"] >= 1 and summary["errors"] == summary["requests"] and errors
 
 
-def test_sigterm_drains_running_requests_and_refuses_new_ones():
-    import os
-    import signal
+def start_server_process(*args) -> tuple:
+    """`specmesh serve` on the embedded target (float32) in a process of its own, once healthy: (process, url).
+    The embedded target is slow enough that an 800-token request still runs when a signal comes."""
     import subprocess
     import sys
     port = free_port()
-    # the embedded target: a 800-token request still runs when SIGTERM comes (the tiny model finishes at once)
     proc = subprocess.Popen([sys.executable, "-m", "specmesh.cli", "serve", "--dtype", "float32", "--port", str(port),
-                             "--grace", "20"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
+        time.sleep(0.1)
+
+
+def test_sigterm_drains_running_requests_and_refuses_new_ones():
+    import os
+    import signal
+    proc, url = start_server_process("--grace", "20")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
-            time.sleep(0.1)
         body = {"prompt": "x", "max_tokens": 800, "temperature": 0, "stream": True}
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
             lines = r.iter_lines()
@@ -253,8 +257,32 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones():
             refused = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
             rest = list(lines)
         assert refused.status_code == 503
-        assert rest[-1] == "data: [DONE]" or [x for x in rest if x][-1] == "data: [DONE]"
+        assert [x for x in rest if x][-1] == "data: [DONE]"
+        assert not any("error" in x for x in rest)              # drained: it finished
         assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", ["second-sigterm", "deadline"])
+def test_a_second_sigterm_or_the_drain_deadline_cancels_what_is_left(how):
+    import os
+    import signal
+    proc, url = start_server_process("--grace", "30" if how == "second-sigterm" else "1")
+    try:
+        body = {"prompt": "x", "max_tokens": 1000, "temperature": 0, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            start = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            if how == "second-sigterm":
+                time.sleep(0.2)
+                proc.send_signal(signal.SIGTERM)
+            rest = [x for x in lines if x]
+        assert rest[-1] == "data: [DONE]" and "shut down before this request finished" in rest[-2]
+        assert proc.wait(timeout=15) == 0 and time.monotonic() - start < 10
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)

@@ -74,7 +74,7 @@ class Engine:
         with self._wake:
             for seq in seqs:
                 self.scheduler.add(seq)
-            self.stats.waiting = len(self.scheduler.waiting)
+            self.stats.waiting = self.scheduler.waiting
             self._wake.notify()
 
     def abort(self, seq: Sequence) -> None:
@@ -118,7 +118,7 @@ class Engine:
         while True:
             with self._wake:
                 admission = self.scheduler.next_admission()
-                self.stats.waiting = len(self.scheduler.waiting)
+                self.stats.waiting = self.scheduler.waiting
             if admission is None:
                 break
             seq, row = admission
@@ -168,6 +168,7 @@ class Engine:
         self._loop()
 
     def stop(self) -> None:
+        """End the loop after the current step; sequences still in flight get an error event."""
         with self._wake:
             self._stop = True
             self._wake.notify()
@@ -181,17 +182,26 @@ class Engine:
                     while not self._stop and self.scheduler.idle:
                         self._wake.wait()
                     if self._stop:
-                        return
+                        break
                 self.step()
+            self._cancel("the server shut down before this request finished")
         except BaseException as e:           # noqa: BLE001 - every failure must reach the clients
             self._fail(e)
 
+    def _cancel(self, message: str) -> None:
+        """End every sequence still in flight (the loop was stopped): each gets an error event."""
+        with self._wake:
+            doomed = self.scheduler.running + [s for q in self.scheduler.queues.values() for s in q]
+        self.abandon()
+        events = [(seq, Event(error=message)) for seq in doomed if seq.emit is not None]
+        if events:
+            try:
+                self.deliver(events)
+            except RuntimeError:            # the HTTP event loop has closed: its clients are gone already
+                pass
+
     def _fail(self, error: BaseException) -> None:
         self.failure = error
-        message = f"engine failure: {type(error).__name__}: {error}"
-        with self._wake:
-            doomed = list(self.scheduler.running) + list(self.scheduler.waiting)
-        self.abandon()
-        self.deliver([(seq, Event(error=message)) for seq in doomed if seq.emit is not None])
+        self._cancel(f"engine failure: {type(error).__name__}: {error}")
         if self.on_failure:
             self.on_failure(error)

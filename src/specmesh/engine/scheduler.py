@@ -1,9 +1,11 @@
-"""Which sequences run: a queue of waiting ones and the running ones, which hold cache rows 0..B-1.
+"""Which sequences run: the waiting ones, queued per prompt, and the running ones, which hold cache rows 0..B-1.
 
-Admission takes waiting sequences in arrival order while rows are free (a sequence whose client left
-while it waited is dropped). Retiring frees the rows of finished and aborted sequences: the last
-running sequence moves into each freed row, so the running rows stay a contiguous prefix of the
-cache and every forward works on a view of it.
+Admission is fair: a free row goes to the waiting sequence of the prompt with the fewest running
+sequences (the oldest such prompt first), so a request for many samples is admitted in pieces that
+share the batch with the requests that came after it. A sequence whose client left while it waited
+is dropped. Retiring frees the rows of finished and aborted sequences: the last running sequence
+moves into each freed row, so the running rows stay a contiguous prefix of the cache and every
+forward works on a view of it.
 """
 from __future__ import annotations
 
@@ -16,19 +18,27 @@ from specmesh.engine.sequence import Sequence
 class Scheduler:
     def __init__(self, rows: int):
         self.rows = rows
-        self.waiting: collections.deque[Sequence] = collections.deque()
-        self.running: list[Sequence] = []           # running[i] holds cache row i
+        self.queues: dict[int, collections.deque[Sequence]] = {}    # id(prompt) -> its waiting sequences, by arrival
+        self.waiting = 0                                            # sequences in the queues
+        self.running: list[Sequence] = []                           # running[i] holds cache row i
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self.queues.setdefault(id(seq.prompt), collections.deque()).append(seq)
+        self.waiting += 1
 
     def next_admission(self) -> tuple[Sequence, int] | None:
         """The next waiting sequence and the row it gets, if a row is free."""
         while self.waiting and len(self.running) < self.rows:
-            seq = self.waiting[0]
+            running = collections.Counter(id(s.prompt) for s in self.running)
+            key = min(self.queues, key=lambda k: running[k])        # min keeps the first of equals: the oldest
+            queue = self.queues[key]
+            seq = queue[0]
             if not seq.aborted:
                 self.running.append(seq)        # before it leaves the queue: never empty-looking midway
-            self.waiting.popleft()
+            queue.popleft()
+            self.waiting -= 1
+            if not queue:
+                del self.queues[key]
             if not seq.aborted:
                 return seq, len(self.running) - 1
         return None
@@ -51,8 +61,8 @@ class Scheduler:
 
     def clear(self) -> list[Sequence]:
         """Every sequence, running or waiting, out of the scheduler."""
-        doomed = self.running + list(self.waiting)
-        self.running, self.waiting = [], collections.deque()
+        doomed = self.running + [seq for queue in self.queues.values() for seq in queue]
+        self.running, self.queues, self.waiting = [], {}, 0
         return doomed
 
     @property

@@ -1,6 +1,7 @@
 """`specmesh serve`: the OpenAI-compatible server over the engine (api.py: HTTP; metrics.py: Prometheus)."""
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import threading
@@ -26,6 +27,8 @@ class ServeConfig:
     options: dict = field(default_factory=dict)     # method options (sd without gamma: γ by batch size)
     grace_s: float = 30.0           # SIGTERM: how long running requests may take to finish
     prefix_cache_mb: float = 256.0  # prompt prefixes' keys and values kept for reuse (0: off)
+    max_n: int | None = None        # samples per prompt a request may ask for (None: max_batch)
+    max_queued: int | None = None   # sequences that may wait for a row, past it 429 (None: 16 x max_batch)
     log_level: str = "info"
 
 
@@ -41,6 +44,7 @@ def build(cfg: ServeConfig):
     from specmesh.engine.engine import Engine
     from specmesh.serve.api import Server, create_app
     from specmesh.serve.metrics import Metrics
+    from specmesh.serve.protocol import Limits
     if cfg.method not in SERVED:
         raise ValueError(f"the server runs methods {', '.join(SERVED)}; not {cfg.method!r}")
     if not cfg.prefix_cache_mb >= 0:
@@ -52,7 +56,10 @@ def build(cfg: ServeConfig):
     engine = Engine(llm.models, llm.method, llm.tokenizer, cfg.max_batch, llm.context + llm.method.slack,
                     make_prefix_cache(cfg, llm))
     engine.on_finish = metrics.finish
-    server = Server(engine, cfg.model_name, metrics)
+    limits = Limits.for_engine(cfg.max_batch, llm.context)
+    limits = dataclasses.replace(limits, **{k: v for k, v in (("max_n", cfg.max_n), ("max_queued", cfg.max_queued))
+                                            if v is not None})
+    server = Server(engine, cfg.model_name, metrics, limits)
     return server, create_app(server)
 
 
@@ -70,7 +77,8 @@ def make_prefix_cache(cfg: ServeConfig, llm):
 
 def run(cfg: ServeConfig) -> int:
     """Serve until SIGINT, SIGTERM (drain: new requests get 503, running ones may finish within
-    the grace period) or an engine failure (exit status 1).
+    the grace period; then, or at a second SIGTERM, the ones left are cancelled: an error event, and
+    exit 0) or an engine failure (exit status 1).
 
     The engine loop runs in the main thread (where the models were loaded) and HTTP in a thread
     of its own. The reason is OpenMP: each thread that runs parallel kernels gets a team of
@@ -78,20 +86,27 @@ def run(cfg: ServeConfig) -> int:
     more of them than CPUs. Forwards in a second thread made decode steps much slower on 2 cores (docs/serving.md)."""
     import uvicorn
     server, app = build(cfg)
-    failed = threading.Event()
+    failed, cancelled = threading.Event(), threading.Event()
 
     class Uvicorn(uvicorn.Server):
         def handle_exit(self, sig, frame):
             if sig == signal.SIGTERM and not server.draining:
                 server.draining = True
                 threading.Thread(target=drain, daemon=True).start()
+            elif sig == signal.SIGTERM and not cancelled.is_set():
+                cancel()                        # a second SIGTERM: cancel what is left now
             else:
                 super().handle_exit(sig, frame)
 
     def drain():
         deadline = time.monotonic() + cfg.grace_s
-        while not server.engine.idle and time.monotonic() < deadline:
+        while not server.engine.idle and time.monotonic() < deadline and not cancelled.is_set():
             time.sleep(0.05)
+        cancel()
+
+    def cancel():
+        cancelled.set()
+        server.engine.stop()                # the engine loop ends after its step, failing what is in flight
         web.should_exit = True
 
     def on_failure(error):

@@ -2,9 +2,10 @@
 
 POST /v1/completions, POST /v1/chat/completions (streaming: server-sent events ending
 with `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus).
-Bad requests get 400 with OpenAI's error body, never 500; an engine failure fails the
-requests in flight (500, or an error event then [DONE] when streaming) and turns
-/health to 503. While draining (after SIGTERM) new requests get 503.
+Request bodies are read and bounded by protocol.py. Bad requests get 400 with OpenAI's error
+body, never 500; when more sequences wait for a row than the bound, 429 with Retry-After; an
+engine failure fails the requests in flight (500, or an error event then [DONE] when streaming)
+and turns /health to 503. While draining (after SIGTERM) new requests get 503.
 """
 from __future__ import annotations
 
@@ -20,19 +21,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from specmesh.engine.engine import Engine, deliver_here
 from specmesh.engine.sequence import Sequence
 from specmesh.serve.metrics import Metrics
-from specmesh.spec.sampling import InvalidParameter, SamplingParams
-
-PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"     # one line per message, then "assistant:"
-OPENAI_DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's shape: 400 for bad input, 503 while draining, 500 on failure."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.message, self.param, self.code, self.status = message, param, code, status
-
+from specmesh.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, Limits, chat_prompt, check_fields,
+                                     completion_prompts, encode, sampling_params)
+from specmesh.spec.sampling import SamplingParams
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
@@ -48,10 +39,11 @@ class Choices:
 
 
 class Server:
-    """State shared by the routes: the engine, the model name, metrics, draining flag."""
+    """State shared by the routes: the engine, the model name, metrics, the request bounds, draining flag."""
 
-    def __init__(self, engine: Engine, model_name: str, metrics: Metrics):
+    def __init__(self, engine: Engine, model_name: str, metrics: Metrics, limits: Limits | None = None):
         self.engine, self.model_name, self.metrics = engine, model_name, metrics
+        self.limits = limits or Limits.for_engine(engine.scheduler.rows, engine.context)
         self.draining = False
 
     # -- request parsing ----------------------------------------------------------------------
@@ -71,43 +63,12 @@ class Server:
                              "model", "model_not_found")
         return body
 
-    def params(self, body: dict, prompt_tokens: int) -> SamplingParams:
-        """OpenAI's fields onto SamplingParams, which checks them (its error becomes a 400 naming the field)."""
-        given = {"max_new_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
-                 "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
-                 "n": body.get("n"), "seed": body.get("seed"), "stop": body.get("stop") or None}
-        try:
-            params = SamplingParams(**OPENAI_DEFAULTS | {k: v for k, v in given.items() if v is not None})
-        except InvalidParameter as e:
-            name = "max_tokens" if e.param == "max_new_tokens" else e.param
-            raise APIError(str(e).replace("max_new_tokens", "max_tokens"), name) from None
-        if prompt_tokens + params.max_new_tokens > self.engine.context:
-            raise APIError(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({params.max_new_tokens}) exceeds the "
-                           f"context of {self.engine.context} tokens", "max_tokens")
-        return params
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
 
-    def encode(self, text, param: str) -> list[int]:
-        if not isinstance(text, str):
-            raise APIError(f"{param} must be a string", param)
-        if not text:
-            raise APIError(f"{param} is empty", param)
-        ids = self.engine.tokenizer.encode(text)
-        if len(ids) >= self.engine.context:
-            raise APIError(f"the prompt has {len(ids)} tokens; the context holds {self.engine.context}", param,
-                             "context_length_exceeded")
-        return ids
-
-    def chat_prompt(self, messages) -> str:
-        if not isinstance(messages, list) or not messages:
-            raise APIError("messages must be a non-empty list", "messages")
-        for m in messages:
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise APIError("each message needs a string role and string content", "messages")
-        template = self.engine.tokenizer.chat_template
-        if template:
-            import jinja2
-            return jinja2.Template(template).render(messages=messages, add_generation_prompt=True)
-        return "".join(PLAIN_CHAT_TEMPLATE.format(**m) for m in messages) + "assistant:"
+    def params(self, body: dict, prompts: list[list[int]]) -> SamplingParams:
+        return sampling_params(body, max(len(p) for p in prompts), len(prompts), self.engine.context, self.limits)
 
     # -- running requests ---------------------------------------------------------------------
     def start(self, prompts: list[list[int]], params: SamplingParams) -> Choices:
@@ -116,6 +77,11 @@ class Server:
             raise APIError("the server is shutting down", code="server_shutting_down", status=503)
         if self.engine.failure is not None:
             raise APIError(f"the engine failed: {self.engine.failure}", code="engine_failed", status=503)
+        waiting = self.engine.scheduler.waiting
+        if waiting + len(prompts) * params.n > self.limits.max_queued:
+            raise APIError(f"the server is busy: {waiting} sequences wait for a row (at most "
+                           f"{self.limits.max_queued}); retry shortly", code="queue_full", status=429,
+                           headers={"Retry-After": "1"})
         if self.engine.deliver is deliver_here:             # one wake-up of this loop per engine step
             loop = asyncio.get_running_loop()
             self.engine.deliver = lambda batch: loop.call_soon_threadsafe(deliver_here, batch)
@@ -169,7 +135,7 @@ def create_app(server: Server) -> FastAPI:
     @app.exception_handler(APIError)
     async def api_error(_, e: APIError):
         kind = "invalid_request_error" if e.status == 400 else "server_error"
-        return JSONResponse(error_body(e.message, kind, e.param, e.code), status_code=e.status)
+        return JSONResponse(error_body(e.message, kind, e.param, e.code), status_code=e.status, headers=e.headers)
 
     @app.get("/health")
     async def health():
@@ -191,12 +157,9 @@ def create_app(server: Server) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
         body = await server.body(http)
-        prompt = body.get("prompt")
-        prompts = prompt if isinstance(prompt, list) else [prompt]
-        if not prompts:
-            raise APIError("prompt is empty", "prompt")
-        ids = [server.encode(p, "prompt") for p in prompts]
-        choices = server.start(ids, server.params(body, max(len(i) for i in ids)))
+        check_fields(body, COMPLETION_FIELDS)
+        ids = completion_prompts(body, server.tokenizer, server.engine.context, server.limits)
+        choices = server.start(ids, server.params(body, ids))
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": server.model_name}
         if body.get("stream"):
@@ -211,8 +174,10 @@ def create_app(server: Server) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(http: HTTPRequest):
         body = await server.body(http)
-        ids = server.encode(server.chat_prompt(body.get("messages")), "messages")
-        choices = server.start([ids], server.params(body, len(ids)))
+        check_fields(body, CHAT_FIELDS)
+        ids = encode(chat_prompt(body.get("messages"), server.tokenizer), server.tokenizer, server.engine.context,
+                     "messages")
+        choices = server.start([ids], server.params(body, [ids]))
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": server.model_name}
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

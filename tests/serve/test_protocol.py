@@ -1,0 +1,115 @@
+"""Request shapes real clients send, fields never silently ignored, per-request bounds, a bounded queue."""
+import asyncio
+import dataclasses
+
+import httpx
+import pytest
+from openai import BadRequestError
+from test_serve import LiveServer, complete
+
+from specmesh.serve.protocol import APIError, Limits
+from specmesh.spec.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def live(tiny_checkpoint):
+    server = LiveServer(tiny_checkpoint, max_batch=4)
+    yield server
+    server.close()
+
+
+def post(live, body, path="/v1/completions"):
+    return httpx.post(live.url + path, json=body, timeout=30)
+
+
+def test_prompts_as_strings_token_ids_and_lists_of_either(live):
+    tok = live.server.engine.tokenizer
+    text = [complete(live, p, max_tokens=6, temperature=0).choices[0].text for p in ("def add(a, b):", "import os")]
+    ids = [tok.encode("def add(a, b):"), tok.encode("import os")]
+    assert complete(live, ids[0], max_tokens=6, temperature=0).choices[0].text == text[0]       # token ids
+    many = complete(live, ids, max_tokens=6, temperature=0)                                    # a list of id lists
+    assert [c.text for c in many.choices] == text and many.usage.prompt_tokens == sum(map(len, ids))
+    assert [c.text for c in complete(live, ["def add(a, b):", "import os"], max_tokens=6,
+                                     temperature=0).choices] == text
+
+
+def test_chat_content_as_text_parts_and_roles(live):
+    def chat(messages):
+        return live.client.chat.completions.create(model="specmesh-target", max_tokens=6, temperature=0,
+                                                   messages=messages).choices[0].message.content
+    plain = chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}])
+    parts = chat([{"role": "developer", "content": "be brief"},
+                  {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}])
+    assert parts == plain                   # developer is a system message; text parts are joined
+    for messages, field in [([{"role": "wizard", "content": "x"}], "wizard"),
+                            ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                             "image_url"),
+                            ([{"role": "tool", "content": "x"}], "tool")]:
+        r = post(live, {"messages": messages}, "/v1/chat/completions")
+        assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize("field, value", [("logprobs", 2), ("frequency_penalty", 0.5), ("presence_penalty", -1),
+                                          ("logit_bias", {"5": 10}), ("best_of", 3), ("echo", True),
+                                          ("made_up_field", 1)])
+def test_fields_the_server_does_not_support_are_refused_by_name(live, field, value):
+    r = post(live, {"prompt": "x", "max_tokens": 2, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    assert complete(live, "x", max_tokens=2).usage.completion_tokens >= 1          # and the server carries on
+
+
+def test_fields_with_the_value_that_changes_nothing_are_accepted(live):
+    r = post(live, {"prompt": "x", "max_tokens": 2, "logprobs": None, "frequency_penalty": 0, "presence_penalty": 0.0,
+                    "logit_bias": {}, "best_of": 1, "echo": False, "user": "someone"})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x", "n": 5}, "n"),                                                     # over max_n (the 4 rows)
+    ({"prompt": ["x"] * 17}, "prompt"),                                                 # over max_prompts
+    ({"prompt": ["x"] * 4, "n": 4, "max_tokens": 200}, "max_tokens"),                   # 3200 new tokens > 8 x 256
+    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"prompt": "x", "stop": "s" * 300}, "stop"),
+    ({"prompt": [[1, 2], [100000]]}, "prompt"),                                         # an id past the vocabulary
+    ({"prompt": []}, "prompt"), ({"prompt": [True, 1]}, "prompt"),
+])
+def test_every_bound_is_a_400_naming_the_field(live, body, param):
+    r = post(live, body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert complete(live, "x", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_the_openai_client_sees_bounds_as_bad_requests(live):
+    with pytest.raises(BadRequestError):
+        complete(live, "x", n=100000)
+
+
+def test_a_full_queue_answers_429_with_retry_after(live):
+    limits = live.server.limits
+    live.server.limits = dataclasses.replace(limits, max_queued=0)
+    try:
+        r = post(live, {"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "queue_full"
+    finally:
+        live.server.limits = limits
+    assert post(live, {"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_the_queue_bound_counts_the_sequences_waiting(tiny_checkpoint):
+    from specmesh.serve import ServeConfig, build
+    server, _ = build(ServeConfig(target=str(tiny_checkpoint), dtype="float32", max_batch=2, max_queued=4))
+    ids = [server.engine.tokenizer.encode("def")]
+
+    async def submit(n):                   # the engine is not running: what is submitted waits
+        return server.start(ids, SamplingParams(max_new_tokens=2, n=n))
+
+    asyncio.run(submit(3))
+    with pytest.raises(APIError) as refused:
+        asyncio.run(submit(2))
+    assert refused.value.status == 429 and refused.value.headers == {"Retry-After": "1"}
+    assert server.engine.scheduler.waiting == 3
+
+
+def test_limits_scale_with_the_engine():
+    limits = Limits.for_engine(rows=8, context=1024)
+    assert (limits.max_n, limits.max_sequences, limits.max_queued) == (8, 32, 128)
