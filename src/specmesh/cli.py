@@ -93,6 +93,9 @@ def build_parser() -> Parser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--n", type=positive_int, default=1, help="independent samples, decoded as one batch")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    g.add_argument("--logprobs", type=int, default=None, metavar="K",
+                   help="report each token's log-probability under the target and its K most likely alternatives "
+                        "(in --json)")
     add_method_options(g)
     add_json(g)
 
@@ -238,7 +241,7 @@ def cmd_generate(args, parser) -> int:
         return serve_torchrun_rank(args)
     prompt = read_prompt(args, parser)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, n=args.n, stop=args.stop)
+                            top_p=args.top_p, seed=args.seed, n=args.n, stop=args.stop, logprobs=args.logprobs)
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
               **method_options(args))
     with llm:

@@ -114,3 +114,15 @@ def test_admission_shares_the_rows_fairly_between_requests():
     scheduler.running[0].done = True
     scheduler.retire(lambda src, dst: None)
     assert scheduler.next_admission()[0].name == "big3"
+
+
+@pytest.mark.parametrize("method", BATCHED)
+def test_logprobs_are_the_targets_whatever_the_method(tiny_checkpoint, tiny_draft_checkpoint, method):
+    """Greedy float32: each emitted token's log-probability and top alternatives come from the target's own
+    logits, bit for bit those `ar` reports, alone or in a batch."""
+    params = SamplingParams(max_new_tokens=16, logprobs=3)
+    ar = LLM(target=tiny_checkpoint).generate(PROMPTS[:4], params)
+    spec = llm_for(method, tiny_checkpoint, tiny_draft_checkpoint, "float32").generate(PROMPTS[:4], params)
+    assert [o.samples[0].logprobs for o in spec] == [o.samples[0].logprobs for o in ar]
+    assert all(len(o.samples[0].logprobs) == len(o.tokens) for o in spec)
+    assert all(top[0] == (t, lp) for o in spec for t, (lp, top) in zip(o.tokens, o.samples[0].logprobs))

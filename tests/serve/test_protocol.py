@@ -49,7 +49,7 @@ def test_chat_content_as_text_parts_and_roles(live):
         assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
 
 
-@pytest.mark.parametrize("field, value", [("logprobs", 2), ("frequency_penalty", 0.5), ("presence_penalty", -1),
+@pytest.mark.parametrize("field, value", [("logprobs", 50), ("frequency_penalty", 0.5), ("presence_penalty", -1),
                                           ("logit_bias", {"5": 10}), ("best_of", 3), ("echo", True),
                                           ("made_up_field", 1)])
 def test_fields_the_server_does_not_support_are_refused_by_name(live, field, value):
@@ -59,7 +59,7 @@ def test_fields_the_server_does_not_support_are_refused_by_name(live, field, val
 
 
 def test_fields_with_the_value_that_changes_nothing_are_accepted(live):
-    r = post(live, {"prompt": "x", "max_tokens": 2, "logprobs": None, "frequency_penalty": 0, "presence_penalty": 0.0,
+    r = post(live, {"prompt": "x", "max_tokens": 2, "frequency_penalty": 0, "presence_penalty": 0.0,
                     "logit_bias": {}, "best_of": 1, "echo": False, "user": "someone"})
     assert r.status_code == 200, r.text
 
@@ -113,3 +113,36 @@ def test_the_queue_bound_counts_the_sequences_waiting(tiny_checkpoint):
 def test_limits_scale_with_the_engine():
     limits = Limits.for_engine(rows=8, context=1024)
     assert (limits.max_n, limits.max_sequences, limits.max_queued) == (8, 32, 128)
+
+
+def test_logprobs_in_the_openai_shapes_equal_to_the_target_computed_directly(live, tiny_checkpoint):
+    import torch
+
+    from specmesh import LLM
+    out = complete(live, "def add(a, b):", max_tokens=8, temperature=0, logprobs=2).choices[0]
+    lp = out.logprobs
+    assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs) == len(lp.text_offset) >= 1
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    # greedy: no alternative beats the chosen token (tokens with the same text share one key of the dict)
+    assert all(1 <= len(top) <= 2 and max(top.values()) <= v + 1e-6 for top, v in zip(lp.top_logprobs,
+                                                                                       lp.token_logprobs))
+    llm = LLM(target=tiny_checkpoint)                                   # a plain forward, no cache, no kernels
+    prompt = llm.encode("def add(a, b):")
+    tokens = llm.generate(prompt, SamplingParams(max_new_tokens=8)).tokens
+    with torch.inference_mode():
+        logits = llm.models.target.forward(torch.tensor([prompt + tokens]))[0, len(prompt) - 1:-1]
+    direct = logits.log_softmax(-1)[range(len(tokens)), tokens].tolist()
+    assert lp.token_logprobs == pytest.approx(direct, abs=1e-4)
+    chat = live.client.chat.completions.create(model="specmesh-target", max_tokens=5, temperature=0, logprobs=True,
+                                               top_logprobs=3, messages=[{"role": "user", "content": "hi"}])
+    content = chat.choices[0].logprobs.content
+    assert bytes(b for c in content for b in c.bytes).decode("utf-8", "replace") == chat.choices[0].message.content
+    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob == c.logprob for c in content)
+    streamed = [c.choices[0].logprobs for c in complete(live, "def add(a, b):", max_tokens=8, temperature=0,
+                                                        logprobs=2, stream=True) if c.choices]
+    assert [v for part in streamed if part for v in part.token_logprobs] == lp.token_logprobs
+
+
+def test_top_logprobs_without_logprobs_is_refused(live):
+    r = post(live, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "/v1/chat/completions")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"

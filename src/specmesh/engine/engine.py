@@ -61,6 +61,8 @@ class Engine:
             raise ValueError("prompt is empty")
         if len(ids) >= self.context:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {self.context} tokens")
+        if params.logprobs is not None and not getattr(self.method, "scores", False):
+            raise ValueError("logprobs: this method does not report the target's log-probabilities")
         limit = min(params.max_new_tokens, self.context - len(ids))
         prompt = Prompt(list(ids), waiting=params.n)
         device = self.models.target.device

@@ -59,6 +59,14 @@ class Sequence:
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
         self.loop = None                        # a loop method's decoding loop (methods/loop.py)
+        self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []   # per token: its log p, the top ones
+        self._scores: torch.Tensor | None = None
+
+    def score(self, logits: torch.Tensor) -> None:
+        """The target's logits [n, V] at the tokens of the block about to be appended (row i predicted
+        token i): their log-probabilities are kept where the parameters ask for them."""
+        if self.params.logprobs is not None:
+            self._scores = logits
 
     @property
     def ids(self) -> list[int]:
@@ -83,6 +91,7 @@ class Sequence:
         return "stop" if self.finish in ("eos", "stop") else "length"
 
     def extend(self, new: list[int]) -> None:
+        self._keep_logprobs(new)
         for t in new:
             if self.finish:
                 break
@@ -96,6 +105,18 @@ class Sequence:
                     self.finish = "length"
         self.text = self._decode()
         self._apply_stop()
+        del self.logprobs[len(self.tokens):]
+
+    def _keep_logprobs(self, new: list[int]) -> None:
+        """log_softmax of the target's raw logits (before temperature and filters, as OpenAI reports them)."""
+        if self._scores is None:
+            return
+        logp = self._scores[:len(new)].float().log_softmax(-1)                  # [n, V]
+        top = logp.topk(self.params.logprobs, dim=-1) if self.params.logprobs else None
+        for i, t in enumerate(new):
+            alternatives = list(zip(top.indices[i].tolist(), top.values[i].tolist())) if top is not None else []
+            self.logprobs.append((float(logp[i, t]), alternatives))
+        self._scores = None
 
     def _decode(self) -> str:
         """The text of the tokens (less a final EOS): a full decode costs time linear in the output, for
@@ -133,6 +154,7 @@ class Sample:
     text: str
     tokens: list[int]
     finish_reason: str          # "eos" | "length" | "stop"
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None   # per token: log p, [(id, log p)] top
 
 
 @dataclass
@@ -146,13 +168,16 @@ class Output:
 
     @classmethod
     def of(cls, seqs: list[Sequence], elapsed_s: float) -> "Output":
-        samples = [Sample(s.text, s.tokens, s.finish or "length") for s in seqs]
+        samples = [Sample(s.text, s.tokens, s.finish or "length",
+                          s.logprobs if s.params.logprobs is not None else None) for s in seqs]
         stats = Stats.total([s.stats for s in seqs])
         stats.elapsed_s = elapsed_s
         return cls(samples[0].text, samples[0].tokens, samples, stats, len(seqs[0].ids))
 
     def to_json(self) -> dict:
         return {"text": self.text, "tokens": self.tokens,
-                "samples": [{"text": s.text, "tokens": s.tokens} for s in self.samples],
+                "samples": [{"text": s.text, "tokens": s.tokens} | ({} if s.logprobs is None else {"logprobs": [
+                    {"logprob": lp, "top": [[t, v] for t, v in top]} for lp, top in s.logprobs]})
+                    for s in self.samples],
                 "stats": self.stats.to_json()}
 

@@ -18,11 +18,15 @@ def first_token(logits: torch.Tensor, seq: Sequence) -> int:
 
 
 class AR:
+    scores = True           # it hands each sequence the target's logits at its tokens (Sequence.score)
+
     def __init__(self, runner: Runner):
         self.runner = runner
 
     def admit(self, seq: Sequence, row: int) -> list[int]:
-        return [first_token(self.runner.prefill(seq, row), seq)]
+        logits = self.runner.prefill(seq, row)
+        seq.score(logits)
+        return [first_token(logits, seq)]
 
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
         tokens = torch.tensor([[s.last] for s in seqs], device=self.runner.device)
@@ -32,6 +36,7 @@ class AR:
         out = []
         for i, seq in enumerate(seqs):
             seq.stats.target_forwards += 1
+            seq.score(logits[i:i + 1])
             p = seq.params
             out.append([tops[i] if p.greedy else int(next_tokens(logits[i:i + 1], p, seq.generator))])
         return out

@@ -118,6 +118,41 @@ class Server:
         return [("".join(t), r) for t, r in zip(texts, reasons)]
 
 
+def token_text(tokenizer, token: int) -> tuple[str, bytes]:
+    pieces = tokenizer.token_bytes
+    raw = pieces[token] if pieces is not None and token < len(pieces) else tokenizer.decode([token]).encode()
+    return raw.decode("utf-8", "replace"), raw
+
+
+def completion_logprobs(server: Server, choices: Choices, i: int, start: int) -> dict | None:
+    """The legacy completions shape for choice i's tokens from `start` on, or None when not asked for."""
+    seq = choices.seqs[i]
+    if seq.params.logprobs is None:
+        return None
+    entries, tokens = seq.logprobs[start:], seq.tokens[start:]
+    text = lambda t: token_text(server.tokenizer, t)[0]          # noqa: E731
+    offsets, at = [], sum(len(text(t)) for t in seq.tokens[:start])
+    for t in tokens[:len(entries)]:
+        offsets.append(at)
+        at += len(text(t))
+    return {"tokens": [text(t) for t in tokens[:len(entries)]], "token_logprobs": [lp for lp, _ in entries],
+            "top_logprobs": [{text(a): v for a, v in top} for _, top in entries], "text_offset": offsets}
+
+
+def chat_logprobs(server: Server, choices: Choices, i: int, start: int) -> dict | None:
+    """The chat shape for choice i's tokens from `start` on, or None when not asked for."""
+    seq = choices.seqs[i]
+    if seq.params.logprobs is None:
+        return None
+
+    def entry(token: int, logprob: float) -> dict:
+        text, raw = token_text(server.tokenizer, token)
+        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+    return {"content": [entry(t, lp) | {"top_logprobs": [entry(a, v) for a, v in top]}
+                        for t, (lp, top) in zip(seq.tokens[start:], seq.logprobs[start:])]}
+
+
 def usage(choices: Choices) -> dict:
     prompt = sum(len(p.ids) for p in {id(s.prompt): s.prompt for s in choices.seqs}.values())
     completion = sum(len(s.tokens) for s in choices.seqs)
@@ -165,11 +200,11 @@ def create_app(server: Server) -> FastAPI:
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return stream(http, server, choices, head, include_usage,
-                          lambda i, text, reason: {"text": text, "index": i, "logprobs": None,
-                                                   "finish_reason": reason})
+                          lambda i, text, reason, start: {"text": text, "index": i, "finish_reason": reason,
+                                                          "logprobs": completion_logprobs(server, choices, i, start)})
         results = await server.collect(http, choices)
-        return head | {"choices": [{"text": t, "index": i, "logprobs": None, "finish_reason": r}
-                                   for i, (t, r) in enumerate(results)], "usage": usage(choices)}
+        return head | {"choices": [{"text": t, "index": i, "logprobs": completion_logprobs(server, choices, i, 0),
+                                    "finish_reason": r} for i, (t, r) in enumerate(results)], "usage": usage(choices)}
 
     @app.post("/v1/chat/completions")
     async def chat(http: HTTPRequest):
@@ -182,14 +217,15 @@ def create_app(server: Server) -> FastAPI:
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return stream(http, server, choices, head | {"object": "chat.completion.chunk"}, include_usage,
-                          lambda i, text, reason: {"index": i, "delta": {"content": text} if text or not reason
-                                                   else {}, "finish_reason": reason},
+                          lambda i, text, reason, start: {"index": i, "delta": {"content": text} if text or not reason
+                                                          else {}, "finish_reason": reason,
+                                                          "logprobs": chat_logprobs(server, choices, i, start)},
                           first=lambda i: {"index": i, "delta": {"role": "assistant", "content": ""},
                                            "finish_reason": None})
         results = await server.collect(http, choices)
         return head | {"object": "chat.completion", "usage": usage(choices), "choices": [
-            {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": r}
-            for i, (t, r) in enumerate(results)]}
+            {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": r,
+             "logprobs": chat_logprobs(server, choices, i, 0)} for i, (t, r) in enumerate(results)]}
 
     return app
 
@@ -200,6 +236,7 @@ def stream(http: HTTPRequest, server: Server, choices: Choices, head: dict, incl
 
     async def events():
         done: list[str | None] = [None] * len(choices.seqs)      # each choice's finish_reason
+        reported = [0] * len(choices.seqs)                       # each choice's tokens whose logprobs went out
         try:
             if first:
                 yield sse(head | {"choices": [first(i) for i in range(len(choices.seqs))]})
@@ -214,7 +251,11 @@ def stream(http: HTTPRequest, server: Server, choices: Choices, head: dict, incl
                         return
                     texts[i] = texts.get(i, "") + event.text
                     done[i] = event.finish_reason
-                yield "".join(sse(head | {"choices": [choice(i, text, done[i])]}) for i, text in texts.items())
+                chunks = []
+                for i, text in texts.items():
+                    chunks.append(sse(head | {"choices": [choice(i, text, done[i], reported[i])]}))
+                    reported[i] = len(choices.seqs[i].logprobs)
+                yield "".join(chunks)
             if include_usage:
                 yield sse(head | {"choices": [], "usage": usage(choices)})
             yield "data: [DONE]\n\n"

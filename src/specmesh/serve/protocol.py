@@ -1,8 +1,8 @@
 """OpenAI request bodies -> token-id prompts and SamplingParams, checked: the shapes real clients send, the
 fields this server supports, and the bounds one request may ask for (docs/serving.md).
 
-Every field is either used, or accepted only with the value that changes nothing (`logprobs: null`,
-`frequency_penalty: 0`, ...), or refused with a 400 that names it: nothing is silently ignored.
+Every field is either used, or accepted only with the value that changes nothing (`frequency_penalty:
+0`, ...), or refused with a 400 that names it: nothing is silently ignored.
 """
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"     # one line per message, then "as
 SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop"}
 COMMON = SAMPLING | {"model", "stream", "stream_options", "user"}
 # supported only with the value that changes nothing (not implemented yet otherwise)
-NEUTRAL = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "frequency_penalty": (None, 0),
+NEUTRAL = {"frequency_penalty": (None, 0),
            "presence_penalty": (None, 0), "repetition_penalty": (None, 1), "logit_bias": (None, {}),
            "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "tools": (None, []),
            "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
-COMPLETION_FIELDS = COMMON | {"prompt"} | set(NEUTRAL) - {"top_logprobs", "tools", "tool_choice", "response_format"}
-CHAT_FIELDS = COMMON | {"messages"} | set(NEUTRAL) - {"best_of", "echo", "suffix"}
+COMPLETION_FIELDS = COMMON | {"prompt", "logprobs"} | set(NEUTRAL) - {"tools", "tool_choice", "response_format"}
+CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs"} | set(NEUTRAL) - {"best_of", "echo", "suffix"}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -66,12 +66,14 @@ def sampling_params(body: dict, prompt_tokens: int, prompts: int, context: int, 
     """OpenAI's fields onto SamplingParams, which checks them (its error becomes a 400 naming the field),
     then the request's bounds."""
     given = {"max_new_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
+             "logprobs": requested_logprobs(body),
              "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
              "n": body.get("n"), "seed": body.get("seed"), "stop": body.get("stop") or None}
     try:
         params = SamplingParams(**OPENAI_DEFAULTS | {k: v for k, v in given.items() if v is not None})
     except InvalidParameter as e:
-        name = "max_tokens" if e.param == "max_new_tokens" else e.param
+        name = "max_tokens" if e.param == "max_new_tokens" else \
+            "top_logprobs" if e.param == "logprobs" and "messages" in body else e.param
         raise APIError(str(e).replace("max_new_tokens", "max_tokens"), name) from None
     if prompt_tokens + params.max_new_tokens > context:
         raise APIError(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({params.max_new_tokens}) exceeds the "
@@ -83,6 +85,19 @@ def sampling_params(body: dict, prompt_tokens: int, prompts: int, context: int, 
     bound(len(params.stop), limits.max_stop, "stop", "stop strings")
     bound(max((len(s) for s in params.stop), default=0), limits.max_stop_chars, "stop", "characters of a stop string")
     return params
+
+
+def requested_logprobs(body: dict) -> int | None:
+    """How many top alternatives per token the request asks for, or None: completions send `logprobs: K`,
+    chat sends `logprobs: true` with `top_logprobs: K`."""
+    if "messages" not in body:
+        value = body.get("logprobs")
+        return None if value is None or value is False else value
+    if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
+        raise APIError("top_logprobs needs logprobs: true", "top_logprobs")
+    if body.get("logprobs") not in (None, False, True):
+        raise APIError(f"logprobs must be true or false, got {body['logprobs']!r}", "logprobs")
+    return (body.get("top_logprobs") or 0) if body.get("logprobs") else None
 
 
 def bound(value: int, limit: int, param: str, what: str) -> None:

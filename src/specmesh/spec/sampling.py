@@ -8,6 +8,9 @@ import numpy as np
 import torch
 
 
+MAX_LOGPROBS = 20
+
+
 class InvalidParameter(ValueError):
     """A sampling parameter out of range or of the wrong type; `param` names it."""
 
@@ -30,6 +33,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     n: int = 1
     ignore_eos: bool = False
+    logprobs: int | None = None     # report each token's log-probability and this many top alternatives
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -51,6 +55,8 @@ class SamplingParams:
         need(_number(self.top_k, True) and self.top_k >= 0, "top_k", f"top_k must be an integer >= 0, got {self.top_k!r}")
         need(_number(self.n, True) and self.n >= 1, "n", f"n must be a positive integer, got {self.n!r}")
         need(self.seed is None or _number(self.seed, True), "seed", f"seed must be an integer, got {self.seed!r}")
+        need(self.logprobs is None or _number(self.logprobs, True) and 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+             f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {self.logprobs!r}")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop",
              "stop must be a non-empty string or a list of them")
 
