@@ -85,10 +85,10 @@ class Engine:
         with self._wake:
             self._wake.notify()
 
-    def abandon(self) -> None:
-        """Drop every sequence in flight (its consumer stopped, or a step failed): loop methods close
-        their loops, so their other processes hear that the request is over. Errors while closing are
-        dropped: the reason for abandoning is the one that matters."""
+    def abandon(self) -> list[Sequence]:
+        """Drop every sequence in flight (its consumer stopped, or a step failed) and return them: loop
+        methods close their loops, so their other processes hear that the request is over. Errors while
+        closing are dropped: the reason for abandoning is the one that matters."""
         with self._wake:
             doomed = self.scheduler.clear()
         for seq in doomed:
@@ -97,6 +97,7 @@ class Engine:
                 self.method.release(seq)
             except Exception:       # noqa: BLE001 - a loop's other processes may be gone already
                 pass
+        return doomed
 
     @property
     def idle(self) -> bool:
@@ -192,10 +193,7 @@ class Engine:
 
     def _cancel(self, message: str) -> None:
         """End every sequence still in flight (the loop was stopped): each gets an error event."""
-        with self._wake:
-            doomed = self.scheduler.running + [s for q in self.scheduler.queues.values() for s in q]
-        self.abandon()
-        events = [(seq, Event(error=message)) for seq in doomed if seq.emit is not None]
+        events = [(seq, Event(error=message)) for seq in self.abandon() if seq.emit is not None]
         if events:
             try:
                 self.deliver(events)

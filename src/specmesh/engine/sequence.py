@@ -62,11 +62,12 @@ class Sequence:
         self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []   # per token: its log p, the top ones
         self._scores: torch.Tensor | None = None
 
-    def score(self, logits: torch.Tensor) -> None:
-        """The target's logits [n, V] at the tokens of the block about to be appended (row i predicted
-        token i): their log-probabilities are kept where the parameters ask for them."""
+    def score(self, logits: torch.Tensor, rows: list[int] | None = None) -> None:
+        """The target's logits at the tokens of the block about to be appended: logits[rows[i]] predicted
+        token i (rows None: logits [n, V] in order). Their log-probabilities are kept where the parameters
+        ask for them; otherwise nothing is gathered."""
         if self.params.logprobs is not None:
-            self._scores = logits
+            self._scores = logits if rows is None else logits[rows]
 
     @property
     def ids(self) -> list[int]:

@@ -74,7 +74,7 @@ class Speculative(AR):
         for b, (seq, tree) in enumerate(zip(seqs, trees)):
             verdict = verify(tree, logits[b, :len(tree)], seq.params, seq.generator)
             self.runner.cache.commit(b, verdict.path)
-            seq.score(logits[b, verdict.path[:len(verdict.tokens)]])    # row path[k] predicted token k
+            seq.score(logits[b], verdict.path[:len(verdict.tokens)])    # row path[k] predicted token k
             s = seq.stats
             s.target_forwards += 1
             s.verifications += 1

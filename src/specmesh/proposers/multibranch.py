@@ -49,7 +49,7 @@ def candidates(root: int, sequence: list[int], context: ContextCache, corpus: Co
 
 def tail(seq: Sequence, n: int) -> list[int]:
     """The last n tokens of prompt and output."""
-    return (seq.ids[-n:] + seq.tokens)[-n:]
+    return (seq.ids[-n:] + seq.tokens[-n:])[-n:]
 
 
 @dataclass
