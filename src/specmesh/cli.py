@@ -24,6 +24,15 @@ def positive_int(text: str) -> int:
     return value
 
 
+def logit_bias(text: str) -> tuple[int, float]:
+    """--logit-bias ID=BIAS"""
+    token, _, bias = text.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ID=BIAS (like 50256=-100), got {text!r}") from None
+
+
 def write_json(obj, dest: str | None) -> None:
     """--json: '-' means stdout, anything else a file path."""
     text = json.dumps(obj, indent=2) + "\n"
@@ -93,6 +102,12 @@ def build_parser() -> Parser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--n", type=positive_int, default=1, help="independent samples, decoded as one batch")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="subtracted per earlier occurrence (-2..2)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="subtracted once a token occurred (-2..2)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divides positive and multiplies negative logits of tokens in the prompt or output (1: off)")
+    g.add_argument("--logit-bias", type=logit_bias, action="append", default=[], metavar="ID=BIAS",
+                   help="add BIAS (-100..100) to token ID's logit (repeatable)")
     g.add_argument("--logprobs", type=int, default=None, metavar="K",
                    help="report each token's log-probability under the target and its K most likely alternatives "
                         "(in --json)")
@@ -241,7 +256,9 @@ def cmd_generate(args, parser) -> int:
         return serve_torchrun_rank(args)
     prompt = read_prompt(args, parser)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, n=args.n, stop=args.stop, logprobs=args.logprobs)
+                            top_p=args.top_p, seed=args.seed, n=args.n, stop=args.stop, logprobs=args.logprobs,
+                            frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
+                            repetition_penalty=args.repetition_penalty, logit_bias=dict(args.logit_bias))
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
               **method_options(args))
     with llm:

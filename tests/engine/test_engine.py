@@ -3,6 +3,8 @@ import pytest
 import torch
 
 from specmesh import LLM, SamplingParams
+from specmesh.methods.loop import Loop
+from specmesh.spec.sampling import InvalidParameter
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x", "self.y = y\n\n" * 3,
            "import os\n", "print(", "return self", "while True:"]
@@ -126,3 +128,21 @@ def test_logprobs_are_the_targets_whatever_the_method(tiny_checkpoint, tiny_draf
     assert [o.samples[0].logprobs for o in spec] == [o.samples[0].logprobs for o in ar]
     assert all(len(o.samples[0].logprobs) == len(o.tokens) for o in spec)
     assert all(top[0] == (t, lp) for o in spec for t, (lp, top) in zip(o.tokens, o.samples[0].logprobs))
+
+
+def test_penalties_are_refused_by_a_method_that_does_not_apply_them(tiny_checkpoint):
+    llm = LLM(target=tiny_checkpoint)
+    params = SamplingParams(max_new_tokens=4, repetition_penalty=1.2)
+    engine = llm.engine([[1, 2]], params)
+    engine.method = Loop(llm.models, decode=None, options={})            # as pp, stpp and pipedec build it
+    with pytest.raises(InvalidParameter, match="repetition_penalty: this method does not apply") as e:
+        engine.sequences([1, 2], params)
+    assert e.value.param == "repetition_penalty"
+
+
+def test_a_logit_bias_past_the_vocabulary_is_refused(tiny_checkpoint):
+    llm = LLM(target=tiny_checkpoint)
+    params = SamplingParams(max_new_tokens=4, logit_bias={10 ** 6: 1.0})
+    with pytest.raises(InvalidParameter, match="past the vocabulary") as e:
+        llm.generate("def", params)
+    assert e.value.param == "logit_bias"

@@ -93,6 +93,15 @@ def test_greedy_equals_ar(ar, pair, max_new):
         assert out.stats.acceptance_rate == 1.0 and out.stats.phases == 1     # never leaves post-verify
 
 
+def test_greedy_with_penalties_equals_ar(ar, pair):
+    kind, llm = pair
+    params = SamplingParams(max_new_tokens=24, frequency_penalty=0.7, presence_penalty=0.3, repetition_penalty=1.3,
+                            logit_bias={9: 3.0})
+    outs = [llm.generate(prompt, params).tokens for prompt in PROMPTS]
+    assert outs == [ar.generate(prompt, params).tokens for prompt in PROMPTS], kind
+    assert outs != [ar.generate(prompt, SamplingParams(max_new_tokens=24)).tokens for prompt in PROMPTS]
+
+
 def test_start_up_measures_c_and_picks_gamma(pair):
     kind, llm = pair
     peer = llm.models.remote

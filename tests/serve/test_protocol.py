@@ -49,9 +49,10 @@ def test_chat_content_as_text_parts_and_roles(live):
         assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
 
 
-@pytest.mark.parametrize("field, value", [("logprobs", 50), ("frequency_penalty", 0.5), ("presence_penalty", -1),
-                                          ("logit_bias", {"5": 10}), ("best_of", 3), ("echo", True),
-                                          ("made_up_field", 1)])
+@pytest.mark.parametrize("field, value", [("logprobs", 50), ("frequency_penalty", 2.5), ("presence_penalty", "1"),
+                                          ("repetition_penalty", 0), ("logit_bias", {"5": 101}),
+                                          ("logit_bias", {"x": 1}), ("logit_bias", {"100000": 1}),
+                                          ("best_of", 3), ("echo", True), ("made_up_field", 1)])
 def test_fields_the_server_does_not_support_are_refused_by_name(live, field, value):
     r = post(live, {"prompt": "x", "max_tokens": 2, field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
@@ -62,6 +63,20 @@ def test_fields_with_the_value_that_changes_nothing_are_accepted(live):
     r = post(live, {"prompt": "x", "max_tokens": 2, "frequency_penalty": 0, "presence_penalty": 0.0,
                     "logit_bias": {}, "best_of": 1, "echo": False, "user": "someone"})
     assert r.status_code == 200, r.text
+
+
+def test_penalties_and_logit_bias_through_the_openai_client(live, tiny_checkpoint):
+    """The served output equals `ar` with the same penalties, computed outside the server."""
+    from specmesh import LLM
+    tok = live.server.engine.tokenizer
+    banned = tok.encode(complete(live, "def add(a, b):", max_tokens=1, temperature=0).choices[0].text)[0]
+    asked = dict(frequency_penalty=1.0, presence_penalty=0.5, extra_body={"repetition_penalty": 1.3},
+                 logit_bias={str(banned): -100})
+    got = complete(live, "def add(a, b):", max_tokens=12, temperature=0, **asked).choices[0].text
+    want = LLM(target=tiny_checkpoint).generate("def add(a, b):", SamplingParams(
+        max_new_tokens=12, frequency_penalty=1.0, presence_penalty=0.5, repetition_penalty=1.3,
+        logit_bias={banned: -100}))
+    assert got == want.text and want.tokens[0] != banned
 
 
 @pytest.mark.parametrize("body, param", [

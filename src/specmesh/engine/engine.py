@@ -25,7 +25,7 @@ from specmesh.engine.sequence import Event, Prompt, Sequence
 from specmesh.engine.stats import EngineStats
 from specmesh.methods import Configured, Models
 from specmesh.model.tokenizer import Tokenizer
-from specmesh.spec.sampling import SamplingParams, make_generator
+from specmesh.spec.sampling import InvalidParameter, SamplingParams, make_generator
 
 
 def deliver_here(batch: list[tuple[Sequence, Event]]) -> None:
@@ -62,7 +62,14 @@ class Engine:
         if len(ids) >= self.context:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {self.context} tokens")
         if params.logprobs is not None and not getattr(self.method, "scores", False):
-            raise ValueError("logprobs: this method does not report the target's log-probabilities")
+            raise InvalidParameter("logprobs", "logprobs: this method does not report the target's log-probabilities")
+        if params.penalties and not getattr(self.method, "penalties", False):
+            raise InvalidParameter(params.penalties[0], f"{params.penalties[0]}: this method does not apply penalties "
+                                   "or a logit bias yet (ar, sd, tree, selfdraft and pearl do)")
+        vocab = self.models.target.config.vocab_size
+        if any(t >= vocab for t in params.logit_bias):
+            raise InvalidParameter("logit_bias", f"logit_bias: token id {max(params.logit_bias)} is past the "
+                                   f"vocabulary of {vocab} tokens")
         limit = min(params.max_new_tokens, self.context - len(ids))
         prompt = Prompt(list(ids), waiting=params.n)
         device = self.models.target.device

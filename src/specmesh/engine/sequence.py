@@ -18,6 +18,7 @@ import torch
 
 from specmesh.engine.stats import Stats
 from specmesh.model.tokenizer import Tokenizer
+from specmesh.spec.penalties import Penalty
 from specmesh.spec.sampling import SamplingParams
 
 
@@ -61,6 +62,8 @@ class Sequence:
         self.loop = None                        # a loop method's decoding loop (methods/loop.py)
         self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []   # per token: its log p, the top ones
         self._scores: torch.Tensor | None = None
+        # its penalties and logit bias over the prompt and self.tokens; None: the target's logits as they are
+        self.penalty = Penalty(params, prompt.ids, self.tokens) if params.penalties else None
 
     def score(self, logits: torch.Tensor, rows: list[int] | None = None) -> None:
         """The target's logits at the tokens of the block about to be appended: logits[rows[i]] predicted
@@ -133,7 +136,7 @@ class Sequence:
         cut = min(hits)
         self.text, self.finish = self.text[:cut], "stop"
         k = next(k for k in range(len(self.tokens) + 1) if len(self.tokenizer.decode(self.tokens[:k])) >= cut)
-        self.tokens = self.tokens[:k]
+        del self.tokens[k:]                     # in place: self.penalty reads this list
         if self.pieces is not None:
             self.bytes = bytearray(b"".join(self.pieces[t] for t in self.tokens if t < len(self.pieces)))
 

@@ -9,16 +9,18 @@ import torch
 from specmesh.engine.runner import Runner
 from specmesh.engine.sequence import Sequence
 from specmesh.methods.base import MethodSpec
+from specmesh.spec.penalties import penalise
 from specmesh.spec.sampling import argmax, next_tokens
 
 
-def first_token(logits: torch.Tensor, seq: Sequence) -> int:
-    """The token after the prompt, from the prefill's logits [1, V]."""
-    return int(next_tokens(logits, seq.params, seq.generator))
+def target_token(logits: torch.Tensor, seq: Sequence) -> int:
+    """The sequence's next token from the target's logits [1, V] after its tokens (the prefill's: the first)."""
+    return int(next_tokens(penalise(seq.penalty, logits), seq.params, seq.generator))
 
 
 class AR:
     scores = True           # it hands each sequence the target's logits at its tokens (Sequence.score)
+    penalties = True        # it applies each sequence's penalties and logit bias (spec/penalties.py)
 
     def __init__(self, runner: Runner):
         self.runner = runner
@@ -26,7 +28,7 @@ class AR:
     def admit(self, seq: Sequence, row: int) -> list[int]:
         logits = self.runner.prefill(seq, row)
         seq.score(logits)
-        return [first_token(logits, seq)]
+        return [target_token(logits, seq)]
 
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
         tokens = torch.tensor([[s.last] for s in seqs], device=self.runner.device)
@@ -37,8 +39,8 @@ class AR:
         for i, seq in enumerate(seqs):
             seq.stats.target_forwards += 1
             seq.score(logits[i:i + 1])
-            p = seq.params
-            out.append([tops[i] if p.greedy else int(next_tokens(logits[i:i + 1], p, seq.generator))])
+            plain = seq.params.greedy and seq.penalty is None
+            out.append([tops[i] if plain else target_token(logits[i:i + 1], seq)])
         return out
 
     def move_row(self, src: int, dst: int) -> None:

@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 
 from specmesh.engine.sequence import Sequence
+from specmesh.methods.ar import target_token
 from specmesh.methods.base import MethodSpec, Models
 from specmesh.methods.loop import Loop, prefill
 from specmesh.model.cache import KVCache
 from specmesh.proposers.remote_chain import MAX_GAMMA, DraftPeer
-from specmesh.spec.sampling import next_tokens
 from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict, verify
 from specmesh.timing import torch_threads
@@ -108,7 +108,7 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
                                                                          device=seq.generator.device)))
     try:
         logits = prefill(target, cache, seq)                            # the draft prefills its window meanwhile
-        rounds = Rounds(int(next_tokens(logits, seq.params, seq.generator)))
+        rounds = Rounds(target_token(logits, seq))
         emitted, accepted, token = [rounds.fresh], 0, rounds.fresh
         with torch_threads(1):                                          # the draft rank has the other core
             while True:
@@ -119,7 +119,7 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
                 drafts, q = peer.drafts(gamma, sampling)
                 q = None if q is None else q.to(logits.device)
                 tree = rounds.chain(drafts, q)
-                verdict = verify(tree, logits, seq.params, seq.generator)
+                verdict = verify(tree, logits, seq.params, seq.generator, seq.penalty)
                 accepted, token, commit = rounds.settle(verdict, drafts, q)
                 cache.commit(0, range(commit))
                 emitted = verdict.tokens
@@ -139,5 +139,5 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
 
 SPEC = MethodSpec("pearl", "PEARL: draft and target in two processes, working at the same time (pre-verify / "
                   "post-verify); γ = round(c) measured at start-up", DEFAULTS, True,
-                  build=lambda models, method, runner: Loop(models, decode, method.options), slack=slack,
+                  build=lambda models, method, runner: Loop(models, decode, method.options, penalties=True), slack=slack,
                   start=start, max_rows=1)

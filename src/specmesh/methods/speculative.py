@@ -72,7 +72,7 @@ class Speculative(AR):
         logits = self.runner.forward_trees(trees)                                  # [B, N, V]
         verdicts = []
         for b, (seq, tree) in enumerate(zip(seqs, trees)):
-            verdict = verify(tree, logits[b, :len(tree)], seq.params, seq.generator)
+            verdict = verify(tree, logits[b, :len(tree)], seq.params, seq.generator, seq.penalty)
             self.runner.cache.commit(b, verdict.path)
             seq.score(logits[b], verdict.path[:len(verdict.tokens)])    # row path[k] predicted token k
             s = seq.stats

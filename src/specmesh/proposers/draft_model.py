@@ -13,6 +13,8 @@ reads each row's last pending token and root (rows with one token fewer get a pa
 nothing sees); then d - 1 batched forwards, one per tree level. Each level keeps the `width` best
 of the top-`max_children` children of the level before, by cumulative log-probability; a
 sampling chain draws each token from q instead (unless `deterministic`: a verifier without q rows).
+A request's penalties apply to the draft's logits as to the target's (the draft then guesses the
+penalised target better; losslessness does not depend on it).
 
 The draft reads only the last `window` prompt tokens: its guesses hinge on the recent context, and a
 long prompt's draft prefill (and the longer attention of every draft step) cost more than the few
@@ -25,6 +27,7 @@ import torch
 from specmesh.engine.sequence import Sequence
 from specmesh.model.cache import KVCache
 from specmesh.model.model import Transformer
+from specmesh.spec.penalties import penalise
 from specmesh.spec.sampling import argmax, probs_from_logits
 from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict
@@ -126,10 +129,11 @@ class DraftModel:
         if self.chain:
             tops = argmax(logits[:, 0]).tolist()
             for b, (seq, tree) in enumerate(zip(seqs, trees)):
+                row = penalise(seq.penalty, logits[b, :1], tree, level)[0]          # [V]
                 if seq.params.greedy or self.deterministic or not kept[b]:
-                    tree.add(tops[b], level[0])
+                    tree.add(tops[b] if seq.penalty is None else int(argmax(row)), level[0])
                 else:                                       # a sampling chain: x ~ q, verified against q
-                    q = probs_from_logits(logits[b, 0], seq.params)
+                    q = probs_from_logits(row, seq.params)
                     x = int(torch.multinomial(q, 1, generator=seq.generator))
                     tree.sampled, tree.q[level[0]] = True, q
                     tree.add(x, level[0], float(q[x]))
@@ -139,6 +143,7 @@ class DraftModel:
 
     def _expand(self, seq: Sequence, tree: TokenTree, level: list[int], logits: torch.Tensor) -> list[int]:
         """The `width` best of the top-`max_children` children of each node of `level` (logits [n, V])."""
+        logits = penalise(seq.penalty, logits, tree, level)
         q = logits.float().softmax(-1) if seq.params.greedy else probs_from_logits(logits, seq.params)
         top_p, top_x = q.topk(self.max_children, dim=-1)                    # [n, k]
         scores = torch.tensor([tree.logp[n] for n in level])[:, None] + top_p.log().cpu()

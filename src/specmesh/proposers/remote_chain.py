@@ -20,6 +20,7 @@ from specmesh.engine.stats import Stats
 from specmesh.model.loader import DTYPES, load_model
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.runtime.link import Link, PeerError, connect
+from specmesh.spec.penalties import Penalty
 from specmesh.spec.sampling import SamplingParams
 from specmesh.spec.verify import Verdict
 from specmesh.timing import forward_ms, torch_threads
@@ -42,6 +43,11 @@ class Chain:
     generator: torch.Generator
     tokens: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
+    penalty: Penalty | None = None
+
+    def __post_init__(self):
+        if self.params.penalties:       # the request's penalties over the window and the chain: better guesses
+            self.penalty = Penalty(self.params, self.ids, self.tokens)
 
     @property
     def last(self) -> int:
@@ -108,7 +114,7 @@ class DraftServer:
                 self.serve(link, job)
 
     def serve(self, link: Link, job: dict) -> None:
-        params = SamplingParams(**job["params"])
+        params = SamplingParams(**job["params"] | {"logit_bias": dict(job["params"]["logit_bias"])})
         drafter = ChainDrafter(self.model, job["prompt"], job["window"], job["limit"], job["gamma"], params,
                                job["seed"])
         decision = torch.zeros(3, dtype=torch.int64)
@@ -170,7 +176,9 @@ class DraftPeer:
         p = seq.params
         self._guard(self.link.send_obj, {
             "prompt": seq.ids, "window": window, "limit": seq.limit, "gamma": gamma, "seed": seed,
-            "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p}}, 1)
+            "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
+                       "frequency_penalty": p.frequency_penalty, "presence_penalty": p.presence_penalty,
+                       "repetition_penalty": p.repetition_penalty, "logit_bias": list(p.logit_bias.items())}}, 1)
 
     def decide(self, accepted: int, token: int) -> None:
         self._guard(self.link.send, torch.tensor([CONTINUE, accepted, token]), 1)

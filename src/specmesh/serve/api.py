@@ -23,7 +23,7 @@ from specmesh.engine.sequence import Sequence
 from specmesh.serve.metrics import Metrics
 from specmesh.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, Limits, chat_prompt, check_fields,
                                      completion_prompts, encode, sampling_params)
-from specmesh.spec.sampling import SamplingParams
+from specmesh.spec.sampling import InvalidParameter, SamplingParams
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
@@ -85,7 +85,11 @@ class Server:
         if self.engine.deliver is deliver_here:             # one wake-up of this loop per engine step
             loop = asyncio.get_running_loop()
             self.engine.deliver = lambda batch: loop.call_soon_threadsafe(deliver_here, batch)
-        choices = Choices(asyncio.Queue(), [seq for ids in prompts for seq in self.engine.sequences(ids, params)])
+        try:
+            seqs = [seq for ids in prompts for seq in self.engine.sequences(ids, params)]
+        except InvalidParameter as e:                   # what only the engine knows: the vocabulary, the method
+            raise APIError(str(e), e.param) from None
+        choices = Choices(asyncio.Queue(), seqs)
         for i, seq in enumerate(choices.seqs):
             seq.emit = lambda event, i=i: choices.events.put_nowait((i, event))
         self.metrics.requests.inc(len(choices.seqs))

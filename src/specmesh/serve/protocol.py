@@ -1,8 +1,8 @@
 """OpenAI request bodies -> token-id prompts and SamplingParams, checked: the shapes real clients send, the
 fields this server supports, and the bounds one request may ask for (docs/serving.md).
 
-Every field is either used, or accepted only with the value that changes nothing (`frequency_penalty:
-0`, ...), or refused with a 400 that names it: nothing is silently ignored.
+Every field is either used, or accepted only with the value that changes nothing (`best_of: 1`, ...),
+or refused with a 400 that names it: nothing is silently ignored.
 """
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from specmesh.spec.sampling import InvalidParameter, SamplingParams
 
 OPENAI_DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}
 PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"     # one line per message, then "assistant:"
-SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop"}
+PENALTIES = {"frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias"}
+SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop"} | PENALTIES
 COMMON = SAMPLING | {"model", "stream", "stream_options", "user"}
 # supported only with the value that changes nothing (not implemented yet otherwise)
-NEUTRAL = {"frequency_penalty": (None, 0),
-           "presence_penalty": (None, 0), "repetition_penalty": (None, 1), "logit_bias": (None, {}),
-           "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "tools": (None, []),
+NEUTRAL = {"best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "tools": (None, []),
            "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
 COMPLETION_FIELDS = COMMON | {"prompt", "logprobs"} | set(NEUTRAL) - {"tools", "tool_choice", "response_format"}
 CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs"} | set(NEUTRAL) - {"best_of", "echo", "suffix"}
@@ -68,7 +67,8 @@ def sampling_params(body: dict, prompt_tokens: int, prompts: int, context: int, 
     given = {"max_new_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
              "logprobs": requested_logprobs(body),
              "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
-             "n": body.get("n"), "seed": body.get("seed"), "stop": body.get("stop") or None}
+             "n": body.get("n"), "seed": body.get("seed"), "stop": body.get("stop") or None,
+             "logit_bias": logit_bias(body.get("logit_bias"))} | {name: body.get(name) for name in PENALTIES - {"logit_bias"}}
     try:
         params = SamplingParams(**OPENAI_DEFAULTS | {k: v for k, v in given.items() if v is not None})
     except InvalidParameter as e:
@@ -85,6 +85,15 @@ def sampling_params(body: dict, prompt_tokens: int, prompts: int, context: int, 
     bound(len(params.stop), limits.max_stop, "stop", "stop strings")
     bound(max((len(s) for s in params.stop), default=0), limits.max_stop_chars, "stop", "characters of a stop string")
     return params
+
+
+def logit_bias(value) -> dict | None:
+    """OpenAI's logit_bias has token ids as JSON keys (strings): {"50256": -100}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isdigit() for k in value):
+        raise APIError("logit_bias must map token ids to numbers in [-100, 100]", "logit_bias")
+    return {int(k): v for k, v in value.items()}
 
 
 def requested_logprobs(body: dict) -> int | None:

@@ -9,6 +9,8 @@ import torch
 
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300        # entries of logit_bias (OpenAI's bound)
+NEUTRAL_PENALTIES = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1, "logit_bias": {}}
 
 
 class InvalidParameter(ValueError):
@@ -34,6 +36,10 @@ class SamplingParams:
     n: int = 1
     ignore_eos: bool = False
     logprobs: int | None = None     # report each token's log-probability and this many top alternatives
+    frequency_penalty: float = 0.0  # spec/penalties.py: logit -= f * count in the generated tokens
+    presence_penalty: float = 0.0   # logit -= p once a token was generated
+    repetition_penalty: float = 1.0  # logits of prompt and generated tokens divided (> 0) or multiplied by it
+    logit_bias: dict[int, float] = field(default_factory=dict)     # token id -> added to its logit
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -57,12 +63,27 @@ class SamplingParams:
         need(self.seed is None or _number(self.seed, True), "seed", f"seed must be an integer, got {self.seed!r}")
         need(self.logprobs is None or _number(self.logprobs, True) and 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
              f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {self.logprobs!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            need(_number(value, False) and -2 <= value <= 2, name, f"{name} must be in [-2, 2], got {value!r}")
+        r = self.repetition_penalty
+        need(_number(r, False) and 0 < r <= 10, "repetition_penalty",
+             f"repetition_penalty must be in (0, 10], got {r!r}")
+        bias = self.logit_bias
+        need(isinstance(bias, dict) and len(bias) <= MAX_LOGIT_BIAS and all(
+            _number(k, True) and k >= 0 and _number(v, False) and -100 <= v <= 100 for k, v in bias.items()),
+             "logit_bias", f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids to numbers in [-100, 100]")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop",
              "stop must be a non-empty string or a list of them")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalties(self) -> list[str]:
+        """The fields asking for penalties or a logit bias, which change the target's logits (spec/penalties.py)."""
+        return [name for name, neutral in NEUTRAL_PENALTIES.items() if getattr(self, name) != neutral]
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

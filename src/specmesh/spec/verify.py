@@ -14,6 +14,9 @@ walk down from the root:
   multi-step rejection; with one child this is the standard chain rule); when
   every child is rejected, x ~ p (the residual); at a leaf the bonus token x ~ p.
 
+With a request's `penalty` (spec/penalties.py), each node's logits are penalised over the generated
+tokens plus that node's own path before anything else: p is the penalised target at every node.
+
 `logits` may lack the rows of the deepest nodes (PEARL's post-verify checks its newest
 draft with the logits of the node before it, before the target has processed it): a
 walk that accepts such a node ends there with no next token.
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specmesh.spec.penalties import Penalty, penalise
 from specmesh.spec.sampling import SamplingParams, argmax, probs_from_logits
 from specmesh.spec.token_tree import TokenTree
 
@@ -62,8 +66,9 @@ def draw(p: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def verify(tree: TokenTree, logits: torch.Tensor, params: SamplingParams,
-           generator: torch.Generator | None = None) -> Verdict:
+           generator: torch.Generator | None = None, penalty: Penalty | None = None) -> Verdict:
     """logits [N, V] at every node, or [n < N, V] at the first n (the rest are not processed yet)."""
+    logits = penalise(penalty, logits, tree)
     if params.greedy:
         return _walk(tree, len(logits), argmax(logits).tolist().__getitem__)
     probs = probs_from_logits(logits, params)                   # [n, V]
