@@ -56,7 +56,8 @@ def test_embedded_speculation_greedy_equals_ar_and_is_accepted(target_dir, promp
         assert out.tokens == ar.generate(prompt, params).tokens
         accepted += out.stats.accepted_tokens
         drafted += out.stats.drafted_tokens
-        assert out.stats.tokens_per_forward > 1.5
+        s = out.stats
+        assert (s.generated_tokens - 1) / s.verifications > 1.5      # the first token comes from the prefill
     assert accepted > 0 and drafted > 0
 
 

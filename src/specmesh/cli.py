@@ -148,6 +148,9 @@ def build_parser() -> Parser:
                    help="samples per prompt one request may ask for (default: --max-batch); more: 400")
     v.add_argument("--max-queued", type=positive_int, metavar="N",
                    help="sequences that may wait for a free row (default: 16 x --max-batch); more: 429")
+    v.add_argument("--prefill-chunk", type=positive_int, default=128, metavar="TOKENS",
+                   help="a longer prompt is computed this many tokens per engine step, between the running "
+                        "requests' steps (default: 128)")
     add_method_options(v, SERVED)
 
     lt = sub.add_parser("loadtest", help="load a running server with streaming completions; latency percentiles")
@@ -319,7 +322,7 @@ def cmd_serve(args, parser) -> int:
     return run(ServeConfig(method=args.method, host=args.host, port=args.port, model_name=args.model_name,
                            dtype=args.dtype, target=args.target, draft=args.draft, device=args.device,
                            max_batch=args.max_batch, options=method_options(args), grace_s=args.grace,
-                           max_n=args.max_n, max_queued=args.max_queued,
+                           max_n=args.max_n, max_queued=args.max_queued, prefill_chunk=args.prefill_chunk,
                            prefix_cache_mb=args.prefix_cache_mb))
 
 

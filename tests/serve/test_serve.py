@@ -149,6 +149,68 @@ def test_a_client_that_disconnects_is_aborted_and_its_row_freed(live):
     assert 'reason="aborted"' in httpx.get(live.url + "/metrics").text
 
 
+def test_a_client_that_gives_up_on_a_plain_request_frees_its_rows_at_once(live, tiny_checkpoint):
+    engine = live.server.engine
+    engine.runner.model = Slow(engine.runner.model, 0.01)           # 200 tokens: 2 s at least
+    try:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(live.url + "/v1/completions", json={"prompt": "def", "max_tokens": 200, "n": 2}, timeout=0.2)
+        left = time.monotonic()
+        while not engine.idle:
+            assert time.monotonic() < left + 0.3, "the abandoned request is still running"
+            time.sleep(0.01)
+    finally:
+        engine.runner.model = engine.runner.model.model
+
+
+class Slow:
+    """The target, each forward at least `seconds` long."""
+
+    def __init__(self, model, seconds):
+        self.model, self.seconds = model, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kw):
+        time.sleep(self.seconds)
+        return self.model(*args, **kw)
+
+
+def metric(live, name) -> float:
+    for line in httpx.get(live.url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_a_client_that_leaves_mid_prefill_frees_its_rows(tiny_checkpoint):
+    """A long prompt is computed in chunks of 8 tokens, 50 ms each here; the client leaves after the
+    first few: the prefill stops within a chunk, no row is held and nothing waits."""
+    live = LiveServer(tiny_checkpoint, max_batch=2, prefill_chunk=8)
+    runner = live.server.engine.runner
+    runner.model = Slow(runner.model, 0.05)
+    prompt = "def add(a, b):\n    return a + b\n\n" * 8
+    chunks = -(-len(live.server.engine.tokenizer.encode(prompt)) // 8)
+    try:
+        with httpx.stream("POST", live.url + "/v1/completions",
+                          json={"prompt": prompt, "max_tokens": 50, "stream": True, "n": 2}):
+            deadline = time.monotonic() + 5
+            while metric(live, "specmesh_prefill_pending_tokens") == 0:
+                assert time.monotonic() < deadline, "the prefill did not start"
+                time.sleep(0.01)
+            assert metric(live, "specmesh_queue_length") == 2 and metric(live, "specmesh_running_batch_size") == 0
+        deadline = time.monotonic() + 5
+        while metric(live, "specmesh_prefill_pending_tokens") or metric(live, "specmesh_queue_length"):
+            assert time.monotonic() < deadline, "the prefill went on after its client left"
+            time.sleep(0.01)
+        assert metric(live, "specmesh_running_batch_size") == 0 and live.server.engine.idle
+        assert live.server.engine.stats.target_forwards < chunks / 2
+        assert complete(live, "x", max_tokens=3).usage.completion_tokens >= 1       # the server carries on
+    finally:
+        live.close()
+
+
 def test_metrics_move(live):
     def value(name):
         for line in httpx.get(live.url + "/metrics").text.splitlines():

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from specmesh.engine.prefix_cache import PrefixCache
-from specmesh.engine.runner import Runner
+from specmesh.engine.runner import PREFILL_CHUNK, Runner
 from specmesh.engine.scheduler import Scheduler
 from specmesh.engine.sequence import Event, Prompt, Sequence
 from specmesh.engine.stats import EngineStats
@@ -36,14 +36,18 @@ def deliver_here(batch: list[tuple[Sequence, Event]]) -> None:
 
 class Engine:
     def __init__(self, models: Models, method: Configured, tokenizer: Tokenizer, rows: int, max_len: int,
-                 prefix_cache: PrefixCache | None = None):
+                 prefix_cache: PrefixCache | None = None, prefill_chunk: int = PREFILL_CHUNK,
+                 prefill_share: float | None = None):
         self.models, self.tokenizer = models, tokenizer
         self.context = models.target.config.max_position_embeddings
         self.eos = set(models.target.config.eos_ids)
         self.stats = EngineStats()
         rows = min(rows, method.spec.max_rows or rows)
-        self.runner = Runner(models.target, rows, max_len, self.stats, prefix_cache)
+        self.runner = Runner(models.target, rows, max_len, self.stats, prefix_cache, prefill_chunk)
         self.method = method.spec.build(models, method, self.runner)
+        self.chunked = getattr(self.method, "chunked_prefill", False)     # it prefills through the runner
+        self.prefill_share = prefill_share      # of the engine's time, for prefills while others decode (None: all)
+        self.busy_s = [0.0, 0.0]                # seconds of prefills, of decoding steps, since the batch was empty
         self.scheduler = Scheduler(rows)
         self.deliver: Callable[[list[tuple[Sequence, Event]]], None] = deliver_here
         self.on_finish: Callable[[Sequence], None] | None = None
@@ -98,6 +102,7 @@ class Engine:
         closing are dropped: the reason for abandoning is the one that matters."""
         with self._wake:
             doomed = self.scheduler.clear()
+        self.runner.drop_staged()
         for seq in doomed:
             seq.aborted = True
             try:
@@ -113,25 +118,46 @@ class Engine:
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> None:
         with torch.inference_mode():
-            if self.scheduler.waiting:
+            if self.scheduler.waiting and self._may_prefill():
+                start = time.perf_counter()
                 self._admit()
                 self._retire()                  # some may be done at once (EOS or a limit of one token)
+                self.busy_s[0] += time.perf_counter() - start
             running = self.scheduler.running
             if running:
+                start = time.perf_counter()
                 self.stats.steps += 1
                 for seq, block in zip(running, self.method.step(running)):
                     self._emit(seq, block)
                 self._flush()
+                self.busy_s[1] += time.perf_counter() - start
             self._retire()
+            if not self.scheduler.running:
+                self.busy_s = [0.0, 0.0]
+
+    def _may_prefill(self) -> bool:
+        """Whether this step may admit (and prefill): always with nothing running or no `prefill_share`;
+        otherwise while prefills took at most that share of the time since the batch was last empty."""
+        prefill, decode = self.busy_s
+        share = self.prefill_share
+        return share is None or not self.scheduler.running or prefill <= share / (1 - share) * decode
 
     def _admit(self) -> None:
+        """Give free rows to waiting sequences. A long prompt first computes one chunk per step (runner.py);
+        the sequence takes its row once the prompt is whole."""
         while True:
             with self._wake:
-                admission = self.scheduler.next_admission()
+                seq = self.scheduler.next_waiting()
                 self.stats.waiting = self.scheduler.waiting
-            if admission is None:
+            if seq is None or seq.prompt is not self.runner.staged:
+                self.runner.drop_staged()       # its requests left, or another prompt's turn came first
+            if seq is None:
                 break
-            seq, row = admission
+            if self.chunked and self.runner.needs_chunks(seq.prompt) and not self.runner.prefill_chunk(seq):
+                break
+            with self._wake:
+                row = self.scheduler.admit(seq)
+                self.stats.waiting = self.scheduler.waiting
             self._emit(seq, self.method.admit(seq, row))
             self._flush()
         self.stats.running = len(self.scheduler.running)

@@ -1,6 +1,11 @@
 """The target model over the engine's cache rows: prefills (shared by a request's samples, read from the
 prefix cache where it holds them) and batched forwards over the running rows.
 
+A prompt longer than `chunk` tokens is computed before it takes a row, one chunk per engine step, in a
+staging row of its own: the running rows' steps go on in between, and a request whose client leaves
+stops costing anything within a chunk (the engine stops staging it). Once whole, its keys and values
+wait in the Prompt like those a request's other samples share.
+
 Running sequence i holds cache row i. A forward over the running rows takes them in groups of at
 most GROUP_TOKENS tokens (rows x new tokens each), the size up to which the CPU kernels compute a
 row the same way whatever the number of rows: a sequence's logits are bit for bit the same alone
@@ -10,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from specmesh.engine.prefix_cache import PrefixCache
-from specmesh.engine.sequence import Sequence
+from specmesh.engine.prefix_cache import MIN_REST, PrefixCache
+from specmesh.engine.sequence import Prompt, Sequence
 from specmesh.engine.stats import EngineStats
 from specmesh.kernels import SMALL_ROWS
 from specmesh.model.cache import KVCache
@@ -19,15 +24,21 @@ from specmesh.model.model import Transformer
 from specmesh.spec.token_tree import TokenTree
 
 GROUP_TOKENS = SMALL_ROWS
+PREFILL_CHUNK = 128         # prompt tokens a step computes (docs/serving.md)
+PREFILL_SHARE = 1 / 3       # the server's share of time for prefills while requests decode (Engine.prefill_share)
 
 
 class Runner:
     def __init__(self, model: Transformer, rows: int, max_len: int, stats: EngineStats,
-                 prefix_cache: PrefixCache | None = None):
+                 prefix_cache: PrefixCache | None = None, chunk: int = PREFILL_CHUNK):
         self.model, self.stats, self.prefix_cache = model, stats, prefix_cache
         self.rows, self.max_len = rows, max_len
+        # the prefix cache's bits need every chunk on the prefill kernels' path: MIN_REST tokens at least
+        self.chunk, self.min_chunk = (max(chunk, MIN_REST), MIN_REST) if prefix_cache else (chunk, 1)
         self.device = model.device
         self._cache: KVCache | None = None
+        self._staging: KVCache | None = None
+        self.staged: Prompt | None = None       # the long prompt in the staging row
 
     @property
     def cache(self) -> KVCache:
@@ -35,6 +46,42 @@ class Runner:
         if self._cache is None:
             self._cache = KVCache.for_model(self.model, self.rows, self.max_len)
         return self._cache
+
+    def needs_chunks(self, prompt: Prompt) -> bool:
+        return prompt.kv is None and len(prompt.ids) > self.chunk
+
+    def prefill_chunk(self, seq: Sequence) -> bool:
+        """Compute the next chunk of seq's long prompt in the staging row (starting over unless it is the
+        staged one); True once it is whole: then `prefill` copies it into a row."""
+        prompt = seq.prompt
+        if self._staging is None:
+            self._staging = KVCache.for_model(self.model, 1, self.max_len)
+        cache = self._staging
+        if self.staged is not prompt:
+            self.staged = prompt
+            cache.rollback(0, 0)
+            cached = self.prefix_cache.load(seq.ids, cache, 0) if self.prefix_cache else 0
+            self.stats.cached_prompt_tokens += cached
+        done = int(cache.lengths[0])
+        rest = len(seq.ids) - done
+        take = rest if rest < self.chunk + self.min_chunk else self.chunk
+        ids = torch.tensor([seq.ids[done:done + take]], device=self.device)
+        logits = self.model(ids, cache, last_only=True)[:, -1]
+        cache.commit_all()
+        seq.stats.target_forwards += 1
+        self.stats.target_forwards += 1
+        self.stats.prefill_pending = len(seq.ids) - done - ids.shape[1]
+        if self.stats.prefill_pending:
+            return False
+        if self.prefix_cache:
+            self.prefix_cache.store(seq.ids, cache, 0)
+        prompt.kv, prompt.logits = cache.prefix(), logits
+        self.staged = None
+        self.stats.prefills += 1
+        return True
+
+    def drop_staged(self) -> None:
+        self.staged, self.stats.prefill_pending = None, 0
 
     def prefill(self, seq: Sequence, row: int) -> torch.Tensor:
         """Put seq's prompt into `row` (empty) as committed tokens; returns the logits after it [1, V].

@@ -26,22 +26,34 @@ class Scheduler:
         self.queues.setdefault(id(seq.prompt), collections.deque()).append(seq)
         self.waiting += 1
 
-    def next_admission(self) -> tuple[Sequence, int] | None:
-        """The next waiting sequence and the row it gets, if a row is free."""
+    def next_waiting(self) -> Sequence | None:
+        """The sequence the next free row goes to (None: no row is free, or nothing waits). Sequences
+        whose client left while they waited are dropped on the way."""
         while self.waiting and len(self.running) < self.rows:
             running = collections.Counter(id(s.prompt) for s in self.running)
             key = min(self.queues, key=lambda k: running[k])        # min keeps the first of equals: the oldest
-            queue = self.queues[key]
-            seq = queue[0]
+            seq = self.queues[key][0]
             if not seq.aborted:
-                self.running.append(seq)        # before it leaves the queue: never empty-looking midway
-            queue.popleft()
-            self.waiting -= 1
-            if not queue:
-                del self.queues[key]
-            if not seq.aborted:
-                return seq, len(self.running) - 1
+                return seq
+            self._dequeue(seq)
         return None
+
+    def admit(self, seq: Sequence) -> int:
+        """`next_waiting`'s sequence takes the next row; returns it."""
+        self.running.append(seq)                # before it leaves the queue: never empty-looking midway
+        self._dequeue(seq)
+        return len(self.running) - 1
+
+    def next_admission(self) -> tuple[Sequence, int] | None:
+        seq = self.next_waiting()
+        return None if seq is None else (seq, self.admit(seq))
+
+    def _dequeue(self, seq: Sequence) -> None:
+        key = id(seq.prompt)
+        self.queues[key].popleft()
+        self.waiting -= 1
+        if not self.queues[key]:
+            del self.queues[key]
 
     def retire(self, move_row: Callable[[int, int], None]) -> list[Sequence]:
         """Remove the done sequences; `move_row(src, dst)` moves a row's state into a freed one."""

@@ -66,6 +66,7 @@ class EngineStats(Stats):
     steps: int = 0
     running: int = 0
     waiting: int = 0
+    prefill_pending: int = 0        # tokens of the prompt being computed in chunks not computed yet
 
     def add(self, stats: Stats) -> None:
         """Take in a finished sequence's draft counters (target forwards are counted where they run)."""

@@ -8,6 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from specmesh.engine.runner import PREFILL_CHUNK, PREFILL_SHARE
 from specmesh.methods import METHODS
 
 SERVED = [name for name, spec in METHODS.items() if spec.max_rows is None]     # the batched methods
@@ -29,6 +30,7 @@ class ServeConfig:
     prefix_cache_mb: float = 256.0  # prompt prefixes' keys and values kept for reuse (0: off)
     max_n: int | None = None        # samples per prompt a request may ask for (None: max_batch)
     max_queued: int | None = None   # sequences that may wait for a row, past it 429 (None: 16 x max_batch)
+    prefill_chunk: int = PREFILL_CHUNK      # prompt tokens computed per engine step
     log_level: str = "info"
 
 
@@ -54,7 +56,7 @@ def build(cfg: ServeConfig):
     llm.tokenizer.token_bytes                           # checked once now, not on the first request
     metrics = Metrics()
     engine = Engine(llm.models, llm.method, llm.tokenizer, cfg.max_batch, llm.context + llm.method.slack,
-                    make_prefix_cache(cfg, llm))
+                    make_prefix_cache(cfg, llm), cfg.prefill_chunk, PREFILL_SHARE)
     engine.on_finish = metrics.finish
     limits = Limits.for_engine(cfg.max_batch, llm.context)
     limits = dataclasses.replace(limits, **{k: v for k, v in (("max_n", cfg.max_n), ("max_queued", cfg.max_queued))

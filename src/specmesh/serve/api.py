@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -36,6 +36,7 @@ class Choices:
     events, as (choice index, Event) in the order the engine produced them."""
     events: asyncio.Queue
     seqs: list[Sequence]
+    offsets: dict[tuple[int, int], int] = field(default_factory=dict)    # (choice, token) -> text offset
 
 
 class Server:
@@ -102,24 +103,32 @@ class Server:
                 self.engine.abort(seq)
 
     async def collect(self, http: HTTPRequest, choices: Choices) -> list[tuple[str, str]]:
-        """Wait for every choice; (text, finish_reason) each. Aborts all if the client leaves."""
+        """Wait for every choice; (text, finish_reason) each. Aborts all as soon as the client leaves."""
         texts = [[] for _ in choices.seqs]
         reasons: list[str | None] = [None] * len(choices.seqs)
+        left = asyncio.ensure_future(disconnect(http))
         try:
             while None in reasons:
-                try:
-                    i, event = await asyncio.wait_for(choices.events.get(), timeout=0.5)
-                except asyncio.TimeoutError:
-                    if await http.is_disconnected():
-                        raise asyncio.CancelledError from None
-                    continue
+                event = asyncio.ensure_future(choices.events.get())
+                await asyncio.wait({event, left}, return_when=asyncio.FIRST_COMPLETED)
+                if not event.done():
+                    event.cancel()
+                    raise asyncio.CancelledError
+                i, event = event.result()
                 if event.error:
                     raise APIError(event.error, code="engine_failed", status=500)
                 texts[i].append(event.text)
                 reasons[i] = event.finish_reason
         finally:
+            left.cancel()
             self.abort_unfinished(choices, reasons)
         return [("".join(t), r) for t, r in zip(texts, reasons)]
+
+
+async def disconnect(http: HTTPRequest) -> None:
+    """Returns when the client of a request whose body was read goes away."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
 
 
 def token_text(tokenizer, token: int) -> tuple[str, bytes]:
@@ -135,10 +144,11 @@ def completion_logprobs(server: Server, choices: Choices, i: int, start: int) ->
         return None
     entries, tokens = seq.logprobs[start:], seq.tokens[start:]
     text = lambda t: token_text(server.tokenizer, t)[0]          # noqa: E731
-    offsets, at = [], sum(len(text(t)) for t in seq.tokens[:start])
+    offsets, at = [], choices.offsets.pop((i, start), 0)         # where the chunk before left off
     for t in tokens[:len(entries)]:
         offsets.append(at)
         at += len(text(t))
+    choices.offsets[i, start + len(offsets)] = at
     return {"tokens": [text(t) for t in tokens[:len(entries)]], "token_logprobs": [lp for lp, _ in entries],
             "top_logprobs": [{text(a): v for a, v in top} for _, top in entries], "text_offset": offsets}
 

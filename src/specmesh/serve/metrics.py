@@ -23,6 +23,8 @@ class Metrics:
                                         registry=r)
         self.queue = Gauge("specmesh_queue_length", "Requests waiting for a batch row", registry=r)
         self.batch = Gauge("specmesh_running_batch_size", "Requests in the running batch", registry=r)
+        self.prefill = Gauge("specmesh_prefill_pending_tokens", "Tokens of the prompt computed in chunks still to "
+                             "compute", registry=r)
         self.ttft = Histogram("specmesh_time_to_first_token_seconds", "Arrival to first token", registry=r,
                               buckets=LATENCY_BUCKETS)
         self.tpot = Histogram("specmesh_time_per_output_token_seconds", "Mean time between output tokens",
@@ -46,4 +48,5 @@ class Metrics:
         self.acceptance.set(s.acceptance_rate or 0)
         self.queue.set(s.waiting)
         self.batch.set(s.running)
+        self.prefill.set(s.prefill_pending)
         return generate_latest(self.registry)
