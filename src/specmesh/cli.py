@@ -138,7 +138,11 @@ def build_parser() -> Parser:
     v.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="default bfloat16 (the fastest on CPU); float32 is the exact reference")
     add_model_args(v)
-    v.add_argument("--max-batch", type=positive_int, default=16, help="requests decoded together (default: 16)")
+    v.add_argument("--max-batch", type=positive_int, metavar="N",
+                   help="requests decoded together (default: 16, fewer if their KV cache would pass --max-kv-mb)")
+    v.add_argument("--max-kv-mb", type=float, metavar="MB",
+                   help="bound on the KV cache of the running requests (default: a quarter of the memory available "
+                        "at start); a --max-batch past it is refused")
     v.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM, how long running requests may take to finish (default: 30)")
     v.add_argument("--prefix-cache-mb", type=float, default=256.0, metavar="MB",
@@ -321,7 +325,8 @@ def cmd_serve(args, parser) -> int:
     from specmesh.serve import ServeConfig, run
     return run(ServeConfig(method=args.method, host=args.host, port=args.port, model_name=args.model_name,
                            dtype=args.dtype, target=args.target, draft=args.draft, device=args.device,
-                           max_batch=args.max_batch, options=method_options(args), grace_s=args.grace,
+                           max_batch=args.max_batch, max_kv_mb=args.max_kv_mb, options=method_options(args),
+                           grace_s=args.grace,
                            max_n=args.max_n, max_queued=args.max_queued, prefill_chunk=args.prefill_chunk,
                            prefix_cache_mb=args.prefix_cache_mb))
 

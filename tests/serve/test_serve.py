@@ -400,3 +400,13 @@ def test_the_server_answers_as_specmesh_generate_does(live, tiny_checkpoint, tmp
 def test_the_server_refuses_a_method_it_cannot_batch(tiny_checkpoint):
     with pytest.raises(ValueError, match="the server runs methods ar, sd, tree, selfdraft; not 'pearl'"):
         build(ServeConfig(target=str(tiny_checkpoint), method="pearl"))
+
+
+def test_the_batch_is_bounded_by_the_kv_cache_memory():
+    from specmesh.serve import batch_rows
+    assert batch_rows(ServeConfig(max_kv_mb=100), row_mb=8.0) == 12         # 16 would pass the bound
+    assert batch_rows(ServeConfig(max_kv_mb=1000), row_mb=8.0) == 16
+    assert batch_rows(ServeConfig(max_batch=20, max_kv_mb=1000), row_mb=8.0) == 20
+    for cfg in (ServeConfig(max_batch=20, max_kv_mb=100), ServeConfig(max_kv_mb=4)):
+        with pytest.raises(ValueError, match="max-kv-mb"):
+            batch_rows(cfg, row_mb=8.0)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
 import threading
@@ -24,7 +25,8 @@ class ServeConfig:
     target: str | None = None
     draft: str | None = None
     device: str = "cpu"
-    max_batch: int = 16
+    max_batch: int | None = None    # running requests (None: 16, fewer where their KV cache would pass max_kv_mb)
+    max_kv_mb: float | None = None  # the KV cache's bound (None: a quarter of the memory available at start)
     options: dict = field(default_factory=dict)     # method options (sd without gamma: γ by batch size)
     grace_s: float = 30.0           # SIGTERM: how long running requests may take to finish
     prefix_cache_mb: float = 256.0  # prompt prefixes' keys and values kept for reuse (0: off)
@@ -55,14 +57,41 @@ def build(cfg: ServeConfig):
               **cfg.options)
     llm.tokenizer.token_bytes                           # checked once now, not on the first request
     metrics = Metrics()
-    engine = Engine(llm.models, llm.method, llm.tokenizer, cfg.max_batch, llm.context + llm.method.slack,
+    max_len = llm.context + llm.method.slack
+    rows = batch_rows(cfg, kv_mb_per_row(llm.models, max_len))
+    engine = Engine(llm.models, llm.method, llm.tokenizer, rows, max_len,
                     make_prefix_cache(cfg, llm), cfg.prefill_chunk, PREFILL_SHARE)
     engine.on_finish = metrics.finish
-    limits = Limits.for_engine(cfg.max_batch, llm.context)
+    limits = Limits.for_engine(rows, llm.context)
     limits = dataclasses.replace(limits, **{k: v for k, v in (("max_n", cfg.max_n), ("max_queued", cfg.max_queued))
                                             if v is not None})
     server = Server(engine, cfg.model_name, metrics, limits)
     return server, create_app(server)
+
+
+def kv_mb_per_row(models, max_len: int) -> float:
+    """MB of keys and values one running request holds: a full context in the target's cache and the draft's."""
+    return sum(m.config.num_layers * 2 * m.config.num_kv_heads * m.config.head_dim * max_len * m.cache_dtype.itemsize
+               for m in (models.target, models.draft) if m is not None) / 2 ** 20
+
+
+def available_mb() -> float:
+    """Memory available for new allocations (Linux's MemAvailable; elsewhere the free physical pages)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def batch_rows(cfg: ServeConfig, row_mb: float) -> int:
+    """The running requests' bound: --max-batch, or 16 where the KV cache bound allows; past that bound, an error."""
+    budget = cfg.max_kv_mb if cfg.max_kv_mb is not None else available_mb() / 4
+    rows = cfg.max_batch or max(1, min(16, int(budget // row_mb)))
+    if rows * row_mb > budget:
+        raise ValueError(f"a batch of {rows} needs {rows * row_mb:.0f} MB of KV cache ({row_mb:.1f} MB per request), "
+                         f"over the bound of {budget:.0f} MB: lower --max-batch or raise --max-kv-mb")
+    return rows
 
 
 def make_prefix_cache(cfg: ServeConfig, llm):
@@ -123,6 +152,10 @@ def run(cfg: ServeConfig) -> int:
             server.engine.stop()            # ends engine.run() in the main thread
 
     server.engine.on_failure = on_failure
+    e = server.engine
+    print(f"specmesh serve: {cfg.method} on {e.scheduler.rows} rows of {e.runner.max_len} tokens "
+          f"({e.scheduler.rows * kv_mb_per_row(e.models, e.runner.max_len):.0f} MB of KV cache), "
+          f"http://{cfg.host}:{cfg.port}/v1", file=sys.stderr)
     web = Uvicorn(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
                                  timeout_graceful_shutdown=5))
     http = threading.Thread(target=serve_http, name="specmesh-http")
