@@ -161,3 +161,27 @@ def test_logprobs_in_the_openai_shapes_equal_to_the_target_computed_directly(liv
 def test_top_logprobs_without_logprobs_is_refused(live):
     r = post(live, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "/v1/chat/completions")
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x", "stream": "yes"}, "stream"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),        # without stream
+    ({"prompt": "x", "stream": True, "stream_options": {"include_usage": "x"}}, "stream_options"),
+    ({"prompt": "x", "user": 5}, "user"),
+    ({"prompt": "x", "logit_bias": [1]}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+])
+def test_wrongly_typed_fields_are_400s_naming_them(live, body, param):
+    r = post(live, body, "/v1/chat/completions" if "messages" in body else "/v1/completions")
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert param in r.json()["error"]["message"]
+
+
+def test_bodies_too_large_or_too_deep_are_refused(live):
+    deep = httpx.post(live.url + "/v1/completions", content=b"[" * 100_000 + b"]" * 100_000, timeout=30)
+    big = httpx.post(live.url + "/v1/completions", content=b" " * (5 * 2 ** 20), timeout=30)
+    assert deep.status_code == 400 and "nested" in deep.json()["error"]["message"]
+    assert big.status_code == 413 and big.json()["error"]["code"] == "body_too_large"
+    assert complete(live, "x", max_tokens=2).usage.completion_tokens >= 1

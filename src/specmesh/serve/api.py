@@ -22,12 +22,15 @@ from specmesh.engine.engine import Engine, deliver_here
 from specmesh.engine.sequence import Sequence
 from specmesh.serve.metrics import Metrics
 from specmesh.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, Limits, chat_prompt, check_fields,
-                                     completion_prompts, encode, sampling_params)
+                                     completion_prompts, encode, sampling_params, streaming)
 from specmesh.spec.sampling import InvalidParameter, SamplingParams
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+MAX_BODY_BYTES = 4 * 2 ** 20     # a request body (prompts are bounded by the context anyway)
 
 
 @dataclass
@@ -49,13 +52,19 @@ class Server:
 
     # -- request parsing ----------------------------------------------------------------------
     async def body(self, http: HTTPRequest) -> dict:
-        raw = await http.body()
+        raw = bytearray()
+        async for piece in http.stream():       # read no further than the bound
+            raw += piece
+            if len(raw) > MAX_BODY_BYTES:
+                raise APIError(f"request body over {MAX_BODY_BYTES // 2 ** 20} MB", code="body_too_large", status=413)
         try:
-            body = json.loads(raw.decode("utf-8"))
+            body = json.loads(bytes(raw).decode("utf-8"))
         except UnicodeDecodeError:
             raise APIError("request body is not valid UTF-8") from None
         except json.JSONDecodeError as e:
             raise APIError(f"request body is not valid JSON: {e.msg} at position {e.pos}") from None
+        except RecursionError:
+            raise APIError("request body is nested too deeply") from None
         if not isinstance(body, dict):
             raise APIError("request body must be a JSON object")
         model = body.get("model")
@@ -207,12 +216,12 @@ def create_app(server: Server) -> FastAPI:
     async def completions(http: HTTPRequest):
         body = await server.body(http)
         check_fields(body, COMPLETION_FIELDS)
+        streamed, include_usage = streaming(body)
         ids = completion_prompts(body, server.tokenizer, server.engine.context, server.limits)
         choices = server.start(ids, server.params(body, ids))
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": server.model_name}
-        if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        if streamed:
             return stream(http, server, choices, head, include_usage,
                           lambda i, text, reason, start: {"text": text, "index": i, "finish_reason": reason,
                                                           "logprobs": completion_logprobs(server, choices, i, start)})
@@ -224,12 +233,12 @@ def create_app(server: Server) -> FastAPI:
     async def chat(http: HTTPRequest):
         body = await server.body(http)
         check_fields(body, CHAT_FIELDS)
+        streamed, include_usage = streaming(body)
         ids = encode(chat_prompt(body.get("messages"), server.tokenizer), server.tokenizer, server.engine.context,
                      "messages")
         choices = server.start([ids], server.params(body, [ids]))
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": server.model_name}
-        if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        if streamed:
             return stream(http, server, choices, head | {"object": "chat.completion.chunk"}, include_usage,
                           lambda i, text, reason, start: {"index": i, "delta": {"content": text} if text or not reason
                                                           else {}, "finish_reason": reason,

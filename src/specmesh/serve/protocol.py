@@ -53,12 +53,28 @@ class Limits:
 
 
 def check_fields(body: dict, known: set[str]) -> None:
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise APIError("user must be a string", "user")
     for name in body:
         if name not in known:
             raise APIError(f"unsupported field {name!r}", name, "unsupported_field")
         if name in NEUTRAL and body[name] not in NEUTRAL[name]:
             raise APIError(f"{name} is not supported yet (only {NEUTRAL[name][1]!r} is accepted)", name,
                            "unsupported_value")
+
+
+def streaming(body: dict) -> tuple[bool, bool]:
+    """`stream` and `stream_options.include_usage`, checked."""
+    stream, options = body.get("stream"), body.get("stream_options")
+    if stream not in (None, True, False):
+        raise APIError(f"stream must be true or false, got {stream!r}", "stream")
+    if options is not None:
+        if not stream:
+            raise APIError("stream_options is only allowed with stream: true", "stream_options")
+        if not isinstance(options, dict) or set(options) - {"include_usage"} or \
+                options.get("include_usage") not in (None, True, False):
+            raise APIError('stream_options must be {"include_usage": true or false}', "stream_options")
+    return bool(stream), bool((options or {}).get("include_usage"))
 
 
 def sampling_params(body: dict, prompt_tokens: int, prompts: int, context: int, limits: Limits) -> SamplingParams:
@@ -74,7 +90,7 @@ def sampling_params(body: dict, prompt_tokens: int, prompts: int, context: int, 
     except InvalidParameter as e:
         name = "max_tokens" if e.param == "max_new_tokens" else \
             "top_logprobs" if e.param == "logprobs" and "messages" in body else e.param
-        raise APIError(str(e).replace("max_new_tokens", "max_tokens"), name) from None
+        raise APIError(str(e).replace(e.param, name), name) from None
     if prompt_tokens + params.max_new_tokens > context:
         raise APIError(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({params.max_new_tokens}) exceeds the "
                        f"context of {context} tokens", "max_tokens")
@@ -163,6 +179,8 @@ def chat_prompt(messages, tokenizer: Tokenizer) -> str:
         if m["role"] not in ROLES:
             raise APIError(f"messages[{i}]: role {m['role']!r} is not supported; use one of "
                            f"{', '.join(ROLES)}", "messages")
+        for key in set(m) - {"role", "content"}:
+            raise APIError(f"messages[{i}].{key} is not supported", "messages")
         plain.append({"role": ROLES[m["role"]], "content": message_text(m.get("content"), i)})
     template = tokenizer.chat_template
     if template:
@@ -179,8 +197,10 @@ def message_text(content, i: int) -> str:
     texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
+        if kind != "text":
             raise APIError(f"messages[{i}].content: parts of type {kind!r} are not supported (text parts only)",
                            "messages")
+        if not isinstance(part.get("text"), str):
+            raise APIError(f"messages[{i}].content: a text part needs a string `text`", "messages")
         texts.append(part["text"])
     return "".join(texts)
