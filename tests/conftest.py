@@ -9,6 +9,27 @@ from specmesh.model.model import ModelConfig, Transformer
 torch.set_num_threads(int(os.environ.get("SPECMESH_TEST_THREADS", "2")))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked cpu(*flags) run where the CPU has those flags; elsewhere they are deselected and the
+    summary names them (a kernel for an instruction set this CPU lacks cannot run here)."""
+    from specmesh.kernels import cpu_flags
+    lacking = [item for item in items if (m := item.get_closest_marker("cpu")) and not set(m.args) <= cpu_flags()]
+    if lacking:
+        config.hook.pytest_deselected(items=lacking)
+        items[:] = [item for item in items if item not in lacking]
+        config.stash[LACKING] = lacking
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    for item in config.stash.get(LACKING, []):
+        from specmesh.kernels import cpu_flags
+        flags = " ".join(sorted(set(item.get_closest_marker("cpu").args) - cpu_flags()))
+        terminalreporter.write_line(f"deselected {item.nodeid}: this CPU lacks {flags}")
+
+
+LACKING = pytest.StashKey[list]()
+
+
 def tiny_config(**kw) -> ModelConfig:
     base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=3, num_heads=4,
                 num_kv_heads=2, head_dim=16, max_position_embeddings=256, eos_token_id=0)

@@ -92,6 +92,8 @@ def avx2_lib() -> ctypes.CDLL | None:
         kernel.amx_attention.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + \
             [ctypes.c_int] * 5 + [ctypes.c_void_p]
         kernel.amx_attention.restype = None
+        kernel.dp_linear.argtypes = kernel.bf16_linear.argtypes
+        kernel.dp_linear.restype = None
         if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
             kernel.use_avx512(1)
     return kernel
@@ -99,6 +101,7 @@ def avx2_lib() -> ctypes.CDLL | None:
 
 AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
 AMX = AVX512 | {"amx_tile", "amx_bf16", "avx512_bf16"}
+DP = AVX512 | {"avx512_bf16"}
 
 
 @functools.cache
@@ -119,6 +122,17 @@ def amx_lib() -> ctypes.CDLL | None:
             or os.environ.get("SPECMESH_AVX512", "1") == "0" or not AMX <= cpu_flags():
         return None
     return lib if lib.amx_init() == 0 else None
+
+
+@functools.cache
+def dp_lib() -> ctypes.CDLL | None:
+    """The kernel library where this CPU has AVX512-BF16's dot product but no AMX (where AMX is, its tiles
+    are the faster product), else None. SPECMESH_DP=0 turns it off (to compare)."""
+    lib = avx2_lib()
+    if lib is None or not hasattr(lib, "dp_linear") or amx_lib() is not None or os.environ.get("SPECMESH_DP", "1") == "0" \
+            or os.environ.get("SPECMESH_AVX512", "1") == "0" or not DP <= cpu_flags():
+        return None
+    return lib
 
 
 def native_bf16() -> bool:

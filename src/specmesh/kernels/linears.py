@@ -101,6 +101,35 @@ class Int8Linear(BF16Linear):
         return y
 
 
+class DPLinear(BF16Linear):
+    """A bf16 linear whose few-row products (up to SMALL_ROWS) go through csrc/avx512.c's dp_linear
+    (AVX512-BF16's dot product, CPUs without AMX): one pass over the weights serves every row, x rounded to
+    bf16. More rows (a prefill) go through BF16Linear's float32 product."""
+    KIND = 4                                    # csrc/avx2.c's weight kind
+
+    def __init__(self, linear: BF16Linear, kernel: ctypes.CDLL):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
+        self.bias, self.bias32, self.packed = linear.bias, linear.bias32, linear.packed
+        self.weight = dp_pack(linear.weight)
+
+    def _small(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], self.out_features)
+        self.kernel.dp_linear(x.data_ptr(), x.shape[0], self.in_features, self.weight.data_ptr(), self.out_features,
+                              _ptr(self.bias32), y.data_ptr())
+        return y
+
+
+def dp_pack(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] weight -> bf16 [NB, KP, 16, 2] for csrc/avx512.c's dp_linear, padded with zeros to NB =
+    ceil(N / 16) blocks of 16 output columns and KP = ceil(K / 2) pairs: [nb, kp, j, e] = w[16 nb + j, 2 kp + e]."""
+    N, K = weight.shape
+    NB, KP = -(-N // 16), -(-K // 2)
+    w = F.pad(weight.to(torch.bfloat16), (0, KP * 2 - K, 0, NB * 16 - N))
+    return w.view(NB, 16, KP, 2).permute(0, 2, 1, 3).contiguous()
+
+
 def amx_pack(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] weight -> bf16 tiles for csrc/avx512.c: [G, KB, 4, 16, 16, 2], padded with zeros to
     G = ceil(N / 64) groups of 64 output columns and KB = ceil(K / 32) blocks of 32 inputs; tile

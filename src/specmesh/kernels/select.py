@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specmesh.kernels.build import amx_lib, avx2_lib, native_bf16
+from specmesh.kernels.build import amx_lib, avx2_lib, dp_lib, native_bf16
 from specmesh.kernels.forward import CBlock, CForward, CRMSNorm
-from specmesh.kernels.linears import AMXLinear, BF16Linear, F32Linear, Int8Linear, PackedLinear, can_pack, glu_order
+from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, Int8Linear, PackedLinear, can_pack,
+                                      glu_order)
 from specmesh.model.model import MLP, Block, RMSNorm
 
 
@@ -22,7 +23,8 @@ def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
 
 def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.Module:
     """bf16 linear weights (int8 with `int8`: draft models), float32 everywhere else, C norms
-    and blocks where they build (in place). With AMX, MLPs whose width is a multiple of 32 apply
+    and blocks where they build (in place); few-row products on the AVX512-BF16 dot product where the
+    CPU has it but no AMX. With AMX, MLPs whose width is a multiple of 32 apply
     SwiGLU in the gate/up product (amx_glu; `glu=False`: product, then SwiGLU: the same values)."""
     if (amx := amx_lib()) is not None and not int8:
         for mlp in (m for m in model.modules() if glu and isinstance(m, MLP) and m.down.in_features % 32 == 0):
@@ -34,6 +36,8 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> 
     if (lib := avx2_lib()) is not None:
         if int8:
             _replace(model, BF16Linear, lambda linear: Int8Linear(linear, lib))
+        elif (dp := dp_lib()) is not None:
+            _replace(model, BF16Linear, lambda linear: DPLinear(linear, dp))
         _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
         _replace(model, Block, CBlock)
         if hasattr(model, "fast_forward"):     # a Transformer (not a bare module of linears)
