@@ -336,39 +336,38 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
 
 // dp_linear: y[M,N] = bf16(x)[M,K] . w[N,K]^T (+ bias[N]) with AVX512-BF16's dot product (vdpbf16ps: 16
 //   float32 lanes, each += two bf16 products), for CPUs with AVX512-BF16 but no AMX (AMD Zen 4 and later).
-//   Each 64-byte load of the packed weights (16 output columns x 2 of K) serves 8 rows of x, so 1 to 16
-//   rows cost one pass over the weights from memory (the second 8 rows read it from L1/L2): a verification
-//   of 16 tokens is bound by compute, not by 16 passes over the weights. x is rounded to bf16 (nearest
-//   even) once; each output accumulates in float32 in two chains (even and odd pairs of K, for the
-//   instruction's latency) summed at the end, the same way whatever M is: a row's result never depends
-//   on the other rows.
+//   A step loads the packed weights of 32 output columns (2 x 64 bytes: 16 columns x 2 of K each) and
+//   serves up to 12 rows of x with them, each row's pair of x broadcast once for both: 1 to 16 rows cost
+//   one pass over the weights from memory (the rest of a block's rows read it again from L1), and a
+//   verification of 16 tokens is bound by compute, not by 16 passes over the weights. x is rounded to
+//   bf16 (nearest even) once; each output accumulates in float32 over the pairs of K in order, one chain,
+//   the same way whatever M is: a row's result never depends on the other rows.
 // The weights are pre-packed (kernels.DPLinear) as w[NB][KP][16][2]: block nb of 16 output columns, K pair
 //   kp, then w[16 nb + j][2 kp + e] at [j][e] (zeros past N and K).
-#define DP_ROWS 8
+#define DP_ROWS 12
 
 static inline __attribute__((always_inline)) void dp_rows(const uint32_t *xp, int KP, const uint16_t *wb,
-                                                          float *out, const int MB) {
-    __m512 even[DP_ROWS], odd[DP_ROWS];
-    for (int i = 0; i < MB; i++) even[i] = odd[i] = _mm512_setzero_ps();
-    int kp = 0;
-    for (; kp + 2 <= KP; kp += 2) {
-        __m512bh w0 = (__m512bh)_mm512_loadu_si512(wb + (int64_t)kp * 32);
-        __m512bh w1 = (__m512bh)_mm512_loadu_si512(wb + (int64_t)kp * 32 + 32);
+                                                          int64_t next, float *out, const int MB, const int NC) {
+    __m512 acc[DP_ROWS][2];
+    for (int i = 0; i < MB; i++)
+        for (int c = 0; c < NC; c++) acc[i][c] = _mm512_setzero_ps();
+    for (int kp = 0; kp < KP; kp++) {
+        __m512bh w[2];
+        for (int c = 0; c < NC; c++) w[c] = (__m512bh)_mm512_loadu_si512(wb + c * next + (int64_t)kp * 32);
         for (int i = 0; i < MB; i++) {
-            even[i] = _mm512_dpbf16_ps(even[i], (__m512bh)_mm512_set1_epi32((int)xp[(int64_t)i * KP + kp]), w0);
-            odd[i] = _mm512_dpbf16_ps(odd[i], (__m512bh)_mm512_set1_epi32((int)xp[(int64_t)i * KP + kp + 1]), w1);
+            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xp[(int64_t)i * KP + kp]);
+            for (int c = 0; c < NC; c++) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], xv, w[c]);
         }
     }
-    if (kp < KP) {
-        __m512bh w0 = (__m512bh)_mm512_loadu_si512(wb + (int64_t)kp * 32);
-        for (int i = 0; i < MB; i++)
-            even[i] = _mm512_dpbf16_ps(even[i], (__m512bh)_mm512_set1_epi32((int)xp[(int64_t)i * KP + kp]), w0);
-    }
-    for (int i = 0; i < MB; i++) _mm512_storeu_ps(out + 16 * i, _mm512_add_ps(even[i], odd[i]));
+    for (int i = 0; i < MB; i++)
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + 32 * i + 16 * c, acc[i][c]);
 }
+
+#define DP_CASE(n) case n: if (nc == 2) dp_rows(xm, KP, wb, next, out, n, 2); else dp_rows(xm, KP, wb, next, out, n, 1); break;
 
 void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
     const int KP = (K + 1) / 2, NB = (N + 15) / 16;
+    const int64_t next = (int64_t)KP * 32;                            // bf16 elements per block of 16 columns
     uint32_t *xp = malloc(sizeof(uint32_t) * (int64_t)M * KP);       // x as bf16 pairs, row by row
     for (int m = 0; m < M; m++) {
         const float *xr = x + (int64_t)m * K;
@@ -383,26 +382,20 @@ void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const flo
         }
     }
     #pragma omp parallel for schedule(static)
-    for (int nb = 0; nb < NB; nb++) {
-        const uint16_t *wb = w + (int64_t)nb * KP * 32;
-        const int cols = N - 16 * nb < 16 ? N - 16 * nb : 16;
-        float out[DP_ROWS * 16] __attribute__((aligned(64)));
+    for (int nb = 0; nb < NB; nb += 2) {
+        const uint16_t *wb = w + nb * next;
+        const int nc = NB - nb < 2 ? 1 : 2, cols = N - 16 * nb < 32 ? N - 16 * nb : 32;
+        float out[DP_ROWS * 32] __attribute__((aligned(64)));
         for (int m0 = 0; m0 < M; m0 += DP_ROWS) {
             const int mb = M - m0 < DP_ROWS ? M - m0 : DP_ROWS;
             const uint32_t *xm = xp + (int64_t)m0 * KP;
             switch (mb) {
-                case 1: dp_rows(xm, KP, wb, out, 1); break;
-                case 2: dp_rows(xm, KP, wb, out, 2); break;
-                case 3: dp_rows(xm, KP, wb, out, 3); break;
-                case 4: dp_rows(xm, KP, wb, out, 4); break;
-                case 5: dp_rows(xm, KP, wb, out, 5); break;
-                case 6: dp_rows(xm, KP, wb, out, 6); break;
-                case 7: dp_rows(xm, KP, wb, out, 7); break;
-                default: dp_rows(xm, KP, wb, out, 8); break;
+                DP_CASE(1) DP_CASE(2) DP_CASE(3) DP_CASE(4) DP_CASE(5) DP_CASE(6)
+                DP_CASE(7) DP_CASE(8) DP_CASE(9) DP_CASE(10) DP_CASE(11) default: DP_CASE(12)
             }
             for (int i = 0; i < mb; i++)
                 for (int j = 0; j < cols; j++)
-                    y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[16 * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
+                    y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[32 * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
         }
     }
     free(xp);

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from specmesh.kernels.build import LayerWeights, ModelEnds, amx_lib
-from specmesh.kernels.linears import SMALL_ROWS, AMXLinear, _ptr
+from specmesh.kernels.linears import SMALL_ROWS, AMXLinear, DPLinear, _ptr
 from specmesh.model.model import PREFILL_TOKENS, attention
 
 
@@ -67,6 +67,8 @@ class CForward:
                               head.weight.data_ptr(), _ptr(getattr(head, "scale", None)), _ptr(head.bias32))
         self.layers = [ctypes.pointer(b.weights) for b in model.layers]
         self.amx = amx_lib() if model.layers[0].weights.kind == AMXLinear.KIND else None
+        # prefills in C where the linears are fast for many rows (tiles, dot products)
+        self.long = model.layers[0].weights.kind in (AMXLinear.KIND, DPLinear.KIND)
         # prefills (no tree) attend on the tile unit too, for head dim 64 and a bf16 cache
         self.tile_attention = self.amx is not None and model.config.head_dim == 64 \
             and model.cache_dtype == torch.bfloat16
@@ -76,7 +78,7 @@ class CForward:
         if cache is None or x.device.type != "cpu":
             return None
         if B * T > SMALL_ROWS:
-            return None if self.amx is None else self._long(x, cache, depths, tree_mask, layers, last_only)
+            return self._long(x, cache, depths, tree_mask, layers, last_only) if self.long else None
         positions = cache.slots(T, depths)                                        # [B, T] int64
         mask = None if tree_mask is None else cache.mask(T, tree_mask).contiguous()   # [B, 1, T, kv_len]
         n, first, L = len(layers), cache.first_layer, self.model.config.num_layers

@@ -54,7 +54,7 @@ def use_batch_invariant_kernels(model: nn.Module) -> bool:
     csrc/avx2.c, so a sequence's logits do not depend on what else is in its batch (the server).
     Returns whether the kernels could be put in place."""
     lib = avx2_lib()
-    already = any(isinstance(m, (BF16Linear, PackedLinear, CBlock)) for m in model.modules())   # a bf16 model
+    already = any(isinstance(m, (BF16Linear, DPLinear, PackedLinear, CBlock)) for m in model.modules())   # a bf16 model
     if lib is None or already or model.dtype != torch.float32 or model.device.type != "cpu":
         return False
     _replace(model, nn.Linear, lambda linear: F32Linear(linear, lib))
