@@ -4,10 +4,10 @@
 * build.py: csrc/ compiled with gcc for this machine (x86 with AVX2; avx512.c where the CPU has AVX-512,
   with AMX tile products where it has AMX), its ctypes signatures, the CPU's flags;
 * linears.py: the layers that replace nn.Linear: bf16 weights read once for several rows (BF16Linear),
-  int8 drafts (Int8Linear), AMX tiles (AMXLinear), AVX512-BF16 dot products (DPLinear), batch-invariant float32 (F32Linear), oneDNN's
-  pre-packed bf16 (PackedLinear);
+  int8 drafts (Int8Linear), AMX tiles (AMXLinear), AVX512-BF16 dot products (DPLinear), batch-invariant
+  float32 (F32Linear), oneDNN's pre-packed bf16 (PackedLinear);
 * forward.py: a whole forward of up to SMALL_ROWS new tokens in one C call (CForward), and prefills in C
-  where the linears run on the tile unit;
+  where the linears run on the tile unit or the dot product;
 * select.py: which of these a model gets.
 
 Every kernel computes a row the same way whatever the number of rows, and the attention depends only on
@@ -21,7 +21,7 @@ from specmesh.kernels.linears import (GEMV_ROWS, SMALL_ROWS, AMXLinear, BF16Line
 from specmesh.kernels.select import (select_kernels, use_avx2_kernels, use_batch_invariant_kernels,
                                      use_cpu_kernels)
 
-__all__ = ["AMX", "AVX512", "DP", "amx_lib", "avx2_lib", "cpu_flags", "dp_lib", "native_bf16", "CBlock", "CForward", "CRMSNorm",
-           "GEMV_ROWS", "SMALL_ROWS", "AMXLinear", "BF16Linear", "DPLinear", "F32Linear", "Int8Linear", "PackedLinear",
-           "amx_pack", "can_pack", "dp_pack", "glu_order", "select_kernels", "use_avx2_kernels", "use_batch_invariant_kernels",
-           "use_cpu_kernels"]
+__all__ = ["AMX", "AVX512", "DP", "amx_lib", "avx2_lib", "cpu_flags", "dp_lib", "native_bf16", "CBlock", "CForward",
+           "CRMSNorm", "GEMV_ROWS", "SMALL_ROWS", "AMXLinear", "BF16Linear", "DPLinear", "F32Linear", "Int8Linear",
+           "PackedLinear", "amx_pack", "can_pack", "dp_pack", "glu_order", "select_kernels", "use_avx2_kernels",
+           "use_batch_invariant_kernels", "use_cpu_kernels"]

@@ -129,8 +129,8 @@ def dp_lib() -> ctypes.CDLL | None:
     """The kernel library where this CPU has AVX512-BF16's dot product but no AMX (where AMX is, its tiles
     are the faster product), else None. SPECMESH_DP=0 turns it off (to compare)."""
     lib = avx2_lib()
-    if lib is None or not hasattr(lib, "dp_linear") or amx_lib() is not None or os.environ.get("SPECMESH_DP", "1") == "0" \
-            or os.environ.get("SPECMESH_AVX512", "1") == "0" or not DP <= cpu_flags():
+    off = os.environ.get("SPECMESH_DP", "1") == "0" or os.environ.get("SPECMESH_AVX512", "1") == "0"
+    if lib is None or not hasattr(lib, "dp_linear") or amx_lib() is not None or off or not DP <= cpu_flags():
         return None
     return lib
 

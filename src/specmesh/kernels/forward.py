@@ -53,7 +53,7 @@ class CForward:
     """model.fast_forward for a model whose blocks are CBlocks: forwards with a cache on CPU.
     Up to SMALL_ROWS new tokens go through one C call (model_forward): embedding, rotary angles,
     the layers of the range, final norm and head. A small model's decode step was half Python
-    around the kernels (docs/kernels.md). Where the linears run on the tile unit
+    around the kernels (docs/kernels.md). Where the linears run on the tile unit or the dot product
     (fast for any number of rows), longer forwards (prefills) run each layer's products, norms,
     rotary and cache writes in C too, with amx_attention or PyTorch's flash attention between
     them. Other forwards return None: the model's own path

@@ -84,7 +84,8 @@ def sampling_params(body: dict, prompt_tokens: int, prompts: int, context: int, 
              "logprobs": requested_logprobs(body),
              "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
              "n": body.get("n"), "seed": body.get("seed"), "stop": body.get("stop") or None,
-             "logit_bias": logit_bias(body.get("logit_bias"))} | {name: body.get(name) for name in PENALTIES - {"logit_bias"}}
+             "logit_bias": logit_bias(body.get("logit_bias"))}
+    given |= {name: body.get(name) for name in PENALTIES - {"logit_bias"}}
     try:
         params = SamplingParams(**OPENAI_DEFAULTS | {k: v for k, v in given.items() if v is not None})
     except InvalidParameter as e:
