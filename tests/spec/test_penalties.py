@@ -48,8 +48,8 @@ def test_each_tree_node_counts_its_own_path():
     torch.testing.assert_close(some, got[[2, 3]])
 
 
-@pytest.mark.parametrize("field, value", [("frequency_penalty", 2.5), ("presence_penalty", -3), ("repetition_penalty", 0),
-                                          ("repetition_penalty", "1"), ("logit_bias", {"3": 1.0}),
+@pytest.mark.parametrize("field, value", [("frequency_penalty", 2.5), ("presence_penalty", -3),
+                                          ("repetition_penalty", 0), ("repetition_penalty", "1"), ("logit_bias", {"3": 1.0}),
                                           ("logit_bias", {3: 101}), ("logit_bias", {-1: 1.0}), ("logit_bias", [1])])
 def test_bad_values_name_their_field(field, value):
     with pytest.raises(InvalidParameter) as e:

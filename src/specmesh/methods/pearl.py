@@ -139,5 +139,5 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
 
 SPEC = MethodSpec("pearl", "PEARL: draft and target in two processes, working at the same time (pre-verify / "
                   "post-verify); γ = round(c) measured at start-up", DEFAULTS, True,
-                  build=lambda models, method, runner: Loop(models, decode, method.options, penalties=True), slack=slack,
-                  start=start, max_rows=1)
+                  build=lambda models, method, runner: Loop(models, decode, method.options, penalties=True),
+                  slack=slack, start=start, max_rows=1)
