@@ -1,7 +1,9 @@
 """Measuring on this machine: a forward's time, and running with a given torch thread count."""
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -17,6 +19,36 @@ def torch_threads(n: int):
         yield
     finally:
         torch.set_num_threads(old)
+
+
+CHOSEN: list[int] = []      # thread counts the user chose (NAME@Nt, --threads), innermost last
+
+
+@contextmanager
+def chosen_threads(n: int):
+    """torch_threads(n) as the user asked: the multi-process methods keep it (rank_threads)."""
+    CHOSEN.append(n)
+    try:
+        with torch_threads(n):
+            yield
+    finally:
+        CHOSEN.pop()
+
+
+@contextmanager
+def rank_threads(processes: int):
+    """Rank 0 of a method of `processes` processes, each computing while the others do: its share of the
+    cores (the other ranks take one thread each), unless the user chose a count; a warning when that
+    count leaves the ranks more threads than cores (each waits for the core another computes on)."""
+    cores = len(os.sched_getaffinity(0))
+    if CHOSEN:
+        if CHOSEN[-1] + processes - 1 > cores:
+            warnings.warn(f"{CHOSEN[-1]} threads here and one in each of {processes - 1} other processes "
+                          f"oversubscribe {cores} cores: every rank will wait for a core")
+        yield
+        return
+    with torch_threads(max(1, cores // processes)):
+        yield
 
 
 def median_ms(step, reps: int = 20, warmup: int = 3) -> float:

@@ -9,6 +9,8 @@ near-tie allowance.
 """
 from __future__ import annotations
 
+import contextlib
+
 import datetime
 import gc
 import os
@@ -27,7 +29,7 @@ from specmesh.bench.prompts import load_prompts
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.spec.sampling import SamplingParams
 from specmesh.engine.stats import Stats
-from specmesh.timing import torch_threads
+from specmesh.timing import CHOSEN, chosen_threads
 
 NEAR_TIE_REL = 2 ** -5
 CALIBRATION_TOKENS = 24
@@ -69,7 +71,7 @@ class Threaded:
         self.llm = getattr(runner, "llm", None)
 
     def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
-        with torch_threads(self.threads):
+        with chosen_threads(self.threads):
             return self.runner(ids, max_new_tokens)
 
     def close(self) -> None:
@@ -99,17 +101,18 @@ def make_runner(name: str, cfg: BenchConfig, dtype: str):
 
 
 def threads_used(name: str, options: dict) -> int | str:
-    """The threads a method ran with: pearl "1+1" (a thread per process); a pipeline this process's
-    threads plus one per other process ("1+1" for pipedec@1t on two stages); else this process's
-    (or NAME@Nt's N)."""
-    method, threads = split_threads(name)
-    threads = threads or torch.get_num_threads()
-    if method == "pearl":
-        return "1+1"
-    if method in ("pp", "pipedec", "stpp"):
-        others = options.get("stages", 2) - 1 + (method != "pp" and bool(options.get("draft_apart")))
-        return "+".join([str(threads)] + ["1"] * others)
-    return threads
+    """The threads a method ran with: for the multi-process ones this process's (its share of the cores,
+    timing.rank_threads, or NAME@Nt's N) plus one per other process ("1+1": pipedec on two stages, two
+    cores); else this process's (or NAME@Nt's N)."""
+    method, chosen = split_threads(name)
+    threads = chosen or (CHOSEN[-1] if CHOSEN else torch.get_num_threads())
+    others = 1 if method == "pearl" else options.get("stages", 2) - 1 + (
+        method != "pp" and bool(options.get("draft_apart"))) if method in ("pp", "pipedec", "stpp") else 0
+    if not others:
+        return threads
+    if not chosen and not CHOSEN:
+        threads = max(1, len(os.sched_getaffinity(0)) // (others + 1))
+    return "+".join([str(threads)] + ["1"] * others)
 
 
 def choose_dtype(method: str, cfg: BenchConfig, ids: list[int]) -> tuple[str, object]:
@@ -221,8 +224,11 @@ def machine() -> str:
 
 
 def run_bench(cfg: BenchConfig) -> dict:
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    with chosen_threads(cfg.threads) if cfg.threads else contextlib.nullcontext():
+        return bench(cfg)
+
+
+def bench(cfg: BenchConfig) -> dict:
     names = check_methods(cfg.methods)
     prompts = load_prompts(cfg.prompts, cfg.limit)
     tokenizer = load_tokenizer(cfg.target or embedded.path("target"))

@@ -38,7 +38,7 @@ from specmesh.model.cache import KVCache
 from specmesh.proposers.remote_chain import MAX_GAMMA, DraftPeer
 from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict, verify
-from specmesh.timing import torch_threads
+from specmesh.timing import rank_threads
 
 DEFAULTS = {"gamma": 0, "draft_window": 64, "timeout": 30}    # gamma 0: round(c), measured at start-up
 
@@ -110,7 +110,7 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
         logits = prefill(target, cache, seq)                            # the draft prefills its window meanwhile
         rounds = Rounds(target_token(logits, seq))
         emitted, accepted, token = [rounds.fresh], 0, rounds.fresh
-        with torch_threads(1):                                          # the draft rank has the other core
+        with rank_threads(2):                                           # the draft rank has the other core
             while True:
                 generated += emitted
                 yield emitted

@@ -34,6 +34,7 @@ import torch
 
 from specmesh.model.cache import KVCache
 from specmesh.runtime.link import Link, connect
+from specmesh.timing import rank_threads
 
 START, NONE, HIT, MISS, COMMIT = range(5)
 END = -1                                    # header T: the request is over
@@ -273,10 +274,12 @@ class Pipeline:
 
     @contextmanager
     def running(self, finish):
-        """Around a job's decode loop: `finish()` when the consumer stops it (GeneratorExit);
-        after any other failure the stages are out of step, so close() will not talk to them."""
+        """Around a job's decode loop, this rank on its share of the cores (rank_threads): `finish()` when the
+        consumer stops it (GeneratorExit); after any other failure the stages are out of step, so close()
+        will not talk to them."""
         try:
-            yield
+            with rank_threads(len(self.link.roles)):
+                yield
         except GeneratorExit:
             finish()
             raise
