@@ -102,9 +102,11 @@ def build_parser() -> Parser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--n", type=positive_int, default=1, help="independent samples, decoded as one batch")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
-    g.add_argument("--frequency-penalty", type=float, default=0.0, help="subtracted per earlier occurrence (-2..2)")
-    g.add_argument("--presence-penalty", type=float, default=0.0, help="subtracted once a token occurred (-2..2)")
-    g.add_argument("--repetition-penalty", type=float, default=1.0,
+    g.add_argument("--frequency-penalty", type=float, default=0.0, metavar="F",
+                   help="subtracted from a token's logit per earlier occurrence in the output (-2..2)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, metavar="P",
+                   help="subtracted from a token's logit once it occurred in the output (-2..2)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
                    help="divides positive and multiplies negative logits of tokens in the prompt or output (1: off)")
     g.add_argument("--logit-bias", type=logit_bias, action="append", default=[], metavar="ID=BIAS",
                    help="add BIAS (-100..100) to token ID's logit (repeatable)")
