@@ -35,6 +35,11 @@ def chosen_threads(n: int):
         CHOSEN.pop()
 
 
+def share_of_cores(processes: int) -> int:
+    """Threads for one of `processes` processes that compute at once on this machine's cores."""
+    return max(1, len(os.sched_getaffinity(0)) // processes)
+
+
 @contextmanager
 def rank_threads(processes: int):
     """Rank 0 of a method of `processes` processes, each computing while the others do: its share of the
@@ -47,7 +52,7 @@ def rank_threads(processes: int):
                           f"oversubscribe {cores} cores: every rank will wait for a core")
         yield
         return
-    with torch_threads(max(1, cores // processes)):
+    with torch_threads(share_of_cores(processes)):
         yield
 
 

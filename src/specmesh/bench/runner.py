@@ -29,7 +29,7 @@ from specmesh.bench.prompts import load_prompts
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.spec.sampling import SamplingParams
 from specmesh.engine.stats import Stats
-from specmesh.timing import CHOSEN, chosen_threads
+from specmesh.timing import CHOSEN, chosen_threads, share_of_cores
 
 NEAR_TIE_REL = 2 ** -5
 CALIBRATION_TOKENS = 24
@@ -106,12 +106,14 @@ def threads_used(name: str, options: dict) -> int | str:
     cores); else this process's (or NAME@Nt's N)."""
     method, chosen = split_threads(name)
     threads = chosen or (CHOSEN[-1] if CHOSEN else torch.get_num_threads())
-    others = 1 if method == "pearl" else options.get("stages", 2) - 1 + (
-        method != "pp" and bool(options.get("draft_apart"))) if method in ("pp", "pipedec", "stpp") else 0
-    if not others:
+    if method == "pearl":
+        others = 1
+    elif method in ("pp", "pipedec", "stpp"):
+        others = options.get("stages", 2) - 1 + (method != "pp" and bool(options.get("draft_apart")))
+    else:
         return threads
     if not chosen and not CHOSEN:
-        threads = max(1, len(os.sched_getaffinity(0)) // (others + 1))
+        threads = share_of_cores(others + 1)
     return "+".join([str(threads)] + ["1"] * others)
 
 

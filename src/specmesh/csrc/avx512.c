@@ -35,7 +35,8 @@ static void configure_tiles(void) {                // every tile 16 rows x 64 by
     _tile_loadconfig(&c);
 }
 
-// x [M <= 16, K] float32 -> a [16, KP] bf16 (nearest even), zeros past row M and column K
+// x [M <= 16, K] float32 -> a [16, KP] bf16 (nearest even), zeros past row M and column K (the tile product's
+// blocks of 16 rows; dp_linear's rows of K pairs)
 static void to_bf16(const float *x, int M, int K, int KP, uint16_t *a) {
     memset(a, 0, sizeof(uint16_t) * 16 * KP);
     for (int m = 0; m < M; m++) {
@@ -368,19 +369,11 @@ static inline __attribute__((always_inline)) void dp_rows(const uint32_t *xp, in
 void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
     const int KP = (K + 1) / 2, NB = (N + 15) / 16;
     const int64_t next = (int64_t)KP * 32;                            // bf16 elements per block of 16 columns
-    uint32_t *xp = malloc(sizeof(uint32_t) * (int64_t)M * KP);       // x as bf16 pairs, row by row
-    for (int m = 0; m < M; m++) {
-        const float *xr = x + (int64_t)m * K;
-        uint16_t *xb = (uint16_t *)(xp + (int64_t)m * KP);
-        int k = 0;
-        for (; k + 16 <= K; k += 16)
-            _mm256_storeu_si256((__m256i *)(xb + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xr + k)));
-        if (k < 2 * KP) {
-            __mmask16 tail = (__mmask16)((1u << (K - k)) - 1);
-            __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(tail, xr + k));
-            _mm256_mask_storeu_epi16(xb + k, (__mmask16)((1u << (2 * KP - k)) - 1), h);    // a zero pads odd K
-        }
-    }
+    const int MB = (M + 15) / 16;
+    uint32_t *xp = malloc(sizeof(uint32_t) * (int64_t)MB * 16 * KP);  // x as bf16 pairs, row by row (a zero pads odd K)
+    for (int mb = 0; mb < MB; mb++)
+        to_bf16(x + (int64_t)mb * 16 * K, M - mb * 16 < 16 ? M - mb * 16 : 16, K, 2 * KP,
+                (uint16_t *)(xp + (int64_t)mb * 16 * KP));
     #pragma omp parallel for schedule(static)
     for (int nb = 0; nb < NB; nb += 2) {
         const uint16_t *wb = w + nb * next;

@@ -44,10 +44,6 @@ class Scheduler:
         self._dequeue(seq)
         return len(self.running) - 1
 
-    def next_admission(self) -> tuple[Sequence, int] | None:
-        seq = self.next_waiting()
-        return None if seq is None else (seq, self.admit(seq))
-
     def _dequeue(self, seq: Sequence) -> None:
         key = id(seq.prompt)
         self.queues[key].popleft()

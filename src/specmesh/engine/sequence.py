@@ -18,7 +18,7 @@ import torch
 
 from specmesh.engine.stats import Stats
 from specmesh.model.tokenizer import Tokenizer
-from specmesh.spec.penalties import Penalty
+from specmesh.spec.penalties import penalty_for
 from specmesh.spec.sampling import SamplingParams
 
 
@@ -63,7 +63,7 @@ class Sequence:
         self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []   # per token: its log p, the top ones
         self._scores: torch.Tensor | None = None
         # its penalties and logit bias over the prompt and self.tokens; None: the target's logits as they are
-        self.penalty = Penalty(params, prompt.ids, self.tokens) if params.penalties else None
+        self.penalty = penalty_for(params, prompt.ids, self.tokens)
 
     def score(self, logits: torch.Tensor, rows: list[int] | None = None) -> None:
         """The target's logits at the tokens of the block about to be appended: logits[rows[i]] predicted

@@ -114,12 +114,7 @@ class DPLinear(nn.Module):
         self.weight = dp_pack(linear.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features
-        flat = x.reshape(rows, self.in_features).float().contiguous()
-        y = torch.empty(rows, self.out_features)
-        self.kernel.dp_linear(flat.data_ptr(), rows, self.in_features, self.weight.data_ptr(), self.out_features,
-                              _ptr(self.bias32), y.data_ptr())
-        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        return packed_product(self.kernel.dp_linear, self, x)
 
 
 def dp_pack(weight: torch.Tensor) -> torch.Tensor:
@@ -171,14 +166,7 @@ class AMXLinear(nn.Module):
         return self.order is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features
-        flat = x.reshape(rows, self.in_features).float().contiguous()
-        y = torch.empty(rows, self.out_features)
-        self.kernel.amx_linear(flat.data_ptr(), rows, self.in_features, self.weight.data_ptr(), self.out_features,
-                               _ptr(self.bias32), y.data_ptr())
-        if self.order is not None:
-            y = y[:, self.order]
-        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        return packed_product(self.kernel.amx_linear, self, x, self.order)
 
 
 class F32Linear(nn.Module):
@@ -202,6 +190,19 @@ class F32Linear(nn.Module):
         self.kernel.f32_linear(flat.data_ptr(), rows, self.in_features, self.weight.data_ptr(), self.out_features,
                                None if self.bias32 is None else self.bias32.data_ptr(), y.data_ptr())
         return y.view(*x.shape[:-1], self.out_features)
+
+
+def packed_product(product, linear: nn.Module, x: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] -> [..., N] in x's dtype through a C product over pre-packed weights (amx_linear, dp_linear:
+    float32 rows in, float32 rows out); `order`: the packed columns back in their own order."""
+    rows = x.numel() // linear.in_features
+    flat = x.reshape(rows, linear.in_features).float().contiguous()
+    y = torch.empty(rows, linear.out_features)
+    product(flat.data_ptr(), rows, linear.in_features, linear.weight.data_ptr(), linear.out_features,
+            _ptr(linear.bias32), y.data_ptr())
+    if order is not None:
+        y = y[:, order]
+    return y.to(x.dtype).view(*x.shape[:-1], linear.out_features)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

@@ -20,7 +20,7 @@ from specmesh.engine.stats import Stats
 from specmesh.model.loader import DTYPES, load_model
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.runtime.link import Link, PeerError, connect
-from specmesh.spec.penalties import Penalty
+from specmesh.spec.penalties import Penalty, penalty_for
 from specmesh.spec.sampling import SamplingParams
 from specmesh.spec.verify import Verdict
 from specmesh.timing import forward_ms, torch_threads
@@ -45,9 +45,8 @@ class Chain:
     stats: Stats = field(default_factory=Stats)
     penalty: Penalty | None = None
 
-    def __post_init__(self):
-        if self.params.penalties:       # the request's penalties over the window and the chain: better guesses
-            self.penalty = Penalty(self.params, self.ids, self.tokens)
+    def __post_init__(self):              # the request's penalties over the window and the chain: better guesses
+        self.penalty = penalty_for(self.params, self.ids, self.tokens)
 
     @property
     def last(self) -> int:
@@ -114,7 +113,7 @@ class DraftServer:
                 self.serve(link, job)
 
     def serve(self, link: Link, job: dict) -> None:
-        params = SamplingParams(**job["params"] | {"logit_bias": dict(job["params"]["logit_bias"])})
+        params = SamplingParams.from_job(job["params"])
         drafter = ChainDrafter(self.model, job["prompt"], job["window"], job["limit"], job["gamma"], params,
                                job["seed"])
         decision = torch.zeros(3, dtype=torch.int64)
@@ -173,12 +172,9 @@ class DraftPeer:
             raise
 
     def begin(self, seq: Sequence, gamma: int, window: int, seed: int) -> None:
-        p = seq.params
         self._guard(self.link.send_obj, {
             "prompt": seq.ids, "window": window, "limit": seq.limit, "gamma": gamma, "seed": seed,
-            "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
-                       "frequency_penalty": p.frequency_penalty, "presence_penalty": p.presence_penalty,
-                       "repetition_penalty": p.repetition_penalty, "logit_bias": list(p.logit_bias.items())}}, 1)
+            "params": seq.params.job()}, 1)
 
     def decide(self, accepted: int, token: int) -> None:
         self._guard(self.link.send, torch.tensor([CONTINUE, accepted, token]), 1)

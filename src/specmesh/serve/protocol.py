@@ -180,8 +180,8 @@ def chat_prompt(messages, tokenizer: Tokenizer) -> str:
         if m["role"] not in ROLES:
             raise APIError(f"messages[{i}]: role {m['role']!r} is not supported; use one of "
                            f"{', '.join(ROLES)}", "messages")
-        for key in set(m) - {"role", "content"}:
-            raise APIError(f"messages[{i}].{key} is not supported", "messages")
+        if extra := sorted(set(m) - {"role", "content"}):
+            raise APIError(f"messages[{i}].{extra[0]} is not supported", "messages")
         plain.append({"role": ROLES[m["role"]], "content": message_text(m.get("content"), i)})
     template = tokenizer.chat_template
     if template:

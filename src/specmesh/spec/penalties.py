@@ -82,6 +82,11 @@ class Penalty:
         return extra
 
 
+def penalty_for(params: SamplingParams, prompt: list[int], generated: list[int]) -> Penalty | None:
+    """The request's Penalty over its prompt and its token list, or None where it asked for none."""
+    return Penalty(params, prompt, generated) if params.penalties else None
+
+
 def penalise(penalty: Penalty | None, logits: torch.Tensor, tree: TokenTree | None = None,
              nodes: list[int] | None = None) -> torch.Tensor:
     """`penalty.apply`, or the logits as they are when the request asked for none."""

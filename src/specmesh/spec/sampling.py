@@ -80,6 +80,17 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def job(self) -> dict:
+        """What another rank samples or drafts with, as JSON (`from_job` reads it back; logit_bias as
+        [id, bias] pairs, since JSON keys are strings)."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
+                "repetition_penalty": self.repetition_penalty, "logit_bias": list(self.logit_bias.items())}
+
+    @classmethod
+    def from_job(cls, job: dict) -> "SamplingParams":
+        return cls(**job | {"logit_bias": dict(job["logit_bias"])})
+
     @property
     def penalties(self) -> list[str]:
         """The fields asking for penalties or a logit bias, which change the target's logits (spec/penalties.py)."""

@@ -21,9 +21,7 @@ SERVE = f"{__name__}:StageServer"
 
 def job(seq: Sequence, method: str) -> dict:
     """What the stage ranks need of a sequence: the method, the sampling parameters and the last stage's seed."""
-    p = seq.params
-    return {"method": method, "seed": stage_seed(seq.generator),
-            "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p}}
+    return {"method": method, "seed": stage_seed(seq.generator), "params": seq.params.job()}
 
 
 def meta_tree(meta: torch.Tensor) -> TokenTree:
@@ -45,7 +43,7 @@ class StageServer:
         with torch.inference_mode():
             while not (job := link.recv_obj(0, idle=True)).get("shutdown"):
                 stage.begin(job["max_len"], range(*job["layers"][stage.index]), job["pipelined"])
-                params = SamplingParams(**job["params"])
+                params = SamplingParams.from_job(job["params"])
                 generator = make_generator(job["seed"], self.model.device)
                 if job["method"] == "pp":
                     self.serve_chain(stage, params, generator)
