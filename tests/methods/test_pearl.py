@@ -15,7 +15,7 @@ from specmesh.runtime.link import PeerError
 from specmesh.methods import pearl
 from specmesh.methods.pearl import Rounds
 from specmesh.spec.sampling import SamplingParams as Params
-from specmesh.spec.verify import verify
+from specmesh.spec.verify import Verdict, verify
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x", "self.y = y\n\n" * 3]
 
@@ -66,6 +66,60 @@ def test_post_verify_full_acceptance_needs_no_bonus_token():
     assert rounds.inputs() == [8, 9, 1] and rounds.mode == "post-verify"
 
 
+# -- γ from measured costs, scripted -----------------------------------------------------------
+
+def simulate(gamma: int, alpha: float, draft_ms: float, target_ms, rounds: int = 20000) -> float:
+    """Tokens per ms of the real `Rounds` bookkeeping, each check passing with probability α."""
+    rng, state, tokens, ms = torch.Generator().manual_seed(0), Rounds(0), 0, 0.0
+    for _ in range(rounds):
+        ms += max(gamma * draft_ms, target_ms(len(state.inputs())))
+        drafts = list(range(1, gamma + 1))
+        checks = len(state.undecided) + 1
+        k = 0
+        while k < checks and torch.rand((), generator=rng) < alpha:
+            k += 1
+        chain = state.undecided + drafts[:1]
+        verdict = Verdict(list(range(k + 1)), chain[:k] + ([] if k == checks else [99]), None if k == checks else 99)
+        state.settle(verdict, drafts, None)
+        tokens += len(verdict.tokens)
+    return tokens / ms
+
+
+@pytest.mark.parametrize("gamma, alpha, cost", [(1, 0.7, "flat"), (4, 0.8, "flat"), (6, 0.5, "linear"),
+                                                (9, 0.9, "steep")])
+def test_expected_tokens_per_ms_matches_the_rounds(gamma, alpha, cost):
+    target_ms = {"flat": lambda w: 2.0, "linear": lambda w: 2.0 + 0.3 * w, "steep": lambda w: 1.0 * w}[cost]
+    predicted = pearl.tokens_per_ms(gamma, alpha, 0.4, target_ms)
+    assert simulate(gamma, alpha, 0.4, target_ms) == pytest.approx(predicted, rel=0.03)
+
+
+@pytest.mark.parametrize("draft_ms, target_ms, accepted, rejected, expected", [
+    (0.05, {1: 2.0, 16: 2.0}, 90, 10, range(12, 17)),     # free draft, free width, good acceptance: long chains
+    (0.05, {1: 2.0, 16: 5.0}, 1, 99, range(1, 3)),        # nothing is accepted: width is wasted
+    (0.05, {1: 1.0, 16: 16.0}, 80, 20, range(1, 2)),      # every verified token costs a forward's worth
+    (0.5, {1: 2.0, 16: 2.0}, 95, 5, range(3, 7)),         # the draft's time bounds the round: about c = 4
+])
+def test_gamma_policy_on_scripted_costs(draft_ms, target_ms, accepted, rejected, expected):
+    policy = pearl.GammaPolicy(draft_ms, target_ms, accepted, rejected)
+    assert policy.gamma() in expected
+
+
+def test_gamma_policy_follows_the_running_acceptance():
+    policy = pearl.GammaPolicy(0.3, {1: 2.0, 4: 2.2, 16: 4.0})
+    first = policy.gamma()
+    for _ in range(50):
+        policy.observe(6, False)
+    assert policy.alpha > 0.95 and policy.gamma() > first
+    for _ in range(1500):
+        policy.observe(0, True)
+    assert policy.alpha < 0.3 and policy.gamma() < first
+
+
+def test_width_interpolation():
+    ms = pearl.by_width({1: 2.0, 4: 5.0, 8: 6.0})
+    assert [ms(1), ms(2), ms(4), ms(6), ms(8), ms(16)] == [2.0, 3.0, 5.0, 5.5, 6.0, 6.0]
+
+
 # -- the real thing: two processes ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -77,7 +131,7 @@ def ar(tiny_checkpoint):
 def pair(request, tiny_checkpoint, tiny_draft_checkpoint):
     draft = {"random-draft": tiny_draft_checkpoint, "perfect-draft": tiny_checkpoint,
              "measured-gamma": tiny_checkpoint}[request.param]
-    gamma = 4 if request.param != "measured-gamma" else None      # real-draft: gamma from the measured c
+    gamma = 4 if request.param != "measured-gamma" else None      # measured-gamma: GammaPolicy's, each round
     with LLM(target=tiny_checkpoint, draft=draft, method="pearl", gamma=gamma, timeout=20) as llm:
         yield request.param, llm
 
@@ -102,12 +156,28 @@ def test_greedy_with_penalties_equals_ar(ar, pair):
     assert outs != [ar.generate(prompt, SamplingParams(max_new_tokens=24)).tokens for prompt in PROMPTS]
 
 
-def test_start_up_measures_c_and_picks_gamma(pair):
+def test_start_up_measures_c_and_the_target_by_width(pair):
     kind, llm = pair
     peer = llm.models.remote
     assert peer.c > 0 and peer.gamma == max(1, min(pearl.MAX_GAMMA, round(peer.c)))
-    out = llm.generate("def", SamplingParams(max_new_tokens=8))
-    assert out.stats.info["gamma"] == (4 if kind != "measured-gamma" else peer.gamma)
+    assert sorted(peer.target_ms_by_width) == [1, 2, 4, 8, 12, 16] and min(peer.target_ms_by_width.values()) > 0
+    info = llm.generate("def", SamplingParams(max_new_tokens=8)).stats.info
+    if kind == "measured-gamma":
+        assert info["gamma_rule"] == "measured" and 1 <= info["gamma"] <= pearl.MAX_GAMMA
+    else:
+        assert info["gamma_rule"] == "given" and info["gamma"] == 4
+
+
+def test_the_papers_rule_keeps_round_c(tiny_checkpoint, ar):
+    with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma_rule="c") as llm:
+        out = llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=20))
+        assert out.stats.info == {"c": llm.models.remote.c, "gamma_rule": "c", "gamma": llm.models.remote.gamma}
+    assert out.tokens == ar.generate(PROMPTS[0], SamplingParams(max_new_tokens=20)).tokens
+
+
+def test_an_unknown_gamma_rule_is_refused(tiny_checkpoint):
+    with pytest.raises(ValueError, match="gamma_rule must be one of measured, c, got 'fast'"):
+        LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma_rule="fast")
 
 
 def test_ranks_that_disagree_are_caught(tiny_checkpoint, monkeypatch):

@@ -55,8 +55,11 @@ class Option:
 
 
 OPTIONS = {
-    "gamma": Option("draft length / tree depth (sd without it in a batch: by batch size; pearl 0: round(c), "
-                    "measured at start-up)"),
+    "gamma": Option("draft length / tree depth (sd without it in a batch: by batch size; pearl without it: "
+                    "by gamma_rule)"),
+    "gamma_rule": Option("pearl's γ when gamma is not given: measured (each round, the γ with the most expected "
+                         "tokens per second from the measured draft step, target forward by width and acceptance "
+                         "so far) or c (round(c), the paper's rule)", str, "RULE"),
     "draft_window": Option("prompt tokens the draft model reads"),
     "tree_width": Option("nodes kept per tree level: w"),
     "max_children": Option("children per node in the top-k expansion: c"),

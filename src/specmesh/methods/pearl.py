@@ -20,12 +20,17 @@ and the target's correction token if one was rejected.
 The mode is not stored: a round pre-verifies exactly when no drafts are undecided.
 Verification is the shared `verify` (sampling: the standard rule with each draft's
 q), on rank 0 only; the draft commits what it is told, so the ranks cannot diverge.
-γ defaults to round(c), c = target forward time / draft forward time, both measured
-at start-up with one thread each, at the same time (the paper's Table 6 choice).
+γ, unless given, is chosen before every round by `GammaPolicy`: the γ that maximises the
+expected tokens per ms of a two-state model of these rounds, from the draft's measured step,
+the target's forward measured by width, and the acceptance rate so far (`gamma_rule=measured`,
+the default); `gamma_rule=c` keeps the paper's rule (its Table 6): γ = round(c), c = target
+forward time / draft forward time, both measured at start-up with one thread each, at the
+same time.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,7 +45,8 @@ from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict, verify
 from specmesh.timing import rank_threads
 
-DEFAULTS = {"gamma": 0, "draft_window": 64, "timeout": 30}    # gamma 0: round(c), measured at start-up
+DEFAULTS = {"gamma": 0, "gamma_rule": "measured", "draft_window": 64, "timeout": 30}   # gamma 0: by gamma_rule
+GAMMA_RULES = ("measured", "c")
 
 
 class RanksDivergedError(RuntimeError):
@@ -51,9 +57,63 @@ def slack(options: dict) -> int:
     return (options["gamma"] or MAX_GAMMA) + 1          # the newest token and the undecided drafts
 
 
-def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> None:
-    """Method hook (LLM): the draft lives in its own process."""
-    models.remote = DraftPeer.start(models.target, draft, dtype, options["timeout"])
+# ---------------------------------------------------------------------------------------------
+# rank 0: γ from what is measured
+
+
+def tokens_per_ms(gamma: int, alpha: float, draft_ms: float, target_ms: Callable[[int], float]) -> float:
+    """Expected tokens per ms of PEARL's rounds with draft length γ, each draft accepted with
+    probability α, a draft step of `draft_ms` and a target forward of w tokens of target_ms(w).
+
+    Two states: pre-verify P (target width 1; its one check accepts with α: 1 token, on to Q;
+    else 1 token, stay) and post-verify Q (γ−1 undecided drafts: width γ; γ checks; all pass with
+    α^γ: γ tokens, stay; a rejection at k: k + 1 tokens, back to P). A round lasts as long as the
+    slower of the two ranks: max(γ·draft, target(width)). Renewal-reward over the stationary chain,
+    π_Q / π_P = α / (1 − α^γ):  (1 + r·E_Q) / (t_P + r·t_Q),  E_Q = (1 − α^γ) / (1 − α)."""
+    t_p, t_q = max(gamma * draft_ms, target_ms(1)), max(gamma * draft_ms, target_ms(gamma))
+    if alpha >= 1.0:
+        return gamma / t_q
+    e_q = (1 - alpha ** gamma) / (1 - alpha)
+    r = alpha / (1 - alpha ** gamma)
+    return (1 + r * e_q) / (t_p + r * t_q)
+
+
+def by_width(measured: dict[int, float]) -> Callable[[int], float]:
+    """A target's forward time for any width, linear between the measured widths (flat past the ends)."""
+    widths = sorted(measured)
+
+    def ms(w: int) -> float:
+        lo = max([x for x in widths if x <= w], default=widths[0])
+        hi = min([x for x in widths if x >= w], default=widths[-1])
+        if lo == hi:
+            return measured[lo]
+        return measured[lo] + (measured[hi] - measured[lo]) * (w - lo) / (hi - lo)
+    return ms
+
+
+@dataclass
+class GammaPolicy:
+    """γ for the next round: argmax over 1..MAX_GAMMA of `tokens_per_ms`, with α the acceptance so
+    far (accepted drafts / (accepted + rejections): the chain's maximum-likelihood estimate), starting
+    from a prior of PRIOR_ALPHA worth PRIOR_CHECKS checks."""
+    draft_ms: float
+    target_ms: dict[int, float]                 # width -> ms of the target's forward
+    accepted: int = 0
+    rejected: int = 0
+    PRIOR_ALPHA, PRIOR_CHECKS = 0.6, 4
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + self.PRIOR_ALPHA * self.PRIOR_CHECKS) / (
+            self.accepted + self.rejected + self.PRIOR_CHECKS)
+
+    def observe(self, accepted: int, rejected: bool) -> None:
+        self.accepted += accepted
+        self.rejected += rejected
+
+    def gamma(self) -> int:
+        alpha, ms = self.alpha, by_width(self.target_ms)
+        return max(range(1, MAX_GAMMA + 1), key=lambda g: tokens_per_ms(g, alpha, self.draft_ms, ms))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,12 +159,15 @@ class Rounds:
 def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
     """Rank 0's loop (`timeout` took effect when the draft rank started: see `start`)."""
     target, stats, peer = models.target, seq.stats, models.remote
-    gamma = options["gamma"] or peer.gamma
+    policy = GammaPolicy(peer.draft_ms, peer.target_ms_by_width)
+    fixed = options["gamma"] or (peer.gamma if options["gamma_rule"] == "c" else None)
+    gamma = fixed or policy.gamma()
     sampling = not seq.params.greedy
-    stats.info.update(c=peer.c, gamma=gamma)
+    stats.info.update(c=peer.c, gamma_rule="given" if options["gamma"] else options["gamma_rule"])
+    gammas = []
     cache = KVCache.for_model(target, 1, len(seq.ids) + seq.limit + slack(options))
     accepted, token, generated = 0, -1, []
-    peer.begin(seq, gamma, options["draft_window"], seed=int(torch.randint(2 ** 62, (), generator=seq.generator,
+    peer.begin(seq, options["draft_window"], seed=int(torch.randint(2 ** 62, (), generator=seq.generator,
                                                                          device=seq.generator.device)))
     try:
         logits = prefill(target, cache, seq)                            # the draft prefills its window meanwhile
@@ -114,9 +177,9 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
             while True:
                 generated += emitted
                 yield emitted
-                peer.decide(accepted, token)                            # the draft goes on from here
+                peer.decide(accepted, token, gamma)                     # the draft goes on from here
                 logits = target(torch.tensor([rounds.inputs()], device=target.device), cache)[0]
-                drafts, q = peer.drafts(gamma, sampling)
+                drafts, q = peer.drafts(sampling)
                 q = None if q is None else q.to(logits.device)
                 tree = rounds.chain(drafts, q)
                 verdict = verify(tree, logits, seq.params, seq.generator, seq.penalty)
@@ -129,15 +192,30 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
                 stats.drafted_tokens += len(tree) - 1
                 stats.accepted_tokens += accepted
                 stats.phases += token >= 0                     # a rejection ends a drafting phase
+                policy.observe(accepted, token >= 0)
+                gammas.append(gamma)
+                gamma = fixed or policy.gamma()
     finally:
+        stats.info["gamma"] = round(sum(gammas) / len(gammas), 2) if gammas else gamma   # the mean over rounds
         stats.phases += token < 0 and accepted > 0     # the phase still running at the end
-        committed = peer.end(accepted, token, gamma, sampling)
+        committed = peer.end(accepted, token, sampling)
         if committed is not None and committed != generated:
             raise RanksDivergedError(f"pearl: the draft rank committed {len(committed)} tokens that differ from "
                                      f"the target rank's {len(generated)}")
 
 
+def check(options: dict) -> None:
+    if options["gamma_rule"] not in GAMMA_RULES:
+        raise ValueError(f"pearl: gamma_rule must be one of {', '.join(GAMMA_RULES)}, got {options['gamma_rule']!r}")
+
+
+def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> None:
+    """Method hook (LLM): the draft lives in its own process."""
+    check(options)
+    models.remote = DraftPeer.start(models.target, draft, dtype, options["timeout"])
+
+
 SPEC = MethodSpec("pearl", "PEARL: draft and target in two processes, working at the same time (pre-verify / "
-                  "post-verify); γ = round(c) measured at start-up", DEFAULTS, True,
+                  "post-verify); γ chosen each round from measured costs and acceptance", DEFAULTS, True,
                   build=lambda models, method, runner: Loop(models, decode, method.options, penalties=True),
                   slack=slack, start=start, max_rows=1)

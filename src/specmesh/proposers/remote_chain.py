@@ -4,7 +4,8 @@ Rank 1 (`DraftServer`) holds the draft and, per job, a `ChainDrafter`: each roun
 (proposers/draft_model.py, the one draft forward loop) drafts γ tokens (with their q rows when sampling)
 while rank 0's target works, sends them, and commits whatever rank 0 decides. Rank 0 sees it through `DraftPeer`: start-up and calibration (γ defaults to round(c), c = target
 forward time / draft forward time, both measured at start-up with one thread each, at the same time:
-the paper's Table 6 choice), then per job begin -> (decide -> drafts)* -> end (methods/pearl.py).
+the paper's Table 6 choice; and the target's forward by width, for methods/pearl.py's GammaPolicy), then per
+job begin -> (decide -> drafts)* -> end (methods/pearl.py); each decision names the next round's γ.
 """
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ from specmesh.runtime.link import Link, PeerError, connect
 from specmesh.spec.penalties import Penalty, penalty_for
 from specmesh.spec.sampling import SamplingParams
 from specmesh.spec.verify import Verdict
-from specmesh.timing import forward_ms, torch_threads
+from specmesh.timing import forward_ms, rank_threads, torch_threads
 
 MAX_GAMMA = 16
+WIDTHS = (2, 4, 8, 12, MAX_GAMMA)     # target widths measured beside width 1, for the γ policy
 ROLES = ["target", "draft"]
 CONTINUE, STOP = 0, 1
 
@@ -61,11 +63,10 @@ class ChainDrafter:
     The draft model's cache holds the prompt window, then the first `read` of `chain.tokens`; the first
     `final` of those are decided. A rejection that drops drafts the draft has read rolls its cache back."""
 
-    def __init__(self, model, prompt: list[int], window: int, limit: int, gamma: int, params: SamplingParams,
-                 seed: int):
+    def __init__(self, model, prompt: list[int], window: int, limit: int, params: SamplingParams, seed: int):
         self.chain = Chain(prompt[-window:], params, torch.Generator(model.device).manual_seed(seed))
         self.base = len(self.chain.ids)
-        self.draft = DraftModel(model, 1, self.base + limit + 2 * gamma + 2, window)
+        self.draft = DraftModel(model, 1, self.base + limit + 2 * MAX_GAMMA + 2, window)
         self.draft.admit(0, self.chain)
         self.read, self.final = -1, 0           # -1: the prompt window is not read yet
 
@@ -114,17 +115,16 @@ class DraftServer:
 
     def serve(self, link: Link, job: dict) -> None:
         params = SamplingParams.from_job(job["params"])
-        drafter = ChainDrafter(self.model, job["prompt"], job["window"], job["limit"], job["gamma"], params,
-                               job["seed"])
-        decision = torch.zeros(3, dtype=torch.int64)
+        drafter = ChainDrafter(self.model, job["prompt"], job["window"], job["limit"], params, job["seed"])
+        decision = torch.zeros(4, dtype=torch.int64)
         while True:
-            status, accepted, token = link.recv(decision, 0).tolist()
+            status, accepted, token, gamma = link.recv(decision, 0).tolist()
             drafter.decide(accepted, token)
             if status == STOP:                  # answer with what this rank committed, for rank 0 to check
                 link.send(torch.tensor([len(drafter.committed)]), 0)
                 link.send(torch.tensor(drafter.committed, dtype=torch.int64), 0)
                 return
-            tokens, q = drafter.draft_chain(job["gamma"])
+            tokens, q = drafter.draft_chain(gamma)
             link.send(torch.tensor(tokens), 0)
             if q is not None:
                 link.send(q, 0)
@@ -138,11 +138,12 @@ class DraftPeer:
     """The draft rank, seen from rank 0: start-up and calibration, then per job
     begin -> (decide -> drafts)* -> end."""
 
-    def __init__(self, link: Link, target_ms: float, draft_ms: float, vocab: int):
+    def __init__(self, link: Link, target_ms: float, draft_ms: float, vocab: int, target_ms_by_width: dict):
         self.link, self.target_ms, self.draft_ms, self.vocab = link, target_ms, draft_ms, vocab
+        self.target_ms_by_width = target_ms_by_width       # width -> ms, with the threads rank 0 decodes with
         self.c = target_ms / draft_ms
         self.gamma = max(1, min(MAX_GAMMA, round(self.c)))
-        self.awaiting = False           # a decision was sent: the draft owes us its drafts
+        self.awaiting = 0               # a decision was sent: the draft owes us this many drafts
         self.broken: PeerError | None = None
 
     @classmethod
@@ -156,9 +157,12 @@ class DraftPeer:
         with torch_threads(1):
             target_ms = forward_ms(target)          # while the draft times itself
         draft_ms, vocab = link.recv(torch.zeros(2, dtype=torch.float64), 1).tolist()
-        peer = cls(link, target_ms, draft_ms, int(vocab))
+        with rank_threads(2):
+            widths = {1: target_ms} | {w: forward_ms(target, w, reps=10) for w in WIDTHS}
+        peer = cls(link, target_ms, draft_ms, int(vocab), widths)
         print(f"pearl: target forward {target_ms:.2f} ms, draft forward {draft_ms:.2f} ms (one thread each, "
-              f"measured together): c = {peer.c:.2f}, gamma = {peer.gamma}", file=sys.stderr, flush=True)
+              f"measured together): c = {peer.c:.2f}, round(c) = {peer.gamma}; target forward by width: "
+              + ", ".join(f"{w}: {ms:.2f}" for w, ms in widths.items()) + " ms", file=sys.stderr, flush=True)
         atexit.register(peer.close)
         return peer
 
@@ -171,29 +175,30 @@ class DraftPeer:
             self.broken = e
             raise
 
-    def begin(self, seq: Sequence, gamma: int, window: int, seed: int) -> None:
+    def begin(self, seq: Sequence, window: int, seed: int) -> None:
         self._guard(self.link.send_obj, {
-            "prompt": seq.ids, "window": window, "limit": seq.limit, "gamma": gamma, "seed": seed,
-            "params": seq.params.job()}, 1)
+            "prompt": seq.ids, "window": window, "limit": seq.limit, "seed": seed, "params": seq.params.job()}, 1)
 
-    def decide(self, accepted: int, token: int) -> None:
-        self._guard(self.link.send, torch.tensor([CONTINUE, accepted, token]), 1)
-        self.awaiting = True
+    def decide(self, accepted: int, token: int, gamma: int) -> None:
+        """Commit `accepted` drafts (then `token`, if >= 0) and draft γ more."""
+        self._guard(self.link.send, torch.tensor([CONTINUE, accepted, token, gamma]), 1)
+        self.awaiting = gamma
 
-    def drafts(self, gamma: int, sampling: bool) -> tuple[list[int], torch.Tensor | None]:
-        tokens = self._guard(self.link.recv, torch.zeros(gamma, dtype=torch.int64), 1).tolist()
-        q = self._guard(self.link.recv, torch.zeros(gamma, self.vocab), 1) if sampling else None
-        self.awaiting = False
+    def drafts(self, sampling: bool) -> tuple[list[int], torch.Tensor | None]:
+        """The γ drafts the last decision asked for (and their q rows [γ, V] when sampling)."""
+        tokens = self._guard(self.link.recv, torch.zeros(self.awaiting, dtype=torch.int64), 1).tolist()
+        q = self._guard(self.link.recv, torch.zeros(self.awaiting, self.vocab), 1) if sampling else None
+        self.awaiting = 0
         return tokens, q
 
-    def end(self, accepted: int, token: int, gamma: int, sampling: bool) -> list[int] | None:
+    def end(self, accepted: int, token: int, sampling: bool) -> list[int] | None:
         """Send the last decision with STOP; returns the tokens the draft rank committed."""
         if self.broken:
             return None
         if self.awaiting:                   # the job ended mid-round: take the drafts, decide nothing
-            self.drafts(gamma, sampling)
+            self.drafts(sampling)
             accepted, token = 0, -1
-        self._guard(self.link.send, torch.tensor([STOP, accepted, token]), 1)
+        self._guard(self.link.send, torch.tensor([STOP, accepted, token, 0]), 1)
         size = int(self._guard(self.link.recv, torch.zeros(1, dtype=torch.int64), 1))
         return self._guard(self.link.recv, torch.zeros(size, dtype=torch.int64), 1).tolist()
 
