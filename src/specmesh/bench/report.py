@@ -23,8 +23,8 @@ def print_table(result: dict, file=sys.stdout) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)), file=file)
     for name, m in result["methods"].items():
         if "c" in m:
-            print(f"{name}: c = {m['c']:.2f} (target / draft forward time, one thread each), gamma = {m['gamma']} (mean over rounds); "
-                  f"mat = accepted drafts per drafting phase", file=file)
+            print(f"{name}: c = {m['c']:.2f} (target / draft forward time, one thread each), "
+                  f"gamma = {m['gamma']} (mean over rounds); mat = accepted drafts per drafting phase", file=file)
 
 
 def plot(result: dict, path: str) -> None:
