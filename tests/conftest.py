@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 import pytest
 import torch
@@ -7,6 +8,8 @@ from tokenizers import Tokenizer
 from specmesh.model.model import ModelConfig, Transformer
 
 torch.set_num_threads(int(os.environ.get("SPECMESH_TEST_THREADS", "2")))
+# --method auto's choices go to a cache of this run (inherited by the CLI and server processes tests start)
+os.environ["SPECMESH_CACHE_DIR"] = tempfile.mkdtemp(prefix="specmesh-tune-")
 
 
 def pytest_collection_modifyitems(config, items):

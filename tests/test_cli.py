@@ -59,16 +59,34 @@ def test_bad_arguments_exit_2_with_one_line(args, message, tiny_checkpoint):
 
 
 def test_help_for_every_subcommand():
-    for sub in ("generate", "models", "bench", "train"):
+    for sub in ("generate", "tune", "models", "bench", "train"):
         r = specmesh(sub, "--help")
         assert r.returncode == 0 and "usage: specmesh " + sub in r.stdout
+
+
+def test_tune_measures_prints_candidates_and_caches(tiny_checkpoint, tiny_draft_checkpoint, tmp_path):
+    env = ENV | {"SPECMESH_CACHE_DIR": str(tmp_path)}
+    args = ["tune", "--target", tiny_checkpoint, "--draft", tiny_draft_checkpoint, "--json", "-"]
+    r = subprocess.run([sys.executable, "-m", "specmesh.cli", *map(str, args)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert {c["method"] for c in out["candidates"]} == {"ar", "sd", "tree"} and out["method"] in ("ar", "sd", "tree")
+    assert out["reason"].startswith(f"auto: {out['method']}") and "ms/token" in r.stderr
+    assert list(json.loads((tmp_path / "tune.json").read_text()).values())[0]["method"] == out["method"]
+    r = subprocess.run([sys.executable, "-m", "specmesh.cli", "generate", "def f():", "--target", str(tiny_checkpoint),
+                        "--draft", str(tiny_draft_checkpoint), "--max-new-tokens", "4", "--json", "-"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["auto"]["method"] == out["method"] and "calibrating" not in r.stderr   # cached
+    assert f"[{out['method']}]" in r.stderr
 
 
 def test_bench_methods_and_peers_json_and_plot(tiny_checkpoint, tiny_draft_checkpoint, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def foo(x):"}\n{"turns": ["class A:", "ignored"]}\n')
     dest, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    methods = ["ar", "hf", "sd", "tree", "hf-assisted", "hf-pld"]
+    methods = ["ar", "hf", "sd", "tree", "auto", "hf-assisted", "hf-pld"]
     r = specmesh("bench", "--methods", ",".join(methods), "--target", tiny_checkpoint, "--draft",
                  tiny_draft_checkpoint, "--prompts", prompts, "--max-new-tokens", 8, "--dtype", "float32",
                  "--gamma", 2, "--json", dest, "--plot", png)
@@ -85,6 +103,7 @@ def test_bench_methods_and_peers_json_and_plot(tiny_checkpoint, tiny_draft_check
     assert out["methods"]["ar"]["speedup_vs_ar"] == 1.0
     assert out["methods"]["sd"]["acceptance_rate"] is not None and out["methods"]["ar"]["acceptance_rate"] is None
     assert len(out["per_prompt"]) == 2 * len(methods)
+    assert out["methods"]["auto"]["chose"] in ("ar", "sd", "tree") and f"auto: chose" in r.stdout
     assert png.stat().st_size > 10_000
 
 

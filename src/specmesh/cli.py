@@ -1,4 +1,4 @@
-"""specmesh command line: generate | models | bench | serve | loadtest | simulate | ngram | train."""
+"""specmesh command line: generate | tune | models | bench | serve | loadtest | simulate | ngram | train."""
 from __future__ import annotations
 
 import argparse
@@ -92,7 +92,9 @@ def build_parser() -> Parser:
     g = sub.add_parser("generate", help="generate text from a prompt (streams to the terminal)")
     g.add_argument("prompt", nargs="?", help="the prompt text")
     g.add_argument("--prompt-file", metavar="FILE", help="read the prompt verbatim from FILE ('-' for stdin)")
-    g.add_argument("--method", default="ar", help=f"decoding method: {', '.join(METHODS)} (default: ar)")
+    g.add_argument("--method", default="auto",
+                   help=f"decoding method: auto, {', '.join(METHODS)} (default: auto, the fastest lossless method "
+                        f"for this machine and pair, measured once and cached: specmesh tune)")
     add_model_args(g)
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--max-new-tokens", type=positive_int, default=128)
@@ -116,6 +118,14 @@ def build_parser() -> Parser:
     add_method_options(g)
     add_json(g)
 
+    t = sub.add_parser("tune", help="measure which method is fastest on this machine for a model pair (--method auto)")
+    t.add_argument("prompt", nargs="?", help="calibrate on this text (default: the shipped calibration prompts)")
+    t.add_argument("--prompt-file", metavar="FILE", help="calibrate on the text of FILE ('-' for stdin)")
+    add_model_args(t)
+    t.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the dtype to tune for (each is cached apart; default float32, as generate's)")
+    add_json(t)
+
     m = sub.add_parser("models", help="list the embedded models")
     add_json(m)
 
@@ -133,7 +143,8 @@ def build_parser() -> Parser:
     b.add_argument("--plot", metavar="OUT.png", help="draw speedup and tokens per target forward per method")
 
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
-    v.add_argument("--method", default="ar", choices=SERVED, help="decoding method (default: ar)")
+    v.add_argument("--method", default="auto", choices=["auto", *SERVED],
+                   help="decoding method (default: auto, as in generate)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     v.add_argument("--port", type=positive_int, default=8000)
     v.add_argument("--model-name", default="specmesh-target", help="the model id clients send (default: specmesh-target)")
@@ -284,10 +295,27 @@ def cmd_generate(args, parser) -> int:
     per = (f"{s.generated_tokens / s.timesteps:.2f} tokens/timestep" if s.timesteps else
            f"{s.tokens_per_forward or 0:.2f} tokens/target forward")
     hits = f", hit rate {s.hits / s.decisions:.2f}" if s.decisions else ""
-    print(f"[{args.method}] {s.generated_tokens} tokens in {s.elapsed_s:.2f}s, {s.tokens_per_s or 0:.1f} tok/s, "
+    print(f"[{llm.method.name}] {s.generated_tokens} tokens in {s.elapsed_s:.2f}s, {s.tokens_per_s or 0:.1f} tok/s, "
           f"{per}{hits}", file=sys.stderr)
     if args.json:
-        write_json(out.to_json(), args.json)
+        chose = llm.choice is not None and llm.choice.candidates       # auto, with something to choose from
+        write_json(out.to_json() | ({"auto": llm.choice.to_json()} if chose else {}), args.json)
+    return 0
+
+
+def cmd_tune(args, parser) -> int:
+    from specmesh import LLM
+    given = args.prompt is not None or args.prompt_file is not None
+    llm = LLM(target=args.target, draft=args.draft, method="auto", device=args.device, dtype=args.dtype,
+              retune=[read_prompt(args, parser)] if given else True)
+    choice = llm.choice
+    table = sys.stderr if args.json == "-" else sys.stdout
+    for c in choice.candidates:
+        opts = " ".join(f"{k}={v}" for k, v in c.options.items())
+        print(f"{c.method:10} {opts:40} {c.ms_per_token:6.2f} ms/token  {c.reason}", file=table)
+    print(choice.summary(), file=table)
+    if args.json:
+        write_json(choice.to_json(), args.json)
     return 0
 
 
@@ -409,7 +437,7 @@ def cmd_train(args, parser) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "models": cmd_models, "bench": cmd_bench, "serve": cmd_serve,
+COMMANDS = {"generate": cmd_generate, "tune": cmd_tune, "models": cmd_models, "bench": cmd_bench, "serve": cmd_serve,
             "loadtest": cmd_loadtest, "simulate": cmd_simulate, "ngram": cmd_ngram, "train": cmd_train}
 
 

@@ -6,13 +6,14 @@ its own parameters and seeded generator; every result equals what the prompt giv
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from specmesh import embedded, methods
+from specmesh import embedded, methods, tuning
 from specmesh.engine.engine import Engine
 from specmesh.engine.sequence import Output, Sequence
 from specmesh.methods import Models
@@ -42,21 +43,27 @@ class LLM:
     LLM() uses the embedded target; LLM(target=DIR, draft=DIR, method="sd") uses yours.
     Method options (gamma=4, tree_width=4, ...) go to the methods that have them.
     `max_batch`: sequences decoded together (the multi-process methods take one at a time).
+    method="auto" (the default): the fastest lossless method for this machine, pair and dtype
+    (tuning.py; measured once, then cached); `self.choice` says what it chose and why. `retune`:
+    True measures again on the shipped calibration prompts, a list of texts on those.
     """
 
-    def __init__(self, target: str | Path | None = None, draft: str | Path | None = None, method: str = "ar",
+    def __init__(self, target: str | Path | None = None, draft: str | Path | None = None, method: str = "auto",
                  device: str = "cpu", dtype: str | torch.dtype = "float32", max_batch: int = MAX_BATCH,
-                 **options):
-        self.method = methods.get(method, options)
+                 retune: bool | list[str] = False, **options):
+        auto = method == "auto"
+        self.method = methods.get("ar" if auto else method, options)
+        self.choice: tuning.Choice | None = None
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
         self.max_batch = max_batch
         self.dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
+        embedded_pair = not target
         target = Path(target) if target else embedded.path("target")
         self.tokenizer = load_tokenizer(target)
         self.models = Models(load_model(target, self.dtype, self.device), target_path=target)
-        if draft is None and self.method.needs_draft:
+        if draft is None and (self.method.needs_draft or auto and embedded_pair):
             draft = embedded.path("draft")
         if draft is not None:
             check_vocabularies(self.tokenizer, load_tokenizer(draft), target, Path(draft))
@@ -65,6 +72,12 @@ class LLM:
                                    self.method.options)
         elif draft is not None:
             self.models.draft = load_model(draft, self.dtype, self.device, draft=True)
+        if auto:
+            self.choice = tuning.choose(self, None if draft is None else Path(draft), bool(retune),
+                                        retune if isinstance(retune, list) else None)
+            if self.choice.candidates:                  # there was something to choose from
+                print(self.choice.summary(), file=sys.stderr, flush=True)
+            self.method = methods.get(self.choice.method, self.choice.options | {k: v for k, v in options.items() if v is not None})
 
     def close(self) -> None:
         """Stop the method's other processes, if it has any (pearl's draft rank, a pipeline's stages)."""

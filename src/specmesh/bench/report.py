@@ -22,6 +22,9 @@ def print_table(result: dict, file=sys.stdout) -> None:
     for line in [HEADERS, *rows]:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)), file=file)
     for name, m in result["methods"].items():
+        if "chose" in m:
+            opts = ", ".join(f"{k}={v}" for k, v in m["options"].items())
+            print(f"{name}: chose {m['chose']} ({opts})", file=file)
         if "c" in m:
             print(f"{name}: c = {m['c']:.2f} (target / draft forward time, one thread each), "
                   f"gamma = {m['gamma']} (mean over rounds); mat = accepted drafts per drafting phase", file=file)

@@ -141,8 +141,8 @@ def check_methods(names: list[str]) -> list[str]:
     """ar first; `pearl` brings `sd@1t` and `sd@2t` (its two processes have one thread each)."""
     for name in names:
         method = split_threads(name)[0]
-        if method not in methods.METHODS and method not in PEERS:
-            raise ValueError(f"unknown method {name!r}; available: {', '.join([*methods.METHODS, *PEERS])} "
+        if method not in methods.METHODS and method not in PEERS and method != "auto":
+            raise ValueError(f"unknown method {name!r}; available: auto, {', '.join([*methods.METHODS, *PEERS])} "
                              f"(NAME@Nt runs NAME with N threads)")
     if "pearl" in names:
         names = names + ["sd@1t", "sd@2t"]
@@ -273,8 +273,11 @@ def bench(cfg: BenchConfig) -> dict:
                 "target_forwards": stats.target_forwards, "equal_to_ar": div is None,
                 "first_divergence": div, "near_tie": tie})
         result["methods"][name] = summarize(dtype, threads_used(name, cfg.options), runs[name], refs, near, rss[name])
-        if split_threads(name)[0] in methods.METHODS:
-            result["methods"][name]["options"] = methods.get(split_threads(name)[0], cfg.options).options
+        llm = getattr(runners[name], "llm", None)
+        if llm is not None and split_threads(name)[0] not in PEERS:
+            result["methods"][name]["options"] = llm.method.options
+            if llm.choice is not None:              # auto: what it chose
+                result["methods"][name]["chose"] = llm.method.name
     for runner in runners.values():
         close(runner)
     ar_speed = result["methods"]["ar"]["tokens_per_s"]

@@ -49,8 +49,8 @@ def build(cfg: ServeConfig):
     from specmesh.serve.api import Server, create_app
     from specmesh.serve.metrics import Metrics
     from specmesh.serve.protocol import Limits
-    if cfg.method not in SERVED:
-        raise ValueError(f"the server runs methods {', '.join(SERVED)}; not {cfg.method!r}")
+    if cfg.method not in ("auto", *SERVED):
+        raise ValueError(f"the server runs methods auto, {', '.join(SERVED)}; not {cfg.method!r}")
     if not cfg.prefix_cache_mb >= 0:
         raise ValueError(f"--prefix-cache-mb must be >= 0, got {cfg.prefix_cache_mb}")
     llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype,

@@ -1,0 +1,294 @@
+"""`--method auto`: the fastest lossless method for this machine, model pair and dtype, from a short measurement.
+
+What is measured (`measure`):
+* the target's forward by width and the draft's (timing.forward_ms, 128 cached tokens);
+* one greedy calibration run of each candidate family (`ar`, `sd`, `tree`, `selfdraft`, those the models
+  allow) on the calibration prompts: its tokens per step τ, the width of its target forward, its draft
+  forwards per step, and its decoding time (the best of two runs, the prefill's time taken out).
+
+From these `predict` gives every candidate's ms per token:
+
+    step = target(width) + draft forwards · draft(draft width) + overhead,    ms/token = step / τ
+
+where a family's overhead per step (sampling, verification, the draft's catch-up) is what its calibration
+run took beyond the modelled forwards; so a calibrated candidate predicts its measured time, and `sd`'s
+γ = 1..MAX_SD_GAMMA are extrapolated from its run with a per-draft acceptance α fitted to its τ
+((1 − α^(γ+1)) / (1 − α) = τ). The fastest wins; a speculative method must beat `ar` by MARGIN.
+
+The choice is cached per machine (CPU, vector units, threads, device), model pair (paths, sizes, times)
+and dtype in CACHE (~/.cache/specmesh/tune.json; SPECMESH_CACHE_DIR moves it); `specmesh tune` measures
+again. `pearl` and the pipelines are not candidates: each needs processes of its own (docs/tuning.md).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from specmesh import methods
+from specmesh.kernels import cpu_flags
+from specmesh.methods.pearl import by_width
+from specmesh.spec.sampling import SamplingParams
+from specmesh.timing import forward_ms
+
+CALIBRATION = [          # code like what users send; written for this, in no training or bench set
+    'import json\nfrom pathlib import Path\n\n\nclass Settings:\n    """Settings read from a JSON file, with defaults."""\n\n'
+    '    defaults = {"host": "localhost", "port": 8080, "debug": False}\n\n    def __init__(self, path):\n'
+    '        self.path = Path(path)\n        self.values = dict(self.defaults)\n        if self.path.exists():\n'
+    '            with open(self.path) as f:\n                self.values.update(json.load(f))\n\n'
+    '    def get(self, key, default=None):\n',
+    'def merge_intervals(intervals):\n    """Merge overlapping [start, end] intervals; returns a new sorted list."""\n'
+    '    if not intervals:\n        return []\n    intervals = sorted(intervals, key=lambda pair: pair[0])\n'
+    '    merged = [list(intervals[0])]\n    for start, end in intervals[1:]:\n',
+    'import unittest\n\n\nclass StackTest(unittest.TestCase):\n\n    def setUp(self):\n        self.stack = Stack()\n\n'
+    '    def test_push_and_pop(self):\n        self.stack.push(1)\n        self.stack.push(2)\n'
+    '        self.assertEqual(self.stack.pop(), 2)\n        self.assertEqual(self.stack.pop(), 1)\n\n'
+    '    def test_pop_empty(self):\n',
+]
+NEW_TOKENS = 48
+TARGET_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
+DRAFT_WIDTHS = (1, 2, 4, 8)
+MAX_SD_GAMMA = 8
+MARGIN = 0.03           # a speculative method must predict 3% faster than ar (measurement noise)
+VECTOR_UNITS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
+
+
+@dataclass
+class Trial:
+    """One family's calibration run, summed over the calibration prompts."""
+    method: str
+    options: dict
+    tokens: int                 # tokens decoded after the prefill's
+    steps: int                  # decoding steps (a verification; ar: a forward)
+    target_tokens: int          # tokens through the target's forwards in those steps
+    draft_forwards: int
+    draft_width: int            # tokens per draft forward (a tree level's width)
+    ms: float                   # decoding time
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / self.steps
+
+
+@dataclass
+class Costs:
+    target_ms: dict[int, float]          # width -> ms of a forward after 128 cached tokens
+    draft_ms: dict[int, float]
+
+
+@dataclass
+class Candidate:
+    method: str
+    options: dict
+    ms_per_token: float
+    reason: str
+
+
+@dataclass
+class Choice:
+    method: str
+    options: dict
+    candidates: list[Candidate] = field(default_factory=list)
+    key: str = ""
+    measured_at: str = ""
+
+    def summary(self) -> str:
+        """One line: the choice and its reason (its predicted ms per token, and the runner-up's)."""
+        opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
+        head = f"auto: {self.method}{f' ({opts})' if opts else ''}"
+        if not self.candidates:
+            return f"{head}: no draft and no n-gram table to speculate with"
+        won = next(c for c in self.candidates if c.method == self.method and c.options == self.options)
+        other = next((c for c in self.candidates if c is not won), None)
+        versus = f"; next {other.method} {other.ms_per_token:.2f} ms/token" if other else ""
+        return f"{head}: {won.ms_per_token:.2f} ms/token, {won.reason}{versus}"
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"reason": self.summary()}
+
+
+def fitted_alpha(tau: float, gamma: int) -> float:
+    """α with (1 − α^(γ+1)) / (1 − α) = τ (the expected tokens of a γ-chain whose drafts each pass with α)."""
+    tau = min(max(tau, 1.0), gamma + 1 - 1e-6)
+    lo, hi = 0.0, 1.0 - 1e-9
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if (1 - mid ** (gamma + 1)) / (1 - mid) < tau else (lo, mid)
+    return lo
+
+
+def predict(costs: Costs, trials: list[Trial]) -> list[Candidate]:
+    """Every candidate's ms per token, fastest first."""
+    target, draft = by_width(costs.target_ms), by_width(costs.draft_ms)
+    out = []
+    for t in trials:
+        width = t.target_tokens / t.steps
+        forwards = target(round(width)) + t.draft_forwards / t.steps * draft(t.draft_width)
+        overhead = max(0.0, t.ms / t.steps - forwards)
+        out.append(Candidate(t.method, t.options, (forwards + overhead) / t.tau,
+                             f"{t.tau:.2f} tokens per step of {forwards + overhead:.2f} ms (target {width:.1f} "
+                             f"tokens {target(round(width)):.2f} ms, {t.draft_forwards / t.steps:.1f} draft forwards, "
+                             f"{overhead:.2f} ms other), measured"))
+        if t.method == "sd":
+            gamma = t.options["gamma"]
+            alpha, per_draft = fitted_alpha(t.tau, gamma), t.draft_forwards / t.steps / gamma
+            for g in range(1, MAX_SD_GAMMA + 1):
+                if g == gamma:
+                    continue
+                tau = (1 - alpha ** (g + 1)) / (1 - alpha)
+                step = target(g + 1) + g * per_draft * draft(1) + overhead
+                out.append(Candidate("sd", t.options | {"gamma": g}, step / tau,
+                                     f"{tau:.2f} tokens per step of {step:.2f} ms (α = {alpha:.2f} fitted to γ = "
+                                     f"{gamma}'s τ), predicted"))
+    return sorted(out, key=lambda c: c.ms_per_token)
+
+
+def pick(candidates: list[Candidate]) -> Candidate:
+    """The fastest; `ar` unless a speculative method predicts at least MARGIN faster."""
+    ar = next(c for c in candidates if c.method == "ar")
+    best = candidates[0]
+    return best if best.ms_per_token < ar.ms_per_token * (1 - MARGIN) else ar
+
+
+# ---------------------------------------------------------------------------------------------
+# measuring
+
+
+def families(llm) -> list[tuple[str, dict]]:
+    """The candidates' calibration configurations: what the loaded models allow, with their defaults
+    (`sd` calibrated at γ = 6, where its τ says most about α)."""
+    out = [("ar", {})]
+    if llm.models.draft is not None:
+        out += [("sd", {"gamma": 6}), ("tree", {})]
+    if has_ngram_table(llm):
+        out.append(("selfdraft", {}))
+    return out
+
+
+def has_ngram_table(llm) -> bool:
+    return llm.models.target_path is not None and (Path(llm.models.target_path) / "ngram.npz").exists()
+
+
+def measure_costs(llm) -> Costs:
+    draft = llm.models.draft
+    return Costs({w: forward_ms(llm.models.target, w, reps=8) for w in TARGET_WIDTHS},
+                 {w: forward_ms(draft, w, reps=8) for w in DRAFT_WIDTHS} if draft is not None else {1: 0.0})
+
+
+def decode(llm, prompt: list[int], new_tokens: int):
+    """Stats of a greedy run of `new_tokens` (best of 2 by time)."""
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    return min((llm.generate(prompt, params).stats for _ in range(2)), key=lambda s: s.elapsed_s)
+
+
+def trial(llm, name: str, options: dict, prompts: list[list[int]]) -> Trial:
+    """Run family `name` on the prompts: a full run less a one-token run (the prefill and first token)."""
+    llm.method = methods.get(name, options)
+    sums = dict(tokens=0, steps=0, target_tokens=0, draft_forwards=0, ms=0.0)
+    for prompt in prompts:
+        full, first = decode(llm, prompt, NEW_TOKENS), decode(llm, prompt, 1)
+        steps = full.target_forwards - first.target_forwards
+        sums["tokens"] += full.generated_tokens - first.generated_tokens
+        sums["steps"] += steps
+        sums["target_tokens"] += steps + full.drafted_tokens - first.drafted_tokens
+        sums["draft_forwards"] += full.draft_forwards - first.draft_forwards
+        sums["ms"] += (full.elapsed_s - first.elapsed_s) * 1e3
+    given = llm.method.options if name != "ar" else {}
+    keep = {k: given[k] for k in ("gamma", "tree_width", "max_children", "branches", "branch_len") if k in given}
+    return Trial(name, keep, draft_width=keep.get("tree_width", 1), **sums)
+
+
+def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Choice:
+    """Measure this machine and pair, and choose. `llm` must have its draft loaded (if any)."""
+    room = llm.context - NEW_TOKENS - 64             # a prompt's last tokens, where a small model's context is short
+    ids = [llm.encode(p)[-room:] for p in prompts or CALIBRATION]
+    chosen = llm.method
+    try:
+        with torch.inference_mode():
+            costs = measure_costs(llm)
+            trials = []
+            for name, options in families(llm):
+                if progress:
+                    print(f"auto: calibrating {name} ...", file=sys.stderr, flush=True)
+                trials.append(trial(llm, name, options, ids))
+    finally:
+        llm.method = chosen
+    candidates = predict(costs, trials)
+    best = pick(candidates)
+    return Choice(best.method, best.options, candidates, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+
+# ---------------------------------------------------------------------------------------------
+# the cache
+
+
+def cache_path() -> Path:
+    if os.environ.get("SPECMESH_CACHE_DIR"):
+        return Path(os.environ["SPECMESH_CACHE_DIR"]) / "tune.json"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specmesh" / "tune.json"
+
+
+def fingerprint(path: Path | None) -> str:
+    if path is None:
+        return "-"
+    path = Path(path).resolve()
+    files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.npz")) if path.is_dir() else [path]
+    return f"{path}:" + ",".join(f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files)
+
+
+def cache_key(llm, draft: Path | None) -> str:
+    """Machine (CPU model, vector units, threads, device), model pair and dtype."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    units = "+".join(u for u in VECTOR_UNITS if u in cpu_flags())
+    parts = [cpu, units, f"{torch.get_num_threads()} threads", str(llm.device), str(llm.dtype).split(".")[-1],
+             fingerprint(llm.models.target_path), fingerprint(draft)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:5])
+
+
+def load_cache() -> dict:
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def cached(key: str) -> Choice | None:
+    entry = load_cache().get(key)
+    if entry is None:
+        return None
+    entry["candidates"] = [Candidate(**c) for c in entry.get("candidates", [])]
+    return Choice(**entry)
+
+
+def store(choice: Choice) -> None:
+    entries = load_cache() | {choice.key: asdict(choice)}
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(entries, indent=1))
+    tmp.replace(path)
+
+
+def choose(llm, draft: Path | None, remeasure: bool = False, prompts: list[str] | None = None) -> Choice:
+    """The cached choice for this machine, pair and dtype, or a new measurement (stored)."""
+    if len(families(llm)) == 1:
+        return Choice("ar", {})
+    key = cache_key(llm, draft)
+    choice = None if remeasure else cached(key)
+    if choice is None:
+        choice = measure(llm, prompts)
+        choice.key = key
+        store(choice)
+    return choice

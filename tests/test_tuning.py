@@ -1,0 +1,101 @@
+"""`--method auto`: the choice on scripted costs, the cache, and the real thing on tiny models."""
+import json
+
+import pytest
+
+from specmesh import LLM, SamplingParams, tuning
+from specmesh.tuning import Costs, Trial
+
+FLAT = Costs({1: 2.0, 32: 2.0}, {1: 0.2, 8: 0.2})           # any width costs one forward (AMX-like)
+STEEP = Costs({1: 2.0, 2: 3.0, 8: 9.0, 32: 33.0}, {1: 0.2, 8: 1.0})   # every token costs (no AMX, old kernels)
+
+
+def ar_trial(ms_per_token=2.0):
+    return Trial("ar", {}, tokens=100, steps=100, target_tokens=100, draft_forwards=0, draft_width=1,
+                 ms=100 * ms_per_token)
+
+
+def sd_trial(tau=3.0, gamma=6, step_ms=4.0):
+    return Trial("sd", {"gamma": gamma}, tokens=int(30 * tau), steps=30, target_tokens=30 * (gamma + 1),
+                 draft_forwards=30 * gamma, draft_width=1, ms=30 * step_ms)
+
+
+def test_a_calibrated_candidate_predicts_what_it_measured():
+    [ar] = tuning.predict(FLAT, [ar_trial(2.5)])
+    assert ar.ms_per_token == pytest.approx(2.5)            # 2 ms forward + 0.5 ms overhead per step
+    sd = next(c for c in tuning.predict(FLAT, [sd_trial(3.0, 6, 4.4)]) if c.options["gamma"] == 6)
+    assert sd.ms_per_token == pytest.approx(4.4 / 3.0) and "measured" in sd.reason
+
+
+def test_sd_gamma_is_extrapolated_from_the_fitted_acceptance():
+    alpha = tuning.fitted_alpha(3.0, 6)
+    assert (1 - alpha ** 7) / (1 - alpha) == pytest.approx(3.0)
+    # flat target: 6 drafts of 0.2 ms + 2 ms forward = 3.2 ms; overhead 0.8 ms
+    cands = {c.options["gamma"]: c for c in tuning.predict(FLAT, [sd_trial(3.0, 6, 4.0)])}
+    g = 4
+    tau = (1 - alpha ** (g + 1)) / (1 - alpha)
+    assert cands[g].ms_per_token == pytest.approx((2.0 + g * 0.2 + 0.8) / tau) and "predicted" in cands[g].reason
+    assert sorted(cands) == list(range(1, tuning.MAX_SD_GAMMA + 1))
+
+
+@pytest.mark.parametrize("costs, tau, best", [
+    (FLAT, 5.5, range(6, 9)),       # width is free, acceptance high: long chains
+    (FLAT, 1.6, range(1, 4)),       # acceptance low: short ones
+    (STEEP, 5.5, range(2, 6)),      # every verified token costs a share of a forward: shorter than on FLAT
+])
+def test_auto_picks_gamma_from_costs_and_acceptance(costs, tau, best):
+    step = tuning.by_width(costs.target_ms)(7) + 6 * 0.2 + 0.5
+    choice = tuning.pick(tuning.predict(costs, [ar_trial(2.0), sd_trial(tau, 6, step)]))
+    assert choice.method in ("sd", "ar")
+    if choice.method == "sd":
+        assert choice.options["gamma"] in best
+
+
+@pytest.mark.parametrize("ar_ms, selfdraft_ms, tree_ms, expected", [
+    (2.0, 1.0, 1.5, "selfdraft"),
+    (2.0, 1.98, 1.99, "ar"),        # within the 3% margin: plain decoding is kept
+    (2.0, 3.0, 1.2, "tree"),
+])
+def test_auto_picks_the_fastest_family(ar_ms, selfdraft_ms, tree_ms, expected):
+    trials = [ar_trial(ar_ms),
+              Trial("selfdraft", {"branches": 1}, 100, 50, 300, 0, 1, 100 * selfdraft_ms),
+              Trial("tree", {"gamma": 5, "tree_width": 3}, 100, 25, 400, 125, 3, 100 * tree_ms)]
+    assert tuning.pick(tuning.predict(FLAT, trials)).method == expected
+
+
+def test_choice_is_cached_per_key_and_measured_again_on_request(tiny_checkpoint, tiny_draft_checkpoint, tmp_path,
+                                                               monkeypatch):
+    monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path))
+    calls = []
+    real = tuning.measure
+    monkeypatch.setattr(tuning, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
+    again = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
+    assert len(calls) == 1 and again.choice == first.choice
+    LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, dtype="bfloat16")       # another key
+    LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, retune=True)
+    assert len(calls) == 3
+    stored = json.loads((tmp_path / "tune.json").read_text())
+    assert len(stored) == 2 and all(e["method"] in ("ar", "sd", "tree") for e in stored.values())
+
+
+def test_auto_is_lossless_and_uses_what_it_chose(tiny_checkpoint, tiny_draft_checkpoint):
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
+    assert llm.method.name == llm.choice.method and {c.method for c in llm.choice.candidates} == {"ar", "sd", "tree"}
+    assert llm.choice.summary().startswith(f"auto: {llm.choice.method}")
+    ar = LLM(target=tiny_checkpoint, method="ar")
+    params = SamplingParams(max_new_tokens=20)
+    for prompt in ["def f(x):", "class A:\n"]:
+        assert llm.generate(prompt, params).tokens == ar.generate(prompt, params).tokens
+
+
+def test_auto_without_a_draft_or_ngram_table_is_ar_unmeasured(tiny_checkpoint, monkeypatch):
+    monkeypatch.setattr(tuning, "measure", lambda *a, **k: pytest.fail("nothing to choose from: no measurement"))
+    llm = LLM(target=tiny_checkpoint)
+    assert llm.method.name == "ar" and llm.choice.candidates == []
+
+
+def test_given_options_override_the_choice(tiny_checkpoint, tiny_draft_checkpoint):
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, gamma=2, tree_width=2)
+    if llm.method.name in ("sd", "tree"):
+        assert llm.method.options["gamma"] == 2
