@@ -51,6 +51,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", metavar="DIR", help="target checkpoint (HF layout); default: the embedded target")
     p.add_argument("--draft", metavar="DIR", help="draft checkpoint; default: the embedded draft when needed")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
+    p.add_argument("--quant", choices=["int8"], default=None,
+                   help="int8: target and draft weights quantized at load, a scale per 32 (like GGUF's Q8_0); "
+                        "every method stays lossless against the quantized model (docs/quantization.md)")
 
 
 def option_help(name: str, methods: list[str] | None = None) -> str:
@@ -258,10 +261,12 @@ def serve_torchrun_rank(args) -> int:
     timeout = args.timeout or METHODS[args.method].defaults["timeout"]
     torch.set_num_threads(1)
     if args.method == "pearl":
-        config = {"draft": str(args.draft or embedded.path("draft")), "dtype": args.dtype, "device": device}
+        config = {"draft": str(args.draft or embedded.path("draft")), "dtype": args.dtype, "quant": args.quant,
+                  "device": device}
         remote_chain.DraftServer(config).run(join_env(remote_chain.ROLES, timeout))
         return 0
-    config = {"target": str(args.target or embedded.path("target")), "dtype": args.dtype, "device": device}
+    config = {"target": str(args.target or embedded.path("target")), "dtype": args.dtype, "quant": args.quant,
+              "device": device}
     roles = pipeline.roles(args.stages or 2, args.method != "pp", bool(args.draft_apart))
     StageServer(config).run(join_env(roles, timeout))
     return 0
@@ -280,7 +285,7 @@ def cmd_generate(args, parser) -> int:
                             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
                             repetition_penalty=args.repetition_penalty, logit_bias=dict(args.logit_bias))
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
-              **method_options(args))
+              quant=args.quant, **method_options(args))
     with llm:
         run = llm.stream(prompt, params)
         stream = args.json != "-"
@@ -307,6 +312,7 @@ def cmd_tune(args, parser) -> int:
     from specmesh import LLM
     given = args.prompt is not None or args.prompt_file is not None
     llm = LLM(target=args.target, draft=args.draft, method="auto", device=args.device, dtype=args.dtype,
+              quant=args.quant,
               retune=[read_prompt(args, parser)] if given else True)
     choice = llm.choice
     table = sys.stderr if args.json == "-" else sys.stdout
@@ -339,7 +345,7 @@ def cmd_bench(args, parser) -> int:
     if not methods:
         parser.error("--methods is empty")
     cfg = BenchConfig(methods=methods, prompts=args.prompts, limit=args.limit, max_new_tokens=args.max_new_tokens,
-                      dtype=args.dtype, threads=args.threads, target=args.target, draft=args.draft,
+                      dtype=args.dtype, threads=args.threads, target=args.target, draft=args.draft, quant=args.quant,
                       device=args.device, options=method_options(args))
     result = run_bench(cfg)
     print_table(result, file=sys.stderr if args.json == "-" else sys.stdout)
@@ -354,7 +360,7 @@ def cmd_bench(args, parser) -> int:
 def cmd_serve(args, parser) -> int:
     from specmesh.serve import ServeConfig, run
     return run(ServeConfig(method=args.method, host=args.host, port=args.port, model_name=args.model_name,
-                           dtype=args.dtype, target=args.target, draft=args.draft, device=args.device,
+                           dtype=args.dtype, target=args.target, draft=args.draft, device=args.device, quant=args.quant,
                            max_batch=args.max_batch, max_kv_mb=args.max_kv_mb, options=method_options(args),
                            grace_s=args.grace,
                            max_n=args.max_n, max_queued=args.max_queued, prefill_chunk=args.prefill_chunk,

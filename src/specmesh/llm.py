@@ -45,12 +45,13 @@ class LLM:
     `max_batch`: sequences decoded together (the multi-process methods take one at a time).
     method="auto" (the default): the fastest lossless method for this machine, pair and dtype
     (tuning.py; measured once, then cached); `self.choice` says what it chose and why. `retune`:
-    True measures again on the shipped calibration prompts, a list of texts on those.
+    True measures again on the shipped calibration prompts, a list of texts on those. `quant="int8"`:
+    target and draft quantized at load (model/quant.py); every method is lossless against that model.
     """
 
     def __init__(self, target: str | Path | None = None, draft: str | Path | None = None, method: str = "auto",
                  device: str = "cpu", dtype: str | torch.dtype = "float32", max_batch: int = MAX_BATCH,
-                 retune: bool | list[str] = False, **options):
+                 quant: str | None = None, retune: bool | list[str] = False, **options):
         auto = method == "auto"
         self.method = methods.get("ar" if auto else method, options)
         self.choice: tuning.Choice | None = None
@@ -62,7 +63,7 @@ class LLM:
         embedded_pair = not target
         target = Path(target) if target else embedded.path("target")
         self.tokenizer = load_tokenizer(target)
-        self.models = Models(load_model(target, self.dtype, self.device), target_path=target)
+        self.models = Models(load_model(target, self.dtype, self.device, quant=quant), target_path=target)
         if draft is None and (self.method.needs_draft or auto and embedded_pair):
             draft = embedded.path("draft")
         if draft is not None:
@@ -71,13 +72,14 @@ class LLM:
             self.method.spec.start(self.models, None if draft is None else Path(draft), self.dtype,
                                    self.method.options)
         elif draft is not None:
-            self.models.draft = load_model(draft, self.dtype, self.device, draft=True)
+            self.models.draft = load_model(draft, self.dtype, self.device, draft=True, quant=quant)
         if auto:
             self.choice = tuning.choose(self, None if draft is None else Path(draft), bool(retune),
                                         retune if isinstance(retune, list) else None)
             if self.choice.candidates:                  # there was something to choose from
                 print(self.choice.summary(), file=sys.stderr, flush=True)
-            self.method = methods.get(self.choice.method, self.choice.options | {k: v for k, v in options.items() if v is not None})
+            given = {k: v for k, v in options.items() if v is not None}
+            self.method = methods.get(self.choice.method, self.choice.options | given)
 
     def close(self) -> None:
         """Stop the method's other processes, if it has any (pearl's draft rank, a pipeline's stages)."""

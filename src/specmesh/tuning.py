@@ -39,7 +39,8 @@ from specmesh.spec.sampling import SamplingParams
 from specmesh.timing import forward_ms
 
 CALIBRATION = [          # code like what users send; written for this, in no training or bench set
-    'import json\nfrom pathlib import Path\n\n\nclass Settings:\n    """Settings read from a JSON file, with defaults."""\n\n'
+    'import json\nfrom pathlib import Path\n\n\nclass Settings:\n'
+    '    """Settings read from a JSON file, with defaults."""\n\n'
     '    defaults = {"host": "localhost", "port": 8080, "debug": False}\n\n    def __init__(self, path):\n'
     '        self.path = Path(path)\n        self.values = dict(self.defaults)\n        if self.path.exists():\n'
     '            with open(self.path) as f:\n                self.values.update(json.load(f))\n\n'
@@ -115,7 +116,7 @@ class Choice:
 
 
 def fitted_alpha(tau: float, gamma: int) -> float:
-    """α with (1 − α^(γ+1)) / (1 − α) = τ (the expected tokens of a γ-chain whose drafts each pass with α)."""
+    """α with (1 − α^(γ+1)) / (1 − α) = τ: the expected tokens of a γ-chain whose drafts each pass with α."""
     tau = min(max(tau, 1.0), gamma + 1 - 1e-6)
     lo, hi = 0.0, 1.0 - 1e-9
     for _ in range(60):
@@ -253,8 +254,8 @@ def cache_key(llm, draft: Path | None) -> str:
         pass
     units = "+".join(u for u in VECTOR_UNITS if u in cpu_flags())
     parts = [cpu, units, f"{torch.get_num_threads()} threads", str(llm.device), str(llm.dtype).split(".")[-1],
-             fingerprint(llm.models.target_path), fingerprint(draft)]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:5])
+             f"quant {llm.models.target.quant}", fingerprint(llm.models.target_path), fingerprint(draft)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:6])
 
 
 def load_cache() -> dict:

@@ -8,6 +8,7 @@ from torch import nn
 
 from specmesh import kernels
 from specmesh.model.model import RMSNorm
+from specmesh.model.quant import dequantize_q8, quantize_model, quantize_q8
 
 ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 40)       # every path: gemv, C kernel blocks, packed float32
 
@@ -142,6 +143,40 @@ def test_dp_linear_matches_exact_product_and_is_row_invariant(shape, bias):
     for rows in (1, 2, 7, 8, 9, 15, 16, 17):
         assert torch.equal(fast(x[:rows]), out[:rows]), rows
     assert torch.equal(torch.cat([fast(x[i:i + 1]) for i in range(len(x))]), out)
+
+
+@pytest.mark.cpu(*kernels.DP)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(100, 83), (101, 16), (64, 8192), (96, 48)])
+def test_q8_linear_is_dp_linear_on_the_dequantized_weights(shape, bias):
+    """csrc/avx512.c's q8_linear widens each int8 weight to bf16(q · s): bit for bit what dp_linear gives on
+    the dequantized weights, for any number of rows (so a row's result does not depend on the others)."""
+    lib = kernels.avx2_lib()
+    assert hasattr(lib, "q8_linear"), "the CPU has AVX512-BF16 but csrc/avx512.c did not build"
+    torch.manual_seed(8)
+    K, N = shape
+    linear = nn.Linear(K, N, bias=bias)
+    quantize_model(linear, "int8")
+    q, scale = linear.q8
+    assert q.dtype == torch.int8 and scale.shape == (N, -(-K // 32)) and q.abs().max() == 127
+    fast = kernels.Q8Linear(kernels.BF16Linear(linear.bfloat16()), lib)
+    dense = kernels.DPLinear(kernels.BF16Linear(linear), lib)            # weights: bf16(q · s)
+    assert fast.weight.numel() * fast.weight.element_size() * 2 == dense.weight.numel() * dense.weight.element_size()
+    x = torch.randn(40, K)
+    out = fast(x)
+    assert torch.equal(out, dense(x))
+    for rows in (1, 2, 7, 12, 13, 17):
+        assert torch.equal(fast(x[:rows]), out[:rows]), rows
+
+
+def test_q8_quantization_error_is_bounded_by_half_a_step():
+    torch.manual_seed(9)
+    w = torch.randn(24, 70) * torch.logspace(-3, 1, 70)      # scales that differ along K
+    q, scale = quantize_q8(w)
+    back = dequantize_q8(q, scale)
+    step = scale.repeat_interleave(32, 1)[:, :70]
+    assert ((back - w).abs() <= step / 2 + 1e-7).all()
+    assert (back - w).abs().max() < w.abs().max() / 127
 
 
 @pytest.mark.cpu(*kernels.AMX)

@@ -42,6 +42,7 @@ class BenchConfig:
     limit: int | None = None
     max_new_tokens: int = 128
     dtype: str = "auto"
+    quant: str | None = None
     threads: int | None = None
     target: str | None = None
     draft: str | None = None
@@ -53,7 +54,7 @@ class OurRunner:
     def __init__(self, method: str, cfg: BenchConfig, dtype: str):
         from specmesh.llm import LLM
         self.llm = LLM(target=cfg.target, draft=cfg.draft, method=method, device=cfg.device, dtype=dtype,
-                       **cfg.options)
+                       quant=cfg.quant, **cfg.options)
 
     def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
         out = self.llm.generate(ids, SamplingParams(max_new_tokens=max_new_tokens))
@@ -137,7 +138,7 @@ def choose_dtype(method: str, cfg: BenchConfig, ids: list[int]) -> tuple[str, ob
     return best[1], best[2]
 
 
-def check_methods(names: list[str]) -> list[str]:
+def check_methods(names: list[str], quant: str | None = None) -> list[str]:
     """ar first; `pearl` brings `sd@1t` and `sd@2t` (its two processes have one thread each)."""
     for name in names:
         method = split_threads(name)[0]
@@ -146,6 +147,9 @@ def check_methods(names: list[str]) -> list[str]:
                              f"(NAME@Nt runs NAME with N threads)")
     if "pearl" in names:
         names = names + ["sd@1t", "sd@2t"]
+    if quant and any(split_threads(n)[0] in PEERS for n in names):
+        raise ValueError(f"--quant {quant} quantizes specmesh's models; the hf peers would run other weights: "
+                         f"bench them without --quant")
     return ["ar"] + [m for m in dict.fromkeys(names) if m != "ar"]
 
 
@@ -231,7 +235,7 @@ def run_bench(cfg: BenchConfig) -> dict:
 
 
 def bench(cfg: BenchConfig) -> dict:
-    names = check_methods(cfg.methods)
+    names = check_methods(cfg.methods, cfg.quant)
     prompts = load_prompts(cfg.prompts, cfg.limit)
     tokenizer = load_tokenizer(cfg.target or embedded.path("target"))
     ids = [tokenizer.encode(p) for p in prompts]

@@ -56,8 +56,8 @@ static inline float load_kv1(const void *c, int64_t i, int kv16) {
     return kv16 ? bf16_to_float(((const uint16_t *)c)[i]) : ((const float *)c)[i];
 }
 
-enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3, DP = 4 };  // weight kinds; int8 rows carry a float32 scale,
-static const int WBYTES[] = {2, 1, 4, 2, 2};         // AMX weights are bf16 packed for avx512.c
+enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3, DP = 4, Q8 = 5 };  // weight kinds; int8 rows carry a float32 scale,
+static const int WBYTES[] = {2, 1, 4, 2, 2, 1};      // AMX, DP and Q8 weights are packed for avx512.c
 
 // csrc/avx512.c, where it builds: kernels.py sets kind AMX only where it did and the CPU has AMX, and
 // switches the AVX-512 attention and int8 products on (use_avx512) only where the CPU has AVX-512
@@ -70,6 +70,8 @@ void amx_glu(const float *x, int M, int K, const uint16_t *w, int I, const float
 void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
                   float *y) __attribute__((weak));
 void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y)
+    __attribute__((weak));
+void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y)
     __attribute__((weak));
 void attend512_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
                     int kv_len, const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out, int g)
@@ -131,6 +133,10 @@ static void linear(const float *x, int M, int K, const void *w, int kind, const 
     }
     if (kind == DP) {
         dp_linear(x, M, K, w, N, bias, y);
+        return;
+    }
+    if (kind == Q8) {
+        q8_linear(x, M, K, w, scale, N, bias, y);
         return;
     }
     if (kind == INT8 && avx512) {

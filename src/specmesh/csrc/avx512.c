@@ -347,14 +347,38 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
 //   kp, then w[16 nb + j][2 kp + e] at [j][e] (zeros past N and K).
 #define DP_ROWS 12
 
-static inline __attribute__((always_inline)) void dp_rows(const uint32_t *xp, int KP, const uint16_t *wb,
-                                                          int64_t next, float *out, const int MB, const int NC) {
-    __m512 acc[DP_ROWS][2];
+// 32 int8 weights (16 columns x a pair of K) times their columns' scales, rounded to bf16 (nearest
+// even): bit for bit what torch's bf16(q * s) gives, so a Q8 layer computes what a bf16 layer holding
+// the dequantized weights does. s_lo / s_hi: the scales of columns 0-7 / 8-15, each twice (its pair).
+static inline __attribute__((always_inline)) __m512bh q8_pairs(const int8_t *q, __m512 s_lo, __m512 s_hi) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)q);
+    __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v))), s_lo);
+    __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1))), s_hi);
+    return _mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// MB rows of x (bf16 pairs, row stride KP) times NC blocks of 16 columns: bf16 weights (Q8 = 0) or
+// int8 with a float32 scale per column and block of 32 of K (Q8 = 1; scales sb[NB][KP/16][32]).
+static inline __attribute__((always_inline)) void dp_rows(const uint32_t *xp, int KP, const void *wb, const float *sb,
+                                                          int64_t next, int64_t snext, float *out, const int MB,
+                                                          const int NC, const int Q8) {
+    __m512 acc[DP_ROWS][2], s[2][2];
     for (int i = 0; i < MB; i++)
         for (int c = 0; c < NC; c++) acc[i][c] = _mm512_setzero_ps();
     for (int kp = 0; kp < KP; kp++) {
         __m512bh w[2];
-        for (int c = 0; c < NC; c++) w[c] = (__m512bh)_mm512_loadu_si512(wb + c * next + (int64_t)kp * 32);
+        for (int c = 0; c < NC; c++) {
+            if (!Q8) {
+                w[c] = (__m512bh)_mm512_loadu_si512((const uint16_t *)wb + c * next + (int64_t)kp * 32);
+                continue;
+            }
+            if (kp % 16 == 0) {
+                const float *sc = sb + c * snext + (int64_t)(kp / 16) * 32;
+                s[c][0] = _mm512_loadu_ps(sc);
+                s[c][1] = _mm512_loadu_ps(sc + 16);
+            }
+            w[c] = q8_pairs((const int8_t *)wb + c * next + (int64_t)kp * 32, s[c][0], s[c][1]);
+        }
         for (int i = 0; i < MB; i++) {
             __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xp[(int64_t)i * KP + kp]);
             for (int c = 0; c < NC; c++) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], xv, w[c]);
@@ -364,11 +388,17 @@ static inline __attribute__((always_inline)) void dp_rows(const uint32_t *xp, in
         for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + 32 * i + 16 * c, acc[i][c]);
 }
 
-#define DP_CASE(n) case n: if (nc == 2) dp_rows(xm, KP, wb, next, out, n, 2); else dp_rows(xm, KP, wb, next, out, n, 1); break;
+#define DP_CASE(n) case n: \
+    if (nc == 2) { if (q8) dp_rows(xm, KP, wb, sb, next, snext, out, n, 2, 1); \
+                   else dp_rows(xm, KP, wb, sb, next, snext, out, n, 2, 0); } \
+    else { if (q8) dp_rows(xm, KP, wb, sb, next, snext, out, n, 1, 1); \
+           else dp_rows(xm, KP, wb, sb, next, snext, out, n, 1, 0); } break;
 
-void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
-    const int KP = (K + 1) / 2, NB = (N + 15) / 16;
-    const int64_t next = (int64_t)KP * 32;                            // bf16 elements per block of 16 columns
+static void dp_product(const float *x, int M, int K, const void *w, const float *scale, int N, const float *bias,
+                       float *y) {
+    const int KP = (K + 1) / 2, NB = (N + 15) / 16, q8 = scale != NULL;
+    const int64_t next = (int64_t)KP * 32;                     // weights per block of 16 columns
+    const int64_t snext = (int64_t)((KP + 15) / 16) * 32;      // scales per block of 16 columns (Q8)
     const int MB = (M + 15) / 16;
     uint32_t *xp = malloc(sizeof(uint32_t) * (int64_t)MB * 16 * KP);  // x as bf16 pairs, row by row (a zero pads odd K)
     for (int mb = 0; mb < MB; mb++)
@@ -376,7 +406,8 @@ void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const flo
                 (uint16_t *)(xp + (int64_t)mb * 16 * KP));
     #pragma omp parallel for schedule(static)
     for (int nb = 0; nb < NB; nb += 2) {
-        const uint16_t *wb = w + nb * next;
+        const void *wb = q8 ? (const void *)((const int8_t *)w + nb * next) : (const void *)((const uint16_t *)w + nb * next);
+        const float *sb = q8 ? scale + nb * snext : NULL;
         const int nc = NB - nb < 2 ? 1 : 2, cols = N - 16 * nb < 32 ? N - 16 * nb : 32;
         float out[DP_ROWS * 32] __attribute__((aligned(64)));
         for (int m0 = 0; m0 < M; m0 += DP_ROWS) {
@@ -392,6 +423,19 @@ void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const flo
         }
     }
     free(xp);
+}
+
+void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
+    dp_product(x, M, K, w, NULL, N, bias, y);
+}
+
+// q8_linear: dp_linear with Q8 weights (`--quant int8`, in the spirit of GGUF's Q8_0): int8 packed as
+//   dp_linear's bf16 ([NB][KP][16][2]: half the bytes) and a float32 scale per output column and block
+//   of 32 of K (scale[NB][ceil(KP / 16)][32]: block kb's 16 column scales, each twice). Each weight is
+//   widened to bf16(q * s) on the fly (q8_pairs): the same products as dp_linear over the dequantized
+//   weights, bit for bit, from half the memory traffic.
+void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
+    dp_product(x, M, K, w, scale, N, bias, y);
 }
 
 // Causal attention of a long forward (a prefill) on the tile unit, for head dim 64 and a bf16 cache:

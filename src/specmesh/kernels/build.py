@@ -94,6 +94,8 @@ def avx2_lib() -> ctypes.CDLL | None:
         kernel.amx_attention.restype = None
         kernel.dp_linear.argtypes = kernel.bf16_linear.argtypes
         kernel.dp_linear.restype = None
+        kernel.q8_linear.argtypes = kernel.i8_linear.argtypes
+        kernel.q8_linear.restype = None
         if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
             kernel.use_avx512(1)
     return kernel

@@ -48,6 +48,7 @@ class BF16Linear(nn.Module):
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(self.weight.float(), 1),
                              persistent=False)
         self.kernel = avx2_lib()
+        self.q8 = getattr(linear, "q8", None)                                 # --quant int8: (q, scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -117,12 +118,35 @@ class DPLinear(nn.Module):
         return packed_product(self.kernel.dp_linear, self, x)
 
 
-def dp_pack(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] weight -> bf16 [NB, KP, 16, 2] for csrc/avx512.c's dp_linear, padded with zeros to NB =
-    ceil(N / 16) blocks of 16 output columns and KP = ceil(K / 2) pairs: [nb, kp, j, e] = w[16 nb + j, 2 kp + e]."""
+class Q8Linear(nn.Module):
+    """A `--quant int8` linear (model/quant.py) through csrc/avx512.c's q8_linear: dp_linear's product over
+    int8 weights widened to bf16(q · s) on the fly, the same values as DPLinear on the dequantized weights
+    from half the bytes."""
+    KIND = 5                                    # csrc/avx2.c's weight kind
+
+    def __init__(self, linear: BF16Linear, kernel: ctypes.CDLL):
+        super().__init__()
+        self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
+        self.bias, self.bias32 = linear.bias, linear.bias32
+        q, scale = linear.q8
+        self.weight = dp_pack(q, torch.int8)                                   # [NB, KP, 16, 2] int8
+        NB, KB = self.weight.shape[0], scale.shape[1]
+        s = F.pad(scale, (0, 0, 0, NB * 16 - scale.shape[0]))                  # [NB * 16, KB]
+        self.scale = s.view(NB, 16, KB).permute(0, 2, 1).repeat_interleave(2, -1).contiguous()   # [NB, KB, 32]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def product(x, m, k, w, n, bias, y):
+            self.kernel.q8_linear(x, m, k, w, self.scale.data_ptr(), n, bias, y)
+        return packed_product(product, self, x)
+
+
+def dp_pack(weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """[N, K] weight -> [NB, KP, 16, 2] of `dtype` for csrc/avx512.c's dp_linear (bf16) or q8_linear (int8),
+    padded with zeros to NB = ceil(N / 16) blocks of 16 output columns and KP = ceil(K / 2) pairs:
+    [nb, kp, j, e] = w[16 nb + j, 2 kp + e]."""
     N, K = weight.shape
     NB, KP = -(-N // 16), -(-K // 2)
-    w = F.pad(weight.to(torch.bfloat16), (0, KP * 2 - K, 0, NB * 16 - N))
+    w = F.pad(weight.to(dtype), (0, KP * 2 - K, 0, NB * 16 - N))
     return w.view(NB, 16, KP, 2).permute(0, 2, 1, 3).contiguous()
 
 

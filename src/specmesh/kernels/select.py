@@ -7,8 +7,8 @@ from torch import nn
 
 from specmesh.kernels.build import amx_lib, avx2_lib, dp_lib, native_bf16
 from specmesh.kernels.forward import CBlock, CForward, CRMSNorm
-from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, Int8Linear, PackedLinear, can_pack,
-                                      glu_order)
+from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, Int8Linear, PackedLinear, Q8Linear,
+                                      can_pack, glu_order)
 from specmesh.model.model import MLP, Block, RMSNorm
 
 
@@ -24,7 +24,8 @@ def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
 def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.Module:
     """bf16 linear weights (int8 with `int8`: draft models), float32 everywhere else, C norms
     and blocks where they build (in place); few-row products on the AVX512-BF16 dot product where the
-    CPU has it but no AMX. With AMX, MLPs whose width is a multiple of 32 apply
+    CPU has it but no AMX (`--quant int8` models: on their int8 weights, Q8Linear). With AMX, MLPs
+    whose width is a multiple of 32 apply
     SwiGLU in the gate/up product (amx_glu; `glu=False`: product, then SwiGLU: the same values)."""
     if (amx := amx_lib()) is not None and not int8:
         for mlp in (m for m in model.modules() if glu and isinstance(m, MLP) and m.down.in_features % 32 == 0):
@@ -34,9 +35,12 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> 
         _replace(model, nn.Linear, BF16Linear)
     model.float()                               # the linears' bf16 weights are no parameters: they stay
     if (lib := avx2_lib()) is not None:
-        if int8:
+        dp = dp_lib()
+        if dp is not None and any(m.q8 is not None for m in model.modules() if isinstance(m, BF16Linear)):
+            _replace(model, BF16Linear, lambda linear: Q8Linear(linear, dp))      # --quant int8
+        elif int8:
             _replace(model, BF16Linear, lambda linear: Int8Linear(linear, lib))
-        elif (dp := dp_lib()) is not None:
+        elif dp is not None:
             _replace(model, BF16Linear, lambda linear: DPLinear(linear, dp))
         _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
         _replace(model, Block, CBlock)

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specmesh.kernels import select_kernels
+from specmesh.model.quant import quantize_model
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
 from specmesh.model.tokenizer import Tokenizer
 
@@ -76,10 +77,11 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               pack: bool = True, draft: bool = False) -> Transformer:
+               pack: bool = True, draft: bool = False, quant: str | None = None) -> Transformer:
     """Load a checkpoint for inference; `pack` puts this CPU's kernels in place (kernels.select_kernels: the
     one place they are chosen, for `LLM` and the server alike), which for a bf16 `draft` model hold its
-    weights in int8 where csrc/avx2.c builds."""
+    weights in int8 where csrc/avx2.c builds. `quant="int8"`: the linears quantized (model/quant.py);
+    the model as loaded is the quantized one, `model.quant` says so."""
     path = Path(path)
     cfg = read_config(path)
     hf = read_weights(path)
@@ -100,7 +102,10 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     if missing:
         raise CheckpointError(f"{path}: no weights for {missing[:3]}")
     model.inv_freq = rope_inv_freq(cfg)   # buffers are not in the checkpoint
+    if quant is not None:
+        quantize_model(model, quant)
     model = model.to(device=device, dtype=dtype).eval()
+    model.quant = quant
     if pack:
         select_kernels(model, draft)
     return model

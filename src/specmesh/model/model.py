@@ -205,6 +205,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    quant: str | None = None            # the quantization its weights were loaded with (model/quant.py)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg

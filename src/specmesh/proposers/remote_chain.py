@@ -105,7 +105,7 @@ class DraftServer:
 
     def __init__(self, config: dict):
         self.model = load_model(Path(config["draft"]), DTYPES[config["dtype"]], torch.device(config["device"]),
-                                draft=True)
+                                draft=True, quant=config.get("quant"))
 
     def run(self, link: Link) -> None:
         with torch.inference_mode():
@@ -152,7 +152,7 @@ class DraftPeer:
         if device.type == "cuda" and torch.cuda.device_count() > 1:      # the draft gets a GPU of its own
             device = torch.device("cuda", ((device.index or 0) + 1) % torch.cuda.device_count())
         config = {"serve": f"{__name__}:DraftServer", "draft": str(draft), "dtype": str(dtype).split(".")[-1],
-                  "device": str(device), "timeout": timeout_s, "threads": 1}
+                  "quant": target.quant, "device": str(device), "timeout": timeout_s, "threads": 1}
         link = connect(ROLES, config, timeout_s)
         with torch_threads(1):
             target_ms = forward_ms(target)          # while the draft times itself

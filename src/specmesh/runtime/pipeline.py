@@ -268,7 +268,8 @@ class Pipeline:
         the method supplies); with a `draft` (models.draft), rank 0 is S too."""
         target = models.target
         config = {"serve": serve, "target": str(models.target_path),
-                  "dtype": str(dtype).split(".")[-1], "device": str(target.device), "timeout": timeout, "threads": 1}
+                  "dtype": str(dtype).split(".")[-1], "quant": target.quant, "device": str(target.device),
+                  "timeout": timeout, "threads": 1}
         link = connect(roles(len(split), draft, apart), config, timeout)
         return cls(link, None if apart else Stage(target, link), split)
 

@@ -22,6 +22,7 @@ class ServeConfig:
     port: int = 8000
     model_name: str = "specmesh-target"
     dtype: str = "bfloat16"
+    quant: str | None = None
     target: str | None = None
     draft: str | None = None
     device: str = "cpu"
@@ -54,7 +55,7 @@ def build(cfg: ServeConfig):
     if not cfg.prefix_cache_mb >= 0:
         raise ValueError(f"--prefix-cache-mb must be >= 0, got {cfg.prefix_cache_mb}")
     llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype,
-              **cfg.options)
+              quant=cfg.quant, **cfg.options)
     llm.tokenizer.token_bytes                           # checked once now, not on the first request
     metrics = Metrics()
     max_len = llm.context + llm.method.slack

@@ -38,7 +38,7 @@ def slack(options: dict) -> int:
 def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> None:
     """Method hook (LLM): load the draft (this rank is S), measure the costs that balance the
     stages, start the stage processes."""
-    models.draft = load_model(draft, dtype, models.target.device, draft=True)
+    models.draft = load_model(draft, dtype, models.target.device, draft=True, quant=models.target.quant)
     costs = StageCosts.measure(models, options)
     show = lambda split: ", ".join(f"{r.start}-{r.stop - 1}" for r in split)      # noqa: E731
     print(f"pipedec: target layers per stage balanced for each request's context on this machine "

@@ -36,7 +36,8 @@ class StageServer:
     """Ranks other than rank 0: load the target, keep one stage, serve jobs until shutdown."""
 
     def __init__(self, config: dict):
-        self.model = load_model(Path(config["target"]), DTYPES[config["dtype"]], torch.device(config["device"]))
+        self.model = load_model(Path(config["target"]), DTYPES[config["dtype"]], torch.device(config["device"]),
+                                quant=config.get("quant"))
 
     def run(self, link: Link) -> None:
         stage = Stage(self.model, link, first=int(link.roles[0] == "draft"))

@@ -35,7 +35,7 @@ def slack(options: dict) -> int:
 def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> None:
     """Method hook (LLM): load the draft (this rank is S), start the stage processes."""
     split = stage_layers(models.target.config.num_layers, options["stages"], "stpp")
-    models.draft = load_model(draft, dtype, models.target.device, draft=True)
+    models.draft = load_model(draft, dtype, models.target.device, draft=True, quant=models.target.quant)
     models.remote = Pipeline.start(models, dtype, split, options["timeout"], stages.SERVE, draft=True,
                                    apart=options["draft_apart"])
 
