@@ -4,6 +4,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specmesh import kernels
@@ -123,6 +124,18 @@ def test_the_dot_product_kernel_applies_where_the_cpu_has_avx512_bf16_without_am
     assert (kernels.dp_lib() is not None) == applies
 
 
+def test_the_q8_kernel_applies_where_the_cpu_has_avx512_vnni_without_amx(tiny_checkpoint):
+    """`--quant int8` models multiply on VNNI's int8 dot product there; elsewhere they hold the dequantized
+    weights in this CPU's bf16 linears."""
+    from specmesh.model.loader import load_model
+    applies = kernels.Q8 <= kernels.cpu_flags() and not cpu_has_amx() and kernels.avx2_lib() is not None
+    assert (kernels.q8_lib() is not None) == applies
+    model = load_model(tiny_checkpoint, torch.bfloat16, quant="int8")
+    kinds = {type(m) for m in model.modules() if isinstance(m, (kernels.Q8Linear, kernels.BF16Linear, nn.Linear,
+                                                                 kernels.AMXLinear, kernels.PackedLinear))}
+    assert (kinds == {kernels.Q8Linear}) == applies, kinds
+
+
 @pytest.mark.cpu(*kernels.DP)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(100, 83), (101, 16), (64, 8192)])     # odd K, one column block, a head
@@ -145,14 +158,30 @@ def test_dp_linear_matches_exact_product_and_is_row_invariant(shape, bias):
     assert torch.equal(torch.cat([fast(x[i:i + 1]) for i in range(len(x))]), out)
 
 
-@pytest.mark.cpu(*kernels.DP)
+def q8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias) -> torch.Tensor:
+    """Q8_0 x Q8_0 in float64: each row of x quantized per block of 32 (d = max|x| / 127, nearest even), the
+    blocks' integer dot products scaled by d_x d_w."""
+    M, K = x.shape
+    KB = scale.shape[1]
+    xb = F.pad(x, (0, KB * 32 - K)).view(M, KB, 32)
+    amax = xb.abs().amax(-1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros(()))
+    xq = torch.round(xb * inv[..., None]).clamp(-127, 127).double()
+    wq = F.pad(q, (0, KB * 32 - K)).view(-1, KB, 32).double()
+    dots = torch.einsum("mbk,nbk->mnb", xq, wq)
+    y = (dots * (amax / 127).double()[:, None, :] * scale.double()[None]).sum(-1)
+    return y if bias is None else y + bias.double()
+
+
+@pytest.mark.cpu(*kernels.Q8)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(100, 83), (101, 16), (64, 8192), (96, 48)])
-def test_q8_linear_is_dp_linear_on_the_dequantized_weights(shape, bias):
-    """csrc/avx512.c's q8_linear widens each int8 weight to bf16(q · s): bit for bit what dp_linear gives on
-    the dequantized weights, for any number of rows (so a row's result does not depend on the others)."""
+def test_q8_linear_matches_the_q8_product_and_is_row_invariant(shape, bias):
+    """csrc/avx512.c's q8_linear: llama.cpp's Q8_0 x Q8_0 product (integer dots per block of 32, float32
+    accumulation of the scaled blocks: tolerance float32 rounding); a row's result is bit-identical alone
+    and among any number of others."""
     lib = kernels.avx2_lib()
-    assert hasattr(lib, "q8_linear"), "the CPU has AVX512-BF16 but csrc/avx512.c did not build"
+    assert hasattr(lib, "q8_linear"), "the CPU has AVX512-VNNI but csrc/avx512.c did not build"
     torch.manual_seed(8)
     K, N = shape
     linear = nn.Linear(K, N, bias=bias)
@@ -160,13 +189,14 @@ def test_q8_linear_is_dp_linear_on_the_dequantized_weights(shape, bias):
     q, scale = linear.q8
     assert q.dtype == torch.int8 and scale.shape == (N, -(-K // 32)) and q.abs().max() == 127
     fast = kernels.Q8Linear(kernels.BF16Linear(linear.bfloat16()), lib)
-    dense = kernels.DPLinear(kernels.BF16Linear(linear), lib)            # weights: bf16(q · s)
-    assert fast.weight.numel() * fast.weight.element_size() * 2 == dense.weight.numel() * dense.weight.element_size()
+    assert fast.weight.dtype == torch.int8                     # half the bytes of bf16
     x = torch.randn(40, K)
     out = fast(x)
-    assert torch.equal(out, dense(x))
-    for rows in (1, 2, 7, 12, 13, 17):
+    b = None if linear.bias is None else linear.bias.float()
+    assert torch.allclose(out.double(), q8_reference(x, q, scale, b), rtol=1e-5, atol=1e-5)
+    for rows in (1, 2, 5, 6, 7, 12, 13, 17):
         assert torch.equal(fast(x[:rows]), out[:rows]), rows
+    assert torch.equal(torch.cat([fast(x[i:i + 1]) for i in range(len(x))]), out)
 
 
 def test_q8_quantization_error_is_bounded_by_half_a_step():

@@ -9,7 +9,7 @@
 //   columns, K block kb of 32, column block c of 16, then the tile's 16 rows of K pairs
 //   (row r holds w[n][32 kb + 2 r + e] for the 16 columns n, e = 0, 1: the "VNNI" layout).
 // amx_attention: a prefill's causal attention on the tile unit (head dim 64, bf16 cache).
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vnni")
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -347,38 +347,14 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
 //   kp, then w[16 nb + j][2 kp + e] at [j][e] (zeros past N and K).
 #define DP_ROWS 12
 
-// 32 int8 weights (16 columns x a pair of K) times their columns' scales, rounded to bf16 (nearest
-// even): bit for bit what torch's bf16(q * s) gives, so a Q8 layer computes what a bf16 layer holding
-// the dequantized weights does. s_lo / s_hi: the scales of columns 0-7 / 8-15, each twice (its pair).
-static inline __attribute__((always_inline)) __m512bh q8_pairs(const int8_t *q, __m512 s_lo, __m512 s_hi) {
-    __m256i v = _mm256_loadu_si256((const __m256i *)q);
-    __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v))), s_lo);
-    __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1))), s_hi);
-    return _mm512_cvtne2ps_pbh(hi, lo);
-}
-
-// MB rows of x (bf16 pairs, row stride KP) times NC blocks of 16 columns: bf16 weights (Q8 = 0) or
-// int8 with a float32 scale per column and block of 32 of K (Q8 = 1; scales sb[NB][KP/16][32]).
-static inline __attribute__((always_inline)) void dp_rows(const uint32_t *xp, int KP, const void *wb, const float *sb,
-                                                          int64_t next, int64_t snext, float *out, const int MB,
-                                                          const int NC, const int Q8) {
-    __m512 acc[DP_ROWS][2], s[2][2];
+static inline __attribute__((always_inline)) void dp_rows(const uint32_t *xp, int KP, const uint16_t *wb,
+                                                          int64_t next, float *out, const int MB, const int NC) {
+    __m512 acc[DP_ROWS][2];
     for (int i = 0; i < MB; i++)
         for (int c = 0; c < NC; c++) acc[i][c] = _mm512_setzero_ps();
     for (int kp = 0; kp < KP; kp++) {
         __m512bh w[2];
-        for (int c = 0; c < NC; c++) {
-            if (!Q8) {
-                w[c] = (__m512bh)_mm512_loadu_si512((const uint16_t *)wb + c * next + (int64_t)kp * 32);
-                continue;
-            }
-            if (kp % 16 == 0) {
-                const float *sc = sb + c * snext + (int64_t)(kp / 16) * 32;
-                s[c][0] = _mm512_loadu_ps(sc);
-                s[c][1] = _mm512_loadu_ps(sc + 16);
-            }
-            w[c] = q8_pairs((const int8_t *)wb + c * next + (int64_t)kp * 32, s[c][0], s[c][1]);
-        }
+        for (int c = 0; c < NC; c++) w[c] = (__m512bh)_mm512_loadu_si512(wb + c * next + (int64_t)kp * 32);
         for (int i = 0; i < MB; i++) {
             __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xp[(int64_t)i * KP + kp]);
             for (int c = 0; c < NC; c++) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], xv, w[c]);
@@ -388,17 +364,11 @@ static inline __attribute__((always_inline)) void dp_rows(const uint32_t *xp, in
         for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + 32 * i + 16 * c, acc[i][c]);
 }
 
-#define DP_CASE(n) case n: \
-    if (nc == 2) { if (q8) dp_rows(xm, KP, wb, sb, next, snext, out, n, 2, 1); \
-                   else dp_rows(xm, KP, wb, sb, next, snext, out, n, 2, 0); } \
-    else { if (q8) dp_rows(xm, KP, wb, sb, next, snext, out, n, 1, 1); \
-           else dp_rows(xm, KP, wb, sb, next, snext, out, n, 1, 0); } break;
+#define DP_CASE(n) case n: if (nc == 2) dp_rows(xm, KP, wb, next, out, n, 2); else dp_rows(xm, KP, wb, next, out, n, 1); break;
 
-static void dp_product(const float *x, int M, int K, const void *w, const float *scale, int N, const float *bias,
-                       float *y) {
-    const int KP = (K + 1) / 2, NB = (N + 15) / 16, q8 = scale != NULL;
-    const int64_t next = (int64_t)KP * 32;                     // weights per block of 16 columns
-    const int64_t snext = (int64_t)((KP + 15) / 16) * 32;      // scales per block of 16 columns (Q8)
+void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
+    const int KP = (K + 1) / 2, NB = (N + 15) / 16;
+    const int64_t next = (int64_t)KP * 32;                            // bf16 elements per block of 16 columns
     const int MB = (M + 15) / 16;
     uint32_t *xp = malloc(sizeof(uint32_t) * (int64_t)MB * 16 * KP);  // x as bf16 pairs, row by row (a zero pads odd K)
     for (int mb = 0; mb < MB; mb++)
@@ -406,8 +376,7 @@ static void dp_product(const float *x, int M, int K, const void *w, const float 
                 (uint16_t *)(xp + (int64_t)mb * 16 * KP));
     #pragma omp parallel for schedule(static)
     for (int nb = 0; nb < NB; nb += 2) {
-        const void *wb = q8 ? (const void *)((const int8_t *)w + nb * next) : (const void *)((const uint16_t *)w + nb * next);
-        const float *sb = q8 ? scale + nb * snext : NULL;
+        const uint16_t *wb = w + nb * next;
         const int nc = NB - nb < 2 ? 1 : 2, cols = N - 16 * nb < 32 ? N - 16 * nb : 32;
         float out[DP_ROWS * 32] __attribute__((aligned(64)));
         for (int m0 = 0; m0 < M; m0 += DP_ROWS) {
@@ -425,17 +394,98 @@ static void dp_product(const float *x, int M, int K, const void *w, const float 
     free(xp);
 }
 
-void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
-    dp_product(x, M, K, w, NULL, N, bias, y);
+// q8_linear: y[M,N] = x[M,K] . w[N,K]^T (+ bias) for `--quant int8` (GGUF's Q8_0 x Q8_0, as llama.cpp
+//   computes it on CPU): w is int8 with a float32 scale per output column and block of 32 of K; each row
+//   of x is quantized the same way (per block of 32: d = max|x| / 127, q = round(x / d), nearest even),
+//   and a block's 32 products run in int32 on AVX512-VNNI's vpdpbusd (unsigned x bytes: q + 128, the
+//   128 taken out again through each column's block sum), then y += d_w d_x . dot in float32, block by
+//   block in order. One pass over the weights (half the bytes of bf16) serves up to Q8_ROWS rows; a row's
+//   result never depends on the others.
+// Packed (kernels.Q8Linear): w[NB][QB * 8][16][4] (block nb of 16 columns, K quad, column j, 4 of K;
+//   QB blocks of 32 of K) and sw[NB][QB][32] of 32 bits: the block's 16 column scales, then their -128 * sum(w) as int32.
+#define Q8_ROWS 6
+
+static void quantize_rows(const float *x, int M, int K, int QB, uint8_t *xq, float *xd) {
+    for (int m = 0; m < M; m++)
+        for (int b = 0; b < QB; b++) {
+            float v[32] __attribute__((aligned(64))) = {0};
+            int n = K - 32 * b < 32 ? K - 32 * b : 32;
+            memcpy(v, x + (int64_t)m * K + 32 * b, sizeof(float) * n);
+            __m512 lo = _mm512_load_ps(v), hi = _mm512_load_ps(v + 16);
+            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+            float inv = amax > 0 ? 127.0f / amax : 0.0f;
+            xd[(int64_t)m * QB + b] = amax / 127.0f;
+            for (int h = 0; h < 2; h++) {
+                __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(h ? hi : lo, _mm512_set1_ps(inv)));   // nearest even
+                q = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)),
+                                                      _mm512_set1_epi32(-127)), _mm512_set1_epi32(128));
+                _mm_storeu_si128((__m128i *)(xq + (int64_t)m * QB * 32 + 32 * b + 16 * h), _mm512_cvtepi32_epi8(q));
+            }
+        }
 }
 
-// q8_linear: dp_linear with Q8 weights (`--quant int8`, in the spirit of GGUF's Q8_0): int8 packed as
-//   dp_linear's bf16 ([NB][KP][16][2]: half the bytes) and a float32 scale per output column and block
-//   of 32 of K (scale[NB][ceil(KP / 16)][32]: block kb's 16 column scales, each twice). Each weight is
-//   widened to bf16(q * s) on the fly (q8_pairs): the same products as dp_linear over the dequantized
-//   weights, bit for bit, from half the memory traffic.
+static inline __attribute__((always_inline)) void q8_rows(const uint8_t *xq, const float *xd, int QB, const int8_t *wb,
+                                                          const float *sb, int64_t next, float *out, const int MB,
+                                                          const int NC) {
+    __m512 acc[Q8_ROWS][2];
+    for (int i = 0; i < MB; i++)
+        for (int c = 0; c < NC; c++) acc[i][c] = _mm512_setzero_ps();
+    for (int b = 0; b < QB; b++) {
+        __m512i dot[Q8_ROWS][2];
+        __m512 sw[2];
+        for (int c = 0; c < NC; c++) {
+            const float *s = sb + c * (int64_t)QB * 32 + 32 * b;
+            sw[c] = _mm512_loadu_ps(s);
+            __m512i neg = _mm512_loadu_si512(s + 16);          // -128 * the block's column sums
+            for (int i = 0; i < MB; i++) dot[i][c] = neg;
+        }
+        for (int s = 0; s < 8; s++) {
+            __m512i w[2];
+            for (int c = 0; c < NC; c++) w[c] = _mm512_loadu_si512(wb + c * next + ((int64_t)b * 8 + s) * 64);
+            for (int i = 0; i < MB; i++) {
+                __m512i xv = _mm512_set1_epi32(*(const int32_t *)(xq + (int64_t)i * QB * 32 + 32 * b + 4 * s));
+                for (int c = 0; c < NC; c++) dot[i][c] = _mm512_dpbusd_epi32(dot[i][c], xv, w[c]);
+            }
+        }
+        for (int i = 0; i < MB; i++) {
+            __m512 dx = _mm512_set1_ps(xd[(int64_t)i * QB + b]);
+            for (int c = 0; c < NC; c++)
+                acc[i][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][c]), _mm512_mul_ps(sw[c], dx), acc[i][c]);
+        }
+    }
+    for (int i = 0; i < MB; i++)
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + 32 * i + 16 * c, acc[i][c]);
+}
+
+#define Q8_CASE(n) case n: if (nc == 2) q8_rows(xm, dm, QB, wb, sb, next, out, n, 2); \
+                           else q8_rows(xm, dm, QB, wb, sb, next, out, n, 1); break;
+
 void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
-    dp_product(x, M, K, w, scale, N, bias, y);
+    const int QB = (K + 31) / 32, NB = (N + 15) / 16;
+    const int64_t next = (int64_t)QB * 32 * 16;                       // weight bytes per block of 16 columns
+    uint8_t *xq = malloc((int64_t)M * QB * 32);
+    float *xd = malloc(sizeof(float) * (int64_t)M * QB);
+    quantize_rows(x, M, K, QB, xq, xd);
+    #pragma omp parallel for schedule(static)
+    for (int nb = 0; nb < NB; nb += 2) {
+        const int8_t *wb = w + nb * next;
+        const float *sb = scale + (int64_t)nb * QB * 32;
+        const int nc = NB - nb < 2 ? 1 : 2, cols = N - 16 * nb < 32 ? N - 16 * nb : 32;
+        float out[Q8_ROWS * 32] __attribute__((aligned(64)));
+        for (int m0 = 0; m0 < M; m0 += Q8_ROWS) {
+            const int mb = M - m0 < Q8_ROWS ? M - m0 : Q8_ROWS;
+            const uint8_t *xm = xq + (int64_t)m0 * QB * 32;
+            const float *dm = xd + (int64_t)m0 * QB;
+            switch (mb) {
+                Q8_CASE(1) Q8_CASE(2) Q8_CASE(3) Q8_CASE(4) Q8_CASE(5) default: Q8_CASE(6)
+            }
+            for (int i = 0; i < mb; i++)
+                for (int j = 0; j < cols; j++)
+                    y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[32 * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
+        }
+    }
+    free(xq);
+    free(xd);
 }
 
 // Causal attention of a long forward (a prefill) on the tile unit, for head dim 64 and a bf16 cache:

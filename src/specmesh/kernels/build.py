@@ -104,6 +104,7 @@ def avx2_lib() -> ctypes.CDLL | None:
 AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
 AMX = AVX512 | {"amx_tile", "amx_bf16", "avx512_bf16"}
 DP = AVX512 | {"avx512_bf16"}
+Q8 = AVX512 | {"avx512_vnni"}
 
 
 @functools.cache
@@ -133,6 +134,17 @@ def dp_lib() -> ctypes.CDLL | None:
     lib = avx2_lib()
     off = os.environ.get("SPECMESH_DP", "1") == "0" or os.environ.get("SPECMESH_AVX512", "1") == "0"
     if lib is None or not hasattr(lib, "dp_linear") or amx_lib() is not None or off or not DP <= cpu_flags():
+        return None
+    return lib
+
+
+@functools.cache
+def q8_lib() -> ctypes.CDLL | None:
+    """The kernel library where this CPU has AVX512-VNNI's int8 dot product but no AMX (`--quant int8` models
+    run their Q8_0 products on it), else None. SPECMESH_Q8=0 turns it off (to compare)."""
+    lib = avx2_lib()
+    off = os.environ.get("SPECMESH_Q8", "1") == "0" or os.environ.get("SPECMESH_AVX512", "1") == "0"
+    if lib is None or not hasattr(lib, "q8_linear") or amx_lib() is not None or off or not Q8 <= cpu_flags():
         return None
     return lib
 

@@ -119,20 +119,16 @@ class DPLinear(nn.Module):
 
 
 class Q8Linear(nn.Module):
-    """A `--quant int8` linear (model/quant.py) through csrc/avx512.c's q8_linear: dp_linear's product over
-    int8 weights widened to bf16(q · s) on the fly, the same values as DPLinear on the dequantized weights
-    from half the bytes."""
+    """A `--quant int8` linear (model/quant.py) through csrc/avx512.c's q8_linear: Q8_0 weights times rows of x
+    quantized the same way, in int32 on AVX512-VNNI (as llama.cpp computes Q8_0 on CPU): half the bytes
+    of bf16 and no widening; a row's result does not depend on the others."""
     KIND = 5                                    # csrc/avx2.c's weight kind
 
     def __init__(self, linear: BF16Linear, kernel: ctypes.CDLL):
         super().__init__()
         self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
         self.bias, self.bias32 = linear.bias, linear.bias32
-        q, scale = linear.q8
-        self.weight = dp_pack(q, torch.int8)                                   # [NB, KP, 16, 2] int8
-        NB, KB = self.weight.shape[0], scale.shape[1]
-        s = F.pad(scale, (0, 0, 0, NB * 16 - scale.shape[0]))                  # [NB * 16, KB]
-        self.scale = s.view(NB, 16, KB).permute(0, 2, 1).repeat_interleave(2, -1).contiguous()   # [NB, KB, 32]
+        self.weight, self.scale = q8_pack(*linear.q8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         def product(x, m, k, w, n, bias, y):
@@ -140,13 +136,26 @@ class Q8Linear(nn.Module):
         return packed_product(product, self, x)
 
 
-def dp_pack(weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """[N, K] weight -> [NB, KP, 16, 2] of `dtype` for csrc/avx512.c's dp_linear (bf16) or q8_linear (int8),
-    padded with zeros to NB = ceil(N / 16) blocks of 16 output columns and KP = ceil(K / 2) pairs:
-    [nb, kp, j, e] = w[16 nb + j, 2 kp + e]."""
+def q8_pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 [N, K] and scales [N, KB] -> csrc/avx512.c's q8_linear layout, padded with zeros to NB = ceil(N / 16)
+    blocks of 16 columns and KB blocks of 32 of K: weights [NB, KB * 8, 16, 4] ([nb, kq, j, e] = q[16 nb + j,
+    4 kq + e]) and per block of 16 columns and 32 of K 32 words [NB, KB, 32]: the 16 column scales, then
+    -128 * the columns' sums of q as int32 (what the unsigned x bytes, q_x + 128, add)."""
+    N, K = q.shape
+    NB, KB = -(-N // 16), scale.shape[1]
+    w = F.pad(q, (0, KB * 32 - K, 0, NB * 16 - N))                                      # [NB * 16, KB * 32]
+    packed = w.view(NB, 16, KB * 8, 4).permute(0, 2, 1, 3).contiguous()
+    sums = -128 * w.view(NB, 16, KB, 32).sum(-1, dtype=torch.int32).permute(0, 2, 1)    # [NB, KB, 16]
+    scales = F.pad(scale, (0, 0, 0, NB * 16 - N)).view(NB, 16, KB).permute(0, 2, 1)    # [NB, KB, 16]
+    return packed, torch.cat([scales.float(), sums.int().view(torch.float32)], -1).contiguous()
+
+
+def dp_pack(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] weight -> bf16 [NB, KP, 16, 2] for csrc/avx512.c's dp_linear, padded with zeros to NB =
+    ceil(N / 16) blocks of 16 output columns and KP = ceil(K / 2) pairs: [nb, kp, j, e] = w[16 nb + j, 2 kp + e]."""
     N, K = weight.shape
     NB, KP = -(-N // 16), -(-K // 2)
-    w = F.pad(weight.to(dtype), (0, KP * 2 - K, 0, NB * 16 - N))
+    w = F.pad(weight.to(torch.bfloat16), (0, KP * 2 - K, 0, NB * 16 - N))
     return w.view(NB, 16, KP, 2).permute(0, 2, 1, 3).contiguous()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specmesh.kernels.build import amx_lib, avx2_lib, dp_lib, native_bf16
+from specmesh.kernels.build import amx_lib, avx2_lib, dp_lib, native_bf16, q8_lib
 from specmesh.kernels.forward import CBlock, CForward, CRMSNorm
 from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, Int8Linear, PackedLinear, Q8Linear,
                                       can_pack, glu_order)
@@ -35,9 +35,9 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> 
         _replace(model, nn.Linear, BF16Linear)
     model.float()                               # the linears' bf16 weights are no parameters: they stay
     if (lib := avx2_lib()) is not None:
-        dp = dp_lib()
-        if dp is not None and any(m.q8 is not None for m in model.modules() if isinstance(m, BF16Linear)):
-            _replace(model, BF16Linear, lambda linear: Q8Linear(linear, dp))      # --quant int8
+        dp, q8 = dp_lib(), q8_lib()
+        if q8 is not None and any(m.q8 is not None for m in model.modules() if isinstance(m, BF16Linear)):
+            _replace(model, BF16Linear, lambda linear: Q8Linear(linear, q8))      # --quant int8
         elif int8:
             _replace(model, BF16Linear, lambda linear: Int8Linear(linear, lib))
         elif dp is not None:
