@@ -163,13 +163,14 @@ def pick(candidates: list[Candidate]) -> Candidate:
 
 
 def families(llm) -> list[tuple[str, dict]]:
-    """The candidates' calibration configurations: what the loaded models allow, with their defaults
-    (`sd` calibrated at γ = 6, where its τ says most about α)."""
+    """The candidates' calibration configurations: what the loaded models allow. `sd` is calibrated at
+    γ = 6 (where its τ says most about α) and extrapolated; `tree` and `selfdraft` run at their defaults and
+    at a narrower tree / one more n-gram candidate (a wide forward costs more on some CPUs than others)."""
     out = [("ar", {})]
     if llm.models.draft is not None:
-        out += [("sd", {"gamma": 6}), ("tree", {})]
+        out += [("sd", {"gamma": 6}), ("tree", {}), ("tree", {"gamma": 4, "tree_width": 2})]
     if has_ngram_table(llm):
-        out.append(("selfdraft", {}))
+        out += [("selfdraft", {}), ("selfdraft", {"max_candidates": 2})]
     return out
 
 
@@ -202,7 +203,8 @@ def trial(llm, name: str, options: dict, prompts: list[list[int]]) -> Trial:
         sums["draft_forwards"] += full.draft_forwards - first.draft_forwards
         sums["ms"] += (full.elapsed_s - first.elapsed_s) * 1e3
     given = llm.method.options if name != "ar" else {}
-    keep = {k: given[k] for k in ("gamma", "tree_width", "max_children", "branches", "branch_len") if k in given}
+    keep = {k: given[k] for k in ("gamma", "tree_width", "max_children", "branches", "branch_len", "max_candidates")
+            if k in given}
     return Trial(name, keep, draft_width=keep.get("tree_width", 1), **sums)
 
 
