@@ -2,9 +2,10 @@
 
 What is measured (`measure`):
 * the target's forward by width and the draft's (timing.forward_ms, 128 cached tokens);
-* one greedy calibration run of each candidate family (`ar`, `sd`, `tree`, `selfdraft`, those the models
-  allow) on the calibration prompts: its tokens per step τ, the width of its target forward, its draft
-  forwards per step, and its decoding time (the best of two runs, the prefill's time taken out).
+* greedy calibration runs of each candidate configuration (`ar`, `sd`, `tree`, `selfdraft`, those the models
+  allow) on the calibration prompts (calibration.jsonl): its tokens per step τ, the width of its target
+  forward, its draft forwards per step, and its decoding time (the prefill's taken out; the fastest of
+  ROUNDS interleaved rounds).
 
 From these `predict` gives every candidate's ms per token:
 
@@ -16,7 +17,7 @@ run took beyond the modelled forwards; so a calibrated candidate predicts its me
 ((1 − α^(γ+1)) / (1 − α) = τ). The fastest wins; a speculative method must beat `ar` by MARGIN.
 
 The choice is cached per machine (CPU, vector units, threads, device), model pair (paths, sizes, times)
-and dtype in CACHE (~/.cache/specmesh/tune.json; SPECMESH_CACHE_DIR moves it); `specmesh tune` measures
+and dtype (~/.cache/specmesh/tune.json; SPECMESH_CACHE_DIR moves it); `specmesh tune` measures
 again. `pearl` and the pipelines are not candidates: each needs processes of its own (docs/tuning.md).
 """
 from __future__ import annotations
@@ -38,22 +39,9 @@ from specmesh.methods.pearl import by_width
 from specmesh.spec.sampling import SamplingParams
 from specmesh.timing import forward_ms
 
-CALIBRATION = [          # code like what users send; written for this, in no training or bench set
-    'import json\nfrom pathlib import Path\n\n\nclass Settings:\n'
-    '    """Settings read from a JSON file, with defaults."""\n\n'
-    '    defaults = {"host": "localhost", "port": 8080, "debug": False}\n\n    def __init__(self, path):\n'
-    '        self.path = Path(path)\n        self.values = dict(self.defaults)\n        if self.path.exists():\n'
-    '            with open(self.path) as f:\n                self.values.update(json.load(f))\n\n'
-    '    def get(self, key, default=None):\n',
-    'def merge_intervals(intervals):\n    """Merge overlapping [start, end] intervals; returns a new sorted list."""\n'
-    '    if not intervals:\n        return []\n    intervals = sorted(intervals, key=lambda pair: pair[0])\n'
-    '    merged = [list(intervals[0])]\n    for start, end in intervals[1:]:\n',
-    'import unittest\n\n\nclass StackTest(unittest.TestCase):\n\n    def setUp(self):\n        self.stack = Stack()\n\n'
-    '    def test_push_and_pop(self):\n        self.stack.push(1)\n        self.stack.push(2)\n'
-    '        self.assertEqual(self.stack.pop(), 2)\n        self.assertEqual(self.stack.pop(), 1)\n\n'
-    '    def test_pop_empty(self):\n',
-]
-NEW_TOKENS = 48
+CALIBRATION = Path(__file__).with_name("calibration.jsonl")    # 3 code snippets, written for this
+NEW_TOKENS = 96         # Self-Draft's n-gram pool grows with its output: 48 tokens underrate it by a third
+ROUNDS = 2              # calibration runs per family and prompt, interleaved; the fastest counts
 TARGET_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 DRAFT_WIDTHS = (1, 2, 4, 8)
 MAX_SD_GAMMA = 8
@@ -184,48 +172,59 @@ def measure_costs(llm) -> Costs:
                  {w: forward_ms(draft, w, reps=8) for w in DRAFT_WIDTHS} if draft is not None else {1: 0.0})
 
 
-def decode(llm, prompt: list[int], new_tokens: int):
-    """Stats of a greedy run of `new_tokens` (best of 2 by time)."""
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    return min((llm.generate(prompt, params).stats for _ in range(2)), key=lambda s: s.elapsed_s)
+def calibration_prompts() -> list[str]:
+    return [json.loads(line)["prompt"] for line in CALIBRATION.read_text().splitlines() if line.strip()]
 
 
-def trial(llm, name: str, options: dict, prompts: list[list[int]]) -> Trial:
-    """Run family `name` on the prompts: a full run less a one-token run (the prefill and first token)."""
+def decode(llm, name: str, options: dict, prompt: list[int], new_tokens: int):
     llm.method = methods.get(name, options)
+    return llm.generate(prompt, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)).stats
+
+
+def trial(name: str, options: dict, given: dict, runs: list[tuple]) -> Trial:
+    """A family's trial from its (full run, one-token run) per prompt: the difference is the decoding."""
     sums = dict(tokens=0, steps=0, target_tokens=0, draft_forwards=0, ms=0.0)
-    for prompt in prompts:
-        full, first = decode(llm, prompt, NEW_TOKENS), decode(llm, prompt, 1)
+    for full, first in runs:
         steps = full.target_forwards - first.target_forwards
         sums["tokens"] += full.generated_tokens - first.generated_tokens
         sums["steps"] += steps
         sums["target_tokens"] += steps + full.drafted_tokens - first.drafted_tokens
         sums["draft_forwards"] += full.draft_forwards - first.draft_forwards
         sums["ms"] += (full.elapsed_s - first.elapsed_s) * 1e3
-    given = llm.method.options if name != "ar" else {}
     keep = {k: given[k] for k in ("gamma", "tree_width", "max_children", "branches", "branch_len", "max_candidates")
-            if k in given}
+            if k in given and name != "ar"}
     return Trial(name, keep, draft_width=keep.get("tree_width", 1), **sums)
 
 
 def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Choice:
-    """Measure this machine and pair, and choose. `llm` must have its draft loaded (if any)."""
+    """Measure this machine and pair, and choose. `llm` must have its draft loaded (if any). The families'
+    runs are interleaved, ROUNDS times, so a machine whose speed drifts slows all of them alike; each run
+    that counts is the fastest of its rounds."""
     room = llm.context - NEW_TOKENS - 64             # a prompt's last tokens, where a small model's context is short
-    ids = [llm.encode(p)[-room:] for p in prompts or CALIBRATION]
-    chosen = llm.method
+    ids = [llm.encode(p)[-room:] for p in prompts or calibration_prompts()]
+    chosen, configs = llm.method, families(llm)
+    best: dict[tuple[int, int, int], object] = {}    # (family, prompt, tokens) -> fastest stats
     try:
         with torch.inference_mode():
             costs = measure_costs(llm)
-            trials = []
-            for name, options in families(llm):
+            for r in range(ROUNDS):
                 if progress:
-                    print(f"auto: calibrating {name} ...", file=sys.stderr, flush=True)
-                trials.append(trial(llm, name, options, ids))
+                    print(f"auto: calibrating, round {r + 1} of {ROUNDS} ...", file=sys.stderr, flush=True)
+                for f, (name, options) in enumerate(configs):
+                    for p, prompt in enumerate(ids):
+                        for n in (NEW_TOKENS, 1):
+                            stats = decode(llm, name, options, prompt, n)
+                            if (f, p, n) not in best or stats.elapsed_s < best[f, p, n].elapsed_s:
+                                best[f, p, n] = stats
+            trials = [trial(name, options, methods.get(name, options).options,
+                            [(best[f, p, NEW_TOKENS], best[f, p, 1]) for p in range(len(ids))])
+                      for f, (name, options) in enumerate(configs)]
     finally:
         llm.method = chosen
     candidates = predict(costs, trials)
-    best = pick(candidates)
-    return Choice(best.method, best.options, candidates, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    best_candidate = pick(candidates)
+    return Choice(best_candidate.method, best_candidate.options, candidates,
+                  measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,13 +24,15 @@ import torch
 from tqdm import tqdm
 
 from specmesh import embedded, methods
-from specmesh.bench.peers import PEERS, HFRunner
+from specmesh.bench import llamacpp
+from specmesh.bench.peers import PEERS as HF_PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.spec.sampling import SamplingParams
 from specmesh.engine.stats import Stats
 from specmesh.timing import CHOSEN, chosen_threads, share_of_cores
 
+PEERS = HF_PEERS + llamacpp.PEERS
 NEAR_TIE_REL = 2 ** -5
 CALIBRATION_TOKENS = 24
 
@@ -92,10 +94,13 @@ def split_threads(name: str) -> tuple[str, int | None]:
 
 def make_runner(name: str, cfg: BenchConfig, dtype: str):
     method, threads = split_threads(name)
-    if method in PEERS:
-        target = Path(cfg.target) if cfg.target else embedded.path("target")
-        draft = Path(cfg.draft) if cfg.draft else embedded.path("draft") if method == "hf-assisted" else None
-        runner = HFRunner(method, target, draft, DTYPES[dtype], cfg.device)
+    target = Path(cfg.target) if cfg.target else embedded.path("target")
+    draft = Path(cfg.draft) if cfg.draft else embedded.path("draft")
+    if method in llamacpp.PEERS:           # its thread count is fixed when it loads
+        used = threads or (CHOSEN[-1] if CHOSEN else torch.get_num_threads())
+        return llamacpp.LlamaCppRunner(method, target, draft, DTYPES[dtype], cfg.quant, used)
+    if method in HF_PEERS:
+        runner = HFRunner(method, target, draft if method == "hf-assisted" else None, DTYPES[dtype], cfg.device)
     else:
         runner = OurRunner(method, cfg, dtype)
     return runner if threads is None else Threaded(runner, threads)
@@ -147,9 +152,9 @@ def check_methods(names: list[str], quant: str | None = None) -> list[str]:
                              f"(NAME@Nt runs NAME with N threads)")
     if "pearl" in names:
         names = names + ["sd@1t", "sd@2t"]
-    if quant and any(split_threads(n)[0] in PEERS for n in names):
+    if quant and any(split_threads(n)[0] in HF_PEERS for n in names):
         raise ValueError(f"--quant {quant} quantizes specmesh's models; the hf peers would run other weights: "
-                         f"bench them without --quant")
+                         f"bench them without --quant (the llama.cpp peers run a Q8_0 file)")
     return ["ar"] + [m for m in dict.fromkeys(names) if m != "ar"]
 
 
@@ -206,7 +211,7 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
         "dtype": dtype, "threads": threads,
         "tokens_per_s": tokens / sum(s.elapsed_s for s in stats),
         "speedup_vs_ar": None,
-        "tokens_per_forward": tokens / sum(s.target_forwards for s in stats),
+        "tokens_per_forward": tokens / forwards if (forwards := sum(s.target_forwards for s in stats)) else None,
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_accepted_length": accepted / verifications if verifications else None,
         "greedy_equal_to_ar": sum(t == r for (t, _), r in zip(runs, refs)),

@@ -1,0 +1,206 @@
+"""llama.cpp as a bench peer, on the same weights: llama-cpp-python's bindings (built from its source
+package: `pip install -e ".[llamacpp]"`) over GGUF files written from the checkpoints.
+
+llama.cpp          plain greedy decoding
+llama.cpp-spec     speculative decoding with our draft (as GGUF) proposing DRAFT_TOKENS greedy tokens a step,
+                   through llama-cpp-python's draft-model hook (the target verifies them in one batch)
+llama.cpp-lookup   prompt lookup decoding (llama-cpp-python's LlamaPromptLookupDecoding, 10 tokens)
+
+Token ids go in and come out (no tokenizer round trip), greedy (top_k 1), with the run's thread count;
+the time includes the prompt's evaluation, as specmesh's does. The GGUF files (`to_gguf`) are written once
+per checkpoint and type and cached (SPECMESH_CACHE_DIR or ~/.cache/specmesh/gguf): bf16 for a bfloat16
+run, f32 for float32, Q8_0 for `--quant int8` (llama.cpp's own Q8_0: an fp16 scale per 32 weights).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specmesh.engine.stats import Stats
+from specmesh.model.loader import read_config, read_weights
+
+PEERS = ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup")
+DRAFT_TOKENS = 4                # as specmesh's sd default γ
+LOOKUP_TOKENS = 10              # llama-cpp-python's documented example value
+
+# HF Llama names -> GGUF's (blk.N. prefixed for the layers)
+LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+               "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down"}
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError:
+        raise ValueError("the llama.cpp peers need gguf and llama-cpp-python: pip install -e .[llamacpp]") from None
+    return gguf
+
+
+def permute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """q or k projection [heads * hd, K] from HF's rotate-half order to GGUF's interleaved pairs (as
+    llama.cpp's convert_hf_to_gguf.py does)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf_name: str) -> str | None:
+    if hf_name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf_name == "model.norm.weight":
+        return "output_norm.weight"
+    if hf_name == "lm_head.weight":
+        return "output.weight"
+    parts = hf_name.split(".")
+    if parts[:2] == ["model", "layers"]:
+        inner = ".".join(parts[3:-1])
+        if inner in LAYER_NAMES:
+            return f"blk.{parts[2]}.{LAYER_NAMES[inner]}.{parts[-1]}"
+    return None
+
+
+def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
+    """Write `checkpoint` (HF layout, Llama family) as a GGUF file of type ftype ('bf16', 'f32' or 'q8_0')."""
+    gguf = _gguf()
+    cfg, weights = read_config(checkpoint), read_weights(checkpoint)
+    tok = json.loads((checkpoint / "tokenizer.json").read_text())
+    writer = gguf.GGUFWriter(str(out), "llama")
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_heads)
+    writer.add_head_count_kv(cfg.num_kv_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    vocab = tok["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    special = {t["id"] for t in tok.get("added_tokens", []) if t.get("special")}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
+                            for i in range(len(tokens))])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    if cfg.bos_token_id is not None:
+        writer.add_bos_token_id(cfg.bos_token_id)
+    writer.add_eos_token_id(cfg.eos_token_id)
+    if cfg.tie_word_embeddings and "lm_head.weight" not in weights:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]     # llama.cpp then reads output.weight
+    qtype = {"bf16": gguf.GGMLQuantizationType.BF16, "f32": gguf.GGMLQuantizationType.F32,
+             "q8_0": gguf.GGMLQuantizationType.Q8_0}[ftype]
+    for hf_name, w in weights.items():
+        name = gguf_name(hf_name)
+        if name is None:
+            continue
+        w = w.float()
+        if name.endswith("attn_q.weight"):
+            w = permute_rope(w, cfg.num_heads)
+        elif name.endswith("attn_k.weight"):
+            w = permute_rope(w, cfg.num_kv_heads)
+        if w.dim() == 1:                                    # norms stay float32
+            writer.add_tensor(name, w.numpy())
+        elif qtype == gguf.GGMLQuantizationType.Q8_0 and name != "token_embd.weight":     # specmesh keeps it too
+            writer.add_tensor(name, gguf.quants.quantize(w.numpy(), qtype), raw_dtype=qtype)
+        elif qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, w.numpy())
+        else:
+            writer.add_tensor(name, w.to(torch.bfloat16).view(torch.uint16).numpy(),
+                              raw_dtype=gguf.GGMLQuantizationType.BF16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def cached_gguf(checkpoint: Path, ftype: str) -> Path:
+    """The GGUF file of `checkpoint` in `ftype`, written on first use."""
+    checkpoint = Path(checkpoint).resolve()
+    stamp = ",".join(f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in sorted(checkpoint.iterdir()))
+    key = hashlib.sha256(f"{checkpoint}|{stamp}".encode()).hexdigest()[:16]
+    root = Path(os.environ.get("SPECMESH_CACHE_DIR") or Path.home() / ".cache" / "specmesh") / "gguf"
+    out = root / f"{checkpoint.name}-{key}-{ftype}.gguf"
+    if not out.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        to_gguf(checkpoint, tmp, ftype)
+        tmp.replace(out)
+    return out
+
+
+def gguf_type(dtype: torch.dtype, quant: str | None) -> str:
+    if quant == "int8":
+        return "q8_0"
+    return {torch.bfloat16: "bf16", torch.float32: "f32"}.get(dtype) or _unsupported(dtype)
+
+
+def _unsupported(dtype):
+    raise ValueError(f"the llama.cpp peers run bfloat16, float32 or --quant int8, not {dtype}")
+
+
+def _llama(path: Path, threads: int, context: int, **extra):
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        raise ValueError("the llama.cpp peers need llama-cpp-python: pip install -e .[llamacpp] "
+                         "(it builds llama.cpp from source: docs/usage.md)") from None
+    return Llama(model_path=str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                 verbose=False, **extra)
+
+
+class DraftProposer:
+    """llama-cpp-python's draft-model hook over a second llama.cpp model: DRAFT_TOKENS greedy tokens after
+    the ids it is given, its cache kept for the prefix they share with the last call's."""
+
+    def __init__(self, path: Path, threads: int, context: int):
+        self.llm = _llama(path, threads, context)
+
+    def __call__(self, input_ids: np.ndarray, /, **kwargs) -> np.ndarray:
+        out = []
+        for token in self.llm.generate(input_ids.tolist(), top_k=1, temp=0.0, reset=True):
+            out.append(token)
+            if len(out) == DRAFT_TOKENS:
+                break
+        return np.array(out, dtype=np.intc)
+
+
+class LlamaCppRunner:
+    """One of PEERS on the GGUF files of the target (and draft)."""
+
+    def __init__(self, kind: str, target: Path, draft: Path | None, dtype: torch.dtype, quant: str | None,
+                 threads: int):
+        ftype = gguf_type(dtype, quant)
+        cfg = read_config(target)
+        self.eos, context = cfg.eos_token_id, cfg.max_position_embeddings
+        extra = {}
+        if kind == "llama.cpp-lookup":
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+            extra["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS)
+        elif kind == "llama.cpp-spec":
+            extra["draft_model"] = DraftProposer(cached_gguf(draft, ftype), threads, context)
+        if extra:
+            extra["logits_all"] = True          # llama-cpp-python verifies drafts with every position's logits
+        self.llm = _llama(cached_gguf(target, ftype), threads, context, **extra)
+
+    def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
+        tokens = []
+        self.llm.reset()
+        start = time.perf_counter()
+        for token in self.llm.generate(ids, top_k=1, temp=0.0, reset=True):
+            if token == self.eos:
+                break
+            tokens.append(token)
+            if len(tokens) == max_new_tokens:
+                break
+        return tokens, Stats(generated_tokens=len(tokens), elapsed_s=time.perf_counter() - start)

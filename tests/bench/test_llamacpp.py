@@ -1,0 +1,67 @@
+"""llama.cpp as a bench peer: the GGUF files written from a checkpoint, and (slow: it needs llama-cpp-python,
+built from source) the peers' greedy outputs against `ar`'s."""
+import json
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from specmesh.bench.llamacpp import permute_rope, to_gguf
+from specmesh.model.loader import read_config, read_weights
+
+
+@pytest.mark.parametrize("ftype", ["bf16", "f32", "q8_0"])
+def test_gguf_holds_the_checkpoint(tiny_checkpoint, tmp_path, ftype):
+    out = to_gguf(tiny_checkpoint, tmp_path / "m.gguf", ftype)
+    reader = gguf.GGUFReader(str(out))
+    cfg, weights = read_config(tiny_checkpoint), read_weights(tiny_checkpoint)
+    tensors = {t.name: t for t in reader.tensors}
+    assert len(tensors) == 2 + 9 * cfg.num_layers + 1           # embedding, output norm, layers, output
+    field = reader.fields["llama.attention.head_count_kv"]
+    assert int(field.parts[field.data[0]][0]) == cfg.num_kv_heads
+
+    def values(name):
+        t = tensors[name]
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        return torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)).view(*reversed(t.shape.tolist()))
+
+    q = permute_rope(weights["model.layers.0.self_attn.q_proj.weight"].float(), cfg.num_heads)
+    down = weights["model.layers.1.mlp.down_proj.weight"].float()
+    for got, want in ((values("blk.0.attn_q.weight"), q), (values("blk.1.ffn_down.weight"), down)):
+        assert got.shape == want.shape
+        if ftype == "q8_0":                     # within a step of a block's max |w| / 127
+            assert (got - want).abs().max() <= want.abs().max() / 127
+        else:
+            assert torch.equal(got, want.bfloat16().float() if ftype == "bf16" else want)
+
+
+def test_rope_permutation_pairs_the_halves():
+    w = torch.arange(8.0)[:, None]                 # one head, hd 8: rows 0-3 first halves, 4-7 second halves
+    assert permute_rope(w, 1).flatten().tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+@pytest.mark.slow
+def test_llamacpp_peers_decode_what_ar_decodes(tiny_checkpoint, tiny_draft_checkpoint, tmp_path):
+    """float32 GGUF, greedy: llama.cpp's plain decoding, its speculation with our draft and its prompt lookup
+    give `ar`'s tokens (the same model computed by other kernels: a differing prompt is a near-tie at most)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        pytest.fail("needs llama-cpp-python: pip install -e .[llamacpp] (it builds llama.cpp: about 20 minutes on "
+                    "2 cores)")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["def foo(x):", "class A:", "import os\n"]))
+    dest = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "specmesh.cli", "bench", "--methods",
+                        "ar,llama.cpp,llama.cpp-spec,llama.cpp-lookup", "--target", str(tiny_checkpoint),
+                        "--draft", str(tiny_draft_checkpoint), "--prompts", str(prompts), "--max-new-tokens", "16",
+                        "--dtype", "float32", "--json", str(dest)], capture_output=True, text=True,
+                       env=os.environ | {"SPECMESH_CACHE_DIR": str(tmp_path)}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(dest.read_text())["methods"]
+    for peer in ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup"):
+        assert out[peer]["greedy_equal_to_ar"] + out[peer]["near_tie_divergences"] >= 2, (peer, out[peer])
