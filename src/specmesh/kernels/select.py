@@ -24,7 +24,7 @@ def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
 def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.Module:
     """bf16 linear weights (int8 with `int8`: draft models), float32 everywhere else, C norms
     and blocks where they build (in place); few-row products on the AVX512-BF16 dot product where the
-    CPU has it but no AMX (`--quant int8` models: on their int8 weights, Q8Linear). With AMX, MLPs
+    CPU has it but no AMX (`--quant int8` models: Q8_0 products on AVX512-VNNI, Q8Linear). With AMX, MLPs
     whose width is a multiple of 32 apply
     SwiGLU in the gate/up product (amx_glu; `glu=False`: product, then SwiGLU: the same values)."""
     if (amx := amx_lib()) is not None and not int8:

@@ -2,11 +2,12 @@
 GGUF's Q8_0 (which keeps an fp16 scale per 32 weights): q = round(w / s), s = max |w| / 127 over the block.
 
 Lossless is defined against the model as loaded: a quantized model's linears hold the dequantized
-weights q · s (so every path, GPU and PyTorch's included, computes the same model), and where
-csrc/avx512.c's q8_linear runs (kernels.Q8Linear: AVX512-BF16 without AMX) it reads the int8 weights
-and their scales, half the bytes of bf16, widening each to bf16(q · s), the same weight bit for bit.
-The embedding table stays as it is (a lookup reads one row); the LM head is quantized (untied from
-the embedding when they were one tensor).
+weights q · s, which every path computes with (GPU, PyTorch, the bf16 and float32 kernels), except
+where csrc/avx512.c's q8_linear runs (kernels.Q8Linear: AVX512-VNNI without AMX): it keeps the int8
+weights and their scales and quantizes the activations the same way, as llama.cpp computes Q8_0 on
+CPU (docs/quantization.md). Either way every method of a run computes the same model. The embedding
+table stays as it is (a lookup reads one row); the LM head is quantized (untied from the embedding
+when they were one tensor).
 """
 from __future__ import annotations
 
