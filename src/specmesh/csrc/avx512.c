@@ -337,23 +337,25 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
 
 // dp_linear: y[M,N] = bf16(x)[M,K] . w[N,K]^T (+ bias[N]) with AVX512-BF16's dot product (vdpbf16ps: 16
 //   float32 lanes, each += two bf16 products), for CPUs with AVX512-BF16 but no AMX (AMD Zen 4 and later).
-//   A step loads the packed weights of 32 output columns (2 x 64 bytes: 16 columns x 2 of K each) and
-//   serves up to 12 rows of x with them, each row's pair of x broadcast once for both: 1 to 16 rows cost
-//   one pass over the weights from memory (the rest of a block's rows read it again from L1), and a
-//   verification of 16 tokens is bound by compute, not by 16 passes over the weights. x is rounded to
+//   A step loads the packed weights of 64 output columns (4 x 64 bytes: 16 columns x 2 of K each) and
+//   serves up to 6 rows of x with them, each row's pair of x broadcast once for all four (a broadcast
+//   takes a vector slot as a product does: 6 of them feed 24 products, where 2 columns blocks and 12 rows
+//   had 12 feed 24); 1 to 16 rows cost one pass over the weights from memory (the rest of a block's rows
+//   read it again from L2), and a verification of 16 tokens is bound by compute, not by 16 passes. x is rounded to
 //   bf16 (nearest even) once; each output accumulates in float32 over the pairs of K in order, one chain,
 //   the same way whatever M is: a row's result never depends on the other rows.
 // The weights are pre-packed (kernels.DPLinear) as w[NB][KP][16][2]: block nb of 16 output columns, K pair
 //   kp, then w[16 nb + j][2 kp + e] at [j][e] (zeros past N and K).
-#define DP_ROWS 12
+#define DP_ROWS 6
+#define DP_COLS 4                       // blocks of 16 columns a step loads: 4 loads and 6 broadcasts feed 24 products
 
 static inline __attribute__((always_inline)) void dp_rows(const uint32_t *xp, int KP, const uint16_t *wb,
                                                           int64_t next, float *out, const int MB, const int NC) {
-    __m512 acc[DP_ROWS][2];
+    __m512 acc[DP_ROWS][DP_COLS];
     for (int i = 0; i < MB; i++)
         for (int c = 0; c < NC; c++) acc[i][c] = _mm512_setzero_ps();
     for (int kp = 0; kp < KP; kp++) {
-        __m512bh w[2];
+        __m512bh w[DP_COLS];
         for (int c = 0; c < NC; c++) w[c] = (__m512bh)_mm512_loadu_si512(wb + c * next + (int64_t)kp * 32);
         for (int i = 0; i < MB; i++) {
             __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xp[(int64_t)i * KP + kp]);
@@ -361,10 +363,11 @@ static inline __attribute__((always_inline)) void dp_rows(const uint32_t *xp, in
         }
     }
     for (int i = 0; i < MB; i++)
-        for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + 32 * i + 16 * c, acc[i][c]);
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + 16 * DP_COLS * i + 16 * c, acc[i][c]);
 }
 
-#define DP_CASE(n) case n: if (nc == 2) dp_rows(xm, KP, wb, next, out, n, 2); else dp_rows(xm, KP, wb, next, out, n, 1); break;
+#define DP_NC(n, nc) case nc: dp_rows(xm, KP, wb, next, out, n, nc); break;
+#define DP_CASE(n) case n: switch (nc) { DP_NC(n, 1) DP_NC(n, 2) DP_NC(n, 3) default: DP_NC(n, 4) } break;
 
 void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
     const int KP = (K + 1) / 2, NB = (N + 15) / 16;
@@ -375,20 +378,20 @@ void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const flo
         to_bf16(x + (int64_t)mb * 16 * K, M - mb * 16 < 16 ? M - mb * 16 : 16, K, 2 * KP,
                 (uint16_t *)(xp + (int64_t)mb * 16 * KP));
     #pragma omp parallel for schedule(static)
-    for (int nb = 0; nb < NB; nb += 2) {
+    for (int nb = 0; nb < NB; nb += DP_COLS) {
         const uint16_t *wb = w + nb * next;
-        const int nc = NB - nb < 2 ? 1 : 2, cols = N - 16 * nb < 32 ? N - 16 * nb : 32;
-        float out[DP_ROWS * 32] __attribute__((aligned(64)));
+        const int nc = NB - nb < DP_COLS ? NB - nb : DP_COLS;
+        const int cols = N - 16 * nb < 16 * DP_COLS ? N - 16 * nb : 16 * DP_COLS;
+        float out[DP_ROWS * 16 * DP_COLS] __attribute__((aligned(64)));
         for (int m0 = 0; m0 < M; m0 += DP_ROWS) {
             const int mb = M - m0 < DP_ROWS ? M - m0 : DP_ROWS;
             const uint32_t *xm = xp + (int64_t)m0 * KP;
             switch (mb) {
-                DP_CASE(1) DP_CASE(2) DP_CASE(3) DP_CASE(4) DP_CASE(5) DP_CASE(6)
-                DP_CASE(7) DP_CASE(8) DP_CASE(9) DP_CASE(10) DP_CASE(11) default: DP_CASE(12)
+                DP_CASE(1) DP_CASE(2) DP_CASE(3) DP_CASE(4) DP_CASE(5) default: DP_CASE(6)
             }
             for (int i = 0; i < mb; i++)
                 for (int j = 0; j < cols; j++)
-                    y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[32 * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
+                    y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[16 * DP_COLS * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
         }
     }
     free(xp);

@@ -104,8 +104,8 @@ class Int8Linear(BF16Linear):
 
 class DPLinear(nn.Module):
     """A bf16 linear through csrc/avx512.c's dp_linear (AVX512-BF16's dot product, CPUs without AMX) for
-    every row count: one pass over the weights serves 12 rows of x (rounded to bf16), and a prefill runs
-    on the dot product too, twice as fast as oneDNN's float32 product here."""
+    every row count: a step over 64 columns' weights serves 6 rows of x (rounded to bf16), and a prefill
+    runs on the dot product too, twice as fast as oneDNN's float32 product here."""
     KIND = 4                                    # csrc/avx2.c's weight kind
 
     def __init__(self, linear: BF16Linear, kernel: ctypes.CDLL):
