@@ -87,7 +87,7 @@ def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
     tokens = sorted(vocab, key=vocab.get)
     special = {t["id"] for t in tok.get("added_tokens", []) if t.get("special")}
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(tokens)
     writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
                             for i in range(len(tokens))])
