@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from specmesh.bench.llamacpp import permute_rope, to_gguf
+from specmesh.bench.llamacpp import permute_rope, reported_seconds, to_gguf
 from specmesh.model.loader import read_config, read_weights
 
 
@@ -44,6 +44,18 @@ def test_rope_permutation_pairs_the_halves():
     assert permute_rope(w, 1).flatten().tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
 
 
+def test_the_tools_reported_time_is_read():
+    speculative = ("0.00.371 I encoded  384 tokens in    0.110 seconds, speed: 3477.127 t/s\n"
+                   "0.00.371 I decoded   66 tokens in    0.174 seconds, speed:  379.749 t/s\n")
+    completion = ("common_perf_print: prompt eval time =      88.39 ms /   384 tokens\n"
+                  "common_perf_print:        eval time =     121.85 ms /    63 runs\n"
+                  "common_perf_print:       total time =     215.00 ms /   447 tokens\n")
+    assert reported_seconds(speculative) == pytest.approx(0.284)
+    assert reported_seconds(completion) == pytest.approx(0.21024)
+    with pytest.raises(RuntimeError, match="no timings"):
+        reported_seconds("nothing here")
+
+
 @pytest.mark.slow
 def test_llamacpp_peers_decode_what_ar_decodes(tiny_checkpoint, tiny_draft_checkpoint, tmp_path):
     """float32 GGUF, greedy: llama.cpp's plain decoding, its speculation with our draft and its prompt lookup
@@ -65,3 +77,4 @@ def test_llamacpp_peers_decode_what_ar_decodes(tiny_checkpoint, tiny_draft_check
     out = json.loads(dest.read_text())["methods"]
     for peer in ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup"):
         assert out[peer]["greedy_equal_to_ar"] + out[peer]["near_tie_divergences"] >= 2, (peer, out[peer])
+        assert out[peer]["impl"] in ("native", "python")

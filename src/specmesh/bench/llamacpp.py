@@ -1,21 +1,31 @@
-"""llama.cpp as a bench peer, on the same weights: llama-cpp-python's bindings (built from its source
-package: `pip install -e ".[llamacpp]"`) over GGUF files written from the checkpoints.
+"""llama.cpp as a bench peer, on the same weights, as GGUF files written from the checkpoints (`to_gguf`,
+cached under SPECMESH_CACHE_DIR or ~/.cache/specmesh/gguf): bf16 for a bfloat16 run, f32 for float32, Q8_0
+for `--quant int8` (llama.cpp's own Q8_0: an fp16 scale per 32 weights).
 
 llama.cpp          plain greedy decoding
-llama.cpp-spec     speculative decoding with our draft (as GGUF) proposing DRAFT_TOKENS greedy tokens a step,
-                   through llama-cpp-python's draft-model hook (the target verifies them in one batch)
-llama.cpp-lookup   prompt lookup decoding (llama-cpp-python's LlamaPromptLookupDecoding, 10 tokens)
+llama.cpp-spec     speculative decoding with our draft (as GGUF)
+llama.cpp-lookup   prompt lookup decoding
 
-Token ids go in and come out (no tokenizer round trip), greedy (top_k 1), with the run's thread count;
-the time includes the prompt's evaluation, as specmesh's does. The GGUF files (`to_gguf`) are written once
-per checkpoint and type and cached (SPECMESH_CACHE_DIR or ~/.cache/specmesh/gguf): bf16 for a bfloat16
-run, f32 for float32, Q8_0 for `--quant int8` (llama.cpp's own Q8_0: an fp16 scale per 32 weights).
+Two ways to run them, both built from llama-cpp-python's source package:
+* llama.cpp's own tools (`NativeRunner`: llama-completion, llama-speculative with up to NATIVE_DRAFT tokens
+  drafted, llama-lookup), where `python -m specmesh.bench.llamacpp build` put them (or SPECMESH_LLAMACPP_BIN
+  points): the prompt as text (llama.cpp tokenizes it as specmesh does: the GGUF's pre-tokenizer is GPT-2's),
+  greedy, the run's thread count, the time the tool reports for the prompt and the decoding;
+* else llama-cpp-python's bindings (`pip install -e ".[llamacpp]"`; `BindingRunner`): token ids in and out,
+  speculation through its Python-level draft-model hook (DRAFT_TOKENS from our draft, or its
+  LlamaPromptLookupDecoding): slower than the tools.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +38,8 @@ from specmesh.model.loader import read_config, read_weights
 PEERS = ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup")
 DRAFT_TOKENS = 4                # as specmesh's sd default γ
 LOOKUP_TOKENS = 10              # llama-cpp-python's documented example value
+NATIVE_DRAFT = 6                # llama-speculative's --spec-draft-n-max (the figure the issue measured with)
+TOOLS = {"llama.cpp": "llama-completion", "llama.cpp-spec": "llama-speculative", "llama.cpp-lookup": "llama-lookup"}
 
 # HF Llama names -> GGUF's (blk.N. prefixed for the layers)
 LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
@@ -87,11 +99,12 @@ def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
     tokens = sorted(vocab, key=vocab.get)
     special = {t["id"] for t in tok.get("added_tokens", []) if t.get("special")}
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
+    writer.add_tokenizer_pre("gpt-2")               # the GPT-2 split specmesh's byte-level BPE uses
     writer.add_token_list(tokens)
     writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
                             for i in range(len(tokens))])
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    writer.add_add_bos_token(False)                 # specmesh's tokenizer adds none
     if cfg.bos_token_id is not None:
         writer.add_bos_token_id(cfg.bos_token_id)
     writer.add_eos_token_id(cfg.eos_token_id)
@@ -124,12 +137,16 @@ def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
     return out
 
 
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECMESH_CACHE_DIR") or Path.home() / ".cache" / "specmesh")
+
+
 def cached_gguf(checkpoint: Path, ftype: str) -> Path:
     """The GGUF file of `checkpoint` in `ftype`, written on first use."""
     checkpoint = Path(checkpoint).resolve()
     stamp = ",".join(f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in sorted(checkpoint.iterdir()))
     key = hashlib.sha256(f"{checkpoint}|{stamp}".encode()).hexdigest()[:16]
-    root = Path(os.environ.get("SPECMESH_CACHE_DIR") or Path.home() / ".cache" / "specmesh") / "gguf"
+    root = cache_root() / "gguf"
     out = root / f"{checkpoint.name}-{key}-{ftype}.gguf"
     if not out.exists():
         root.mkdir(parents=True, exist_ok=True)
@@ -153,8 +170,8 @@ def _llama(path: Path, threads: int, context: int, **extra):
     try:
         from llama_cpp import Llama
     except ImportError:
-        raise ValueError("the llama.cpp peers need llama-cpp-python: pip install -e .[llamacpp] "
-                         "(it builds llama.cpp from source: docs/usage.md)") from None
+        raise ValueError("the llama.cpp peers need llama.cpp's tools (python -m specmesh.bench.llamacpp build) "
+                         "or llama-cpp-python (pip install -e .[llamacpp]): docs/usage.md") from None
     return Llama(model_path=str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads, n_batch=512,
                  verbose=False, **extra)
 
@@ -175,8 +192,58 @@ class DraftProposer:
         return np.array(out, dtype=np.intc)
 
 
-class LlamaCppRunner:
-    """One of PEERS on the GGUF files of the target (and draft)."""
+def make_runner(kind: str, target: Path, draft: Path | None, dtype: torch.dtype, quant: str | None, threads: int,
+                tokenizer):
+    """One of PEERS: llama.cpp's own tool where it was built, else the bindings."""
+    tool = native_bin() / TOOLS[kind]
+    if tool.exists():
+        return NativeRunner(kind, tool, target, draft, gguf_type(dtype, quant), threads, tokenizer)
+    return BindingRunner(kind, target, draft, dtype, quant, threads)
+
+
+def native_bin() -> Path:
+    return Path(os.environ.get("SPECMESH_LLAMACPP_BIN") or cache_root() / "llama.cpp" / "bin")
+
+
+class NativeRunner:
+    """One of PEERS through llama.cpp's own tool, a process per prompt."""
+    impl = "native"
+
+    def __init__(self, kind: str, tool: Path, target: Path, draft: Path | None, ftype: str, threads: int, tokenizer):
+        self.tokenizer = tokenizer
+        context = read_config(target).max_position_embeddings
+        self.cmd = [str(tool), "-m", str(cached_gguf(target, ftype)), "--temp", "0", "-t", str(threads),
+                    "-tb", str(threads), "-c", str(context), "--no-escape"]
+        if kind == "llama.cpp":
+            self.cmd.append("-no-cnv")
+        elif kind == "llama.cpp-spec":
+            self.cmd += ["-md", str(cached_gguf(draft, ftype)), "--spec-draft-n-max", str(NATIVE_DRAFT)]
+
+    def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
+        prompt = self.tokenizer.decode(ids)
+        run = subprocess.run(self.cmd + ["-p", prompt, "-n", str(max_new_tokens)], capture_output=True, text=True)
+        if run.returncode != 0 or prompt not in run.stdout:
+            raise RuntimeError(f"{self.cmd[0]} failed (exit {run.returncode}): {run.stderr[-300:]}")
+        text = run.stdout.split(prompt, 1)[1].removesuffix("\n\n")           # the tools end with two newlines
+        tokens = self.tokenizer.encode(text)[:max_new_tokens] if text else []
+        return tokens, Stats(generated_tokens=len(tokens), elapsed_s=reported_seconds(run.stderr))
+
+
+def reported_seconds(log: str) -> float:
+    """The prompt's and the decoding's time as the tool reports it (llama-speculative and llama-lookup:
+    'encoded/decoded N tokens in S seconds'; llama-completion: 'prompt eval time' and 'eval time' in ms)."""
+    spans = re.findall(r"(?:en|de)coded\s+\d+ tokens in\s+([\d.]+) seconds", log)
+    if spans:
+        return sum(map(float, spans))
+    spans = re.findall(r"(?:prompt eval|\s eval) time =\s+([\d.]+) ms", log)
+    if not spans:
+        raise RuntimeError(f"no timings in llama.cpp's log: {log[-300:]}")
+    return sum(map(float, spans)) / 1e3
+
+
+class BindingRunner:
+    """One of PEERS through llama-cpp-python's bindings, on the GGUF files of the target (and draft)."""
+    impl = "python"
 
     def __init__(self, kind: str, target: Path, draft: Path | None, dtype: torch.dtype, quant: str | None,
                  threads: int):
@@ -204,3 +271,32 @@ class LlamaCppRunner:
             if len(tokens) == max_new_tokens:
                 break
         return tokens, Stats(generated_tokens=len(tokens), elapsed_s=time.perf_counter() - start)
+
+
+def build(source: Path | None = None) -> Path:
+    """llama.cpp's tools (TOOLS) from llama-cpp-python's source package (downloaded with pip if not given),
+    compiled for this machine into native_bin(): about 5 minutes on 2 cores."""
+    work = Path(tempfile.mkdtemp(prefix="specmesh-llamacpp-"))
+    if source is None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-d", str(work),
+                        "llama-cpp-python"], check=True)
+        source = next(work.glob("llama_cpp_python-*.tar.gz"))
+    with tarfile.open(source) as tar:
+        tar.extractall(work, filter="data")
+    tree = next(work.glob("llama_cpp_python-*/vendor/llama.cpp"))
+    subprocess.run(["cmake", "-S", str(tree), "-B", str(tree / "build"), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF"],
+                   check=True)
+    subprocess.run(["cmake", "--build", str(tree / "build"), "-j", str(os.cpu_count() or 2), "--target",
+                    *TOOLS.values()], check=True)
+    native_bin().mkdir(parents=True, exist_ok=True)
+    for tool in TOOLS.values():                     # static: each binary stands alone
+        shutil.copy2(tree / "build" / "bin" / tool, native_bin() / tool)
+    shutil.rmtree(work)
+    return native_bin()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["build"]:
+        sys.exit("usage: python -m specmesh.bench.llamacpp build [llama_cpp_python-X.tar.gz]")
+    print(build(Path(sys.argv[2]) if len(sys.argv) > 2 else None))

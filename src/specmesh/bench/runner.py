@@ -98,7 +98,7 @@ def make_runner(name: str, cfg: BenchConfig, dtype: str):
     draft = Path(cfg.draft) if cfg.draft else embedded.path("draft")
     if method in llamacpp.PEERS:           # its thread count is fixed when it loads
         used = threads or (CHOSEN[-1] if CHOSEN else torch.get_num_threads())
-        return llamacpp.LlamaCppRunner(method, target, draft, DTYPES[dtype], cfg.quant, used)
+        return llamacpp.make_runner(method, target, draft, DTYPES[dtype], cfg.quant, used, load_tokenizer(target))
     if method in HF_PEERS:
         runner = HFRunner(method, target, draft if method == "hf-assisted" else None, DTYPES[dtype], cfg.device)
     else:
@@ -282,6 +282,8 @@ def bench(cfg: BenchConfig) -> dict:
                 "target_forwards": stats.target_forwards, "equal_to_ar": div is None,
                 "first_divergence": div, "near_tie": tie})
         result["methods"][name] = summarize(dtype, threads_used(name, cfg.options), runs[name], refs, near, rss[name])
+        if hasattr(runners[name], "impl"):                 # a llama.cpp peer: its tool or the bindings
+            result["methods"][name]["impl"] = runners[name].impl
         llm = getattr(runners[name], "llm", None)
         if llm is not None and split_threads(name)[0] not in PEERS:
             result["methods"][name]["options"] = llm.method.options
