@@ -221,12 +221,20 @@ class NativeRunner:
 
     def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
         prompt = self.tokenizer.decode(ids)
-        run = subprocess.run(self.cmd + ["-p", prompt, "-n", str(max_new_tokens)], capture_output=True, text=True)
-        if run.returncode != 0 or prompt not in run.stdout:
-            raise RuntimeError(f"{self.cmd[0]} failed (exit {run.returncode}): {run.stderr[-300:]}")
+        for attempt in range(3):            # the tools log from a thread of their own: now and then the
+            run = subprocess.run(self.cmd + ["-p", prompt, "-n", str(max_new_tokens)], capture_output=True,
+                                 text=True)  # timings are lost at exit
+            if run.returncode != 0 or prompt not in run.stdout:
+                raise RuntimeError(f"{self.cmd[0]} failed (exit {run.returncode}): {run.stderr[-300:]}")
+            try:
+                seconds = reported_seconds(run.stderr)
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
         text = run.stdout.split(prompt, 1)[1].removesuffix("\n\n")           # the tools end with two newlines
         tokens = self.tokenizer.encode(text)[:max_new_tokens] if text else []
-        return tokens, Stats(generated_tokens=len(tokens), elapsed_s=reported_seconds(run.stderr))
+        return tokens, Stats(generated_tokens=len(tokens), elapsed_s=seconds)
 
 
 def reported_seconds(log: str) -> float:
