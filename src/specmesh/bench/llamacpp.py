@@ -77,24 +77,33 @@ def gguf_name(hf_name: str) -> str | None:
     return None
 
 
+# GGUF's llama.* hyperparameters (GGUFWriter.add_<key>) from ModelConfig's fields
+HPARAMS = {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+           "block_count": "num_layers", "feed_forward_length": "intermediate_size", "head_count": "num_heads",
+           "head_count_kv": "num_kv_heads", "key_length": "head_dim", "value_length": "head_dim",
+           "rope_dimension_count": "head_dim", "rope_freq_base": "rope_theta", "layer_norm_rms_eps": "rms_norm_eps",
+           "vocab_size": "vocab_size"}
+
+
 def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
     """Write `checkpoint` (HF layout, Llama family) as a GGUF file of type ftype ('bf16', 'f32' or 'q8_0')."""
     gguf = _gguf()
-    cfg, weights = read_config(checkpoint), read_weights(checkpoint)
-    tok = json.loads((checkpoint / "tokenizer.json").read_text())
+    cfg = read_config(checkpoint)
     writer = gguf.GGUFWriter(str(out), "llama")
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_layers)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_heads)
-    writer.add_head_count_kv(cfg.num_kv_heads)
-    writer.add_key_length(cfg.head_dim)
-    writer.add_value_length(cfg.head_dim)
-    writer.add_rope_dimension_count(cfg.head_dim)
-    writer.add_rope_freq_base(cfg.rope_theta)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
+    for key, field in HPARAMS.items():
+        getattr(writer, f"add_{key}")(getattr(cfg, field))
+    write_tokenizer(writer, cfg, json.loads((checkpoint / "tokenizer.json").read_text()))
+    write_tensors(writer, cfg, read_weights(checkpoint), ftype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def write_tokenizer(writer, cfg, tok: dict) -> None:
+    """The byte-level BPE of tokenizer.json as GGUF's gpt2 tokenizer."""
+    gguf = _gguf()
     vocab = tok["model"]["vocab"]
     tokens = sorted(vocab, key=vocab.get)
     special = {t["id"] for t in tok.get("added_tokens", []) if t.get("special")}
@@ -108,6 +117,12 @@ def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
     if cfg.bos_token_id is not None:
         writer.add_bos_token_id(cfg.bos_token_id)
     writer.add_eos_token_id(cfg.eos_token_id)
+
+
+def write_tensors(writer, cfg, weights: dict[str, torch.Tensor], ftype: str) -> None:
+    """Norms in float32; matrices in bf16, float32 or Q8_0 (the embedding table in bf16 then, as
+    specmesh keeps it); q and k rows in GGUF's rope order."""
+    gguf = _gguf()
     if cfg.tie_word_embeddings and "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]     # llama.cpp then reads output.weight
     qtype = {"bf16": gguf.GGMLQuantizationType.BF16, "f32": gguf.GGMLQuantizationType.F32,
@@ -121,20 +136,13 @@ def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
             w = permute_rope(w, cfg.num_heads)
         elif name.endswith("attn_k.weight"):
             w = permute_rope(w, cfg.num_kv_heads)
-        if w.dim() == 1:                                    # norms stay float32
+        if w.dim() == 1 or qtype == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, w.numpy())
-        elif qtype == gguf.GGMLQuantizationType.Q8_0 and name != "token_embd.weight":     # specmesh keeps it too
+        elif qtype == gguf.GGMLQuantizationType.Q8_0 and name != "token_embd.weight":
             writer.add_tensor(name, gguf.quants.quantize(w.numpy(), qtype), raw_dtype=qtype)
-        elif qtype == gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(name, w.numpy())
         else:
             writer.add_tensor(name, w.to(torch.bfloat16).view(torch.uint16).numpy(),
                               raw_dtype=gguf.GGMLQuantizationType.BF16)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
 
 
 def cache_root() -> Path:
