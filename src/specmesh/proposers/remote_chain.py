@@ -27,7 +27,7 @@ from specmesh.spec.verify import Verdict
 from specmesh.timing import forward_ms, rank_threads, torch_threads
 
 MAX_GAMMA = 16
-WIDTHS = (2, 4, 8, 12, MAX_GAMMA)     # target widths measured beside width 1, for the γ policy
+WIDTHS = (1, 2, 4, 8, 12, MAX_GAMMA)     # target widths measured for the γ policy
 ROLES = ["target", "draft"]
 CONTINUE, STOP = 0, 1
 
@@ -158,7 +158,7 @@ class DraftPeer:
             target_ms = forward_ms(target)          # while the draft times itself
         draft_ms, vocab = link.recv(torch.zeros(2, dtype=torch.float64), 1).tolist()
         with rank_threads(2):
-            widths = {1: target_ms} | {w: forward_ms(target, w, reps=10) for w in WIDTHS}
+            widths = {w: forward_ms(target, w, reps=10) for w in WIDTHS}     # with the threads it decodes with
         peer = cls(link, target_ms, draft_ms, int(vocab), widths)
         print(f"pearl: target forward {target_ms:.2f} ms, draft forward {draft_ms:.2f} ms (one thread each, "
               f"measured together): c = {peer.c:.2f}, round(c) = {peer.gamma}; target forward by width: "
