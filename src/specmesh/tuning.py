@@ -17,15 +17,13 @@ run took beyond the modelled forwards; so a calibrated candidate predicts its me
 ((1 − α^(γ+1)) / (1 − α) = τ). The fastest wins; a speculative method must beat `ar` by MARGIN.
 
 The choice is cached per machine (CPU, vector units, threads, device), model pair (paths, sizes, times)
-and dtype (~/.cache/specmesh/tune.json; SPECMESH_CACHE_DIR moves it); `specmesh tune` measures
+and dtype (tune.json in kernels.cache_dir(): ~/.cache/specmesh); `specmesh tune` measures
 again. `pearl` and the pipelines are not candidates: each needs processes of its own (docs/tuning.md).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,8 +32,9 @@ from pathlib import Path
 import torch
 
 from specmesh import methods
-from specmesh.kernels import cpu_flags
+from specmesh.kernels import cache_dir, cpu_flags, cpu_name
 from specmesh.methods.pearl import by_width
+from specmesh.model.loader import stamp
 from specmesh.spec.sampling import SamplingParams
 from specmesh.timing import forward_ms
 
@@ -176,12 +175,12 @@ def calibration_prompts() -> list[str]:
     return [json.loads(line)["prompt"] for line in CALIBRATION.read_text().splitlines() if line.strip()]
 
 
-def decode(llm, name: str, options: dict, prompt: list[int], new_tokens: int):
-    llm.method = methods.get(name, options)
+def decode(llm, method, prompt: list[int], new_tokens: int):
+    llm.method = method
     return llm.generate(prompt, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)).stats
 
 
-def trial(name: str, options: dict, given: dict, runs: list[tuple]) -> Trial:
+def trial(name: str, given: dict, runs: list[tuple]) -> Trial:
     """A family's trial from its (full run, one-token run) per prompt: the difference is the decoding."""
     sums = dict(tokens=0, steps=0, target_tokens=0, draft_forwards=0, ms=0.0)
     for full, first in runs:
@@ -202,7 +201,8 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Cho
     that counts is the fastest of its rounds."""
     room = llm.context - NEW_TOKENS - 64             # a prompt's last tokens, where a small model's context is short
     ids = [llm.encode(p)[-room:] for p in prompts or calibration_prompts()]
-    chosen, configs = llm.method, families(llm)
+    chosen = llm.method
+    configs = [methods.get(name, options) for name, options in families(llm)]
     best: dict[tuple[int, int, int], object] = {}    # (family, prompt, tokens) -> fastest stats
     try:
         with torch.inference_mode():
@@ -210,15 +210,15 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Cho
             for r in range(ROUNDS):
                 if progress:
                     print(f"auto: calibrating, round {r + 1} of {ROUNDS} ...", file=sys.stderr, flush=True)
-                for f, (name, options) in enumerate(configs):
+                for f, method in enumerate(configs):
                     for p, prompt in enumerate(ids):
                         for n in (NEW_TOKENS, 1):
-                            stats = decode(llm, name, options, prompt, n)
+                            stats = decode(llm, method, prompt, n)
                             if (f, p, n) not in best or stats.elapsed_s < best[f, p, n].elapsed_s:
                                 best[f, p, n] = stats
-            trials = [trial(name, options, methods.get(name, options).options,
+            trials = [trial(method.name, method.options,
                             [(best[f, p, NEW_TOKENS], best[f, p, 1]) for p in range(len(ids))])
-                      for f, (name, options) in enumerate(configs)]
+                      for f, method in enumerate(configs)]
     finally:
         llm.method = chosen
     candidates = predict(costs, trials)
@@ -232,30 +232,14 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Cho
 
 
 def cache_path() -> Path:
-    if os.environ.get("SPECMESH_CACHE_DIR"):
-        return Path(os.environ["SPECMESH_CACHE_DIR"]) / "tune.json"
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specmesh" / "tune.json"
-
-
-def fingerprint(path: Path | None) -> str:
-    if path is None:
-        return "-"
-    path = Path(path).resolve()
-    files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.npz")) if path.is_dir() else [path]
-    return f"{path}:" + ",".join(f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files)
+    return cache_dir() / "tune.json"
 
 
 def cache_key(llm, draft: Path | None) -> str:
-    """Machine (CPU model, vector units, threads, device), model pair and dtype."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    """Machine (CPU model, vector units, threads, device), model pair, dtype and quantization."""
     units = "+".join(u for u in VECTOR_UNITS if u in cpu_flags())
-    parts = [cpu, units, f"{torch.get_num_threads()} threads", str(llm.device), str(llm.dtype).split(".")[-1],
-             f"quant {llm.models.target.quant}", fingerprint(llm.models.target_path), fingerprint(draft)]
+    parts = [cpu_name(), units, f"{torch.get_num_threads()} threads", str(llm.device), str(llm.dtype).split(".")[-1],
+             f"quant {llm.models.target.quant}", stamp(llm.models.target_path), stamp(draft) if draft else "-"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:6])
 
 

@@ -1,5 +1,5 @@
 """llama.cpp as a bench peer, on the same weights, as GGUF files written from the checkpoints (`to_gguf`,
-cached under SPECMESH_CACHE_DIR or ~/.cache/specmesh/gguf): bf16 for a bfloat16 run, f32 for float32, Q8_0
+cached in kernels.cache_dir()/gguf): bf16 for a bfloat16 run, f32 for float32, Q8_0
 for `--quant int8` (llama.cpp's own Q8_0: an fp16 scale per 32 weights).
 
 llama.cpp          plain greedy decoding
@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from specmesh.engine.stats import Stats
-from specmesh.model.loader import read_config, read_weights
+from specmesh.kernels import cache_dir
+from specmesh.model.loader import read_config, read_weights, stamp
 
 PEERS = ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup")
 DRAFT_TOKENS = 4                # as specmesh's sd default γ
@@ -145,16 +146,11 @@ def write_tensors(writer, cfg, weights: dict[str, torch.Tensor], ftype: str) -> 
                               raw_dtype=gguf.GGMLQuantizationType.BF16)
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECMESH_CACHE_DIR") or Path.home() / ".cache" / "specmesh")
-
-
 def cached_gguf(checkpoint: Path, ftype: str) -> Path:
     """The GGUF file of `checkpoint` in `ftype`, written on first use."""
     checkpoint = Path(checkpoint).resolve()
-    stamp = ",".join(f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in sorted(checkpoint.iterdir()))
-    key = hashlib.sha256(f"{checkpoint}|{stamp}".encode()).hexdigest()[:16]
-    root = cache_root() / "gguf"
+    key = hashlib.sha256(stamp(checkpoint).encode()).hexdigest()[:16]
+    root = cache_dir() / "gguf"
     out = root / f"{checkpoint.name}-{key}-{ftype}.gguf"
     if not out.exists():
         root.mkdir(parents=True, exist_ok=True)
@@ -167,11 +163,9 @@ def cached_gguf(checkpoint: Path, ftype: str) -> Path:
 def gguf_type(dtype: torch.dtype, quant: str | None) -> str:
     if quant == "int8":
         return "q8_0"
-    return {torch.bfloat16: "bf16", torch.float32: "f32"}.get(dtype) or _unsupported(dtype)
-
-
-def _unsupported(dtype):
-    raise ValueError(f"the llama.cpp peers run bfloat16, float32 or --quant int8, not {dtype}")
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"the llama.cpp peers run bfloat16, float32 or --quant int8, not {dtype}")
+    return "bf16" if dtype == torch.bfloat16 else "f32"
 
 
 def _llama(path: Path, threads: int, context: int, **extra):
@@ -210,7 +204,7 @@ def make_runner(kind: str, target: Path, draft: Path | None, dtype: torch.dtype,
 
 
 def native_bin() -> Path:
-    return Path(os.environ.get("SPECMESH_LLAMACPP_BIN") or cache_root() / "llama.cpp" / "bin")
+    return Path(os.environ.get("SPECMESH_LLAMACPP_BIN") or cache_dir() / "llama.cpp" / "bin")
 
 
 class NativeRunner:

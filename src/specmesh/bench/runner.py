@@ -14,7 +14,6 @@ import contextlib
 import datetime
 import gc
 import os
-import platform
 import re
 import time
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from specmesh import embedded, methods
 from specmesh.bench import llamacpp
 from specmesh.bench.peers import PEERS as HF_PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
+from specmesh.kernels import cpu_name
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.spec.sampling import SamplingParams
 from specmesh.engine.stats import Stats
@@ -223,15 +223,7 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
+    return f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
 def run_bench(cfg: BenchConfig) -> dict:

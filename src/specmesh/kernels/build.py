@@ -5,6 +5,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -105,6 +106,24 @@ AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
 AMX = AVX512 | {"amx_tile", "amx_bf16", "avx512_bf16"}
 DP = AVX512 | {"avx512_bf16"}
 Q8 = AVX512 | {"avx512_vnni"}
+
+
+def cache_dir() -> Path:
+    """Where specmesh keeps what it measures and writes for this machine (`--method auto`'s choices, GGUF
+    copies, llama.cpp's tools): $SPECMESH_CACHE_DIR, else specmesh/ under $XDG_CACHE_HOME or ~/.cache."""
+    if os.environ.get("SPECMESH_CACHE_DIR"):
+        return Path(os.environ["SPECMESH_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specmesh"
+
+
+@functools.cache
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what the platform says."""
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 @functools.cache

@@ -76,6 +76,14 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
+def stamp(path: Path) -> str:
+    """A checkpoint folder's (or file's) identity on this machine: its path, and each file's name, size and
+    modification time (new weights make a new stamp)."""
+    path = Path(path).resolve()
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    return f"{path}:" + ",".join(f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files)
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                pack: bool = True, draft: bool = False, quant: str | None = None) -> Transformer:
     """Load a checkpoint for inference; `pack` puts this CPU's kernels in place (kernels.select_kernels: the
