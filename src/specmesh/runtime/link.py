@@ -17,13 +17,15 @@ Messages are small (a few token ids, a decision; q rows when sampling; a tree la
 hidden states), so they stay on the host even when the models sit on GPUs: NCCL would
 save nothing on a few bytes and cannot bound an idle wait between jobs. When every rank
 runs on this machine (x86), messages of up to MAILBOX_BYTES go through shared-memory
-mailboxes (`Mailboxes`): the receiver polls, so nothing waits for a thread to be woken.
+mailboxes (`Mailboxes`): the receiver polls, so nothing waits for a thread to be woken, and
+after SPIN_S sleeps on a futex that the sender wakes (a rank waiting long burns no core).
 Through gloo a message had a long tail while both cores computed (gloo's I/O thread waits for
 a core), which cost PipeDec's pipeline time every timestep (docs/pipelines.md). Larger messages (a prompt's hidden states), and
 every message between machines, go through gloo.
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
 import functools
 import json
@@ -43,7 +45,27 @@ import torch.distributed as dist
 IDLE = datetime.timedelta(days=7)       # how long a rank may wait for work between jobs
 STARTUP_S = 120.0                        # a worker must load its model and join within this
 MAILBOX_SLOTS, MAILBOX_BYTES = 8, 1 << 18   # per ordered pair of ranks: messages in flight, bytes each
-SPIN_S, NAP_S = 0.05, 2e-4               # a waiting rank polls for SPIN_S, then naps between polls
+SPIN_S, SLEEP_S = 0.05, 0.05            # a waiting rank polls for SPIN_S, then sleeps on a futex,
+                                         # waking every SLEEP_S to check its peer
+
+WRITTEN, READ = 0, 1                    # a mailbox's counters
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1     # x86-64 Linux; shared (not PRIVATE): across processes
+
+
+class Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+def futex_wait(address: int, seen: int, timeout_s: float) -> None:
+    """Sleep while the 32-bit word at `address` holds `seen` (at most `timeout_s`)."""
+    ts = Timespec(int(timeout_s), int(timeout_s % 1 * 1e9))
+    LIBC.syscall(SYS_FUTEX, ctypes.c_void_p(address), FUTEX_WAIT, ctypes.c_uint32(seen), ctypes.byref(ts), None, 0)
+
+
+def futex_wake(address: int) -> None:
+    LIBC.syscall(SYS_FUTEX, ctypes.c_void_p(address), FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
 
 class PeerError(RuntimeError):
@@ -59,6 +81,7 @@ class Mailbox:
         self.count = region[:16].view(np.int64)                             # [written, read]
         self.sizes = region[64:64 + 8 * MAILBOX_SLOTS].view(np.int64)
         self.slots = region[128:].reshape(MAILBOX_SLOTS, MAILBOX_BYTES)
+        self.address = region.ctypes.data                                   # count[i] at address + 8 i
 
     def put(self, data: np.ndarray) -> int:
         """Write `data` (uint8) if a slot is free: its sequence number, else 0."""
@@ -69,7 +92,12 @@ class Mailbox:
         self.slots[slot, :data.size] = data
         self.sizes[slot] = data.size
         self.count[0] = written + 1
+        futex_wake(self.address)
         return written + 1
+
+    def counter(self, i: int) -> int:
+        """The low 32 bits of count[i], the word a futex sleeps on."""
+        return int(self.count[i]) & 0xFFFFFFFF
 
     def taken(self, seq: int) -> bool:
         return int(self.count[1]) >= seq
@@ -84,6 +112,7 @@ class Mailbox:
             raise RuntimeError(f"message of {int(self.sizes[slot])} bytes where {out.size} were expected")
         out[:] = self.slots[slot, :out.size]
         self.count[1] = read + 1
+        futex_wake(self.address + 8)
         return True
 
 
@@ -151,8 +180,8 @@ class Link:
         tensor = tensor.contiguous()
         if mailbox and dst in self.outbox and tensor.nbytes <= MAILBOX_BYTES:
             box, data = self.outbox[dst], as_bytes(tensor)
-            seq = self._poll(lambda: box.put(data), dst, self.timeout_s)
-            done = functools.partial(self._poll, lambda: box.taken(seq), dst, self.timeout_s)
+            seq = self._poll(lambda: box.put(data), dst, self.timeout_s, box, READ)
+            done = functools.partial(self._poll, lambda: box.taken(seq), dst, self.timeout_s, box, READ)
         else:
             work = self._guard(lambda: self.group.send([tensor], dst, 0), dst)
             done = functools.partial(self._wait, work, dst, self.timeout_s, tensor)
@@ -167,29 +196,33 @@ class Link:
         `mailbox` as in `send`: both ends must agree."""
         if mailbox and src in self.inbox and tensor.nbytes <= MAILBOX_BYTES:
             box, out = self.inbox[src], as_bytes(tensor)
-            self._poll(lambda: box.get(out), src, self.timeout_s)
+            self._poll(lambda: box.get(out), src, self.timeout_s, box, WRITTEN)
             return tensor
         work = self._guard(lambda: self.group.recv([tensor], src, 0), src)
         self._wait(work, src, None if idle else self.timeout_s)
         return tensor
 
-    def _poll(self, ready: Callable, peer: int, timeout_s: float):
-        """Poll `ready()` until it returns something true (returned), checking now and then that
-        `peer` still runs and answers in time; after SPIN_S with naps."""
+    def _poll(self, ready: Callable, peer: int, timeout_s: float, box: Mailbox, counter: int):
+        """Poll `ready()` until it returns something true (returned); after SPIN_S, sleep until
+        `box`'s `counter` changes (a futex), waking every SLEEP_S to check that `peer` still runs
+        and answers in time."""
         if value := ready():
             return value
         start, polls = time.monotonic(), 0
         while not (value := ready()):
             polls += 1
-            if polls % 512:
-                continue
             waited = time.monotonic() - start
+            if waited > SPIN_S:
+                seen = box.counter(counter)
+                if value := ready():
+                    break
+                futex_wait(box.address + 8 * counter, seen, SLEEP_S)
+            elif polls % 512:
+                continue
             if not self._alive(peer):
                 raise self._error(peer, self._fate(peer, RuntimeError("its process ended")))
             if waited > timeout_s:
                 raise self._error(peer, f"did not answer within {timeout_s:g} s")
-            if waited > SPIN_S:
-                time.sleep(NAP_S)
         return value
 
     def _alive(self, rank: int) -> bool:
