@@ -114,7 +114,7 @@ def test_many_samples_of_one_prompt_share_its_prefill_in_bounded_memory(tmp_path
     from specmesh.bench.prompts import load_prompts
     from specmesh.model.tokenizer import Tokenizer
     from specmesh import embedded
-    tokenizer = Tokenizer(embedded.path("target"))
+    tokenizer = Tokenizer.from_dir(embedded.path("target"))
     prompt = tokenizer.decode(tokenizer.encode(load_prompts(None)[0])[:100])
     (tmp_path / "prompt.txt").write_text(prompt)
     out = tmp_path / "out.json"

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from specmesh.bench.llamacpp import permute_rope, reported_seconds, to_gguf
+from specmesh.bench.llamacpp import reported_seconds
+from specmesh.model.gguf import permute_rope, to_gguf
 from specmesh.model.loader import read_config, read_weights
 
 

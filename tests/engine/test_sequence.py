@@ -139,7 +139,7 @@ def test_a_row_decodes_byte_level_tokens_as_the_tokenizer_does(checkpoint, reque
     from specmesh.engine.sequence import Prompt, Sequence
     from specmesh.model.tokenizer import Tokenizer
     path = Path(__file__).parents[2] / "models" / "target" if checkpoint == "embedded" else request.getfixturevalue(checkpoint)
-    tokenizer = Tokenizer(path)
+    tokenizer = Tokenizer.from_dir(path)
     assert tokenizer.token_bytes is not None
     rng = random.Random(1)
     accented = tokenizer.encode("héllo wörld — ünïcode ✓ 日本語")
@@ -164,4 +164,4 @@ def test_other_tokenizers_decode_in_full(tmp_path):
     inner.pre_tokenizer = pre_tokenizers.Whitespace()
     inner.decoder = decoders.WordPiece()
     inner.save(str(tmp_path / "tokenizer.json"))
-    assert Tokenizer(tmp_path).token_bytes is None
+    assert Tokenizer.from_dir(tmp_path).token_bytes is None

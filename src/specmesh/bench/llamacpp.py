@@ -34,117 +34,14 @@ import torch
 
 from specmesh.engine.stats import Stats
 from specmesh.kernels import cache_dir
-from specmesh.model.loader import read_config, read_weights, stamp
+from specmesh.model.gguf import to_gguf
+from specmesh.model.loader import read_config, stamp
 
 PEERS = ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup")
 DRAFT_TOKENS = 4                # as specmesh's sd default γ
 LOOKUP_TOKENS = 10              # llama-cpp-python's documented example value
 NATIVE_DRAFT = 6                # llama-speculative's --spec-draft-n-max (the figure the issue measured with)
 TOOLS = {"llama.cpp": "llama-completion", "llama.cpp-spec": "llama-speculative", "llama.cpp-lookup": "llama-lookup"}
-
-# HF Llama names -> GGUF's (blk.N. prefixed for the layers)
-LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-               "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"}
-
-
-def _gguf():
-    try:
-        import gguf
-    except ImportError:
-        raise ValueError("the llama.cpp peers need gguf and llama-cpp-python: pip install -e .[llamacpp]") from None
-    return gguf
-
-
-def permute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """q or k projection [heads * hd, K] from HF's rotate-half order to GGUF's interleaved pairs (as
-    llama.cpp's convert_hf_to_gguf.py does)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def gguf_name(hf_name: str) -> str | None:
-    if hf_name == "model.embed_tokens.weight":
-        return "token_embd.weight"
-    if hf_name == "model.norm.weight":
-        return "output_norm.weight"
-    if hf_name == "lm_head.weight":
-        return "output.weight"
-    parts = hf_name.split(".")
-    if parts[:2] == ["model", "layers"]:
-        inner = ".".join(parts[3:-1])
-        if inner in LAYER_NAMES:
-            return f"blk.{parts[2]}.{LAYER_NAMES[inner]}.{parts[-1]}"
-    return None
-
-
-# GGUF's llama.* hyperparameters (GGUFWriter.add_<key>) from ModelConfig's fields
-HPARAMS = {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
-           "block_count": "num_layers", "feed_forward_length": "intermediate_size", "head_count": "num_heads",
-           "head_count_kv": "num_kv_heads", "key_length": "head_dim", "value_length": "head_dim",
-           "rope_dimension_count": "head_dim", "rope_freq_base": "rope_theta", "layer_norm_rms_eps": "rms_norm_eps",
-           "vocab_size": "vocab_size"}
-
-
-def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
-    """Write `checkpoint` (HF layout, Llama family) as a GGUF file of type ftype ('bf16', 'f32' or 'q8_0')."""
-    gguf = _gguf()
-    cfg = read_config(checkpoint)
-    writer = gguf.GGUFWriter(str(out), "llama")
-    for key, field in HPARAMS.items():
-        getattr(writer, f"add_{key}")(getattr(cfg, field))
-    write_tokenizer(writer, cfg, json.loads((checkpoint / "tokenizer.json").read_text()))
-    write_tensors(writer, cfg, read_weights(checkpoint), ftype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
-
-
-def write_tokenizer(writer, cfg, tok: dict) -> None:
-    """The byte-level BPE of tokenizer.json as GGUF's gpt2 tokenizer."""
-    gguf = _gguf()
-    vocab = tok["model"]["vocab"]
-    tokens = sorted(vocab, key=vocab.get)
-    special = {t["id"] for t in tok.get("added_tokens", []) if t.get("special")}
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")               # the GPT-2 split specmesh's byte-level BPE uses
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
-                            for i in range(len(tokens))])
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
-    writer.add_add_bos_token(False)                 # specmesh's tokenizer adds none
-    if cfg.bos_token_id is not None:
-        writer.add_bos_token_id(cfg.bos_token_id)
-    writer.add_eos_token_id(cfg.eos_token_id)
-
-
-def write_tensors(writer, cfg, weights: dict[str, torch.Tensor], ftype: str) -> None:
-    """Norms in float32; matrices in bf16, float32 or Q8_0 (the embedding table in bf16 then, as
-    specmesh keeps it); q and k rows in GGUF's rope order."""
-    gguf = _gguf()
-    if cfg.tie_word_embeddings and "lm_head.weight" not in weights:
-        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]     # llama.cpp then reads output.weight
-    qtype = {"bf16": gguf.GGMLQuantizationType.BF16, "f32": gguf.GGMLQuantizationType.F32,
-             "q8_0": gguf.GGMLQuantizationType.Q8_0}[ftype]
-    for hf_name, w in weights.items():
-        name = gguf_name(hf_name)
-        if name is None:
-            continue
-        w = w.float()
-        if name.endswith("attn_q.weight"):
-            w = permute_rope(w, cfg.num_heads)
-        elif name.endswith("attn_k.weight"):
-            w = permute_rope(w, cfg.num_kv_heads)
-        if w.dim() == 1 or qtype == gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(name, w.numpy())
-        elif qtype == gguf.GGMLQuantizationType.Q8_0 and name != "token_embd.weight":
-            writer.add_tensor(name, gguf.quants.quantize(w.numpy(), qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(name, w.to(torch.bfloat16).view(torch.uint16).numpy(),
-                              raw_dtype=gguf.GGMLQuantizationType.BF16)
-
 
 def cached_gguf(checkpoint: Path, ftype: str) -> Path:
     """The GGUF file of `checkpoint` in `ftype`, written on first use."""

@@ -1,8 +1,9 @@
-"""HuggingFace checkpoint directory <-> our Transformer and Tokenizer.
+"""Checkpoints <-> our Transformer and Tokenizer.
 
-A checkpoint is `config.json`, `model.safetensors` (or shards listed in
-`model.safetensors.index.json`) and `tokenizer.json`. Our model fuses q/k/v and
-gate/up projections; this module joins them on load and splits them on save.
+A checkpoint is a HuggingFace folder (`config.json`, `model.safetensors` or shards listed in
+`model.safetensors.index.json`, `tokenizer.json`) or a GGUF file (model/gguf.py reads it into the
+same HF names). Our model fuses q/k/v and gate/up projections; this module joins them on load and
+splits them on save.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specmesh.kernels import select_kernels
+from specmesh.model import gguf
 from specmesh.model.quant import quantize_model
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
 from specmesh.model.tokenizer import Tokenizer
@@ -58,6 +60,8 @@ def _require(path: Path, what: str) -> Path:
 
 def read_config(path: str | Path) -> ModelConfig:
     path = Path(path)
+    if gguf.is_gguf(path):
+        return gguf.read_config(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {path}")
     return ModelConfig.from_hf(json.loads(_require(path / "config.json", "config.json").read_text()))
@@ -91,8 +95,11 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     weights in int8 where csrc/avx2.c builds. `quant="int8"`: the linears quantized (model/quant.py);
     the model as loaded is the quantized one, `model.quant` says so."""
     path = Path(path)
-    cfg = read_config(path)
-    hf = read_weights(path)
+    if gguf.is_gguf(path):
+        checkpoint = gguf.read_gguf(path)
+        cfg, hf = checkpoint.config, checkpoint.weights
+    else:
+        cfg, hf = read_config(path), read_weights(path)
     with torch.device("meta"):
         model = Transformer(cfg)
     state = {}
@@ -121,10 +128,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     path = Path(path)
+    if gguf.is_gguf(path):
+        return gguf.read_tokenizer(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {path}")
     _require(path / "tokenizer.json", "tokenizer.json")
-    return Tokenizer(path)
+    return Tokenizer.from_dir(path)
 
 
 def save_model(model: Transformer, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -152,9 +161,11 @@ def _split_sizes(cfg: ModelConfig, name: str) -> list[int]:
 
 
 def count_parameters(path: str | Path) -> int:
-    """Parameters of a checkpoint, read from safetensors headers (tied weights counted once)."""
+    """Parameters of a checkpoint, read from safetensors or GGUF headers (tied weights counted once)."""
     from safetensors import safe_open
     path = Path(path)
+    if gguf.is_gguf(path):
+        return sum(int(t.n_elements) for t in gguf.open_gguf(path).tensors)
     index = path / "model.safetensors.index.json"
     files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() \
         else ["model.safetensors"]

@@ -1,4 +1,5 @@
-"""A thin wrapper over a HuggingFace `tokenizers` tokenizer.json."""
+"""A thin wrapper over a HuggingFace `tokenizers` tokenizer (a folder's tokenizer.json, or one built from a
+GGUF file's metadata by model/gguf.py), with its chat template."""
 from __future__ import annotations
 
 import functools
@@ -10,12 +11,17 @@ from tokenizers import Tokenizer as HFTokenizer
 
 
 class Tokenizer:
-    def __init__(self, path: str | Path):
-        path = Path(path)
-        self.inner = HFTokenizer.from_file(str(path / "tokenizer.json"))
-        cfg_path = path / "tokenizer_config.json"
-        self.config = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    def __init__(self, inner: HFTokenizer, config: dict | None = None):
+        self.inner = inner
+        self.config = config or {}          # tokenizer_config.json's keys: chat_template, bos_token, eos_token ...
         self.chat_template = self.config.get("chat_template")
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "Tokenizer":
+        path = Path(path)
+        cfg_path = path / "tokenizer_config.json"
+        return cls(HFTokenizer.from_file(str(path / "tokenizer.json")),
+                   json.loads(cfg_path.read_text()) if cfg_path.exists() else {})
 
     @property
     def vocab_size(self) -> int:

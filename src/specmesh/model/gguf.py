@@ -1,0 +1,289 @@
+"""GGUF files <-> specmesh checkpoints, with the `gguf` package (the format's library, from llama.cpp).
+
+Reading (`read_gguf`): a Llama-architecture GGUF becomes what a HuggingFace folder gives the loader:
+a ModelConfig from the `llama.*` metadata, the weights under HF names (dequantized to float32 by
+gguf.quants, whatever the tensor type it can read: F32, F16, BF16, Q8_0, Q4_0, Q4_1, the K-quants ...;
+q and k rows back from GGUF's interleaved rope pairs), and a tokenizer built from `tokenizer.ggml.*`
+(byte-level BPE, split as llama.cpp splits for the file's pre-tokenizer) with its chat template.
+
+Writing (`to_gguf`): our checkpoints as bf16, f32 or Q8_0 GGUF, for llama.cpp in the bench.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from specmesh.model.model import ModelConfig
+from specmesh.model.tokenizer import Tokenizer, byte_level_alphabet
+
+MAGIC = b"GGUF"
+ARCHITECTURES = ("llama",)
+
+# HF Llama names -> GGUF's (blk.N. prefixed for the layers)
+LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+               "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down"}
+TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+
+# GGUF's llama.* hyperparameters (GGUFWriter.add_<key>) from ModelConfig's fields
+HPARAMS = {"context_length": "max_position_embeddings", "embedding_length": "hidden_size",
+           "block_count": "num_layers", "feed_forward_length": "intermediate_size", "head_count": "num_heads",
+           "head_count_kv": "num_kv_heads", "key_length": "head_dim", "value_length": "head_dim",
+           "rope_dimension_count": "head_dim", "rope_freq_base": "rope_theta", "layer_norm_rms_eps": "rms_norm_eps",
+           "vocab_size": "vocab_size"}
+
+# tokenizer.ggml.pre -> how llama.cpp splits text before BPE (llama-vocab.cpp), as tokenizers pre-tokenizers
+GPT2 = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+DIGITS_THEN_GPT2 = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, GPT2]}
+LLAMA3 = {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
+    GPT2 | {"use_regex": False}]}
+PRE_TOKENIZERS = {"default": GPT2, "gpt-2": GPT2, "gpt2": GPT2,
+                  "smollm": DIGITS_THEN_GPT2, "starcoder": DIGITS_THEN_GPT2, "refact": DIGITS_THEN_GPT2,
+                  "codeshell": DIGITS_THEN_GPT2, "llama3": LLAMA3, "llama-v3": LLAMA3, "llama-bpe": LLAMA3,
+                  "smaug-bpe": LLAMA3, "dbrx": LLAMA3}
+
+
+class GGUFError(ValueError):
+    """A file that is not a GGUF specmesh can load (the message names the file and the problem)."""
+
+
+def is_gguf(path: str | Path) -> bool:
+    path = Path(path)
+    if path.suffix.lower() == ".gguf":
+        return True
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == MAGIC
+
+
+@dataclass
+class GGUFCheckpoint:
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]          # HF names, float32
+    tokenizer: Tokenizer
+
+
+def open_gguf(path: str | Path) -> gguf.GGUFReader:
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"GGUF file not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != MAGIC:
+        raise GGUFError(f"{path} is not a GGUF file (it starts with {head!r}, not {MAGIC!r})")
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:                    # the reader's own errors are many kinds (struct, numpy, ...)
+        raise GGUFError(f"{path}: truncated or corrupt GGUF ({type(e).__name__}: {e})") from None
+
+
+def field(reader: gguf.GGUFReader, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def read_config(path: str | Path, reader: gguf.GGUFReader | None = None) -> ModelConfig:
+    """The model's hyperparameters from its `llama.*` metadata."""
+    reader = reader or open_gguf(path)
+    arch = field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise GGUFError(f"{path}: architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+    scaling = field(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", "linear"):
+        raise GGUFError(f"{path}: rope scaling {scaling!r} is not supported (none, linear)")
+
+    def hp(key, default=None):
+        value = field(reader, f"{arch}.{key}", default)
+        if value is None:
+            raise GGUFError(f"{path}: metadata {arch}.{key} is missing")
+        return value
+
+    heads, hidden = hp("attention.head_count"), hp("embedding_length")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    names = {t.name for t in reader.tensors}
+    return ModelConfig(
+        vocab_size=hp("vocab_size", len(tokens.data) if tokens else None), hidden_size=hidden,
+        intermediate_size=hp("feed_forward_length"), num_layers=hp("block_count"), num_heads=heads,
+        num_kv_heads=hp("attention.head_count_kv", heads), head_dim=hp("attention.key_length", hidden // heads),
+        max_position_embeddings=hp("context_length", 2048), rms_norm_eps=hp("attention.layer_norm_rms_epsilon", 1e-5),
+        rope_theta=hp("rope.freq_base", 10000.0),
+        rope_scaling=None if scaling == "none" else {"rope_type": "linear", "factor": hp("rope.scaling.factor")},
+        tie_word_embeddings="output.weight" not in names, model_type="llama",
+        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=field(reader, "tokenizer.ggml.eos_token_id"))
+
+
+def read_gguf(path: str | Path) -> GGUFCheckpoint:
+    reader = open_gguf(path)
+    config = read_config(path, reader)
+    return GGUFCheckpoint(config, read_weights(path, reader, config), read_tokenizer(path, reader))
+
+
+def read_weights(path, reader: gguf.GGUFReader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    hf_names = {gguf_name(n): n for n in hf_tensor_names(cfg)}
+    weights = {}
+    for t in reader.tensors:
+        name = hf_names.get(t.name)
+        if name is None:
+            continue                          # rope_freqs and the like: recomputed
+        w = torch.from_numpy(dequantize(path, t)).view(*reversed([int(n) for n in t.shape]))
+        if t.name.endswith("attn_q.weight"):
+            w = unpermute_rope(w, cfg.num_heads)
+        elif t.name.endswith("attn_k.weight"):
+            w = unpermute_rope(w, cfg.num_kv_heads)
+        weights[name] = w
+    return weights
+
+
+def dequantize(path, t) -> np.ndarray:
+    try:
+        kind = gguf.GGMLQuantizationType(t.tensor_type)
+    except ValueError:
+        raise GGUFError(f"{path}: tensor {t.name} has unknown type {int(t.tensor_type)}") from None
+    try:
+        data = gguf.quants.dequantize(t.data, kind)
+    except NotImplementedError:
+        raise GGUFError(f"{path}: tensor {t.name} is {kind.name}, which gguf {gguf_version()} cannot dequantize")
+    except Exception as e:
+        raise GGUFError(f"{path}: tensor {t.name} is truncated or corrupt ({type(e).__name__}: {e})") from None
+    if data.size != int(t.n_elements):
+        raise GGUFError(f"{path}: tensor {t.name} is truncated ({data.size} of {int(t.n_elements)} values)")
+    return np.array(data, dtype=np.float32, order="C")          # a copy: the reader's arrays are read-only maps
+
+
+def gguf_version() -> str:
+    from importlib.metadata import version
+    return version("gguf")
+
+
+def read_tokenizer(path, reader: gguf.GGUFReader | None = None) -> Tokenizer:
+    """The byte-level BPE in `tokenizer.ggml.*` as a tokenizers Tokenizer: control tokens special, user-defined
+    ones added whole (as llama.cpp matches them), the pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre`."""
+    reader = reader or open_gguf(path)
+    model = field(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise GGUFError(f"{path}: tokenizer {model!r} is not supported (byte-level BPE, 'gpt2', is)")
+    tokens, types = field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.token_type")
+    pre_name = field(reader, "tokenizer.ggml.pre", "default")
+    pre = PRE_TOKENIZERS.get(pre_name)
+    if pre is None:
+        warnings.warn(f"{path}: pre-tokenizer {pre_name!r} is not known here; splitting as GPT-2 does")
+        pre = GPT2
+    alphabet = set(byte_level_alphabet().values())
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": kind == gguf.TokenType.CONTROL}
+             for i, (t, kind) in enumerate(zip(tokens, types))
+             if kind == gguf.TokenType.USER_DEFINED or kind == gguf.TokenType.CONTROL and set(t) <= alphabet]
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+            "pre_tokenizer": pre, "post_processor": None,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": {t: i for i, t in enumerate(tokens)},
+                      "merges": [m.split(" ") for m in field(reader, "tokenizer.ggml.merges", [])]}}
+    from tokenizers import Tokenizer as HFTokenizer
+    config = {"chat_template": field(reader, "tokenizer.chat_template")}
+    for key in ("bos", "eos", "eot"):
+        i = field(reader, f"tokenizer.ggml.{key}_token_id")
+        if i is not None and i < len(tokens):
+            config[f"{key}_token"] = tokens[i]
+    return Tokenizer(HFTokenizer.from_str(json.dumps(spec)), config)
+
+
+# -- names and rope order ------------------------------------------------------------------------
+def hf_tensor_names(cfg: ModelConfig) -> list[str]:
+    layers = [f"model.layers.{i}.{inner}.weight" for i in range(cfg.num_layers) for inner in LAYER_NAMES]
+    return [*TOP_NAMES, *layers]
+
+
+def gguf_name(hf_name: str) -> str | None:
+    if hf_name in TOP_NAMES:
+        return TOP_NAMES[hf_name]
+    parts = hf_name.split(".")
+    if parts[:2] == ["model", "layers"]:
+        inner = ".".join(parts[3:-1])
+        if inner in LAYER_NAMES:
+            return f"blk.{parts[2]}.{LAYER_NAMES[inner]}.{parts[-1]}"
+    return None
+
+
+def permute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """q or k projection [heads * hd, K] from HF's rotate-half order to GGUF's interleaved pairs (as
+    llama.cpp's convert_hf_to_gguf.py does)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """permute_rope's inverse."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# -- writing -------------------------------------------------------------------------------------
+def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
+    """Write `checkpoint` (HF layout, Llama family) as a GGUF file of type ftype ('bf16', 'f32' or 'q8_0')."""
+    from specmesh.model.loader import read_config as read_hf_config, read_weights as read_hf_weights
+    cfg = read_hf_config(checkpoint)
+    writer = gguf.GGUFWriter(str(out), "llama")
+    for key, name in HPARAMS.items():
+        getattr(writer, f"add_{key}")(getattr(cfg, name))
+    write_tokenizer(writer, cfg, json.loads((checkpoint / "tokenizer.json").read_text()))
+    write_tensors(writer, cfg, read_hf_weights(checkpoint), ftype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def write_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict) -> None:
+    """The byte-level BPE of tokenizer.json as GGUF's gpt2 tokenizer."""
+    vocab = tok["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    special = {t["id"] for t in tok.get("added_tokens", []) if t.get("special")}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")               # the GPT-2 split specmesh's byte-level BPE uses
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
+                            for i in range(len(tokens))])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    writer.add_add_bos_token(False)                 # specmesh's tokenizer adds none
+    if cfg.bos_token_id is not None:
+        writer.add_bos_token_id(cfg.bos_token_id)
+    writer.add_eos_token_id(cfg.eos_token_id)
+
+
+def write_tensors(writer: gguf.GGUFWriter, cfg: ModelConfig, weights: dict[str, torch.Tensor], ftype: str) -> None:
+    """Norms in float32; matrices in bf16, float32 or Q8_0 (the embedding table in bf16 then, as
+    specmesh keeps it); q and k rows in GGUF's rope order."""
+    if cfg.tie_word_embeddings and "lm_head.weight" not in weights:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]     # llama.cpp then reads output.weight
+    qtype = {"bf16": gguf.GGMLQuantizationType.BF16, "f32": gguf.GGMLQuantizationType.F32,
+             "q8_0": gguf.GGMLQuantizationType.Q8_0}[ftype]
+    for hf_name, w in weights.items():
+        name = gguf_name(hf_name)
+        if name is None:
+            continue
+        w = w.float()
+        if name.endswith("attn_q.weight"):
+            w = permute_rope(w, cfg.num_heads)
+        elif name.endswith("attn_k.weight"):
+            w = permute_rope(w, cfg.num_kv_heads)
+        if w.dim() == 1 or qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, w.numpy())
+        elif qtype == gguf.GGMLQuantizationType.Q8_0 and name != "token_embd.weight":
+            writer.add_tensor(name, gguf.quants.quantize(w.numpy(), qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, w.to(torch.bfloat16).view(torch.uint16).numpy(),
+                              raw_dtype=gguf.GGMLQuantizationType.BF16)
