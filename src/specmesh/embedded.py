@@ -5,18 +5,15 @@ import os
 from pathlib import Path
 
 ROOT = Path(os.environ.get("SPECMESH_HOME", Path(__file__).resolve().parents[2]))
-MODELS = {"specmesh-target": ("target", ROOT / "models" / "target"),
-          "specmesh-draft": ("draft", ROOT / "models" / "draft")}
 HELDOUT_PROMPTS = ROOT / "prompts" / "stdlib-heldout.jsonl"
 
 
 def path(role: str) -> Path:
     """Directory of the embedded model with this role ("target" or "draft")."""
-    for r, p in MODELS.values():
-        if r == role:
-            if not (p / "config.json").exists():
-                raise FileNotFoundError(
-                    f"embedded {role} model not found at {p}; run from a clone of the repository "
-                    f"(or set SPECMESH_HOME to it), or pass --{role} DIR")
-            return p
-    raise ValueError(f"no embedded model with role {role!r}")
+    if role not in ("target", "draft"):
+        raise ValueError(f"no embedded model with role {role!r}")
+    p = ROOT / "models" / role
+    if not (p / "config.json").exists():
+        raise FileNotFoundError(f"embedded {role} model not found at {p}; run from a clone of the repository "
+                                f"(or set SPECMESH_HOME to it), or pass --{role} MODEL")
+    return p

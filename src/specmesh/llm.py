@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from specmesh import embedded, methods, tuning
+from specmesh import catalog, methods, tuning
 from specmesh.engine.engine import Engine
 from specmesh.engine.sequence import Output, Sequence
 from specmesh.methods import Models
@@ -40,7 +40,8 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 class LLM:
     """A target (and, for speculative methods, a draft) ready to generate.
 
-    LLM() uses the embedded target; LLM(target=DIR, draft=DIR, method="sd") uses yours.
+    LLM() uses the embedded target; LLM(target=..., draft=..., method="sd") yours: a name from
+    `specmesh models`, a HuggingFace folder or a GGUF file (a known target brings its draft).
     Method options (gamma=4, tree_width=4, ...) go to the methods that have them.
     `max_batch`: sequences decoded together (the multi-process methods take one at a time).
     method="auto" (the default): the fastest lossless method for this machine, pair and dtype
@@ -60,12 +61,16 @@ class LLM:
         self.max_batch = max_batch
         self.dtype = resolve_dtype(dtype)
         self.device = torch.device(device)
-        embedded_pair = not target
-        target = Path(target) if target else embedded.path("target")
+        target = catalog.resolve(target)
         self.tokenizer = load_tokenizer(target)
         self.models = Models(load_model(target, self.dtype, self.device, quant=quant), target_path=target)
-        if draft is None and (self.method.needs_draft or auto and embedded_pair):
-            draft = embedded.path("draft")
+        if draft is None and (self.method.needs_draft or auto):
+            draft = catalog.draft_for(target)
+            if draft is None and self.method.needs_draft:
+                raise ValueError(f"method {self.method.name} needs a draft model and {target} has none here: "
+                                 f"pass draft=... (--draft)")
+        elif draft is not None:
+            draft = catalog.resolve(draft, "draft")
         if draft is not None:
             check_vocabularies(self.tokenizer, load_tokenizer(draft), target, Path(draft))
         if self.method.spec.start:          # other processes: pearl's draft, a pipeline's stages

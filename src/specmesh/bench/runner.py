@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specmesh import embedded, methods
+from specmesh import catalog, methods
 from specmesh.bench import llamacpp
 from specmesh.bench.peers import PEERS as HF_PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
@@ -94,8 +94,8 @@ def split_threads(name: str) -> tuple[str, int | None]:
 
 def make_runner(name: str, cfg: BenchConfig, dtype: str):
     method, threads = split_threads(name)
-    target = Path(cfg.target) if cfg.target else embedded.path("target")
-    draft = Path(cfg.draft) if cfg.draft else embedded.path("draft")
+    target = catalog.resolve(cfg.target)
+    draft = catalog.resolve(cfg.draft, "draft") if cfg.draft else catalog.draft_for(target)
     if method in llamacpp.PEERS:           # its thread count is fixed when it loads
         used = threads or (CHOSEN[-1] if CHOSEN else torch.get_num_threads())
         return llamacpp.make_runner(method, target, draft, DTYPES[dtype], cfg.quant, used, load_tokenizer(target))
@@ -234,7 +234,7 @@ def run_bench(cfg: BenchConfig) -> dict:
 def bench(cfg: BenchConfig) -> dict:
     names = check_methods(cfg.methods, cfg.quant)
     prompts = load_prompts(cfg.prompts, cfg.limit)
-    tokenizer = load_tokenizer(cfg.target or embedded.path("target"))
+    tokenizer = load_tokenizer(catalog.resolve(cfg.target))
     ids = [tokenizer.encode(p) for p in prompts]
     runners, dtypes, rss = {}, {}, {}
     base = current_rss_mb()

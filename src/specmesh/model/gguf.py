@@ -10,6 +10,7 @@ Writing (`to_gguf`): our checkpoints as bf16, f32 or Q8_0 GGUF, for llama.cpp in
 """
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from dataclasses import dataclass
@@ -75,7 +76,82 @@ class GGUFCheckpoint:
     tokenizer: Tokenizer
 
 
-def open_gguf(path: str | Path) -> gguf.GGUFReader:
+# GGUF's metadata value types: numpy dtypes of the scalars, 8 string, 9 array
+SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
+           12: "<f8"}
+STRING, ARRAY = 8, 9
+
+
+@dataclass
+class Tensor:
+    name: str
+    shape: tuple[int, ...]                    # numpy order: rows first
+    kind: int                                 # a GGMLQuantizationType value
+    data: np.ndarray                          # uint8 [rows, bytes per row], a view of the file
+
+
+class GGUFFile:
+    """A GGUF file's metadata (`fields`) and tensors, parsed from a memory map. gguf.GGUFReader makes a numpy
+    view per array element (4 s for SmolLM2's 49k tokens and merges); this reads them in a fraction of that."""
+
+    def __init__(self, path: Path):
+        self.data, self.pos = np.memmap(path, mode="r"), len(MAGIC)
+        if (version := self.read("<u4")) not in (2, 3):
+            raise GGUFError(f"GGUF version {version} is not one this reader knows (2, 3)")
+        n_tensors, n_fields = self.read("<u8"), self.read("<u8")
+        self.fields = {}
+        for _ in range(n_fields):
+            key = self.string()
+            self.fields[key] = self.value(self.read("<u4"))
+        infos = [(self.string(), [self.read("<u8") for _ in range(self.read("<u4"))], self.read("<u4"),
+                  self.read("<u8")) for _ in range(n_tensors)]
+        align = self.fields.get("general.alignment", 32)
+        start = -(-self.pos // align) * align
+        self.tensors = [self.tensor(name, dims, kind, start + offset) for name, dims, kind, offset in infos]
+
+    def read(self, dtype: str, count: int | None = None):
+        size = np.dtype(dtype).itemsize * (count or 1)
+        if self.pos + size > len(self.data):
+            raise ValueError(f"the file ends at byte {len(self.data)}, inside its header")
+        values = self.data[self.pos:self.pos + size].view(dtype)
+        self.pos += size
+        return values if count is not None else values[0].item()
+
+    def string(self) -> str:
+        n = self.read("<u8")
+        return bytes(self.read("<u1", n)).decode("utf-8", "replace") if n else ""
+
+    def value(self, kind: int):
+        if kind == STRING:
+            return self.string()
+        if kind == ARRAY:
+            item, n = self.read("<u4"), self.read("<u8")
+            if item in SCALARS:
+                return self.read(SCALARS[item], n).tolist() if n else []
+            return [self.value(item) for _ in range(n)]
+        if kind not in SCALARS:
+            raise ValueError(f"unknown metadata type {kind} at byte {self.pos}")
+        return self.read(SCALARS[kind])
+
+    def tensor(self, name: str, dims: list[int], kind: int, offset: int) -> Tensor:
+        try:
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            raise GGUFError(f"tensor {name} has unknown type {kind}") from None
+        rows, row = int(np.prod(dims[1:])), dims[0]
+        nbytes = rows * row // block * size
+        if offset + nbytes > len(self.data):
+            raise ValueError(f"tensor {name} needs bytes up to {offset + nbytes}, the file ends at {len(self.data)}")
+        return Tensor(name, (*reversed(dims[1:]), row), kind, self.data[offset:offset + nbytes].reshape(rows, -1))
+
+
+@functools.lru_cache(maxsize=4)
+def _open(path: Path, stamp: tuple) -> GGUFFile:
+    return GGUFFile(path)
+
+
+def open_gguf(path: str | Path) -> GGUFFile:
+    """The parsed file (cached: the tokenizer and the weights read it once)."""
     path = Path(path)
     if not path.is_file():
         raise GGUFError(f"GGUF file not found: {path}")
@@ -83,18 +159,20 @@ def open_gguf(path: str | Path) -> gguf.GGUFReader:
         head = f.read(4)
     if head != MAGIC:
         raise GGUFError(f"{path} is not a GGUF file (it starts with {head!r}, not {MAGIC!r})")
+    stat = path.stat()
     try:
-        return gguf.GGUFReader(str(path))
-    except Exception as e:                    # the reader's own errors are many kinds (struct, numpy, ...)
-        raise GGUFError(f"{path}: truncated or corrupt GGUF ({type(e).__name__}: {e})") from None
+        return _open(path.resolve(), (stat.st_size, stat.st_mtime_ns))
+    except GGUFError as e:
+        raise GGUFError(f"{path}: {e}") from None
+    except Exception as e:
+        raise GGUFError(f"{path}: truncated or corrupt GGUF ({e})") from None
 
 
-def field(reader: gguf.GGUFReader, key: str, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
+def field(reader: GGUFFile, key: str, default=None):
+    return reader.fields.get(key, default)
 
 
-def read_config(path: str | Path, reader: gguf.GGUFReader | None = None) -> ModelConfig:
+def read_config(path: str | Path, reader: GGUFFile | None = None) -> ModelConfig:
     """The model's hyperparameters from its `llama.*` metadata."""
     reader = reader or open_gguf(path)
     arch = field(reader, "general.architecture")
@@ -114,15 +192,21 @@ def read_config(path: str | Path, reader: gguf.GGUFReader | None = None) -> Mode
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     names = {t.name for t in reader.tensors}
     return ModelConfig(
-        vocab_size=hp("vocab_size", len(tokens.data) if tokens else None), hidden_size=hidden,
+        vocab_size=hp("vocab_size", len(tokens) if tokens else None), hidden_size=hidden,
         intermediate_size=hp("feed_forward_length"), num_layers=hp("block_count"), num_heads=heads,
         num_kv_heads=hp("attention.head_count_kv", heads), head_dim=hp("attention.key_length", hidden // heads),
         max_position_embeddings=hp("context_length", 2048), rms_norm_eps=hp("attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta=hp("rope.freq_base", 10000.0),
         rope_scaling=None if scaling == "none" else {"rope_type": "linear", "factor": hp("rope.scaling.factor")},
         tie_word_embeddings="output.weight" not in names, model_type="llama",
-        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=field(reader, "tokenizer.ggml.eos_token_id"))
+        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"), eos_token_id=end_ids(reader))
+
+
+def end_ids(reader: GGUFFile) -> int | list[int] | None:
+    """End of sequence, and end of turn where the file names another (Llama 3's <|eot_id|>)."""
+    ids = [i for key in ("eos", "eot") if (i := field(reader, f"tokenizer.ggml.{key}_token_id")) is not None]
+    ids = list(dict.fromkeys(ids))
+    return ids[0] if len(ids) == 1 else ids or None
 
 
 def read_gguf(path: str | Path) -> GGUFCheckpoint:
@@ -131,14 +215,14 @@ def read_gguf(path: str | Path) -> GGUFCheckpoint:
     return GGUFCheckpoint(config, read_weights(path, reader, config), read_tokenizer(path, reader))
 
 
-def read_weights(path, reader: gguf.GGUFReader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def read_weights(path, reader: GGUFFile, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     hf_names = {gguf_name(n): n for n in hf_tensor_names(cfg)}
     weights = {}
     for t in reader.tensors:
         name = hf_names.get(t.name)
         if name is None:
             continue                          # rope_freqs and the like: recomputed
-        w = torch.from_numpy(dequantize(path, t)).view(*reversed([int(n) for n in t.shape]))
+        w = torch.from_numpy(dequantize(path, t)).view(t.shape)
         if t.name.endswith("attn_q.weight"):
             w = unpermute_rope(w, cfg.num_heads)
         elif t.name.endswith("attn_k.weight"):
@@ -147,20 +231,14 @@ def read_weights(path, reader: gguf.GGUFReader, cfg: ModelConfig) -> dict[str, t
     return weights
 
 
-def dequantize(path, t) -> np.ndarray:
-    try:
-        kind = gguf.GGMLQuantizationType(t.tensor_type)
-    except ValueError:
-        raise GGUFError(f"{path}: tensor {t.name} has unknown type {int(t.tensor_type)}") from None
+def dequantize(path, t: Tensor) -> np.ndarray:
+    kind = gguf.GGMLQuantizationType(t.kind)
     try:
         data = gguf.quants.dequantize(t.data, kind)
     except NotImplementedError:
-        raise GGUFError(f"{path}: tensor {t.name} is {kind.name}, which gguf {gguf_version()} cannot dequantize")
-    except Exception as e:
-        raise GGUFError(f"{path}: tensor {t.name} is truncated or corrupt ({type(e).__name__}: {e})") from None
-    if data.size != int(t.n_elements):
-        raise GGUFError(f"{path}: tensor {t.name} is truncated ({data.size} of {int(t.n_elements)} values)")
-    return np.array(data, dtype=np.float32, order="C")          # a copy: the reader's arrays are read-only maps
+        raise GGUFError(f"{path}: tensor {t.name} is {kind.name}, which gguf {gguf_version()} cannot dequantize; "
+                        f"F32, F16, BF16, Q8_0, Q4_0, Q4_1 and the K-quants can be read") from None
+    return np.array(data, dtype=np.float32, order="C")          # a copy: the map is read-only
 
 
 def gguf_version() -> str:
@@ -168,7 +246,7 @@ def gguf_version() -> str:
     return version("gguf")
 
 
-def read_tokenizer(path, reader: gguf.GGUFReader | None = None) -> Tokenizer:
+def read_tokenizer(path, reader: GGUFFile | None = None) -> Tokenizer:
     """The byte-level BPE in `tokenizer.ggml.*` as a tokenizers Tokenizer: control tokens special, user-defined
     ones added whole (as llama.cpp matches them), the pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre`."""
     reader = reader or open_gguf(path)
@@ -232,13 +310,17 @@ def unpermute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 # -- writing -------------------------------------------------------------------------------------
 def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
-    """Write `checkpoint` (HF layout, Llama family) as a GGUF file of type ftype ('bf16', 'f32' or 'q8_0')."""
+    """Write `checkpoint` (HF layout, Llama family) as a GGUF file of type ftype ('bf16', 'f16', 'f32' or 'q8_0'),
+    with its tokenizer and chat template."""
     from specmesh.model.loader import read_config as read_hf_config, read_weights as read_hf_weights
     cfg = read_hf_config(checkpoint)
     writer = gguf.GGUFWriter(str(out), "llama")
     for key, name in HPARAMS.items():
         getattr(writer, f"add_{key}")(getattr(cfg, name))
     write_tokenizer(writer, cfg, json.loads((checkpoint / "tokenizer.json").read_text()))
+    if (config := checkpoint / "tokenizer_config.json").exists():
+        if template := json.loads(config.read_text()).get("chat_template"):
+            writer.add_chat_template(template)
     write_tensors(writer, cfg, read_hf_weights(checkpoint), ftype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -265,12 +347,12 @@ def write_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict) -> Non
 
 
 def write_tensors(writer: gguf.GGUFWriter, cfg: ModelConfig, weights: dict[str, torch.Tensor], ftype: str) -> None:
-    """Norms in float32; matrices in bf16, float32 or Q8_0 (the embedding table in bf16 then, as
+    """Norms in float32; matrices in bf16, f16, float32 or Q8_0 (the embedding table in bf16 then, as
     specmesh keeps it); q and k rows in GGUF's rope order."""
     if cfg.tie_word_embeddings and "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]     # llama.cpp then reads output.weight
-    qtype = {"bf16": gguf.GGMLQuantizationType.BF16, "f32": gguf.GGMLQuantizationType.F32,
-             "q8_0": gguf.GGMLQuantizationType.Q8_0}[ftype]
+    Q = gguf.GGMLQuantizationType
+    qtype = {"bf16": Q.BF16, "f16": Q.F16, "f32": Q.F32, "q8_0": Q.Q8_0}[ftype]
     for hf_name, w in weights.items():
         name = gguf_name(hf_name)
         if name is None:
@@ -280,10 +362,11 @@ def write_tensors(writer: gguf.GGUFWriter, cfg: ModelConfig, weights: dict[str, 
             w = permute_rope(w, cfg.num_heads)
         elif name.endswith("attn_k.weight"):
             w = permute_rope(w, cfg.num_kv_heads)
-        if w.dim() == 1 or qtype == gguf.GGMLQuantizationType.F32:
+        if w.dim() == 1 or qtype == Q.F32:
             writer.add_tensor(name, w.numpy())
-        elif qtype == gguf.GGMLQuantizationType.Q8_0 and name != "token_embd.weight":
+        elif qtype == Q.F16:
+            writer.add_tensor(name, w.half().numpy())
+        elif qtype == Q.Q8_0 and name != "token_embd.weight":
             writer.add_tensor(name, gguf.quants.quantize(w.numpy(), qtype), raw_dtype=qtype)
         else:
-            writer.add_tensor(name, w.to(torch.bfloat16).view(torch.uint16).numpy(),
-                              raw_dtype=gguf.GGMLQuantizationType.BF16)
+            writer.add_tensor(name, w.to(torch.bfloat16).view(torch.uint16).numpy(), raw_dtype=Q.BF16)

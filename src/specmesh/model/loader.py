@@ -165,7 +165,7 @@ def count_parameters(path: str | Path) -> int:
     from safetensors import safe_open
     path = Path(path)
     if gguf.is_gguf(path):
-        return sum(int(t.n_elements) for t in gguf.open_gguf(path).tensors)
+        return sum(math.prod(t.shape) for t in gguf.open_gguf(path).tensors)
     index = path / "model.safetensors.index.json"
     files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() \
         else ["model.safetensors"]

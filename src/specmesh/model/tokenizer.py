@@ -2,6 +2,7 @@
 GGUF file's metadata by model/gguf.py), with its chat template."""
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import random
@@ -22,6 +23,23 @@ class Tokenizer:
         cfg_path = path / "tokenizer_config.json"
         return cls(HFTokenizer.from_file(str(path / "tokenizer.json")),
                    json.loads(cfg_path.read_text()) if cfg_path.exists() else {})
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """`messages` ({"role", "content"}) through the chat template, rendered as transformers'
+        apply_chat_template renders it (a sandboxed jinja2 environment, trim_blocks and lstrip_blocks,
+        the special tokens as variables)."""
+        if not self.chat_template:
+            raise ValueError("this model's tokenizer has no chat template")
+        return chat_environment().from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens())
+
+    def special_tokens(self) -> dict[str, str]:
+        """bos_token, eos_token ... as strings (tokenizer_config.json may spell them {"content": ...})."""
+        tokens = {}
+        for key, value in self.config.items():
+            if key.endswith("_token") and value is not None:
+                tokens[key] = value["content"] if isinstance(value, dict) else str(value)
+        return tokens
 
     @property
     def vocab_size(self) -> int:
@@ -63,6 +81,24 @@ class Tokenizer:
         if any(b"".join(pieces[i] for i in ids).decode("utf-8", "replace") != self.decode(ids) for ids in samples):
             return None
         return pieces
+
+
+@functools.cache
+def chat_environment():
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env
 
 
 @functools.cache

@@ -183,10 +183,8 @@ def chat_prompt(messages, tokenizer: Tokenizer) -> str:
         if extra := sorted(set(m) - {"role", "content"}):
             raise APIError(f"messages[{i}].{extra[0]} is not supported", "messages")
         plain.append({"role": ROLES[m["role"]], "content": message_text(m.get("content"), i)})
-    template = tokenizer.chat_template
-    if template:
-        import jinja2
-        return jinja2.Template(template).render(messages=plain, add_generation_prompt=True)
+    if tokenizer.chat_template:
+        return tokenizer.render_chat(plain)
     return "".join(PLAIN_CHAT_TEMPLATE.format(**m) for m in plain) + "assistant:"
 
 

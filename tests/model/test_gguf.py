@@ -1,0 +1,98 @@
+"""GGUF files in: a GGUF written here from a small random Llama checkpoint loads as the same model, tokenizer
+and chat template as the folder it came from; bad files give one-line errors (exit 2 from the CLI)."""
+import json
+import shutil
+import subprocess
+import sys
+
+import gguf
+import pytest
+import torch
+
+from conftest import TEXT
+from specmesh.model.gguf import GGUFError, read_gguf, to_gguf, unpermute_rope, permute_rope
+from specmesh.model.loader import load_model, load_tokenizer
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+# max |logit difference| against the folder's float32 model: F16 rounds each weight to 11 bits (relative
+# 2^-11), Q8_0 to 1/127 of its block's largest; the tiny model's logits are O(10)
+TOLERANCE = {"f32": 0.0, "f16": 0.05, "q8_0": 0.5}
+
+
+@pytest.fixture(scope="module")
+def chat_checkpoint(tiny_checkpoint, tmp_path_factory):
+    path = tmp_path_factory.mktemp("chat")
+    for f in tiny_checkpoint.iterdir():
+        shutil.copy(f, path / f.name)
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|endoftext|>"}))
+    return path
+
+
+@pytest.mark.parametrize("ftype", ["f32", "f16", "q8_0"])
+def test_gguf_gives_the_folders_logits(chat_checkpoint, tmp_path, ftype):
+    path = to_gguf(chat_checkpoint, tmp_path / "m.gguf", ftype)
+    ids = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = load_model(chat_checkpoint, torch.float32)(ids)
+        got = load_model(path, torch.float32)(ids)
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() <= TOLERANCE[ftype]
+    if ftype == "f32":
+        assert torch.equal(got, want)
+
+
+def test_gguf_config_tokenizer_and_chat_template(chat_checkpoint, tmp_path):
+    path = to_gguf(chat_checkpoint, tmp_path / "m.gguf", "f32")
+    checkpoint = read_gguf(path)
+    folder = json.loads((chat_checkpoint / "config.json").read_text())
+    assert checkpoint.config.num_kv_heads == folder["num_key_value_heads"]
+    assert checkpoint.config.num_layers == folder["num_hidden_layers"]
+    ours, theirs = load_tokenizer(path), load_tokenizer(chat_checkpoint)
+    for text in (TEXT, "x = 12345 + 678\n\tprint('héllo wörld')  # 🙂", "<|endoftext|> after"):
+        assert ours.encode(text) == theirs.encode(text)
+        assert ours.decode(ours.encode(text)) == theirs.decode(theirs.encode(text))
+    assert ours.chat_template == CHATML
+    messages = [{"role": "user", "content": "hi"}]
+    assert ours.render_chat(messages) == theirs.render_chat(messages) == \
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_rope_order_round_trips():
+    w = torch.randn(3 * 8, 5)
+    assert torch.equal(unpermute_rope(permute_rope(w, 3), 3), w)
+
+
+def write_gguf(path, arch="llama", tokenizer="gpt2"):
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_tokenizer_model(tokenizer)
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_bad_files_name_their_problem(chat_checkpoint, tmp_path):
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello")
+    whole = to_gguf(chat_checkpoint, tmp_path / "m.gguf", "f32").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[:len(whole) * 2 // 3])
+    header_cut = tmp_path / "header.gguf"
+    header_cut.write_bytes(whole[:200])
+    cases = {text: "is not a GGUF file", cut: "truncated", header_cut: "truncated",
+             write_gguf(tmp_path / "gpt2.gguf", arch="gpt2"): "architecture 'gpt2' is not supported",
+             tmp_path / "absent.gguf": "GGUF file not found"}
+    for path, problem in cases.items():
+        with pytest.raises(GGUFError, match=problem):
+            read_gguf(path)
+    spm = write_gguf(tmp_path / "spm.gguf", tokenizer="llama")
+    with pytest.raises(GGUFError, match="tokenizer 'llama' is not supported"):
+        load_tokenizer(spm)
+    r = subprocess.run([sys.executable, "-m", "specmesh.cli", "generate", "hi", "--target", str(cut)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "cut.gguf: truncated" in r.stderr

