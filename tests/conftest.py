@@ -1,4 +1,5 @@
 import os
+import socket
 import tempfile
 
 import pytest
@@ -108,3 +109,33 @@ def run_measured(cmd: list[str], timeout: float = 600) -> tuple[int, float]:
     out = subprocess.run([sys.executable, "-c", measure, *cmd], capture_output=True, text=True, timeout=timeout)
     rc, peak_kb = map(int, out.stdout.split())
     return rc, peak_kb / 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server_process(*args) -> tuple:
+    """`specmesh serve` (float32; the embedded target unless `args` say) in a process of its own, once healthy:
+    (process, url).
+    The embedded target is slow enough that an 800-token request still runs when a signal comes."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specmesh.cli", "serve", "--dtype", "float32", "--port", str(port),
+                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
+        time.sleep(0.1)

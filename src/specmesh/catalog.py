@@ -70,3 +70,13 @@ def draft_for(target: Path) -> Path | None:
         if m.role == "target" and m.draft in models and m.path.resolve() == Path(target).resolve():
             return models[m.draft].path
     return None
+
+
+def served_name(spec: str | Path | None) -> str:
+    """The model id a server announces for a --target value: its name, else the file's or folder's name."""
+    if spec is None or str(spec) == EMBEDDED:
+        return "specmesh-target"
+    if str(spec) in known():
+        return str(spec)
+    path = Path(spec)
+    return path.stem if path.suffix.lower() == ".gguf" else path.resolve().name

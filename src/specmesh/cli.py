@@ -155,7 +155,8 @@ def build_parser() -> Parser:
                    help="decoding method (default: auto, as in generate)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     v.add_argument("--port", type=positive_int, default=8000)
-    v.add_argument("--model-name", default="specmesh-target", help="the model id clients send (default: specmesh-target)")
+    v.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name, "
+                   "e.g. specmesh-target or smollm2-135m-instruct)")
     v.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="default bfloat16 (the fastest on CPU); float32 is the exact reference")
     add_model_args(v)

@@ -82,3 +82,23 @@ def test_speculative_methods_equal_ar(ar, prompts, truncated_draft, method):
     draft = None if method == "selfdraft" else truncated_draft
     llm = LLM(target=NAME, draft=draft, method=method, dtype="float32")
     assert [llm.generate(p, params).tokens for p in prompts] == [ar.generate(p, params).tokens for p in prompts]
+
+
+def test_chat_through_the_server_with_the_openai_client():
+    import os
+    import signal
+    from openai import OpenAI
+    from conftest import start_server_process
+    proc, url = start_server_process("--target", NAME, "--method", "ar")
+    try:
+        client = OpenAI(base_url=url + "/v1", api_key="none")
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        reply = client.chat.completions.create(model=NAME, messages=messages, max_tokens=40, temperature=0)
+        assert reply.model == NAME and reply.choices[0].finish_reason == "stop"
+        assert "Paris" in reply.choices[0].message.content and "<|im_end|>" not in reply.choices[0].message.content
+        stream = client.chat.completions.create(model=NAME, messages=messages, max_tokens=40, temperature=0,
+                                                stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
+            reply.choices[0].message.content
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from test_serve import start_server_process
+from conftest import start_server_process
 
 GOOD = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "import os\n"]
 MAX_TOKENS = 128

@@ -10,6 +10,7 @@ import pytest
 import uvicorn
 from openai import BadRequestError, OpenAI
 
+from conftest import free_port, start_server_process
 from specmesh.serve import ServeConfig, build
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x = ", "self.y = y\n\n",
@@ -17,16 +18,11 @@ PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "
            "lambda x:", "a = [", "def f():\n    return", "# comment\n"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LiveServer:
     def __init__(self, checkpoint, **kw):
         self.port = free_port()
-        cfg = ServeConfig(target=str(checkpoint), dtype="float32", port=self.port, log_level="warning", **kw)
+        cfg = ServeConfig(target=str(checkpoint), dtype="float32", port=self.port, log_level="warning",
+                          model_name="specmesh-target", **kw)
         self.server, app = build(cfg)
         self.server.engine.start()
         self.web = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
@@ -283,26 +279,6 @@ def test_loadtest_counts_errors(tmp_path):
     summary, errors = run(LoadConfig(url=f"http://127.0.0.1:{free_port()}", concurrency=1, duration=0.3,
                                      prompts=["x"]))
     assert summary["requests"] >= 1 and summary["errors"] == summary["requests"] and errors
-
-
-def start_server_process(*args) -> tuple:
-    """`specmesh serve` on the embedded target (float32) in a process of its own, once healthy: (process, url).
-    The embedded target is slow enough that an 800-token request still runs when a signal comes."""
-    import subprocess
-    import sys
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "specmesh.cli", "serve", "--dtype", "float32", "--port", str(port),
-                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
-        time.sleep(0.1)
 
 
 def test_sigterm_drains_running_requests_and_refuses_new_ones():

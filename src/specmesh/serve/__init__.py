@@ -9,6 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from specmesh import catalog
 from specmesh.engine.runner import PREFILL_CHUNK, PREFILL_SHARE
 from specmesh.methods import METHODS
 
@@ -20,7 +21,7 @@ class ServeConfig:
     method: str = "ar"
     host: str = "127.0.0.1"
     port: int = 8000
-    model_name: str = "specmesh-target"
+    model_name: str | None = None   # the model id clients send (None: the target's name, catalog.served_name)
     dtype: str = "bfloat16"
     quant: str | None = None
     target: str | None = None
@@ -66,7 +67,7 @@ def build(cfg: ServeConfig):
     limits = Limits.for_engine(rows, llm.context)
     limits = dataclasses.replace(limits, **{k: v for k, v in (("max_n", cfg.max_n), ("max_queued", cfg.max_queued))
                                             if v is not None})
-    server = Server(engine, cfg.model_name, metrics, limits)
+    server = Server(engine, cfg.model_name or catalog.served_name(cfg.target), metrics, limits)
     return server, create_app(server)
 
 
