@@ -227,9 +227,16 @@ def build_parser() -> Parser:
     nb.add_argument("--skip-heldout", action="store_true",
                     help="the embedded models' training split: .py files outside the stdlib held-out rule")
 
-    t = sub.add_parser("train", help="train the embedded tokenizer, target and draft (the shipped recipe)")
-    t.add_argument("--work", default="runs/train", help="scratch folder: corpus, checkpoints (default: runs/train)")
-    t.add_argument("--out", default="models", help="where the finished models go (default: models)")
+    t = sub.add_parser("train", help="train the embedded tokenizer, target and draft (the shipped recipe), or with "
+                       "--teacher a draft for that model")
+    t.add_argument("--teacher", metavar="MODEL", help="distill a draft for this target (a name, folder or GGUF): "
+                   "its answers to generated instructions and standard-library code (docs/models.md)")
+    t.add_argument("--steps", type=positive_int, default=560, help="with --teacher: distillation steps (default: 560, "
+                   "about 70 minutes on 2 cores)")
+    t.add_argument("--work", default=None, help="scratch folder: corpus, checkpoints (default: runs/train, or "
+                   "runs/distill with --teacher)")
+    t.add_argument("--out", default=None, help="where the finished models go (default: models, or "
+                   "models/smollm2-draft with --teacher)")
     t.add_argument("--tokens", type=positive_int, default=6_000_000, help="co-training tokens (default: 6M)")
     t.add_argument("--distill-tokens", type=positive_int, default=4_000_000,
                    help="draft-only distillation tokens after co-training (default: 4M)")
@@ -454,9 +461,14 @@ def cmd_ngram(args, parser) -> int:
 
 
 def cmd_train(args, parser) -> int:
+    if args.teacher:
+        from specmesh.distill import DistillConfig, run as distill
+        distill(DistillConfig(teacher=args.teacher, out=args.out or "models/smollm2-draft",
+                              work=args.work or "runs/distill", steps=args.steps, threads=args.threads or 0))
+        return 0
     from specmesh.train import TrainConfig, run
-    run(TrainConfig(work=args.work, out=args.out, tokens=args.tokens, distill_tokens=args.distill_tokens,
-                    resume_from=args.resume_from or "", threads=args.threads or 0))
+    run(TrainConfig(work=args.work or "runs/train", out=args.out or "models", tokens=args.tokens,
+                    distill_tokens=args.distill_tokens, resume_from=args.resume_from or "", threads=args.threads or 0))
     return 0
 
 

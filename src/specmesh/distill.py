@@ -1,0 +1,199 @@
+"""A draft for any target: `specmesh train --teacher MODEL --out DIR` (the SmolLM2 draft's recipe).
+
+1. Instructions made from templates (instructions.py), answered by the teacher itself (greedy, through its
+   chat template, on the engine in batches): chat transcripts in the teacher's own words. Code: the
+   standard library's training split (corpus.py; the held-out files stay out), in the teacher's tokens.
+2. A fresh small draft (DRAFT: 4 layers of width 256) with the teacher's vocabulary and tokenizer. Its tied
+   embedding starts as the teacher's projected on its top 256 principal directions, so that its logits
+   start in the teacher's logit space (h·Eᵀ ≈ (hP)(EP)ᵀ).
+3. Distilled on KL(teacher ‖ draft) over windows, half chat and half code, the teacher frozen.
+4. Written 16-bit with the teacher's tokenizer and chat template; metrics.json has the greedy agreement
+   with the teacher on held-out chat (answers to held-out instructions) and held-out code.
+
+Why this size: speculation pays when a draft step costs a small fraction c of a target step. SmolLM2's head
+alone (49152 x 576) is a fifth of its weights, so a copy of its first layers would cost c ≈ 0.3; a width-256
+draft holds 16M weights, about 0.12 of the target's bytes in 16 bits (0.06 once its kernels keep them in
+int8), so that even a modest acceptance pays (docs/models.md).
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from specmesh import catalog, corpus
+from specmesh.instructions import instructions
+from specmesh.model.loader import load_model, load_tokenizer, save_model
+from specmesh.model.model import ModelConfig, Transformer
+from specmesh.train import checkpoint, init_weights, lr_factor, optimizer, resume, set_lr
+
+DRAFT = dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64)
+
+
+@dataclass
+class DistillConfig:
+    teacher: str = "smollm2-135m-instruct"
+    out: str = "models/smollm2-draft"
+    work: str = "runs/distill"          # git-ignored: transcripts, token arrays, checkpoints
+    instructions: int = 2000            # answered by the teacher for training (as many as the templates make)
+    heldout_instructions: int = 48
+    answer_tokens: int = 192
+    steps: int = 560
+    batch: int = 8                      # windows per step, half chat, half code
+    window: int = 256
+    lr: float = 2e-3
+    warmup: int = 30
+    seed: int = 0
+    threads: int = 0
+
+
+def run(cfg: DistillConfig) -> dict:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    work = Path(cfg.work)
+    work.mkdir(parents=True, exist_ok=True)
+    teacher_path = catalog.resolve(cfg.teacher)
+    tokenizer = load_tokenizer(teacher_path)
+    chat, chat_heldout = (transcripts(cfg, teacher_path, split) for split in ("train", "heldout"))
+    code, code_heldout = code_tokens(cfg, tokenizer)
+    teacher = load_model(teacher_path, torch.bfloat16, pack=False).requires_grad_(False)
+    draft = make_draft(teacher)
+    train(cfg, teacher, draft, chat, code)
+    return export(cfg, teacher_path, teacher, draft, {"chat": chat_heldout, "code": code_heldout})
+
+
+def transcripts(cfg: DistillConfig, teacher_path: Path, split: str) -> np.ndarray:
+    """The teacher's answers to generated instructions, each with its prompt, as one token stream (cached)."""
+    path = Path(cfg.work) / f"chat-{split}.npy"
+    if path.exists():
+        return np.load(path)
+    from specmesh import LLM, SamplingParams
+    count = cfg.instructions if split == "train" else cfg.heldout_instructions
+    asks = instructions(count, split, seed=cfg.seed)
+    llm = LLM(target=teacher_path, method="ar", dtype="bfloat16")
+    prompts = [llm.tokenizer.encode(llm.tokenizer.render_chat([{"role": "user", "content": a}])) for a in asks]
+    # greedy answers (what the bench measures), and for training also sampled ones (more of the teacher's text)
+    runs = [SamplingParams(max_new_tokens=cfg.answer_tokens)]
+    if split == "train":
+        runs.append(SamplingParams(max_new_tokens=cfg.answer_tokens, temperature=0.7, seed=cfg.seed))
+    ids = []
+    for params in runs:
+        for start in tqdm(range(0, len(prompts), 64), desc=f"teacher answers ({split})", unit="x64"):
+            outs = llm.generate(prompts[start:start + 64], params)
+            ids += [t for p, o in zip(prompts[start:start + 64], outs) for t in p + o.tokens]
+    stream = np.array(ids, dtype=np.int32)
+    np.save(path, stream)
+    return stream
+
+
+def code_tokens(cfg: DistillConfig, tokenizer, train_chars: int = 3_000_000, heldout_chars: int = 200_000):
+    """Standard-library code in the teacher's tokens: a random sample of the training split's files, and of the
+    held-out files (cached)."""
+    work = Path(cfg.work)
+    if (work / "code-train.npy").exists():
+        return np.load(work / "code-train.npy"), np.load(work / "code-heldout.npy")
+    train, heldout = corpus.split(corpus.stdlib_sources())
+    eos = tokenizer.token_id("<|endoftext|>")              # a document separator, where the vocabulary has one
+    out = []
+    for files, chars, name in ((train, train_chars, "train"), (heldout, heldout_chars, "heldout")):
+        random.Random(cfg.seed).shuffle(files)
+        texts, total = [], 0
+        for _, text in files:
+            texts.append(text)
+            total += len(text)
+            if total >= chars:
+                break
+        ids = [t for enc in tokenizer.inner.encode_batch(texts, add_special_tokens=False)
+               for t in enc.ids + ([eos] if eos is not None else [])]
+        out.append(np.array(ids, dtype=np.int32))
+        np.save(work / f"code-{name}.npy", out[-1])
+    return tuple(out)
+
+
+def make_draft(teacher: Transformer) -> Transformer:
+    t = teacher.config
+    cfg = ModelConfig(vocab_size=t.vocab_size, max_position_embeddings=t.max_position_embeddings,
+                      rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta, tie_word_embeddings=True,
+                      bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, **DRAFT)
+    draft = Transformer(cfg)
+    init_weights(draft)
+    draft.inv_freq = teacher.inv_freq.clone()
+    E = teacher.embed.weight.float()                          # [V, D]: the teacher's tied embedding
+    _, _, Vh = torch.linalg.svd(E[torch.randperm(len(E), generator=torch.Generator().manual_seed(0))[:16384]],
+                                full_matrices=False)
+    draft.embed.weight.data.copy_(E @ Vh[:DRAFT["hidden_size"]].T)     # [V, 256]
+    draft.lm_head.weight = draft.embed.weight
+    return draft
+
+
+def windows(stream: np.ndarray, count: int, length: int, rng: np.random.Generator) -> torch.Tensor:
+    starts = rng.integers(0, len(stream) - length, count)
+    return torch.from_numpy(np.stack([stream[s:s + length] for s in starts]).astype(np.int64))
+
+
+def train(cfg: DistillConfig, teacher: Transformer, draft: Transformer, chat: np.ndarray, code: np.ndarray) -> None:
+    opt = optimizer(draft, cfg.lr)
+    ckpt = Path(cfg.work) / "draft.pt"
+    step0 = resume(ckpt, draft=draft, opt=opt)
+    rng = np.random.default_rng(cfg.seed + step0)
+    bar = tqdm(range(step0, cfg.steps), initial=step0, total=cfg.steps, desc="distill", unit="step")
+    t0 = time.time()
+    for step in bar:
+        set_lr(opt, cfg.lr * lr_factor(step, cfg.steps, cfg.warmup))
+        x = torch.cat([windows(chat, cfg.batch // 2, cfg.window, rng),
+                       windows(code, cfg.batch - cfg.batch // 2, cfg.window, rng)])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.no_grad():
+                lt = teacher(x).flatten(0, 1)
+            ld = draft(x).flatten(0, 1)
+        if step == 0:                       # the projected embedding's logits are too sharp: match the teacher's spread
+            scale = (lt.float().std() / ld.float().std()).item()
+            draft.norm.weight.data.mul_(scale)
+            ld = ld * scale
+        kl = F.kl_div(F.log_softmax(ld.float(), -1), F.log_softmax(lt.float(), -1), log_target=True,
+                      reduction="batchmean")
+        kl.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tps = (step + 1 - step0) * x.numel() / (time.time() - t0)
+        bar.set_postfix(kl=f"{kl.item():.3f}", tok_s=f"{tps:.0f}")
+        if (step + 1) % 20 == 0 or step + 1 == cfg.steps:
+            checkpoint(ckpt, step + 1, draft=draft, opt=opt)
+
+
+@torch.no_grad()
+def agreement(teacher: Transformer, draft: Transformer, stream: np.ndarray, length: int = 512, count: int = 16
+              ) -> dict:
+    """Greedy next-token agreement with the teacher and both models' cross-entropy (nats/token) on `stream`."""
+    length = min(length, len(stream))
+    n = min(count, len(stream) // length)
+    x = torch.from_numpy(stream[:n * length].reshape(n, length).astype(np.int64))
+    lt, ld = teacher(x)[:, :-1].float(), draft(x)[:, :-1].float()
+    y = x[:, 1:]
+    return {"tokens": int(y.numel()), "greedy_agreement": (lt.argmax(-1) == ld.argmax(-1)).float().mean().item(),
+            "teacher_ce": F.cross_entropy(lt.flatten(0, 1), y.flatten()).item(),
+            "draft_ce": F.cross_entropy(ld.flatten(0, 1), y.flatten()).item()}
+
+
+def export(cfg: DistillConfig, teacher_path: Path, teacher: Transformer, draft: Transformer,
+           heldout: dict[str, np.ndarray]) -> dict:
+    out = Path(cfg.out)
+    save_model(draft, out, dtype=torch.bfloat16)
+    tokenizer = load_tokenizer(teacher_path)
+    tokenizer.inner.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer.config, indent=2) + "\n")
+    teacher, draft = teacher.float(), draft.float()
+    metrics = {name: agreement(teacher, draft, stream) for name, stream in heldout.items()}
+    metrics["recipe"] = asdict(cfg)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    print(json.dumps(metrics, indent=2), flush=True)
+    return metrics
+
