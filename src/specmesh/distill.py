@@ -45,6 +45,7 @@ class DistillConfig:
     instructions: int = 2000            # answered by the teacher for training (as many as the templates make)
     heldout_instructions: int = 48
     answer_tokens: int = 192
+    code_chars: int = 3_000_000         # of standard-library training files (and a fifteenth of it held out)
     steps: int = 560
     batch: int = 8                      # windows per step, half chat, half code
     window: int = 256
@@ -62,7 +63,7 @@ def run(cfg: DistillConfig) -> dict:
     teacher_path = catalog.resolve(cfg.teacher)
     tokenizer = load_tokenizer(teacher_path)
     chat, chat_heldout = (transcripts(cfg, teacher_path, split) for split in ("train", "heldout"))
-    code, code_heldout = code_tokens(cfg, tokenizer)
+    code, code_heldout = code_tokens(cfg, tokenizer, cfg.code_chars, cfg.code_chars // 15)
     teacher = load_model(teacher_path, torch.bfloat16, pack=False).requires_grad_(False)
     draft = make_draft(teacher)
     train(cfg, teacher, draft, chat, code)
@@ -78,7 +79,9 @@ def transcripts(cfg: DistillConfig, teacher_path: Path, split: str) -> np.ndarra
     count = cfg.instructions if split == "train" else cfg.heldout_instructions
     asks = instructions(count, split, seed=cfg.seed)
     llm = LLM(target=teacher_path, method="ar", dtype="bfloat16")
-    prompts = [llm.tokenizer.encode(llm.tokenizer.render_chat([{"role": "user", "content": a}])) for a in asks]
+    tok = llm.tokenizer
+    prompts = [tok.encode(tok.render_chat([{"role": "user", "content": a}]) if tok.chat_template else a + "\n\n")
+               for a in asks]
     # greedy answers (what the bench measures), and for training also sampled ones (more of the teacher's text)
     runs = [SamplingParams(max_new_tokens=cfg.answer_tokens)]
     if split == "train":
@@ -93,7 +96,7 @@ def transcripts(cfg: DistillConfig, teacher_path: Path, split: str) -> np.ndarra
     return stream
 
 
-def code_tokens(cfg: DistillConfig, tokenizer, train_chars: int = 3_000_000, heldout_chars: int = 200_000):
+def code_tokens(cfg: DistillConfig, tokenizer, train_chars: int, heldout_chars: int):
     """Standard-library code in the teacher's tokens: a random sample of the training split's files, and of the
     held-out files (cached)."""
     work = Path(cfg.work)
@@ -124,11 +127,11 @@ def make_draft(teacher: Transformer) -> Transformer:
                       bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, **DRAFT)
     draft = Transformer(cfg)
     init_weights(draft)
-    draft.inv_freq = teacher.inv_freq.clone()
     E = teacher.embed.weight.float()                          # [V, D]: the teacher's tied embedding
     _, _, Vh = torch.linalg.svd(E[torch.randperm(len(E), generator=torch.Generator().manual_seed(0))[:16384]],
                                 full_matrices=False)
-    draft.embed.weight.data.copy_(E @ Vh[:DRAFT["hidden_size"]].T)     # [V, 256]
+    k = min(DRAFT["hidden_size"], len(Vh))                    # a teacher narrower than 256: the rest stays random
+    draft.embed.weight.data[:, :k] = E @ Vh[:k].T             # [V, k]
     draft.lm_head.weight = draft.embed.weight
     return draft
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from specmesh import methods
+from specmesh import catalog, methods
 from specmesh.kernels import cache_dir, cpu_flags, cpu_name
 from specmesh.methods.pearl import by_width
 from specmesh.model.loader import stamp
@@ -162,7 +162,7 @@ def families(llm) -> list[tuple[str, dict]]:
 
 
 def has_ngram_table(llm) -> bool:
-    return llm.models.target_path is not None and (Path(llm.models.target_path) / "ngram.npz").exists()
+    return catalog.ngram_for(llm.models.target_path) is not None
 
 
 def measure_costs(llm) -> Costs:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from specmesh import catalog
 from specmesh.engine.sequence import Sequence
 from specmesh.proposers.branches import Branches
 from specmesh.proposers.ngram import ContextCache, CorpusCache
@@ -26,12 +27,9 @@ CORPUS: dict[Path, CorpusCache] = {}       # loaded corpus caches, by path
 
 
 def corpus_cache(target_path: Path | None, path: str) -> CorpusCache | None:
-    """The corpus cache at `path`, else ngram.npz beside the target's weights, else none."""
-    if path:
-        file = Path(path)
-    elif target_path is not None and (target_path / "ngram.npz").exists():
-        file = target_path / "ngram.npz"
-    else:
+    """The corpus cache at `path`, else the target's (catalog.ngram_for), else none."""
+    file = Path(path) if path else catalog.ngram_for(target_path)
+    if file is None:
         return None
     if file not in CORPUS:
         CORPUS[file] = CorpusCache.load(file)

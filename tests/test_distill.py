@@ -1,0 +1,33 @@
+"""`specmesh train --teacher`: instructions split by subject, and the recipe end to end on a tiny teacher."""
+import json
+
+import torch
+
+from specmesh import LLM, SamplingParams
+from specmesh.distill import DistillConfig, run
+from specmesh.instructions import instructions
+from specmesh.model.loader import load_model
+
+
+def test_heldout_instructions_ask_about_other_subjects():
+    train, heldout = instructions(10**6, "train"), instructions(10**6, "heldout")
+    assert len(train) > 400 and len(heldout) > 100 and not set(train) & set(heldout)
+    assert instructions(10, "train", seed=3) == instructions(10, "train", seed=3) != instructions(10, "train")
+    assert not any("palindrome" in t for t in heldout) or not any("palindrome" in t for t in train)
+
+
+def test_a_draft_distilled_from_a_tiny_teacher(tiny_checkpoint, tmp_path):
+    cfg = DistillConfig(teacher=str(tiny_checkpoint), out=str(tmp_path / "draft"), work=str(tmp_path / "work"),
+                        instructions=4, heldout_instructions=2, answer_tokens=8, code_chars=30_000, steps=3,
+                        batch=2, window=32)
+    metrics = run(cfg)
+    draft = load_model(tmp_path / "draft", torch.float32)
+    assert draft.config.vocab_size == load_model(tiny_checkpoint).config.vocab_size
+    assert draft.config.hidden_size == 256 and draft.lm_head.weight is draft.embed.weight
+    saved = json.loads((tmp_path / "draft" / "metrics.json").read_text())
+    assert set(saved) == {"chat", "code", "recipe"} and saved["code"]["tokens"] > 0
+    assert 0 <= metrics["chat"]["greedy_agreement"] <= 1
+    llm = LLM(target=tiny_checkpoint, draft=tmp_path / "draft", method="sd")       # usable as a draft
+    ar = LLM(target=tiny_checkpoint, method="ar")
+    params = SamplingParams(max_new_tokens=12)
+    assert llm.generate("def f(x):", params).tokens == ar.generate("def f(x):", params).tokens
