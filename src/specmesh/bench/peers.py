@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from specmesh.engine.stats import Stats
+from specmesh.model.gguf import is_gguf
 
 PEERS = ("hf", "hf-assisted", "hf-pld")
 PLD_TOKENS = 10         # transformers' documented example value
@@ -24,7 +25,11 @@ def _auto_model(path: Path, dtype: torch.dtype, device: str):
     except ImportError:
         raise ValueError("the hf peers need transformers: pip install -e .[peers]") from None
     logging.disable_progress_bar()
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    if is_gguf(path):                       # transformers dequantizes it as specmesh does (needs accelerate)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.to(device).eval()
 
 
 class HFRunner:

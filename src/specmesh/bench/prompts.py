@@ -1,4 +1,5 @@
-"""Benchmark prompt files: JSON lines with `prompt` (a string) or `turns` (use the first)."""
+"""Benchmark prompt files: JSON lines with `prompt` (a string, used as it is) or `turns` (chat: the first, as a
+user message through the target's chat template when its tokenizer has one)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ from pathlib import Path
 from specmesh import embedded
 
 
-def load_prompts(path: str | Path | None = None, limit: int | None = None) -> list[str]:
+def load_prompts(path: str | Path | None = None, limit: int | None = None, tokenizer=None) -> list[str]:
     path = Path(path) if path else embedded.HELDOUT_PROMPTS
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
@@ -22,6 +23,8 @@ def load_prompts(path: str | Path | None = None, limit: int | None = None) -> li
         text = row.get("prompt") if isinstance(row, dict) else None
         if text is None and isinstance(row, dict) and row.get("turns"):
             text = row["turns"][0]
+            if isinstance(text, str) and text and tokenizer is not None and tokenizer.chat_template:
+                text = tokenizer.render_chat([{"role": "user", "content": text}])
         if not isinstance(text, str) or not text:
             raise ValueError(f"{path}:{n}: needs a non-empty 'prompt' string or a 'turns' list")
         prompts.append(text)

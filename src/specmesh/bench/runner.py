@@ -233,8 +233,8 @@ def run_bench(cfg: BenchConfig) -> dict:
 
 def bench(cfg: BenchConfig) -> dict:
     names = check_methods(cfg.methods, cfg.quant)
-    prompts = load_prompts(cfg.prompts, cfg.limit)
     tokenizer = load_tokenizer(catalog.resolve(cfg.target))
+    prompts = load_prompts(cfg.prompts, cfg.limit, tokenizer)
     ids = [tokenizer.encode(p) for p in prompts]
     runners, dtypes, rss = {}, {}, {}
     base = current_rss_mb()

@@ -310,18 +310,24 @@ def unpermute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 # -- writing -------------------------------------------------------------------------------------
 def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
-    """Write `checkpoint` (HF layout, Llama family) as a GGUF file of type ftype ('bf16', 'f16', 'f32' or 'q8_0'),
-    with its tokenizer and chat template."""
-    from specmesh.model.loader import read_config as read_hf_config, read_weights as read_hf_weights
-    cfg = read_hf_config(checkpoint)
+    """Write `checkpoint` (a HuggingFace folder of the Llama family, or a GGUF file: a 4-bit one as 16-bit, say)
+    as a GGUF file of type ftype ('bf16', 'f16', 'f32' or 'q8_0'), with its tokenizer and chat template."""
+    checkpoint = Path(checkpoint)
+    if is_gguf(checkpoint):
+        source = read_gguf(checkpoint)
+        cfg, weights, tokenizer = source.config, source.weights, source.tokenizer
+        pre = field(open_gguf(checkpoint), "tokenizer.ggml.pre", "gpt-2")
+    else:
+        from specmesh.model.loader import load_tokenizer, read_config as read_hf_config, read_weights as read_hf
+        cfg, weights, tokenizer, pre = read_hf_config(checkpoint), read_hf(checkpoint), load_tokenizer(checkpoint), \
+            "gpt-2"                                 # the GPT-2 split specmesh's byte-level BPE uses
     writer = gguf.GGUFWriter(str(out), "llama")
     for key, name in HPARAMS.items():
         getattr(writer, f"add_{key}")(getattr(cfg, name))
-    write_tokenizer(writer, cfg, json.loads((checkpoint / "tokenizer.json").read_text()))
-    if (config := checkpoint / "tokenizer_config.json").exists():
-        if template := json.loads(config.read_text()).get("chat_template"):
-            writer.add_chat_template(template)
-    write_tensors(writer, cfg, read_hf_weights(checkpoint), ftype)
+    write_tokenizer(writer, cfg, json.loads(tokenizer.inner.to_str()), pre)
+    if tokenizer.chat_template:
+        writer.add_chat_template(tokenizer.chat_template)
+    write_tensors(writer, cfg, weights, ftype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -329,13 +335,13 @@ def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
     return out
 
 
-def write_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict) -> None:
-    """The byte-level BPE of tokenizer.json as GGUF's gpt2 tokenizer."""
+def write_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict, pre: str) -> None:
+    """The byte-level BPE of a tokenizer.json as GGUF's gpt2 tokenizer, split by llama.cpp's rule `pre`."""
     vocab = tok["model"]["vocab"]
     tokens = sorted(vocab, key=vocab.get)
     special = {t["id"] for t in tok.get("added_tokens", []) if t.get("special")}
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")               # the GPT-2 split specmesh's byte-level BPE uses
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
                             for i in range(len(tokens))])
@@ -343,7 +349,11 @@ def write_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict) -> Non
     writer.add_add_bos_token(False)                 # specmesh's tokenizer adds none
     if cfg.bos_token_id is not None:
         writer.add_bos_token_id(cfg.bos_token_id)
-    writer.add_eos_token_id(cfg.eos_token_id)
+    ends = cfg.eos_ids
+    if ends:
+        writer.add_eos_token_id(ends[0])
+    if len(ends) > 1:
+        writer.add_eot_token_id(ends[1])
 
 
 def write_tensors(writer: gguf.GGUFWriter, cfg: ModelConfig, weights: dict[str, torch.Tensor], ftype: str) -> None:
