@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from specmesh.bench.llamacpp import reported_seconds
-from specmesh.model.gguf import permute_rope, to_gguf
-from specmesh.model.loader import read_config, read_weights
+from specmesh.model.gguf import permute_rope
+from specmesh.model.loader import read_config, read_weights, to_gguf
 
 
 @pytest.mark.parametrize("ftype", ["bf16", "f32", "q8_0"])

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import TEXT
-from specmesh.model.gguf import GGUFError, read_gguf, to_gguf, unpermute_rope, permute_rope
-from specmesh.model.loader import load_model, load_tokenizer
+from specmesh.model.gguf import GGUFError, permute_rope, read_gguf, unpermute_rope
+from specmesh.model.loader import load_model, load_tokenizer, to_gguf
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -96,3 +96,12 @@ def test_bad_files_name_their_problem(chat_checkpoint, tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "cut.gguf: truncated" in r.stderr
+
+
+def test_a_gguf_rewritten_in_16_bits_is_the_model_specmesh_runs_in_16_bits(chat_checkpoint, tmp_path):
+    source = to_gguf(chat_checkpoint, tmp_path / "q8.gguf", "q8_0")
+    copy = to_gguf(source, tmp_path / "bf16.gguf", "bf16")            # what llama.cpp gets for a bf16 run
+    ids = torch.randint(0, 300, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(load_model(copy, torch.bfloat16)(ids), load_model(source, torch.bfloat16)(ids))
+    assert load_tokenizer(copy).chat_template == CHATML

@@ -102,3 +102,20 @@ def test_chat_through_the_server_with_the_openai_client():
             reply.choices[0].message.content
     finally:
         os.kill(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["pearl", "pp", "stpp", "pipedec"])
+def test_multi_process_methods_equal_ar(ar, prompts, truncated_draft, method):
+    params = SamplingParams(max_new_tokens=24)
+    with LLM(target=NAME, draft=truncated_draft, method=method, dtype="float32", timeout=120) as llm:
+        assert [llm.generate(p, params).tokens for p in prompts[:2]] == [ar.generate(p, params).tokens
+                                                                          for p in prompts[:2]]
+
+
+@pytest.mark.parametrize("method", ["sd", "selfdraft"])
+def test_sampling_runs_and_is_reproducible(prompts, truncated_draft, method):
+    params = SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=5)
+    llm = LLM(target=NAME, draft=None if method == "selfdraft" else truncated_draft, method=method, dtype="float32")
+    first = llm.generate(prompts[0], params).tokens
+    assert len(first) > 0 and llm.generate(prompts[0], params).tokens == first

@@ -34,8 +34,7 @@ import torch
 
 from specmesh.engine.stats import Stats
 from specmesh.kernels import cache_dir
-from specmesh.model.gguf import to_gguf
-from specmesh.model.loader import read_config, stamp
+from specmesh.model.loader import read_config, stamp, to_gguf
 
 PEERS = ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup")
 DRAFT_TOKENS = 4                # as specmesh's sd default γ

@@ -6,7 +6,7 @@ gguf.quants, whatever the tensor type it can read: F32, F16, BF16, Q8_0, Q4_0, Q
 q and k rows back from GGUF's interleaved rope pairs), and a tokenizer built from `tokenizer.ggml.*`
 (byte-level BPE, split as llama.cpp splits for the file's pre-tokenizer) with its chat template.
 
-Writing (`to_gguf`): our checkpoints as bf16, f32 or Q8_0 GGUF, for llama.cpp in the bench.
+Writing (`write_gguf`; loader.to_gguf for a checkpoint): bf16, f16, f32 or Q8_0 GGUF, for llama.cpp in the bench.
 """
 from __future__ import annotations
 
@@ -309,18 +309,10 @@ def unpermute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 # -- writing -------------------------------------------------------------------------------------
-def to_gguf(checkpoint: Path, out: Path, ftype: str) -> Path:
-    """Write `checkpoint` (a HuggingFace folder of the Llama family, or a GGUF file: a 4-bit one as 16-bit, say)
-    as a GGUF file of type ftype ('bf16', 'f16', 'f32' or 'q8_0'), with its tokenizer and chat template."""
-    checkpoint = Path(checkpoint)
-    if is_gguf(checkpoint):
-        source = read_gguf(checkpoint)
-        cfg, weights, tokenizer = source.config, source.weights, source.tokenizer
-        pre = field(open_gguf(checkpoint), "tokenizer.ggml.pre", "gpt-2")
-    else:
-        from specmesh.model.loader import load_tokenizer, read_config as read_hf_config, read_weights as read_hf
-        cfg, weights, tokenizer, pre = read_hf_config(checkpoint), read_hf(checkpoint), load_tokenizer(checkpoint), \
-            "gpt-2"                                 # the GPT-2 split specmesh's byte-level BPE uses
+def write_gguf(out: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer, pre: str,
+               ftype: str) -> Path:
+    """A Llama-family model (HF-named weights) as a GGUF file of type ftype ('bf16', 'f16', 'f32' or 'q8_0'), with
+    its tokenizer (split by llama.cpp's rule `pre`) and chat template. loader.to_gguf writes a checkpoint so."""
     writer = gguf.GGUFWriter(str(out), "llama")
     for key, name in HPARAMS.items():
         getattr(writer, f"add_{key}")(getattr(cfg, name))

@@ -175,3 +175,16 @@ def count_parameters(path: str | Path) -> int:
             for key in f.keys():
                 total += math.prod(f.get_slice(key).get_shape())
     return total
+
+
+def to_gguf(checkpoint: str | Path, out: str | Path, ftype: str) -> Path:
+    """Write a checkpoint (a HuggingFace folder, or a GGUF file: a 4-bit one as 16-bit, say) as a GGUF file of
+    type ftype ('bf16', 'f16', 'f32' or 'q8_0'), for llama.cpp."""
+    checkpoint = Path(checkpoint)
+    if gguf.is_gguf(checkpoint):
+        source = gguf.read_gguf(checkpoint)
+        pre = gguf.field(gguf.open_gguf(checkpoint), "tokenizer.ggml.pre", "gpt-2")
+        return gguf.write_gguf(Path(out), source.config, source.weights, source.tokenizer, pre, ftype)
+    # specmesh's own byte-level BPE splits as GPT-2 does
+    return gguf.write_gguf(Path(out), read_config(checkpoint), read_weights(checkpoint), load_tokenizer(checkpoint),
+                           "gpt-2", ftype)
