@@ -32,7 +32,7 @@ from specmesh import catalog, corpus
 from specmesh.instructions import instructions
 from specmesh.model.loader import load_model, load_tokenizer, save_model
 from specmesh.model.model import ModelConfig, Transformer
-from specmesh.train import checkpoint, init_weights, lr_factor, optimizer, resume, set_lr
+from specmesh.train import checkpoint, distill_step, init_weights, lr_factor, optimizer, resume, set_lr
 
 DRAFT = dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64)
 
@@ -160,14 +160,9 @@ def train(cfg: DistillConfig, teacher: Transformer, draft: Transformer, chat: np
             scale = (lt.float().std() / ld.float().std()).item()
             draft.norm.weight.data.mul_(scale)
             ld = ld * scale
-        kl = F.kl_div(F.log_softmax(ld.float(), -1), F.log_softmax(lt.float(), -1), log_target=True,
-                      reduction="batchmean")
-        kl.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        kl = distill_step(draft, opt, lt, ld)
         tps = (step + 1 - step0) * x.numel() / (time.time() - t0)
-        bar.set_postfix(kl=f"{kl.item():.3f}", tok_s=f"{tps:.0f}")
+        bar.set_postfix(kl=f"{kl:.3f}", tok_s=f"{tps:.0f}")
         if (step + 1) % 20 == 0 or step + 1 == cfg.steps:
             checkpoint(ckpt, step + 1, draft=draft, opt=opt)
 

@@ -236,16 +236,23 @@ def distill(cfg: TrainConfig, target: Transformer, draft: Transformer, train_ids
             with torch.no_grad():
                 lt = target(x).view(-1, V)
             ld = draft(x).view(-1, V)
-        kl = F.kl_div(F.log_softmax(ld.float(), -1), F.log_softmax(lt.float(), -1), log_target=True,
-                      reduction="batchmean")
-        kl.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        kl = distill_step(draft, opt, lt, ld)
         tps = (step + 1 - step0) * cfg.batch * CONTEXT / (time.time() - t0)
-        bar.set_postfix(kl=f"{kl.item():.3f}", tok_s=f"{tps:.0f}")
+        bar.set_postfix(kl=f"{kl:.3f}", tok_s=f"{tps:.0f}")
         if (step + 1) % 100 == 0 or step + 1 == steps:
             checkpoint(ckpt, step + 1, draft=draft, opt=opt)
+
+
+def distill_step(draft: Transformer, opt: torch.optim.Optimizer, teacher_logits: torch.Tensor,
+                 draft_logits: torch.Tensor) -> float:
+    """One optimizer step of the draft on KL(teacher || draft) ([N, V] logits); the KL."""
+    kl = F.kl_div(F.log_softmax(draft_logits.float(), -1), F.log_softmax(teacher_logits.float(), -1),
+                  log_target=True, reduction="batchmean")
+    kl.backward()
+    torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return kl.item()
 
 
 def checkpoint(path: Path, step: int, **objs) -> None:
