@@ -49,10 +49,17 @@ DIGITS_THEN_GPT2 = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "in
 LLAMA3 = {"type": "Sequence", "pretokenizers": [
     {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
     GPT2 | {"use_regex": False}]}
-PRE_TOKENIZERS = {"default": GPT2, "gpt-2": GPT2, "gpt2": GPT2,
+PRE_TOKENIZERS = {"gpt-2": GPT2, "gpt2": GPT2, "default": GPT2,
                   "smollm": DIGITS_THEN_GPT2, "starcoder": DIGITS_THEN_GPT2, "refact": DIGITS_THEN_GPT2,
                   "codeshell": DIGITS_THEN_GPT2, "llama3": LLAMA3, "llama-v3": LLAMA3, "llama-bpe": LLAMA3,
                   "smaug-bpe": LLAMA3, "dbrx": LLAMA3}
+
+
+def pre_name(tokenizer: Tokenizer) -> str:
+    """The tokenizer.ggml.pre naming how this tokenizer splits text (its pre-tokenizer is one of ours), else
+    GPT-2's rule."""
+    pre = json.loads(tokenizer.inner.to_str()).get("pre_tokenizer")
+    return next((name for name, spec in PRE_TOKENIZERS.items() if spec == pre), "gpt-2")
 
 
 class GGUFError(ValueError):
@@ -309,14 +316,15 @@ def unpermute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 # -- writing -------------------------------------------------------------------------------------
-def write_gguf(out: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer, pre: str,
+def write_gguf(out: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer,
                ftype: str) -> Path:
     """A Llama-family model (HF-named weights) as a GGUF file of type ftype ('bf16', 'f16', 'f32' or 'q8_0'), with
-    its tokenizer (split by llama.cpp's rule `pre`) and chat template. loader.to_gguf writes a checkpoint so."""
+    its tokenizer (and llama.cpp's name for how it splits text) and chat template. loader.to_gguf writes a
+    checkpoint so."""
     writer = gguf.GGUFWriter(str(out), "llama")
     for key, name in HPARAMS.items():
         getattr(writer, f"add_{key}")(getattr(cfg, name))
-    write_tokenizer(writer, cfg, json.loads(tokenizer.inner.to_str()), pre)
+    write_tokenizer(writer, cfg, json.loads(tokenizer.inner.to_str()), pre_name(tokenizer))
     if tokenizer.chat_template:
         writer.add_chat_template(tokenizer.chat_template)
     write_tensors(writer, cfg, weights, ftype)

@@ -183,8 +183,6 @@ def to_gguf(checkpoint: str | Path, out: str | Path, ftype: str) -> Path:
     checkpoint = Path(checkpoint)
     if gguf.is_gguf(checkpoint):
         source = gguf.read_gguf(checkpoint)
-        pre = gguf.field(gguf.open_gguf(checkpoint), "tokenizer.ggml.pre", "gpt-2")
-        return gguf.write_gguf(Path(out), source.config, source.weights, source.tokenizer, pre, ftype)
-    # specmesh's own byte-level BPE splits as GPT-2 does
+        return gguf.write_gguf(Path(out), source.config, source.weights, source.tokenizer, ftype)
     return gguf.write_gguf(Path(out), read_config(checkpoint), read_weights(checkpoint), load_tokenizer(checkpoint),
-                           "gpt-2", ftype)
+                           ftype)
