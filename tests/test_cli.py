@@ -94,7 +94,9 @@ def test_bench_methods_and_peers_json_and_plot(tiny_checkpoint, tiny_draft_check
                  "--gamma", 2, "--json", dest, "--plot", png)
     assert r.returncode == 0, r.stderr
     out = json.loads(dest.read_text())
-    assert set(out) == {"machine", "date", "methods", "per_prompt"}
+    assert set(out) == {"machine", "date", "methods", "per_prompt", "memory_bound"}
+    assert set(out["memory_bound"]) == {"copy_gb_s", "target_weight_mb", "ar_tokens_per_s_bound"}
+    assert out["memory_bound"]["copy_gb_s"] > 0 and "ar's memory bound" in r.stdout
     fields = {"dtype", "threads", "tokens_per_s", "speedup_vs_ar", "tokens_per_forward", "acceptance_rate",
               "mean_accepted_length", "greedy_equal_to_ar", "near_tie_divergences", "prompts", "peak_rss_mb"}
     assert list(out["methods"]) == methods

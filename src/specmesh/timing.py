@@ -101,3 +101,17 @@ def layer_and_head_ms(model, tokens: int = 1, context: int = 128, reps: int = 20
     layer's forward with them, less a layer's), in ms."""
     L, layer = model.config.num_layers, layer_ms(model, tokens, context, reps)
     return layer, max(0.0, forward_ms(model, tokens, context, reps, layers=range(L - 1, L)) - layer)
+
+
+def copy_bandwidth_gb_s(mb: int = 256, reps: int = 7) -> float:
+    """Memory bandwidth of this process's threads: the median of `reps` copies of `mb` MB, counting the bytes
+    read and the bytes written."""
+    src = torch.ones(mb << 18)                  # float32: mb MB
+    dst = torch.empty_like(src)
+    dst.copy_(src)                              # pages in place before timing
+    return 2 * src.nbytes / median_ms(lambda: dst.copy_(src), reps=reps, warmup=1) / 1e6
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one decoding step of `model` reads: every parameter once (a tied embedding is its head)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())

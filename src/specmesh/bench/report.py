@@ -21,6 +21,11 @@ def print_table(result: dict, file=sys.stdout) -> None:
     print(f"{result['machine']}  {result['date']}", file=file)
     for line in [HEADERS, *rows]:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)), file=file)
+    if bound := result.get("memory_bound"):
+        ar = result["methods"]["ar"]["tokens_per_s"]
+        print(f"ar's memory bound: {bound['target_weight_mb']:.0f} MB of target weights per token at "
+              f"{bound['copy_gb_s']:.1f} GB/s (measured copy) = {bound['ar_tokens_per_s_bound']:.0f} tok/s; "
+              f"ar ran at {ar / bound['ar_tokens_per_s_bound']:.2f} of it", file=file)
     for name, m in result["methods"].items():
         if "chose" in m:
             opts = ", ".join(f"{k}={v}" for k, v in m["options"].items())

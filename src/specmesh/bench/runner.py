@@ -30,7 +30,7 @@ from specmesh.kernels import cpu_name
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.spec.sampling import SamplingParams
 from specmesh.engine.stats import Stats
-from specmesh.timing import CHOSEN, chosen_threads, share_of_cores
+from specmesh.timing import CHOSEN, chosen_threads, copy_bandwidth_gb_s, share_of_cores, weight_bytes
 
 PEERS = HF_PEERS + llamacpp.PEERS
 NEAR_TIE_REL = 2 ** -5
@@ -222,6 +222,12 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
         | ({"hit_rate": sum(s.hits for s in stats) / decisions} if decisions else {})
 
 
+def memory_bound(target) -> dict:
+    """What memory bandwidth allows `ar`: the target's weight bytes per token against a measured copy bandwidth."""
+    gb_s, mb = copy_bandwidth_gb_s(), weight_bytes(target) / 1e6
+    return {"copy_gb_s": round(gb_s, 2), "target_weight_mb": round(mb, 1), "ar_tokens_per_s_bound": round(gb_s * 1e3 / mb, 1)}
+
+
 def machine() -> str:
     return f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}"
 
@@ -281,6 +287,8 @@ def bench(cfg: BenchConfig) -> dict:
             result["methods"][name]["options"] = llm.method.options
             if llm.choice is not None:              # auto: what it chose
                 result["methods"][name]["chose"] = llm.method.name
+    if cfg.quant is None and hasattr(runners["ar"], "llm"):
+        result["memory_bound"] = memory_bound(runners["ar"].llm.models.target)
     for runner in runners.values():
         close(runner)
     ar_speed = result["methods"]["ar"]["tokens_per_s"]
