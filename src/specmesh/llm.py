@@ -143,6 +143,11 @@ class LLM:
         engine = self.engine([ids], params)
         return Stream(engine, engine.sequences(ids, params))
 
+    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> Output:
+        """The assistant's answer to `messages` ([{"role": "user", "content": ...}, ...]) through the model's chat
+        template; it ends at the model's end of turn."""
+        return self.generate(self.tokenizer.render_chat(messages), params)
+
 
 class Stream:
     def __init__(self, engine: Engine, seqs: list[Sequence]):

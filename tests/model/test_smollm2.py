@@ -71,7 +71,7 @@ def test_chat_template_renders_as_transformers_does(ar):
 
 
 def test_chat_ends_at_the_end_of_turn(ar):
-    out = ar.generate(ar.tokenizer.render_chat(MESSAGES[1]), SamplingParams(max_new_tokens=64))
+    out = ar.chat(MESSAGES[1], SamplingParams(max_new_tokens=64))
     assert out.samples[0].finish_reason == "eos" and out.tokens[-1] == ar.tokenizer.token_id("<|im_end|>")
     assert "<|im_end|>" not in out.text and len(out.tokens) < 64
 
