@@ -105,3 +105,16 @@ def test_a_gguf_rewritten_in_16_bits_is_the_model_specmesh_runs_in_16_bits(chat_
     with torch.no_grad():
         assert torch.equal(load_model(copy, torch.bfloat16)(ids), load_model(source, torch.bfloat16)(ids))
     assert load_tokenizer(copy).chat_template == CHATML
+
+
+def test_generate_chat_sends_the_rendered_template(chat_checkpoint, tmp_path):
+    from specmesh import LLM, SamplingParams
+    path = to_gguf(chat_checkpoint, tmp_path / "m.gguf", "f32")
+    r = subprocess.run([sys.executable, "-m", "specmesh.cli", "generate", "--target", str(path), "--method", "ar",
+                        "--chat", "hi", "--system", "be brief", "--max-new-tokens", "6", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    llm = LLM(target=path, method="ar")
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert json.loads(r.stdout)["tokens"] == llm.chat(messages, SamplingParams(max_new_tokens=6)).tokens
+    assert llm.tokenizer.render_chat(messages).startswith("<|im_start|>system\nbe brief<|im_end|>")
