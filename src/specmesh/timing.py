@@ -112,6 +112,10 @@ def copy_bandwidth_gb_s(mb: int = 256, reps: int = 7) -> float:
     return 2 * src.nbytes / median_ms(lambda: dst.copy_(src), reps=reps, warmup=1) / 1e6
 
 
-def weight_bytes(model) -> int:
-    """Bytes of weights one decoding step of `model` reads: every parameter once (a tied embedding is its head)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+def weight_bytes(config, dtype: torch.dtype) -> int:
+    """Bytes of weights one decoding step of a model of `config` reads in `dtype`: every weight once (a tied
+    embedding is its head)."""
+    from specmesh.model.model import Transformer
+    with torch.device("meta"):
+        bare = Transformer(config)
+    return sum(p.numel() for p in bare.parameters()) * dtype.itemsize
