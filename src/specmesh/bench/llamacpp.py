@@ -113,12 +113,12 @@ class NativeRunner:
         self.cmd = [str(tool), "-m", str(cached_gguf(target, ftype)), "--temp", "0", "-t", str(threads),
                     "-tb", str(threads), "-c", str(context), "--no-escape"]
         if kind == "llama.cpp":
-            self.cmd.append("-no-cnv")
+            self.cmd += ["-no-cnv", "-sp"]  # the prompt as given (no chat template of its own); special tokens shown
         elif kind == "llama.cpp-spec":
             self.cmd += ["-md", str(cached_gguf(draft, ftype)), "--spec-draft-n-max", str(NATIVE_DRAFT)]
 
     def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
-        prompt = self.tokenizer.decode(ids)
+        prompt = self.tokenizer.decode(ids, skip_special_tokens=False)      # the tools parse special tokens
         for attempt in range(3):            # the tools log from a thread of their own: now and then the
             run = subprocess.run(self.cmd + ["-p", prompt, "-n", str(max_new_tokens)], capture_output=True,
                                  text=True)  # timings are lost at exit
@@ -130,7 +130,7 @@ class NativeRunner:
             except RuntimeError:
                 if attempt == 2:
                     raise
-        text = run.stdout.split(prompt, 1)[1].removesuffix("\n\n")           # the tools end with two newlines
+        text = run.stdout.split(prompt, 1)[1].split(" [end of text]")[0].removesuffix("\n\n")   # the tools end so
         tokens = self.tokenizer.encode(text)[:max_new_tokens] if text else []
         return tokens, Stats(generated_tokens=len(tokens), elapsed_s=seconds)
 
