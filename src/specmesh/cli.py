@@ -277,8 +277,9 @@ def serve_torchrun_rank(args) -> int:
     if args.method == "pearl":
         target = catalog.resolve(args.target)
         draft = catalog.resolve(args.draft, "draft") if args.draft else catalog.draft_for(target)
-        config = {"draft": str(draft), "dtype": args.dtype, "quant": args.quant,
-                  "device": device}
+        if draft is None:
+            raise ValueError(f"pearl needs a draft model and {target} has none here: pass --draft")
+        config = {"draft": str(draft), "dtype": args.dtype, "quant": args.quant, "device": device}
         remote_chain.DraftServer(config).run(join_env(remote_chain.ROLES, timeout))
         return 0
     config = {"target": str(catalog.resolve(args.target)), "dtype": args.dtype, "quant": args.quant,
