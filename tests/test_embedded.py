@@ -27,11 +27,12 @@ def prompts():
 def test_models_lists_target_and_draft(target_dir):
     r = subprocess.run([sys.executable, "-m", "specmesh.cli", "models", "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    rows = {row["role"]: row for row in json.loads(r.stdout)}
-    assert set(rows) == {"target", "draft"}
-    assert 20e6 <= rows["target"]["parameters"] <= 30e6
-    assert 3e6 <= rows["draft"]["parameters"] <= 6e6
-    assert all(set(row) == {"name", "role", "path", "parameters"} for row in rows.values())
+    rows = {row["name"]: row for row in json.loads(r.stdout)}
+    target, draft = rows["specmesh-target"], rows["specmesh-draft"]
+    assert (target["role"], target["draft"], draft["role"]) == ("target", "specmesh-draft", "draft")
+    assert 20e6 <= target["parameters"] <= 30e6
+    assert 3e6 <= draft["parameters"] <= 6e6
+    assert all(set(row) == {"name", "role", "path", "parameters", "source", "draft"} for row in rows.values())
 
 
 def test_ar_greedy_equals_transformers_generate(target_dir, prompts):
