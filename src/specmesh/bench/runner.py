@@ -225,7 +225,8 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
 def memory_bound(config, dtype: torch.dtype) -> dict:
     """What memory bandwidth allows `ar`: the target's weight bytes per token against a measured copy bandwidth."""
     gb_s, mb = copy_bandwidth_gb_s(), weight_bytes(config, dtype) / 1e6
-    return {"copy_gb_s": round(gb_s, 2), "target_weight_mb": round(mb, 1), "ar_tokens_per_s_bound": round(gb_s * 1e3 / mb, 1)}
+    return {"copy_gb_s": round(gb_s, 2), "target_weight_mb": round(mb, 1),
+            "ar_tokens_per_s_bound": round(gb_s * 1e3 / mb, 1)}
 
 
 def machine() -> str:
