@@ -232,7 +232,7 @@ def build_parser() -> Parser:
     t.add_argument("--teacher", metavar="MODEL", help="distill a draft for this target (a name, folder or GGUF): "
                    "its answers to generated instructions and standard-library code (docs/models.md)")
     t.add_argument("--steps", type=positive_int, default=560, help="with --teacher: distillation steps (default: 560, "
-                   "about 70 minutes on 2 cores)")
+                   "about 45 minutes on 2 cores)")
     t.add_argument("--work", default=None, help="scratch folder: corpus, checkpoints (default: runs/train, or "
                    "runs/distill with --teacher)")
     t.add_argument("--out", default=None, help="where the finished models go (default: models, or "
@@ -296,13 +296,12 @@ def cmd_generate(args, parser) -> int:
     spec = METHODS.get(args.method)
     if spec is not None and spec.start is not None and under_torchrun() and int(os.environ["RANK"]) > 0:
         return serve_torchrun_rank(args)
-    if args.chat is None and args.system is not None:
-        parser.error("--system goes with --chat")
-    messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + \
-        [{"role": "user", "content": args.chat}]
-    if args.chat is not None and (args.prompt is not None or args.prompt_file is not None):
+    if args.chat is None:
+        if args.system is not None:
+            parser.error("--system goes with --chat")
+        prompt = read_prompt(args, parser)
+    elif args.prompt is not None or args.prompt_file is not None:
         parser.error("give exactly one of PROMPT, --prompt-file or --chat")
-    prompt = read_prompt(args, parser) if args.chat is None else None
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, n=args.n, stop=args.stop, logprobs=args.logprobs,
                             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
@@ -310,7 +309,10 @@ def cmd_generate(args, parser) -> int:
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
               quant=args.quant, **method_options(args))
     with llm:
-        run = llm.stream(prompt if args.chat is None else llm.tokenizer.render_chat(messages), params)
+        if args.chat is not None:
+            system = [{"role": "system", "content": args.system}] if args.system is not None else []
+            prompt = llm.tokenizer.render_chat(system + [{"role": "user", "content": args.chat}])
+        run = llm.stream(prompt, params)
         stream = args.json != "-"
         for piece in run:
             if stream:

@@ -9,8 +9,8 @@ llama.cpp-lookup   prompt lookup decoding
 Two ways to run them, both built from llama-cpp-python's source package:
 * llama.cpp's own tools (`NativeRunner`: llama-completion, llama-speculative with up to NATIVE_DRAFT tokens
   drafted, llama-lookup), where `python -m specmesh.bench.llamacpp build` put them (or SPECMESH_LLAMACPP_BIN
-  points): the prompt as text (llama.cpp tokenizes it as specmesh does: the GGUF's pre-tokenizer is GPT-2's),
-  greedy, the run's thread count, the time the tool reports for the prompt and the decoding;
+  points): the prompt as text with its special tokens (llama.cpp tokenizes it as specmesh does: the GGUF names
+  the tokenizer's split rule, model/gguf.py), greedy, the run's thread count, the time the tool reports for the prompt and the decoding;
 * else llama-cpp-python's bindings (`pip install -e ".[llamacpp]"`; `BindingRunner`): token ids in and out,
   speculation through its Python-level draft-model hook (DRAFT_TOKENS from our draft, or its
   LlamaPromptLookupDecoding): slower than the tools.
@@ -41,6 +41,7 @@ DRAFT_TOKENS = 4                # as specmesh's sd default γ
 LOOKUP_TOKENS = 10              # llama-cpp-python's documented example value
 NATIVE_DRAFT = 6                # llama-speculative's --spec-draft-n-max (the figure the issue measured with)
 TOOLS = {"llama.cpp": "llama-completion", "llama.cpp-spec": "llama-speculative", "llama.cpp-lookup": "llama-lookup"}
+
 
 def cached_gguf(checkpoint: Path, ftype: str) -> Path:
     """The GGUF file of `checkpoint` in `ftype`, written on first use."""
@@ -155,7 +156,7 @@ class BindingRunner:
                  threads: int):
         ftype = gguf_type(dtype, quant)
         cfg = read_config(target)
-        self.eos, context = cfg.eos_token_id, cfg.max_position_embeddings
+        self.eos, context = set(cfg.eos_ids), cfg.max_position_embeddings
         extra = {}
         if kind == "llama.cpp-lookup":
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -171,7 +172,7 @@ class BindingRunner:
         self.llm.reset()
         start = time.perf_counter()
         for token in self.llm.generate(ids, top_k=1, temp=0.0, reset=True):
-            if token == self.eos:
+            if token in self.eos:
                 break
             tokens.append(token)
             if len(tokens) == max_new_tokens:

@@ -175,29 +175,26 @@ def open_gguf(path: str | Path) -> GGUFFile:
         raise GGUFError(f"{path}: truncated or corrupt GGUF ({e})") from None
 
 
-def field(reader: GGUFFile, key: str, default=None):
-    return reader.fields.get(key, default)
-
-
-def read_config(path: str | Path, reader: GGUFFile | None = None) -> ModelConfig:
+def read_config(path: str | Path) -> ModelConfig:
     """The model's hyperparameters from its `llama.*` metadata."""
-    reader = reader or open_gguf(path)
-    arch = field(reader, "general.architecture")
+    gguf_file = open_gguf(path)
+    meta = gguf_file.fields
+    arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise GGUFError(f"{path}: architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
-    scaling = field(reader, f"{arch}.rope.scaling.type", "none")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", "linear"):
         raise GGUFError(f"{path}: rope scaling {scaling!r} is not supported (none, linear)")
 
     def hp(key, default=None):
-        value = field(reader, f"{arch}.{key}", default)
+        value = meta.get(f"{arch}.{key}", default)
         if value is None:
             raise GGUFError(f"{path}: metadata {arch}.{key} is missing")
         return value
 
     heads, hidden = hp("attention.head_count"), hp("embedding_length")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    names = {t.name for t in reader.tensors}
+    tokens = meta.get("tokenizer.ggml.tokens")
+    names = {t.name for t in gguf_file.tensors}
     return ModelConfig(
         vocab_size=hp("vocab_size", len(tokens) if tokens else None), hidden_size=hidden,
         intermediate_size=hp("feed_forward_length"), num_layers=hp("block_count"), num_heads=heads,
@@ -206,26 +203,25 @@ def read_config(path: str | Path, reader: GGUFFile | None = None) -> ModelConfig
         rope_theta=hp("rope.freq_base", 10000.0),
         rope_scaling=None if scaling == "none" else {"rope_type": "linear", "factor": hp("rope.scaling.factor")},
         tie_word_embeddings="output.weight" not in names, model_type="llama",
-        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"), eos_token_id=end_ids(reader))
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=end_ids(meta))
 
 
-def end_ids(reader: GGUFFile) -> int | list[int] | None:
+def end_ids(meta: dict) -> int | list[int] | None:
     """End of sequence, and end of turn where the file names another (Llama 3's <|eot_id|>)."""
-    ids = [i for key in ("eos", "eot") if (i := field(reader, f"tokenizer.ggml.{key}_token_id")) is not None]
+    ids = [i for key in ("eos", "eot") if (i := meta.get(f"tokenizer.ggml.{key}_token_id")) is not None]
     ids = list(dict.fromkeys(ids))
     return ids[0] if len(ids) == 1 else ids or None
 
 
 def read_gguf(path: str | Path) -> GGUFCheckpoint:
-    reader = open_gguf(path)
-    config = read_config(path, reader)
-    return GGUFCheckpoint(config, read_weights(path, reader, config), read_tokenizer(path, reader))
+    config = read_config(path)
+    return GGUFCheckpoint(config, read_weights(path, config), read_tokenizer(path))
 
 
-def read_weights(path, reader: GGUFFile, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def read_weights(path: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     hf_names = {gguf_name(n): n for n in hf_tensor_names(cfg)}
     weights = {}
-    for t in reader.tensors:
+    for t in open_gguf(path).tensors:
         name = hf_names.get(t.name)
         if name is None:
             continue                          # rope_freqs and the like: recomputed
@@ -253,18 +249,18 @@ def gguf_version() -> str:
     return version("gguf")
 
 
-def read_tokenizer(path, reader: GGUFFile | None = None) -> Tokenizer:
+def read_tokenizer(path: str | Path) -> Tokenizer:
     """The byte-level BPE in `tokenizer.ggml.*` as a tokenizers Tokenizer: control tokens special, user-defined
     ones added whole (as llama.cpp matches them), the pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre`."""
-    reader = reader or open_gguf(path)
-    model = field(reader, "tokenizer.ggml.model")
+    meta = open_gguf(path).fields
+    model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
         raise GGUFError(f"{path}: tokenizer {model!r} is not supported (byte-level BPE, 'gpt2', is)")
-    tokens, types = field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.token_type")
-    pre_name = field(reader, "tokenizer.ggml.pre", "default")
-    pre = PRE_TOKENIZERS.get(pre_name)
+    tokens, types = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.token_type")
+    rule = meta.get("tokenizer.ggml.pre", "default")
+    pre = PRE_TOKENIZERS.get(rule)
     if pre is None:
-        warnings.warn(f"{path}: pre-tokenizer {pre_name!r} is not known here; splitting as GPT-2 does")
+        warnings.warn(f"{path}: pre-tokenizer {rule!r} is not known here; splitting as GPT-2 does")
         pre = GPT2
     alphabet = set(byte_level_alphabet().values())
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
@@ -277,11 +273,11 @@ def read_tokenizer(path, reader: GGUFFile | None = None) -> Tokenizer:
             "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                       "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
                       "vocab": {t: i for i, t in enumerate(tokens)},
-                      "merges": [m.split(" ") for m in field(reader, "tokenizer.ggml.merges", [])]}}
+                      "merges": [m.split(" ") for m in meta.get("tokenizer.ggml.merges", [])]}}
     from tokenizers import Tokenizer as HFTokenizer
-    config = {"chat_template": field(reader, "tokenizer.chat_template")}
+    config = {"chat_template": meta.get("tokenizer.chat_template")}
     for key in ("bos", "eos", "eot"):
-        i = field(reader, f"tokenizer.ggml.{key}_token_id")
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
         if i is not None and i < len(tokens):
             config[f"{key}_token"] = tokens[i]
     return Tokenizer(HFTokenizer.from_str(json.dumps(spec)), config)
