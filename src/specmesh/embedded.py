@@ -6,6 +6,7 @@ from pathlib import Path
 
 ROOT = Path(os.environ.get("SPECMESH_HOME", Path(__file__).resolve().parents[2]))
 HELDOUT_PROMPTS = ROOT / "prompts" / "stdlib-heldout.jsonl"
+CHAT_PROMPTS = ROOT / "prompts" / "chat-heldout.jsonl"
 
 
 def path(role: str) -> Path:

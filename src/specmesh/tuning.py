@@ -38,7 +38,7 @@ from specmesh.model.loader import stamp
 from specmesh.spec.sampling import SamplingParams
 from specmesh.timing import forward_ms
 
-CALIBRATION = Path(__file__).with_name("calibration.jsonl")    # 3 code snippets, written for this
+CALIBRATION = Path(__file__).with_name("calibration.jsonl")    # 3 code snippets and 2 chat requests, written for this
 NEW_TOKENS = 96         # Self-Draft's n-gram pool grows with its output: 48 tokens underrate it by a third
 ROUNDS = 2              # calibration runs per family and prompt, interleaved; the fastest counts
 TARGET_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
@@ -171,8 +171,12 @@ def measure_costs(llm) -> Costs:
                  {w: forward_ms(draft, w, reps=8) for w in DRAFT_WIDTHS} if draft is not None else {1: 0.0})
 
 
-def calibration_prompts() -> list[str]:
-    return [json.loads(line)["prompt"] for line in CALIBRATION.read_text().splitlines() if line.strip()]
+def calibration_prompts(tokenizer) -> list[str]:
+    """The code snippets, and for a model with a chat template the chat requests through it."""
+    rows = [json.loads(line) for line in CALIBRATION.read_text().splitlines() if line.strip()]
+    chats = [tokenizer.render_chat([{"role": "user", "content": r["turns"][0]}])
+             for r in rows if "turns" in r and tokenizer.chat_template]
+    return [r["prompt"] for r in rows if "prompt" in r] + chats
 
 
 def decode(llm, method, prompt: list[int], new_tokens: int):
@@ -200,7 +204,7 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Cho
     runs are interleaved, ROUNDS times, so a machine whose speed drifts slows all of them alike; each run
     that counts is the fastest of its rounds."""
     room = llm.context - NEW_TOKENS - 64             # a prompt's last tokens, where a small model's context is short
-    ids = [llm.encode(p)[-room:] for p in prompts or calibration_prompts()]
+    ids = [llm.encode(p)[-room:] for p in prompts or calibration_prompts(llm.tokenizer)]
     chosen = llm.method
     configs = [methods.get(name, options) for name, options in families(llm)]
     best: dict[tuple[int, int, int], object] = {}    # (family, prompt, tokens) -> fastest stats

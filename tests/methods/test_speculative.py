@@ -20,10 +20,11 @@ def draft_dir(request, tiny_checkpoint, tiny_draft_checkpoint):
     return tiny_draft_checkpoint if request.param == "random-draft" else tiny_checkpoint
 
 
-@pytest.fixture(scope="module", params=["sd", "tree"])
+@pytest.fixture(scope="module", params=["sd", "sd-stop", "tree"])
 def spec(request, tiny_checkpoint, draft_dir):
-    return LLM(target=tiny_checkpoint, draft=draft_dir, method=request.param, gamma=GAMMA, tree_width=3,
-               max_children=2)
+    stop = {"stop_below": 0.3} if request.param == "sd-stop" else {}
+    return LLM(target=tiny_checkpoint, draft=draft_dir, method=request.param.removesuffix("-stop"), gamma=GAMMA,
+               tree_width=3, max_children=2, **stop)
 
 
 @pytest.mark.parametrize("max_new", [1, GAMMA - 1, GAMMA, GAMMA + 1, 17, 40])
@@ -55,6 +56,24 @@ def test_draft_window_limits_the_draft_prefill_and_stays_lossless(ar, tiny_check
     assert llm.generate(prompt, params).tokens == ar.generate(prompt, params).tokens
     assert widths["target"][0] == len(llm.encode(prompt)) > 4
     assert widths["draft"][0] == 4 and max(widths["draft"]) <= 4     # the window, then a token or a level at a time
+
+
+def test_stop_below_ends_unsure_chains_early(ar, tiny_checkpoint, tiny_draft_checkpoint):
+    params = SamplingParams(max_new_tokens=40)
+    runs = {stop: LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="sd", gamma=GAMMA,
+                      stop_below=stop).generate(PROMPTS[0], params) for stop in (0.0, 0.99)}
+    assert runs[0.0].tokens == runs[0.99].tokens == ar.generate(PROMPTS[0], params).tokens
+    s = runs[0.99].stats            # a random draft is never sure: one draft forward and token per step at most
+    assert s.draft_forwards == s.verifications and s.drafted_tokens <= s.verifications
+    assert runs[0.99].stats.draft_forwards < runs[0.0].stats.draft_forwards
+
+
+def test_stop_below_seeded_sample_same_in_a_batch(tiny_checkpoint, tiny_draft_checkpoint):
+    llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="sd", gamma=GAMMA, stop_below=0.5)
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=7)
+    alone = llm.generate(PROMPTS[1], params).tokens
+    batch = llm.generate([PROMPTS[0], PROMPTS[1], PROMPTS[2]], params)
+    assert batch[1].tokens == alone
 
 
 def test_random_draft_rarely_accepted(tiny_checkpoint, tiny_draft_checkpoint):
@@ -90,11 +109,12 @@ def joint_counts(llm, n, seed, **kw):
     return Counter(tuple(s.tokens) for s in out.samples)
 
 
-@pytest.mark.parametrize("method, kw", [("sd", {}), ("sd", {"top_k": 4}), ("tree", {"top_p": 0.9})])
-def test_sampling_two_sample_test_against_ar(tiny_checkpoint, tiny_draft_checkpoint, method, kw):
+@pytest.mark.parametrize("method, options, kw", [("sd", {}, {}), ("sd", {}, {"top_k": 4}),
+                                                ("sd", {"stop_below": 0.5}, {}), ("tree", {}, {"top_p": 0.9})])
+def test_sampling_two_sample_test_against_ar(tiny_checkpoint, tiny_draft_checkpoint, method, options, kw):
     ar = LLM(target=tiny_checkpoint)
     spec = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method=method, gamma=2, tree_width=3,
-               max_children=2)
+               max_children=2, **options)
     a, b = joint_counts(ar, 1500, 0, **kw), joint_counts(spec, 1500, 1, **kw)
     common = [k for k in set(a) | set(b) if a[k] + b[k] >= 20]        # pool rare pairs
     rest = [sum(c.values()) - sum(c[k] for k in common) for c in (a, b)]

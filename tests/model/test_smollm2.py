@@ -11,8 +11,6 @@ import torch
 from specmesh import LLM, SamplingParams, catalog
 from specmesh.model.loader import load_model, load_tokenizer, save_model
 
-pytestmark = pytest.mark.smollm2
-
 NAME = "smollm2-135m-instruct"
 MESSAGES = [[{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
             [{"role": "system", "content": "Answer in one sentence."},
@@ -49,6 +47,23 @@ def test_found_by_name():
                          timeout=120)
     rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert rows[NAME]["path"].endswith(".gguf") and rows[NAME]["parameters"] == 134_515_008
+
+
+def test_default_target_is_smollm2_unless_set(monkeypatch):
+    monkeypatch.delenv("SPECMESH_TARGET")                   # the suite's conftest pins the embedded pair
+    assert catalog.default() == NAME and catalog.resolve(None) == catalog.resolve(NAME)
+    assert catalog.served_name(None) == NAME and catalog.draft_for(catalog.resolve(None)).name == "smollm2-draft"
+    monkeypatch.setenv("SPECMESH_TARGET", "embedded")
+    assert catalog.resolve(None) == catalog.resolve("embedded") and catalog.served_name(None) == "specmesh-target"
+
+
+def test_generate_without_target_chats_with_smollm2(monkeypatch):
+    monkeypatch.delenv("SPECMESH_TARGET")
+    out = subprocess.run([sys.executable, "-m", "specmesh.cli", "generate", "--chat", "What is the capital of France?",
+                          "--method", "sd", "--max-new-tokens", "16", "--json"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in json.loads(out.stdout)["text"]
 
 
 def test_greedy_equals_transformers_on_the_same_gguf(ar, prompts):
@@ -119,3 +134,10 @@ def test_sampling_runs_and_is_reproducible(prompts, truncated_draft, method):
     llm = LLM(target=NAME, draft=None if method == "selfdraft" else truncated_draft, method=method, dtype="float32")
     first = llm.generate(prompts[0], params).tokens
     assert len(first) > 0 and llm.generate(prompts[0], params).tokens == first
+
+
+def test_teacher_writes_its_own_instructions(ar):
+    from specmesh.distill import self_instructions
+    asks = self_instructions(ar, 8, seed=0)
+    assert len(asks) == len(set(asks)) == 8
+    assert all(len(a) >= 12 and "<|im_" not in a for a in asks)

@@ -1,5 +1,6 @@
 """Benchmark prompt files: JSON lines with `prompt` (a string, used as it is) or `turns` (chat: the first, as a
-user message through the target's chat template when its tokenizer has one)."""
+user message through the target's chat template when its tokenizer has one). Without a file: the held-out chat
+instructions for a model with a chat template, else the held-out standard-library code."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,8 @@ from specmesh import embedded
 
 
 def load_prompts(path: str | Path | None = None, limit: int | None = None, tokenizer=None) -> list[str]:
-    path = Path(path) if path else embedded.HELDOUT_PROMPTS
+    chat = tokenizer is not None and tokenizer.chat_template
+    path = Path(path) if path else embedded.CHAT_PROMPTS if chat else embedded.HELDOUT_PROMPTS
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
     prompts = []
@@ -23,7 +25,7 @@ def load_prompts(path: str | Path | None = None, limit: int | None = None, token
         text = row.get("prompt") if isinstance(row, dict) else None
         if text is None and isinstance(row, dict) and row.get("turns"):
             text = row["turns"][0]
-            if isinstance(text, str) and text and tokenizer is not None and tokenizer.chat_template:
+            if isinstance(text, str) and text and chat:
                 text = tokenizer.render_chat([{"role": "user", "content": text}])
         if not isinstance(text, str) or not text:
             raise ValueError(f"{path}:{n}: needs a non-empty 'prompt' string or a 'turns' list")

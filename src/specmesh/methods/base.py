@@ -50,7 +50,7 @@ class Method(Protocol):
 @dataclass(frozen=True)
 class Option:
     help: str
-    kind: type = int            # int: a positive integer; bool: a flag; str: a file
+    kind: type = int            # int: a positive integer; float: a probability in [0, 1); bool: a flag; str: a file
     metavar: str | None = None
 
 
@@ -61,6 +61,8 @@ OPTIONS = {
                          "tokens per second from the measured draft step, target forward by width and acceptance "
                          "so far) or c (round(c), the paper's rule)", str, "RULE"),
     "draft_window": Option("prompt tokens the draft model reads"),
+    "stop_below": Option("a draft chain ends after a token the draft gives less probability than this (0: always "
+                         "gamma tokens)", float, "P"),
     "tree_width": Option("nodes kept per tree level: w"),
     "max_children": Option("children per node in the top-k expansion: c"),
     "branches": Option("Self-Draft branches N"),
@@ -119,6 +121,8 @@ def configure(spec: MethodSpec, options: dict) -> Configured:
             raise ValueError(f"{spec.name}: {k} must be true or false, got {v!r}")
         if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{spec.name}: {k} must be a positive integer, got {v!r}")
+        if kind is float and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1):
+            raise ValueError(f"{spec.name}: {k} must be a probability in [0, 1), got {v!r}")
         if kind is str and not isinstance(v, str):
             raise ValueError(f"{spec.name}: {k} must be a string, got {v!r}")
     return Configured(spec, spec.defaults | given, frozenset(given))

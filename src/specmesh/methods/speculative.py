@@ -91,7 +91,7 @@ class Speculative(AR):
 
 def build_sd(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
-    draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"])
+    draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"], stop_below=o["stop_below"])
     return Speculative(runner, draft, DraftDepth(o["gamma"] if "gamma" in method.given else None))
 
 
@@ -110,7 +110,7 @@ def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
 
 
 SD = MethodSpec("sd", "a draft model proposes a chain of γ tokens, the target verifies them in one forward "
-                "(Leviathan/Chen)", {"gamma": 4, "draft_window": 64}, True, build_sd,
+                "(Leviathan/Chen)", {"gamma": 4, "draft_window": 64, "stop_below": 0.0}, True, build_sd,
                 slack=lambda o: o["gamma"] + 1)
 TREE = MethodSpec("tree", "the draft grows a top-k tree (the best `tree_width` per level), the target verifies it "
                   "in one forward with tree attention (SpecInfer-style)",

@@ -35,8 +35,9 @@ from specmesh.spec.verify import Verdict
 
 class DraftModel:
     def __init__(self, model: Transformer, rows: int, max_len: int, window: int, width: int = 1,
-                 max_children: int = 1, deterministic: bool = False):
+                 max_children: int = 1, deterministic: bool = False, stop_below: float = 0.0):
         self.model, self.window, self.width, self.max_children = model, window, width, max_children
+        self.stop_below = stop_below            # a chain ends after a token the draft gives less probability
         self.chain = width == 1 and max_children == 1
         self.deterministic = deterministic
         self.cache = KVCache.for_model(model, rows, max_len)
@@ -64,11 +65,15 @@ class DraftModel:
             return trees
         self._catch_up(seqs)
         logits = self._read_pending(seqs)                       # [B, V] at each root
-        level = [0]
+        level, budgets = [0], list(budgets)
         for d in range(depth):
             level = self._grow(seqs, trees, level, logits, [d < budget for budget in budgets])
-            if d + 1 < depth:
-                logits = self._forward_level(seqs, trees, level)     # [B, width, V]
+            if self.chain and self.stop_below:      # unsure: the next token would likely be rejected anyway
+                budgets = [d + 1 if budget > d + 1 and tree.prob[-1] < self.stop_below else budget
+                           for tree, budget in zip(trees, budgets)]
+            if d + 1 >= max(budgets):
+                break
+            logits = self._forward_level(seqs, trees, level)     # [B, width, V]
         return [tree.truncate(budget) for tree, budget in zip(trees, budgets)]
 
     def _forward(self, seqs: list[Sequence], tokens: list[list[int]], **tree) -> torch.Tensor:
@@ -131,7 +136,8 @@ class DraftModel:
             for b, (seq, tree) in enumerate(zip(seqs, trees)):
                 row = penalise(seq.penalty, logits[b, :1], tree, level)[0]          # [V]
                 if seq.params.greedy or self.deterministic or not kept[b]:
-                    tree.add(tops[b] if seq.penalty is None else int(argmax(row)), level[0])
+                    x = tops[b] if seq.penalty is None else int(argmax(row))
+                    tree.add(x, level[0], float(row.float().softmax(-1)[x]) if self.stop_below else 1.0)
                 else:                                       # a sampling chain: x ~ q, verified against q
                     q = probs_from_logits(row, seq.params)
                     x = int(torch.multinomial(q, 1, generator=seq.generator))
