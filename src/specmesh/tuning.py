@@ -44,6 +44,7 @@ ROUNDS = 2              # calibration runs per family and prompt, interleaved; t
 TARGET_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 DRAFT_WIDTHS = (1, 2, 4, 8)
 MAX_SD_GAMMA = 8
+STOP_BELOW = 0.3        # sd's calibrated early stop (a weak draft's chains end where it is unsure)
 MARGIN = 0.03           # a speculative method must predict 3% faster than ar (measurement noise)
 VECTOR_UNITS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
 
@@ -124,7 +125,7 @@ def predict(costs: Costs, trials: list[Trial]) -> list[Candidate]:
                              f"{t.tau:.2f} tokens per step of {forwards + overhead:.2f} ms (target {width:.1f} "
                              f"tokens {target(round(width)):.2f} ms, {t.draft_forwards / t.steps:.1f} draft forwards, "
                              f"{overhead:.2f} ms other), measured"))
-        if t.method == "sd":
+        if t.method == "sd" and not t.options.get("stop_below"):      # chains of γ: a geometric τ
             gamma = t.options["gamma"]
             alpha, per_draft = fitted_alpha(t.tau, gamma), t.draft_forwards / t.steps / gamma
             for g in range(1, MAX_SD_GAMMA + 1):
@@ -151,11 +152,13 @@ def pick(candidates: list[Candidate]) -> Candidate:
 
 def families(llm) -> list[tuple[str, dict]]:
     """The candidates' calibration configurations: what the loaded models allow. `sd` is calibrated at
-    γ = 6 (where its τ says most about α) and extrapolated; `tree` and `selfdraft` run at their defaults and
-    at a narrower tree / one more n-gram candidate (a wide forward costs more on some CPUs than others)."""
+    γ = 6 (where its τ says most about α) and extrapolated, and with chains that stop where the draft is unsure
+    (STOP_BELOW); `tree` and `selfdraft` run at their defaults and at a narrower tree / one more n-gram
+    candidate (a wide forward costs more on some CPUs than others)."""
     out = [("ar", {})]
     if llm.models.draft is not None:
-        out += [("sd", {"gamma": 6}), ("tree", {}), ("tree", {"gamma": 4, "tree_width": 2})]
+        out += [("sd", {"gamma": 6}), ("sd", {"gamma": 6, "stop_below": STOP_BELOW}), ("tree", {}),
+                ("tree", {"gamma": 4, "tree_width": 2})]
     if has_ngram_table(llm):
         out += [("selfdraft", {}), ("selfdraft", {"max_candidates": 2})]
     return out
@@ -194,7 +197,8 @@ def trial(name: str, given: dict, runs: list[tuple]) -> Trial:
         sums["target_tokens"] += steps + full.drafted_tokens - first.drafted_tokens
         sums["draft_forwards"] += full.draft_forwards - first.draft_forwards
         sums["ms"] += (full.elapsed_s - first.elapsed_s) * 1e3
-    keep = {k: given[k] for k in ("gamma", "tree_width", "max_children", "branches", "branch_len", "max_candidates")
+    keep = {k: given[k] for k in ("gamma", "stop_below", "tree_width", "max_children", "branches", "branch_len",
+                                  "max_candidates")
             if k in given and name != "ar"}
     return Trial(name, keep, draft_width=keep.get("tree_width", 1), **sums)
 
