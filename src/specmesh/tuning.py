@@ -23,6 +23,7 @@ again. `pearl` and the pipelines are not candidates: each needs processes of its
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
 import time
@@ -30,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from specmesh import catalog, methods
 from specmesh.kernels import cache_dir, cpu_flags, cpu_name
@@ -45,6 +47,7 @@ TARGET_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 DRAFT_WIDTHS = (1, 2, 4, 8)
 MAX_SD_GAMMA = 8
 STOP_BELOW = 0.3        # sd's calibrated early stop (a weak draft's chains end where it is unsure)
+BUDGET_S = 30.0         # calibration time aimed at (plan)
 MARGIN = 0.03           # a speculative method must predict 3% faster than ar (measurement noise)
 VECTOR_UNITS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
 
@@ -175,11 +178,12 @@ def measure_costs(llm) -> Costs:
 
 
 def calibration_prompts(tokenizer) -> list[str]:
-    """The code snippets, and for a model with a chat template the chat requests through it."""
+    """The code snippets, and for a model with a chat template the chat requests through it, taking turns."""
     rows = [json.loads(line) for line in CALIBRATION.read_text().splitlines() if line.strip()]
     chats = [tokenizer.render_chat([{"role": "user", "content": r["turns"][0]}])
              for r in rows if "turns" in r and tokenizer.chat_template]
-    return [r["prompt"] for r in rows if "prompt" in r] + chats
+    code = [r["prompt"] for r in rows if "prompt" in r]
+    return [p for pair in itertools.zip_longest(code, chats) for p in pair if p is not None]
 
 
 def decode(llm, method, prompt: list[int], new_tokens: int):
@@ -203,6 +207,16 @@ def trial(name: str, given: dict, runs: list[tuple]) -> Trial:
     return Trial(name, keep, draft_width=keep.get("tree_width", 1), **sums)
 
 
+def plan(costs: Costs, families: int, prompts: int) -> tuple[int, int]:
+    """How many calibration prompts, in how many rounds, fit BUDGET_S: a run takes about NEW_TOKENS of ar's
+    steps. A slow model (SmolLM2 in float32 on 2 cores: 23 ms a forward) calibrates in one round on the first
+    two prompts (a code snippet and a chat request), not for minutes."""
+    run_s = 1.5 * NEW_TOKENS * costs.target_ms[1] / 1e3
+    fit = lambda rounds: int(BUDGET_S / (run_s * families * rounds))
+    rounds = ROUNDS if fit(ROUNDS) >= 2 else 1
+    return min(prompts, max(2, fit(rounds))), rounds
+
+
 def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Choice:
     """Measure this machine and pair, and choose. `llm` must have its draft loaded (if any). The families'
     runs are interleaved, ROUNDS times, so a machine whose speed drifts slows all of them alike; each run
@@ -215,15 +229,19 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Cho
     try:
         with torch.inference_mode():
             costs = measure_costs(llm)
-            for r in range(ROUNDS):
-                if progress:
-                    print(f"auto: calibrating, round {r + 1} of {ROUNDS} ...", file=sys.stderr, flush=True)
+            count, rounds = plan(costs, len(configs), len(ids)) if prompts is None else (len(ids), ROUNDS)
+            ids = ids[:count]
+            bar = tqdm(total=rounds * len(configs) * len(ids), desc="auto: calibrating", unit="run",
+                       file=sys.stderr, disable=not progress, leave=False)
+            for _ in range(rounds):
                 for f, method in enumerate(configs):
                     for p, prompt in enumerate(ids):
                         for n in (NEW_TOKENS, 1):
                             stats = decode(llm, method, prompt, n)
                             if (f, p, n) not in best or stats.elapsed_s < best[f, p, n].elapsed_s:
                                 best[f, p, n] = stats
+                        bar.update()
+            bar.close()
             trials = [trial(method.name, method.options,
                             [(best[f, p, NEW_TOKENS], best[f, p, 1]) for p in range(len(ids))])
                       for f, method in enumerate(configs)]
