@@ -27,11 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from specmesh import catalog, corpus
 from specmesh.instructions import instructions
-from specmesh.model.loader import load_model, load_tokenizer, save_model
+from specmesh.model.loader import HEAD_TOKENS, load_model, load_tokenizer, save_model
 from specmesh.model.model import ModelConfig, Transformer
 from specmesh.train import checkpoint, distill_step, init_weights, lr_factor, optimizer, resume, set_lr
 
@@ -51,6 +52,7 @@ class DistillConfig:
     steps: int = 560
     batch: int = 8                      # windows per step, half chat, half code
     window: int = 256
+    head_tokens: int = 16384            # the draft's head computes the most frequent tokens only (0: all)
     lr: float = 2e-3
     warmup: int = 30
     seed: int = 0
@@ -70,7 +72,8 @@ def run(cfg: DistillConfig) -> dict:
     teacher = load_model(teacher_path, torch.bfloat16, pack=False).requires_grad_(False)
     draft = make_draft(teacher)
     train(cfg, teacher, draft, chat, code)
-    return export(cfg, tokenizer, teacher, draft, {"chat": chat_heldout, "code": code_heldout})
+    return export(cfg, tokenizer, teacher, draft, {"chat": chat_heldout, "code": code_heldout},
+                  frequent_tokens([chat, code], cfg.head_tokens))
 
 
 def transcripts(cfg: DistillConfig, teacher_path: Path, split: str) -> np.ndarray:
@@ -224,17 +227,31 @@ def agreement(teacher: Transformer, draft: Transformer, stream: np.ndarray, leng
             "draft_ce": F.cross_entropy(ld.flatten(0, 1), y.flatten()).item()}
 
 
+def frequent_tokens(streams: list[np.ndarray], k: int) -> np.ndarray | None:
+    """The k most frequent tokens of the training streams (each stream weighted alike), or None for all."""
+    vocab = max(int(s.max()) for s in streams) + 1
+    counts = sum(np.bincount(s, minlength=vocab) / len(s) for s in streams)
+    return None if not k or k >= vocab else np.sort(np.argsort(-counts, kind="stable")[:k])
+
+
 def export(cfg: DistillConfig, tokenizer, teacher: Transformer, draft: Transformer,
-           heldout: dict[str, np.ndarray]) -> dict:
-    """The draft in 16 bits with the teacher's tokenizer and chat template, and its metrics."""
+           heldout: dict[str, np.ndarray], head: np.ndarray | None = None) -> dict:
+    """The draft in 16 bits with the teacher's tokenizer and chat template, the tokens its head computes
+    (HEAD_TOKENS), and its metrics: agreement and cross-entropy with the full head, and the agreement of
+    the restricted head (what decoding uses)."""
     out = Path(cfg.out)
     save_model(draft, out, dtype=torch.bfloat16)
     tokenizer.inner.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer.config, indent=2) + "\n")
     teacher, draft = teacher.float(), draft.float()
     metrics = {name: agreement(teacher, draft, stream) for name, stream in heldout.items()}
+    if head is not None:
+        save_file({"ids": torch.from_numpy(head.astype(np.int64))}, out / HEAD_TOKENS)
+        draft.restrict_head(torch.from_numpy(head))
+        for name, stream in heldout.items():
+            metrics[name]["head_tokens"] = len(head)
+            metrics[name]["head_greedy_agreement"] = agreement(teacher, draft, stream)["greedy_agreement"]
     metrics["recipe"] = asdict(cfg)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(json.dumps(metrics, indent=2), flush=True)
     return metrics
-

@@ -2,6 +2,7 @@
 from collections import Counter
 
 import pytest
+import torch
 from scipy.stats import chi2_contingency
 
 from specmesh import LLM, SamplingParams
@@ -15,9 +16,22 @@ def ar(tiny_checkpoint):
     return LLM(target=tiny_checkpoint)
 
 
-@pytest.fixture(scope="module", params=["random-draft", "perfect-draft"])
-def draft_dir(request, tiny_checkpoint, tiny_draft_checkpoint):
-    return tiny_draft_checkpoint if request.param == "random-draft" else tiny_checkpoint
+@pytest.fixture(scope="module")
+def restricted_draft(tiny_checkpoint, tmp_path_factory):
+    """The target as a draft whose head computes a third of the vocabulary (-inf elsewhere)."""
+    import shutil
+    from safetensors.torch import save_file
+    from specmesh.model.loader import HEAD_TOKENS
+    path = tmp_path_factory.mktemp("restricted") / "draft"
+    shutil.copytree(tiny_checkpoint, path)
+    save_file({"ids": torch.arange(0, 300, 3)}, path / HEAD_TOKENS)
+    return path
+
+
+@pytest.fixture(scope="module", params=["random-draft", "perfect-draft", "restricted-head-draft"])
+def draft_dir(request, tiny_checkpoint, tiny_draft_checkpoint, restricted_draft):
+    return {"random-draft": tiny_draft_checkpoint, "perfect-draft": tiny_checkpoint,
+            "restricted-head-draft": restricted_draft}[request.param]
 
 
 @pytest.fixture(scope="module", params=["sd", "sd-stop", "tree"])
@@ -109,12 +123,14 @@ def joint_counts(llm, n, seed, **kw):
     return Counter(tuple(s.tokens) for s in out.samples)
 
 
-@pytest.mark.parametrize("method, options, kw", [("sd", {}, {}), ("sd", {}, {"top_k": 4}),
-                                                ("sd", {"stop_below": 0.5}, {}), ("tree", {}, {"top_p": 0.9})])
-def test_sampling_two_sample_test_against_ar(tiny_checkpoint, tiny_draft_checkpoint, method, options, kw):
+@pytest.mark.parametrize("method, draft, options, kw", [
+    ("sd", "random", {}, {}), ("sd", "random", {}, {"top_k": 4}), ("sd", "random", {"stop_below": 0.5}, {}),
+    ("sd", "restricted", {}, {}), ("tree", "random", {}, {"top_p": 0.9})])
+def test_sampling_two_sample_test_against_ar(tiny_checkpoint, tiny_draft_checkpoint, restricted_draft, method, draft,
+                                             options, kw):
     ar = LLM(target=tiny_checkpoint)
-    spec = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method=method, gamma=2, tree_width=3,
-               max_children=2, **options)
+    spec = LLM(target=tiny_checkpoint, draft=restricted_draft if draft == "restricted" else tiny_draft_checkpoint,
+               method=method, gamma=2, tree_width=3, max_children=2, **options)
     a, b = joint_counts(ar, 1500, 0, **kw), joint_counts(spec, 1500, 1, **kw)
     common = [k for k in set(a) | set(b) if a[k] + b[k] >= 20]        # pool rare pairs
     rest = [sum(c.values()) - sum(c[k] for k in common) for c in (a, b)]

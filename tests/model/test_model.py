@@ -85,3 +85,32 @@ def test_unsupported_model_type_names_supported(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(UnsupportedModelError, match="supported: llama, mistral, qwen2"):
         load_model(tmp_path)
+
+
+def restricted_copy(src, dst, ids):
+    """A copy of checkpoint `src` whose head, loaded as a draft, computes `ids` only."""
+    import shutil
+    from safetensors.torch import save_file
+    from specmesh.model.loader import HEAD_TOKENS
+    shutil.copytree(src, dst)
+    save_file({"ids": torch.tensor(ids)}, dst / HEAD_TOKENS)
+    return dst
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_restricted_head_computes_its_tokens_only(tiny_checkpoint, tmp_path, dtype):
+    from specmesh.model.cache import KVCache
+    from specmesh.model.loader import load_model
+    ids = list(range(0, 300, 3))
+    path = restricted_copy(tiny_checkpoint, tmp_path / "draft", ids)
+    full, part = load_model(tiny_checkpoint, dtype, draft=True), load_model(path, dtype, draft=True)
+    assert part.lm_head.out_features == len(ids) and full.head_ids is None
+    assert load_model(path, dtype).head_ids is None                           # a target computes every token
+    x = torch.tensor([[5, 17, 42, 7]])
+    for model_out in ((full(x), part(x)),                                     # PyTorch's path
+                      tuple(m(x, KVCache.for_model(m, 1, 16)) for m in (full, part))):   # the kernels' path
+        a, b = model_out
+        keep = torch.zeros(a.shape[-1], dtype=torch.bool)
+        keep[ids] = True
+        assert torch.isinf(b[..., ~keep]).all() and (b[..., ~keep] < 0).all()
+        assert (a[..., keep] - b[..., keep]).abs().max() <= 1e-5          # a head row's products are its own

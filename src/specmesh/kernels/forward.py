@@ -62,7 +62,7 @@ class CForward:
     def __init__(self, model: nn.Module, kernel: ctypes.CDLL):
         self.model, self.kernel = model, kernel
         head, norm, cfg = model.lm_head, model.norm, model.config
-        self.ends = ModelEnds(cfg.hidden_size, cfg.vocab_size, cfg.head_dim, head.KIND, norm.eps,
+        self.ends = ModelEnds(cfg.hidden_size, head.out_features, cfg.head_dim, head.KIND, norm.eps,
                               model.embed.weight.data_ptr(), model.inv_freq.data_ptr(), norm.weight.data_ptr(),
                               head.weight.data_ptr(), _ptr(getattr(head, "scale", None)), _ptr(head.bias32))
         self.layers = [ctypes.pointer(b.weights) for b in model.layers]
@@ -93,7 +93,7 @@ class CForward:
                                   cache.k[0].stride(0), cache.max_len, self._starts(cache).ctypes.data, _ptr(mask),
                                   cache.kv_len, tail, logits.data_ptr())
         cache.advance(T)
-        return logits if tail else h
+        return self.model.expand(logits) if tail else h
 
     def _long(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool):
         B, T = x.shape[:2]
@@ -128,7 +128,7 @@ class CForward:
         cache.advance(T)
         if layers.stop < cfg.num_layers:
             return h
-        return self.model.lm_head(self.model.norm(h[:, -1:] if last_only else h)).float()
+        return self.model.expand(self.model.lm_head(self.model.norm(h[:, -1:] if last_only else h)).float())
 
     def _hidden(self, x: torch.Tensor, layers: range) -> torch.Tensor:
         """The residual stream [B, T, D] the C code updates in place: empty where it embeds x itself,

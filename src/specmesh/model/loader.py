@@ -88,12 +88,16 @@ def stamp(path: Path) -> str:
     return f"{path}:" + ",".join(f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files)
 
 
+HEAD_TOKENS = "head_tokens.safetensors"     # in a draft's folder: "ids", the tokens its head computes
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                pack: bool = True, draft: bool = False, quant: str | None = None) -> Transformer:
     """Load a checkpoint for inference; `pack` puts this CPU's kernels in place (kernels.select_kernels: the
     one place they are chosen, for `LLM` and the server alike), which for a bf16 `draft` model hold its
     weights in int8 where csrc/avx2.c builds. `quant="int8"`: the linears quantized (model/quant.py);
-    the model as loaded is the quantized one, `model.quant` says so."""
+    the model as loaded is the quantized one, `model.quant` says so. A `draft` whose folder has HEAD_TOKENS
+    computes logits for those tokens only (Transformer.restrict_head)."""
     path = Path(path)
     if gguf.is_gguf(path):
         checkpoint = gguf.read_gguf(path)
@@ -117,6 +121,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     if missing:
         raise CheckpointError(f"{path}: no weights for {missing[:3]}")
     model.inv_freq = rope_inv_freq(cfg)   # buffers are not in the checkpoint
+    if draft and (path / HEAD_TOKENS).is_file():
+        model.restrict_head(load_file(path / HEAD_TOKENS)["ids"])
     if quant is not None:
         quantize_model(model, quant)
     model = model.to(device=device, dtype=dtype).eval()

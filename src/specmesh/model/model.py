@@ -217,6 +217,7 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.head_ids: torch.Tensor | None = None    # restrict_head's tokens
         # forward's arguments -> its result, or None where it does not apply: a whole small
         # forward in one call, put in place by the kernels (kernels/select.py)
         self.fast_forward: Callable | None = None
@@ -264,7 +265,23 @@ class Transformer(nn.Module):
             return h
         if last_only:
             h = h[:, -1:]
-        return self.lm_head(self.norm(h)).float()
+        return self.expand(self.lm_head(self.norm(h)).float())
+
+    def restrict_head(self, ids: torch.Tensor) -> None:
+        """Compute logits for these tokens only (a draft's most frequent tokens: FR-Spec, Zhao et al. 2025);
+        the others get -inf. A head of K of V rows costs K/V of the full head's, which for a small draft
+        under a large vocabulary is most of its step."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).sort().values
+        head = nn.Linear(self.config.hidden_size, len(ids), bias=False, device=self.device, dtype=self.dtype)
+        head.weight = nn.Parameter(self.lm_head.weight.detach()[ids].clone())
+        self.lm_head, self.head_ids = head, ids
+
+    def expand(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits [..., K] of a restricted head -> [..., V], -inf outside it."""
+        if self.head_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(full.dim() - 1, self.head_ids.to(logits.device), logits)
 
     @property
     def device(self) -> torch.device:
