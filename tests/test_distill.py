@@ -20,13 +20,15 @@ def test_heldout_instructions_ask_about_other_subjects():
 def test_a_draft_distilled_from_a_tiny_teacher(tiny_checkpoint, tmp_path):
     cfg = DistillConfig(teacher=str(tiny_checkpoint), out=str(tmp_path / "draft"), work=str(tmp_path / "work"),
                         instructions=4, heldout_instructions=2, answer_tokens=8, code_chars=30_000, steps=3,
-                        batch=2, window=32)
+                        batch=2, window=32, head_tokens=100)
     metrics = run(cfg)
     draft = load_model(tmp_path / "draft", torch.float32)
     assert draft.config.vocab_size == load_model(tiny_checkpoint).config.vocab_size
     assert draft.config.hidden_size == 256 and draft.lm_head.weight is draft.embed.weight
     saved = json.loads((tmp_path / "draft" / "metrics.json").read_text())
     assert set(saved) == {"chat", "code", "recipe"} and saved["code"]["tokens"] > 0
+    assert saved["code"]["head_tokens"] == 100 and 0 <= saved["code"]["head_greedy_agreement"] <= 1
+    assert load_model(tmp_path / "draft", torch.float32, draft=True).lm_head.out_features == 100
     assert 0 <= metrics["chat"]["greedy_agreement"] <= 1
     llm = LLM(target=tiny_checkpoint, draft=tmp_path / "draft", method="sd")       # usable as a draft
     ar = LLM(target=tiny_checkpoint, method="ar")
