@@ -13,7 +13,9 @@ reads each row's last pending token and root (rows with one token fewer get a pa
 nothing sees); then d - 1 batched forwards, one per tree level. Each level keeps the `width` best
 of the top-`max_children` children of the level before, by cumulative log-probability; a
 sampling chain draws each token from q instead (unless `deterministic`: a verifier without q rows).
-A request's penalties apply to the draft's logits as to the target's (the draft then guesses the
+A chain ends early after a token the draft gave less than `stop_below` (sd's option): its next tokens would
+likely be rejected, and a draft forward and a wider verification are saved. A request's penalties apply to
+the draft's logits as to the target's (the draft then guesses the
 penalised target better; losslessness does not depend on it).
 
 The draft reads only the last `window` prompt tokens: its guesses hinge on the recent context, and a
