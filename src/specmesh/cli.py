@@ -240,8 +240,8 @@ def build_parser() -> Parser:
                        "--teacher a draft for that model")
     t.add_argument("--teacher", metavar="MODEL", help="distill a draft for this target (a name, folder or GGUF): "
                    "its answers to generated instructions and standard-library code (docs/models.md)")
-    t.add_argument("--steps", type=positive_int, default=560, help="with --teacher: distillation steps (default: 560, "
-                   "about 45 minutes on 2 cores)")
+    t.add_argument("--steps", type=positive_int, default=1600, help="with --teacher: distillation steps (default: 1600, "
+                   "about 2 hours on 2 cores, after about 25 minutes of the teacher answering)")
     t.add_argument("--work", default=None, help="scratch folder: corpus, checkpoints (default: runs/train, or "
                    "runs/distill with --teacher)")
     t.add_argument("--out", default=None, help="where the finished models go (default: models, or "

@@ -49,7 +49,7 @@ class DistillConfig:
     heldout_instructions: int = 48
     answer_tokens: int = 192
     code_chars: int = 3_000_000         # of standard-library training files (and a fifteenth of it held out)
-    steps: int = 560
+    steps: int = 1600
     batch: int = 8                      # windows per step, half chat, half code
     window: int = 256
     head_tokens: int = 16384            # the draft's head computes the most frequent tokens only (0: all)

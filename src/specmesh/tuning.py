@@ -178,12 +178,13 @@ def measure_costs(llm) -> Costs:
 
 
 def calibration_prompts(tokenizer) -> list[str]:
-    """The code snippets, and for a model with a chat template the chat requests through it, taking turns."""
+    """The code snippets; for a model with a chat template the chat requests through it first (what such a
+    model mostly serves), taking turns with the snippets."""
     rows = [json.loads(line) for line in CALIBRATION.read_text().splitlines() if line.strip()]
     chats = [tokenizer.render_chat([{"role": "user", "content": r["turns"][0]}])
              for r in rows if "turns" in r and tokenizer.chat_template]
     code = [r["prompt"] for r in rows if "prompt" in r]
-    return [p for pair in itertools.zip_longest(code, chats) for p in pair if p is not None]
+    return [p for pair in itertools.zip_longest(chats, code) for p in pair if p is not None]
 
 
 def decode(llm, method, prompt: list[int], new_tokens: int):
@@ -210,7 +211,7 @@ def trial(name: str, given: dict, runs: list[tuple]) -> Trial:
 def plan(costs: Costs, families: int, prompts: int) -> tuple[int, int]:
     """How many calibration prompts, in how many rounds, fit BUDGET_S: a run takes about NEW_TOKENS of ar's
     steps. A slow model (SmolLM2 in float32 on 2 cores: 23 ms a forward) calibrates in one round on the first
-    two prompts (a code snippet and a chat request), not for minutes."""
+    two prompts (a chat request and a code snippet), not for minutes."""
     run_s = 1.5 * NEW_TOKENS * costs.target_ms[1] / 1e3
     fit = lambda rounds: int(BUDGET_S / (run_s * families * rounds))
     rounds = ROUNDS if fit(ROUNDS) >= 2 else 1
