@@ -127,7 +127,7 @@ def self_instructions(llm, count: int, seed: int) -> list[str]:
         if len(asks) >= count:
             break
     bar.close()
-    return list(asks)[:count]
+    return list(asks)
 
 
 def answers(llm, asks: list[str], params, split: str) -> np.ndarray:
@@ -214,17 +214,24 @@ def train(cfg: DistillConfig, teacher: Transformer, draft: Transformer, chat: np
 
 
 @torch.no_grad()
-def agreement(teacher: Transformer, draft: Transformer, stream: np.ndarray, length: int = 512, count: int = 16
-              ) -> dict:
-    """Greedy next-token agreement with the teacher and both models' cross-entropy (nats/token) on `stream`."""
+def agreement(teacher: Transformer, draft: Transformer, stream: np.ndarray, length: int = 512, count: int = 16,
+              head: np.ndarray | None = None) -> dict:
+    """Greedy next-token agreement with the teacher and both models' cross-entropy (nats/token) on `stream`;
+    with `head` (sorted token ids) also the agreement of the draft's head restricted to them, whose logits are
+    the full head's at those tokens (Transformer.restrict_head)."""
     length = min(length, len(stream))
     n = min(count, len(stream) // length)
     x = torch.from_numpy(stream[:n * length].reshape(n, length).astype(np.int64))
     lt, ld = teacher(x)[:, :-1].float(), draft(x)[:, :-1].float()
-    y = x[:, 1:]
-    return {"tokens": int(y.numel()), "greedy_agreement": (lt.argmax(-1) == ld.argmax(-1)).float().mean().item(),
-            "teacher_ce": F.cross_entropy(lt.flatten(0, 1), y.flatten()).item(),
-            "draft_ce": F.cross_entropy(ld.flatten(0, 1), y.flatten()).item()}
+    y, top = x[:, 1:], lt.argmax(-1)
+    out = {"tokens": int(y.numel()), "greedy_agreement": (top == ld.argmax(-1)).float().mean().item(),
+           "teacher_ce": F.cross_entropy(lt.flatten(0, 1), y.flatten()).item(),
+           "draft_ce": F.cross_entropy(ld.flatten(0, 1), y.flatten()).item()}
+    if head is not None:
+        ids = torch.from_numpy(head.astype(np.int64))
+        restricted = ids[ld[..., ids].argmax(-1)]                  # the best of the head's tokens
+        out |= {"head_tokens": len(ids), "head_greedy_agreement": (top == restricted).float().mean().item()}
+    return out
 
 
 def frequent_tokens(streams: list[np.ndarray], k: int) -> np.ndarray | None:
@@ -244,13 +251,9 @@ def export(cfg: DistillConfig, tokenizer, teacher: Transformer, draft: Transform
     tokenizer.inner.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer.config, indent=2) + "\n")
     teacher, draft = teacher.float(), draft.float()
-    metrics = {name: agreement(teacher, draft, stream) for name, stream in heldout.items()}
     if head is not None:
         save_file({"ids": torch.from_numpy(head.astype(np.int64))}, out / HEAD_TOKENS)
-        draft.restrict_head(torch.from_numpy(head))
-        for name, stream in heldout.items():
-            metrics[name]["head_tokens"] = len(head)
-            metrics[name]["head_greedy_agreement"] = agreement(teacher, draft, stream)["greedy_agreement"]
+    metrics = {name: agreement(teacher, draft, stream, head=head) for name, stream in heldout.items()}
     metrics["recipe"] = asdict(cfg)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(json.dumps(metrics, indent=2), flush=True)

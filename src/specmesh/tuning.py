@@ -220,8 +220,8 @@ def plan(costs: Costs, families: int, prompts: int) -> tuple[int, int]:
 
 def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Choice:
     """Measure this machine and pair, and choose. `llm` must have its draft loaded (if any). The families'
-    runs are interleaved, ROUNDS times, so a machine whose speed drifts slows all of them alike; each run
-    that counts is the fastest of its rounds."""
+    runs are interleaved, in up to ROUNDS rounds (plan), so a machine whose speed drifts slows all of them
+    alike; each run that counts is the fastest of its rounds."""
     room = llm.context - NEW_TOKENS - 64             # a prompt's last tokens, where a small model's context is short
     ids = [llm.encode(p)[-room:] for p in prompts or calibration_prompts(llm.tokenizer)]
     chosen = llm.method
@@ -232,17 +232,16 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Cho
             costs = measure_costs(llm)
             count, rounds = plan(costs, len(configs), len(ids)) if prompts is None else (len(ids), ROUNDS)
             ids = ids[:count]
-            bar = tqdm(total=rounds * len(configs) * len(ids), desc="auto: calibrating", unit="run",
-                       file=sys.stderr, disable=not progress, leave=False)
-            for _ in range(rounds):
-                for f, method in enumerate(configs):
-                    for p, prompt in enumerate(ids):
-                        for n in (NEW_TOKENS, 1):
-                            stats = decode(llm, method, prompt, n)
-                            if (f, p, n) not in best or stats.elapsed_s < best[f, p, n].elapsed_s:
-                                best[f, p, n] = stats
-                        bar.update()
-            bar.close()
+            with tqdm(total=rounds * len(configs) * len(ids), desc="auto: calibrating", unit="run",
+                      file=sys.stderr, disable=not progress, leave=False) as bar:
+                for _ in range(rounds):
+                    for f, method in enumerate(configs):
+                        for p, prompt in enumerate(ids):
+                            for n in (NEW_TOKENS, 1):
+                                stats = decode(llm, method, prompt, n)
+                                if (f, p, n) not in best or stats.elapsed_s < best[f, p, n].elapsed_s:
+                                    best[f, p, n] = stats
+                            bar.update()
             trials = [trial(method.name, method.options,
                             [(best[f, p, NEW_TOKENS], best[f, p, 1]) for p in range(len(ids))])
                       for f, method in enumerate(configs)]

@@ -217,7 +217,7 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        self.head_ids: torch.Tensor | None = None    # restrict_head's tokens
+        self.register_buffer("head_ids", None, persistent=False)     # restrict_head's tokens [K], or None
         # forward's arguments -> its result, or None where it does not apply: a whole small
         # forward in one call, put in place by the kernels (kernels/select.py)
         self.fast_forward: Callable | None = None
@@ -281,7 +281,7 @@ class Transformer(nn.Module):
         if self.head_ids is None:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
-        return full.index_copy_(full.dim() - 1, self.head_ids.to(logits.device), logits)
+        return full.index_copy_(full.dim() - 1, self.head_ids, logits)
 
     @property
     def device(self) -> torch.device:
