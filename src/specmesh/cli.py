@@ -242,6 +242,8 @@ def build_parser() -> Parser:
                    "its answers to generated instructions and standard-library code (docs/models.md)")
     t.add_argument("--steps", type=positive_int, default=1600, help="with --teacher: distillation steps (default: 1600, "
                    "about 2 hours on 2 cores, after about 25 minutes of the teacher answering)")
+    t.add_argument("--init", metavar="DIR", help="with --teacher: go on distilling this draft (a folder) instead of a "
+                   "fresh one")
     t.add_argument("--work", default=None, help="scratch folder: corpus, checkpoints (default: runs/train, or "
                    "runs/distill with --teacher)")
     t.add_argument("--out", default=None, help="where the finished models go (default: models, or "
@@ -476,7 +478,8 @@ def cmd_train(args, parser) -> int:
     if args.teacher:
         from specmesh.distill import DistillConfig, run as distill
         distill(DistillConfig(teacher=args.teacher, out=args.out or "models/smollm2-draft",
-                              work=args.work or "runs/distill", steps=args.steps, threads=args.threads or 0))
+                              work=args.work or "runs/distill", steps=args.steps, threads=args.threads or 0,
+                              init=args.init or ""))
         return 0
     from specmesh.train import TrainConfig, run
     run(TrainConfig(work=args.work or "runs/train", out=args.out or "models", tokens=args.tokens,

@@ -3,11 +3,15 @@
 1. Instructions made from templates (instructions.py) and instructions the teacher writes itself (Magpie,
    Xu et al. 2024: its chat template up to where a user's message begins, sampled), answered by the teacher
    (through its chat template, on the engine in batches): chat transcripts in the teacher's own words. Code: the
-   standard library's training split (corpus.py; the held-out files stay out), in the teacher's tokens.
+   standard library's training split (corpus.py; the held-out files stay out), in the teacher's tokens, and the
+   teacher's greedy continuations of snippets of it (what a draft meets when the teacher completes code).
 2. A fresh small draft (DRAFT: 4 layers of width 256) with the teacher's vocabulary and tokenizer. Its tied
    embedding starts as the teacher's projected on its top 256 principal directions, so that its logits
    start in the teacher's logit space (h·Eᵀ ≈ (hP)(EP)ᵀ).
-3. Distilled on KL(teacher ‖ draft) over windows, half chat and half code, the teacher frozen.
+   Or an existing draft to go on from (`init`).
+3. Distilled on KL(teacher ‖ draft) over windows, half chat and half code, the teacher frozen, both heads
+   restricted to the draft's head tokens (its decoding head: the training text's most frequent tokens), which
+   also makes a step about 1.7x faster than over the whole vocabulary.
 4. Written 16-bit with the teacher's tokenizer and chat template; metrics.json has the greedy agreement
    with the teacher on held-out chat (answers to held-out instructions) and held-out code.
 
@@ -46,6 +50,8 @@ class DistillConfig:
     work: str = "runs/distill"          # git-ignored: transcripts, token arrays, checkpoints
     instructions: int = 2000            # answered by the teacher for training (as many as the templates make)
     self_instructions: int = 2048       # written by the teacher itself, then answered (greedy)
+    code_continuations: int = 2048      # training-split snippets the teacher continues (greedy)
+    continuation_tokens: int = 128
     heldout_instructions: int = 48
     answer_tokens: int = 192
     code_chars: int = 3_000_000         # of standard-library training files (and a fifteenth of it held out)
@@ -57,6 +63,7 @@ class DistillConfig:
     warmup: int = 30
     seed: int = 0
     threads: int = 0
+    init: str = ""                      # a draft folder to go on distilling (else a fresh draft)
 
 
 def run(cfg: DistillConfig) -> dict:
@@ -69,11 +76,12 @@ def run(cfg: DistillConfig) -> dict:
     chat, chat_heldout = (transcripts(cfg, teacher_path, split) for split in ("train", "heldout"))
     chat = np.concatenate([chat, self_transcripts(cfg, teacher_path)])
     code, code_heldout = code_tokens(cfg, tokenizer, cfg.code_chars, cfg.code_chars // 15)
+    code = np.concatenate([code, code_continuations(cfg, teacher_path, code)])
+    head = frequent_tokens([chat, code], cfg.head_tokens)
     teacher = load_model(teacher_path, torch.bfloat16, pack=False).requires_grad_(False)
-    draft = make_draft(teacher)
-    train(cfg, teacher, draft, chat, code)
-    return export(cfg, tokenizer, teacher, draft, {"chat": chat_heldout, "code": code_heldout},
-                  frequent_tokens([chat, code], cfg.head_tokens))
+    draft = load_model(cfg.init, pack=False).train().requires_grad_(True) if cfg.init else make_draft(teacher)
+    train(cfg, teacher, draft, chat, code, head)
+    return export(cfg, tokenizer, teacher, draft, {"chat": chat_heldout, "code": code_heldout}, head)
 
 
 def transcripts(cfg: DistillConfig, teacher_path: Path, split: str) -> np.ndarray:
@@ -128,6 +136,32 @@ def self_instructions(llm, count: int, seed: int) -> list[str]:
             break
     bar.close()
     return list(asks)
+
+
+def code_continuations(cfg: DistillConfig, teacher_path: Path, code: np.ndarray) -> np.ndarray:
+    """Snippets of the training code (a line's start onwards, 64 to 256 tokens) each followed by the teacher's
+    greedy continuation, as one token stream (cached)."""
+    path = Path(cfg.work) / "code-self.npy"
+    if path.exists():
+        return np.load(path)
+    from specmesh import LLM, SamplingParams
+    llm = LLM(target=teacher_path, method="ar", dtype="bfloat16")
+    newline = set(llm.tokenizer.encode("\n") + llm.tokenizer.encode("\n\n"))
+    rng = np.random.default_rng(cfg.seed)
+    prompts = []
+    while len(prompts) < cfg.code_continuations:
+        start, length = rng.integers(0, len(code) - 256), rng.integers(64, 257)
+        lines = [i + 1 for i in range(start, start + 64) if int(code[i]) in newline]
+        if lines:
+            prompts.append([int(t) for t in code[lines[0]:start + length]])
+    ids = []
+    params = SamplingParams(max_new_tokens=cfg.continuation_tokens)
+    for start in tqdm(range(0, len(prompts), 64), desc="teacher continuations (code)", unit="x64"):
+        outs = llm.generate(prompts[start:start + 64], params)
+        ids += [t for p, o in zip(prompts[start:start + 64], outs) for t in p + o.tokens]
+    stream = np.array(ids, dtype=np.int32)
+    np.save(path, stream)
+    return stream
 
 
 def answers(llm, asks: list[str], params, split: str) -> np.ndarray:
@@ -187,7 +221,10 @@ def windows(stream: np.ndarray, count: int, length: int, rng: np.random.Generato
     return torch.from_numpy(np.stack([stream[s:s + length] for s in starts]).astype(np.int64))
 
 
-def train(cfg: DistillConfig, teacher: Transformer, draft: Transformer, chat: np.ndarray, code: np.ndarray) -> None:
+def train(cfg: DistillConfig, teacher: Transformer, draft: Transformer, chat: np.ndarray, code: np.ndarray,
+          head: np.ndarray | None = None) -> None:
+    """KL(teacher ‖ draft) over the `head` tokens' logits (all tokens without one), each renormalised there."""
+    ids = None if head is None else torch.from_numpy(head.astype(np.int64))
     opt = optimizer(draft, cfg.lr)
     ckpt = Path(cfg.work) / "draft.pt"
     step0 = resume(ckpt, draft=draft, opt=opt)
@@ -200,9 +237,9 @@ def train(cfg: DistillConfig, teacher: Transformer, draft: Transformer, chat: np
                        windows(code, cfg.batch - cfg.batch // 2, cfg.window, rng)])
         with torch.autocast("cpu", dtype=torch.bfloat16):
             with torch.no_grad():
-                lt = teacher(x).flatten(0, 1)
-            ld = draft(x).flatten(0, 1)
-        if step == 0:                       # the projected embedding's logits are too sharp: match the teacher's spread
+                lt = teacher(x, head=ids).flatten(0, 1)         # [N, K]
+            ld = draft(x, head=ids).flatten(0, 1)
+        if step == 0 and not cfg.init:                       # the projected embedding's logits are too sharp: match the teacher's spread
             scale = (lt.float().std() / ld.float().std()).item()
             draft.norm.weight.data.mul_(scale)
             ld = ld * scale

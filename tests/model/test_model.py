@@ -114,3 +114,12 @@ def test_restricted_head_computes_its_tokens_only(tiny_checkpoint, tmp_path, dty
         keep[ids] = True
         assert torch.isinf(b[..., ~keep]).all() and (b[..., ~keep] < 0).all()
         assert (a[..., keep] - b[..., keep]).abs().max() <= 1e-5          # a head row's products are its own
+
+
+def test_head_argument_gives_those_tokens_logits_with_gradients(tiny_checkpoint):
+    model = load_model(tiny_checkpoint, pack=False).requires_grad_(True)
+    x, ids = torch.tensor([[5, 17, 42, 7]]), torch.tensor([3, 9, 200])
+    part = model(x, head=ids)                                   # [1, 4, 3]
+    assert part.shape == (1, 4, 3) and torch.allclose(part, model(x)[..., ids], atol=1e-6)
+    part.sum().backward()
+    assert model.lm_head.weight.grad[ids].abs().sum() > 0 and model.lm_head.weight.grad[4].abs().sum() == 0

@@ -50,7 +50,7 @@ class Method(Protocol):
 @dataclass(frozen=True)
 class Option:
     help: str
-    kind: type = int            # int: a positive integer; float: a probability in [0, 1); bool: a flag; str: a file
+    kind: type = int            # int: a positive integer; float: a probability in [0, 1); bool: a flag; str: text
     metavar: str | None = None
 
 
@@ -63,6 +63,10 @@ OPTIONS = {
     "draft_window": Option("prompt tokens the draft model reads"),
     "stop_below": Option("a draft chain ends after a token the draft gives less probability than this (0: always "
                          "gamma tokens)", float, "P"),
+    "layer_groups": Option("easyspec: the draft's layers in layer-parallel groups, as sizes in order (1,2,1); "
+                           "default: the first and last eighth alone, the rest in pairs", str, "SIZES"),
+    "calibration": Option("easyspec: when the draft's fuzzy cache entries are read again exactly: never, prefill, "
+                          "round (after every verification) or mismatch (after a rejection)", str, "POLICY"),
     "tree_width": Option("nodes kept per tree level: w"),
     "max_children": Option("children per node in the top-k expansion: c"),
     "branches": Option("Self-Draft branches N"),

@@ -1,4 +1,4 @@
-"""The speculative step shared by `sd`, `tree` and `selfdraft`:
+"""The speculative step shared by `sd`, `tree`, `selfdraft` and `easyspec`:
 
   propose (a tree per running sequence) -> one target forward over all trees (padded to one size)
   -> `verify` each with its own parameters and generator -> commit the accepted paths -> the
@@ -20,6 +20,7 @@ from specmesh.methods.ar import AR
 from specmesh.methods.base import Configured, MethodSpec
 from specmesh.proposers import Proposer
 from specmesh.proposers.draft_model import DraftModel
+from specmesh.proposers.fuzzy_draft import FuzzyDraft, layer_groups
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
 from specmesh.spec.verify import verify
 
@@ -102,6 +103,14 @@ def build_tree(models, method: Configured, runner: Runner) -> Speculative:
     return Speculative(runner, draft, DraftDepth(o["gamma"]))
 
 
+def build_easyspec(models, method: Configured, runner: Runner) -> Speculative:
+    o = method.options
+    groups = layer_groups(o["layer_groups"], models.draft.config.num_layers)
+    draft = FuzzyDraft(models.draft, runner.rows, runner.max_len, o["draft_window"], groups, o["calibration"],
+                       o["gamma"], o["tree_width"], o["max_children"])
+    return Speculative(runner, draft, DraftDepth(o["gamma"]))
+
+
 def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
     corpus = corpus_cache(models.target_path, o["ngram_cache"])
@@ -116,6 +125,11 @@ TREE = MethodSpec("tree", "the draft grows a top-k tree (the best `tree_width` p
                   "in one forward with tree attention (SpecInfer-style)",
                   {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64}, True, build_tree,
                   slack=lambda o: o["gamma"] * o["tree_width"] + 1)
+EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with its layers in layer-parallel "
+                      "groups (fuzzy), and bonus calibration reads the accepted tokens again exactly",
+                      {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64, "layer_groups": "",
+                       "calibration": "mismatch"}, True, build_easyspec,
+                      slack=lambda o: o["gamma"] * o["tree_width"] + 1)
 SELFDRAFT = MethodSpec("selfdraft", "Multi-Branch Self-Drafting: no draft model; n-gram candidates and N draft "
                        "branches in one target forward",
                        {"branches": 1, "branch_len": 1, "gram": 6, "max_candidates": 1, "ngram_cache": ""}, False,

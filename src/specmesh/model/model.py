@@ -204,6 +204,21 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def layer_parallel(blocks: list[nn.Module], h: torch.Tensor, cos, sin, cache: KVCache | None,
+                   mask: torch.Tensor | None) -> torch.Tensor:
+    """A group of consecutive blocks run as EasySpec's hyper-layer (Wu et al., NeurIPS 2025, Algorithm 2):
+    every attention reads the group's input h (not its own layer's input), so the attentions are independent
+    of each other (one device each, or computed together); the MLPs then run in order on the attention
+    outputs added in order: h' = h_j + A_j(h), h_{j+1} = h' + MLP_j(h'). The keys and values written are
+    "fuzzy" (not those of the exact forward). A one-block group is the block."""
+    parts = [getattr(b, "block", b) for b in blocks]           # kernels wrap a Block (kernels/forward.py)
+    outs = [p.attn(p.attn_norm(h), cos, sin, cache, mask) for p in parts]
+    for p, a in zip(parts, outs):
+        h = h + a
+        h = h + p.mlp(p.mlp_norm(h))
+    return h
+
+
 class Transformer(nn.Module):
     quant: str | None = None            # the quantization its weights were loaded with (model/quant.py)
 
@@ -231,7 +246,8 @@ class Transformer(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, *, depths: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, layers: range | None = None,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, head: torch.Tensor | None = None,
+                groups: list[range] | None = None) -> torch.Tensor:
         """Run `layers` (default: all) over new tokens.
 
         x: token ids [B,T] when the range starts at layer 0, else hidden states [B,T,D].
@@ -243,9 +259,15 @@ class Transformer(nn.Module):
           Both default to a chain continuing the held speculative slots.
         Returns logits [B,T,V] (float32) when the range ends at the last layer, else hidden states.
         last_only: compute logits for the last position only ([B,1,V]).
+        head: token ids [K]: logits [B,T,K] of those tokens only, from the LM head's rows (distilling a
+          draft whose head will be restricted to them: gradients reach the tied embedding).
+        groups: consecutive layer ranges covering `layers`, each run layer-parallel (`layer_parallel`:
+          EasySpec's fuzzy drafting); a one-layer group is the exact layer.
         """
         layers = layers or range(self.config.num_layers)
-        if self.fast_forward is not None:
+        if groups is not None and all(len(g) == 1 for g in groups):
+            groups = None                                   # every layer alone: the exact forward
+        if self.fast_forward is not None and head is None and groups is None:
             out = self.fast_forward(x, cache, depths, tree_mask, layers, last_only)
             if out is not None:
                 return out
@@ -257,14 +279,19 @@ class Transformer(nn.Module):
         else:
             positions, mask = cache.prepare(T, depths, tree_mask)
         cos, sin = self.rotary(positions, h.dtype)
-        for i in layers:
-            h = self.layers[i](h, cos, sin, cache, mask)
+        for group in groups or [range(i, i + 1) for i in layers]:
+            if len(group) == 1:
+                h = self.layers[group.start](h, cos, sin, cache, mask)
+            else:
+                h = layer_parallel([self.layers[i] for i in group], h, cos, sin, cache, mask)
         if cache is not None:
             cache.advance(T)
         if layers.stop < self.config.num_layers:
             return h
         if last_only:
             h = h[:, -1:]
+        if head is not None:
+            return F.linear(self.norm(h), self.lm_head.weight[head]).float()
         return self.expand(self.lm_head(self.norm(h)).float())
 
     def restrict_head(self, ids: torch.Tensor) -> None:

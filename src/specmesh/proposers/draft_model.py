@@ -45,6 +45,7 @@ class DraftModel:
         self.cache = KVCache.for_model(model, rows, max_len)
         self.pending: list[list[int]] = [[] for _ in range(rows)]     # per row: unread tokens, oldest first
         self.slots: dict[int, int] = {}         # tree node -> speculative slot (the same in every row)
+        self.read_together = 2                  # unread tokens a row reads in the root's batched forward
 
     # -- rows -----------------------------------------------------------------------------------
     def admit(self, row: int, seq: Sequence) -> None:
@@ -78,18 +79,23 @@ class DraftModel:
             logits = self._forward_level(seqs, trees, level)     # [B, width, V]
         return [tree.truncate(budget) for tree, budget in zip(trees, budgets)]
 
-    def _forward(self, seqs: list[Sequence], tokens: list[list[int]], **tree) -> torch.Tensor:
+    def _forward(self, seqs: list[Sequence], tokens: list[list[int]], reading: bool, **tree) -> torch.Tensor:
         for seq in seqs:
             seq.stats.draft_forwards += 1
-        view = self.cache.view(0, len(seqs))
-        return self.model(torch.tensor(tokens, device=self.model.device), view, **tree)
+        return self._run(torch.tensor(tokens, device=self.model.device), self.cache.view(0, len(seqs)), reading,
+                         **tree)
+
+    def _run(self, x: torch.Tensor, cache: KVCache, reading: bool, **kw) -> torch.Tensor:
+        """The draft's forward over x [B, T], `reading` committed tokens (a prompt, accepted tokens, the root)
+        or growing a level of the tree (the fuzzy drafter runs these differently)."""
+        return self.model(x, cache, **kw)
 
     def _catch_up(self, seqs: list[Sequence]) -> None:
-        """Rows with more than two unread tokens read all but the last alone; fresh rows with the same
+        """Rows with more than `read_together` unread tokens read all but the last alone; fresh rows with the same
         tokens (a request's samples) share one forward."""
         done: dict[tuple[int, ...], int] = {}
         for b, seq in enumerate(seqs):
-            if len(self.pending[b]) <= 2:
+            if len(self.pending[b]) <= self.read_together:
                 continue
             read = tuple(self.pending[b][:-1])
             self.pending[b] = self.pending[b][-1:]
@@ -98,18 +104,19 @@ class DraftModel:
                 self.cache.move_row(done[read], b)          # a copy: the source row stays
                 continue
             view = self.cache.view(b, b + 1)
-            self.model(torch.tensor([read], device=self.model.device), view, last_only=True)
+            self._run(torch.tensor([read], device=self.model.device), view, True, last_only=True)
             view.commit_all()
             seq.stats.draft_forwards += 1
             if fresh:
                 done[read] = b
 
     def _read_pending(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Each row's one or two unread tokens, the root last, in one forward (committed); logits [B, V]."""
+        """Each row's unread tokens (up to `read_together`), the root last, in one forward (committed); logits
+        [B, V]."""
         B, rows = len(seqs), self.pending[:len(seqs)]
         T = max(len(p) for p in rows)
         if all(len(p) == T for p in rows):
-            logits = self._forward(seqs, rows)[:, -1]
+            logits = self._forward(seqs, rows, True)[:, -1]
             self.cache.commit_all()
         else:                                               # pad short rows in front: a slot nothing sees
             tokens = [[p[0]] * (T - len(p)) + p for p in rows]
@@ -120,7 +127,7 @@ class DraftModel:
                 mask[b, pad:, pad:] = torch.ones(len(p), len(p), dtype=torch.bool).tril()
                 mask[b, :pad, :pad] = torch.eye(pad, dtype=torch.bool)
             dev = self.model.device
-            logits = self._forward(seqs, tokens, depths=depths.to(dev), tree_mask=mask.to(dev))[:, -1]
+            logits = self._forward(seqs, tokens, True, depths=depths.to(dev), tree_mask=mask.to(dev))[:, -1]
             for b, p in enumerate(rows):
                 self.cache.commit(b, range(T - len(p), T))
         for b in range(B):
@@ -167,7 +174,7 @@ class DraftModel:
             self.slots[node] = held + i
         tokens = [[tree.tokens[n] for n in level] for tree in trees]
         if self.chain:                                      # a chain so far: the cache's default mask
-            return self._forward(seqs, tokens)
+            return self._forward(seqs, tokens, False)
         mask = torch.zeros(len(trees), len(level), held + len(level), dtype=torch.bool)
         for b, tree in enumerate(trees):
             for i, node in enumerate(level):
@@ -176,14 +183,17 @@ class DraftModel:
                 mask[b, i, held + i] = True
         depths = torch.full((len(level),), trees[0].depths[level[0]] - 1)
         dev = self.model.device
-        return self._forward(seqs, tokens, depths=depths.to(dev), tree_mask=mask.to(dev))
+        return self._forward(seqs, tokens, False, depths=depths.to(dev), tree_mask=mask.to(dev))
 
     # -- learning the verdicts --------------------------------------------------------------------
     def accept(self, seqs: list[Sequence], trees: list[TokenTree], verdicts: list[Verdict],
                logits: torch.Tensor | None = None) -> None:
         """Keep each row's accepted path in the draft cache; queue accepted tokens it has not read."""
         for b, (tree, verdict) in enumerate(zip(trees, verdicts)):
-            path = verdict.path[1:]
-            processed = [self.slots[n] for n in path if n in self.slots]     # a prefix of the path
-            self.cache.commit(b, processed)
-            self.pending[b] += [tree.tokens[n] for n in path[len(processed):]]
+            self._keep(b, tree, verdict.path[1:])
+
+    def _keep(self, row: int, tree: TokenTree, path: list[int]) -> None:
+        """Commit the accepted nodes `path` the draft processed; queue the others."""
+        processed = [self.slots[n] for n in path if n in self.slots]     # a prefix of the path
+        self.cache.commit(row, processed)
+        self.pending[row] += [tree.tokens[n] for n in path[len(processed):]]

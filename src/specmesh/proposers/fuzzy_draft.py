@@ -1,0 +1,102 @@
+"""EasySpec's drafter (Wu et al., NeurIPS 2025): the draft model growing its tree with layer-parallel
+("fuzzy") forwards, and bonus calibration.
+
+Growing a level, the draft's layers run in groups (consecutive layer ranges): a group's attention blocks all
+read the group's input hidden state, so they can run at once (on the devices a tensor-parallel target leaves
+idle while it waits for its draft, or computed together on one); the MLPs follow in order
+(model.layer_parallel). The keys and values those forwards write are fuzzy. Bonus calibration throws
+them away after a verification: the accepted tokens are read again, exactly (layer after layer), together
+with the bonus token in the forward that starts the next round, so the next tree grows from the exact
+cache. Policies (`calibration`):
+  never     every draft forward is fuzzy, the prompt's included, and its entries stay
+  prefill   the prompt is read exactly; afterwards as `never`
+  round     every round's fuzzy entries are replaced (the paper)
+  mismatch  as `round`, but a round whose drafts were all accepted keeps its fuzzy entries (the authors'
+            code's default)
+A batched root read is exact when any of its rows is due for calibration.
+
+The proposals are the draft's own: chains drawn from q carry that q, top-k trees are deterministic, and the
+one verifier (spec/verify.py) decides. Fuzziness costs acceptance, never losslessness (unlike the authors'
+sampling path, which verifies greedy drafts against a softmax q).
+"""
+from __future__ import annotations
+
+import torch
+
+from specmesh.engine.sequence import Sequence
+from specmesh.model.cache import KVCache
+from specmesh.model.model import Transformer
+from specmesh.proposers.draft_model import DraftModel
+from specmesh.spec.token_tree import TokenTree
+from specmesh.spec.verify import Verdict
+
+POLICIES = ("never", "prefill", "round", "mismatch")
+
+
+def default_groups(layers: int) -> list[int]:
+    """Group sizes for a draft this deep: the first and last eighth of the layers (at least one each) exact,
+    the middle ones in pairs (the authors' example for 32 layers: 4 alone, 12 pairs, 4 alone)."""
+    edge = max(1, layers // 8)
+    if layers <= 2 * edge:
+        return [1] * layers
+    middle = layers - 2 * edge
+    return [1] * edge + [2] * (middle // 2) + [1] * (middle % 2 + edge)
+
+
+def layer_groups(spec: str, layers: int) -> list[range]:
+    """Consecutive layer ranges from group sizes ("1,2,1"; "" for default_groups)."""
+    try:
+        sizes = [int(s) for s in spec.split(",")] if spec else default_groups(layers)
+    except ValueError:
+        raise ValueError(f"easyspec: layer_groups must be group sizes like 1,2,1, got {spec!r}") from None
+    if any(n < 1 for n in sizes) or sum(sizes) != layers:
+        raise ValueError(f"easyspec: layer_groups {spec!r} must be positive sizes adding up to the draft's "
+                         f"{layers} layers")
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [range(s, s + n) for s, n in zip(starts, sizes)]
+
+
+class FuzzyDraft(DraftModel):
+    def __init__(self, model: Transformer, rows: int, max_len: int, window: int, groups: list[range],
+                 calibration: str, depth: int, width: int = 1, max_children: int = 1):
+        if calibration not in POLICIES:
+            raise ValueError(f"easyspec: calibration must be one of {', '.join(POLICIES)}, got {calibration!r}")
+        super().__init__(model, rows, max_len, window, width, max_children)
+        self.groups, self.calibration = groups, calibration
+        self.read_together = depth + 1          # a calibration's accepted tokens and the bonus, in one forward
+        self.due = [False] * rows               # per row: its next root read must be exact
+        self.exact = False                      # the forward now running reads exactly
+
+    def admit(self, row: int, seq: Sequence) -> None:
+        super().admit(row, seq)
+        self.due[row] = self.calibration != "never"
+
+    def move_row(self, src: int, dst: int) -> None:
+        super().move_row(src, dst)
+        self.due[dst] = self.due[src]
+
+    def _run(self, x: torch.Tensor, cache: KVCache, reading: bool, **kw) -> torch.Tensor:
+        if reading and self.exact:
+            return self.model(x, cache, **kw)
+        return self.model(x, cache, groups=self.groups, **kw)
+
+    def _catch_up(self, seqs: list[Sequence]) -> None:
+        self.exact = self.calibration != "never"             # a prompt (or a long queue): exact unless never
+        super()._catch_up(seqs)
+
+    def _read_pending(self, seqs: list[Sequence]) -> torch.Tensor:
+        self.exact = any(self.due[:len(seqs)])
+        for b in range(len(seqs)):
+            self.due[b] = False
+        return super()._read_pending(seqs)
+
+    def accept(self, seqs: list[Sequence], trees: list[TokenTree], verdicts: list[Verdict],
+               logits: torch.Tensor | None = None) -> None:
+        for b, (tree, verdict) in enumerate(zip(trees, verdicts)):
+            missed = verdict.accepted < max(tree.depths)
+            self.due[b] = self.calibration == "round" or self.calibration == "mismatch" and missed
+            if self.due[b]:                 # bonus calibration: drop the round's entries, read its tokens again
+                self.cache.prune(b, [])
+                self.pending[b] += [tree.tokens[n] for n in verdict.path[1:]]
+            else:
+                self._keep(b, tree, verdict.path[1:])

@@ -1,0 +1,146 @@
+"""`easyspec`: layer-parallel (fuzzy) drafting and bonus calibration, lossless through the one verifier."""
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chi2_contingency
+
+from specmesh import LLM, SamplingParams
+from specmesh.model.cache import KVCache
+from specmesh.model.loader import load_model
+from specmesh.proposers.fuzzy_draft import POLICIES, default_groups, layer_groups
+
+PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "self.y = y\n\n" * 3]
+
+
+@pytest.fixture(scope="module")
+def ar(tiny_checkpoint):
+    return LLM(target=tiny_checkpoint)
+
+
+def test_default_groups_keep_the_ends_exact_and_pair_the_middle():
+    assert default_groups(4) == [1, 2, 1] and default_groups(3) == [1, 1, 1] and default_groups(1) == [1]
+    assert default_groups(32) == [1] * 4 + [2] * 12 + [1] * 4 and default_groups(7) == [1, 2, 2, 1, 1]
+    assert layer_groups("1,2", 3) == [range(0, 1), range(1, 3)]
+    for bad in ("1,1", "0,3", "a,b", "2,-1,2"):
+        with pytest.raises(ValueError, match="layer_groups"):
+            layer_groups(bad, 3)
+
+
+def test_bad_options_name_the_problem(tiny_checkpoint):
+    with pytest.raises(ValueError, match="calibration must be one of never, prefill, round, mismatch"):
+        LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", calibration="often").generate("x")
+    with pytest.raises(ValueError, match="adding up to the draft's 3 layers"):
+        LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", layer_groups="2,2").generate("x")
+
+
+def forward(model, x, groups=None):
+    cache = KVCache.for_model(model, 1, 32)
+    return model(x, cache, groups=groups), cache
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_one_layer_groups_are_the_exact_forward_bit_for_bit(tiny_checkpoint, pack):
+    model = load_model(tiny_checkpoint, pack=pack, draft=True)
+    x = torch.tensor([[5, 17, 42, 7, 9]])
+    (a, ca), (b, cb) = forward(model, x), forward(model, x, [range(i, i + 1) for i in range(3)])
+    assert torch.equal(a, b) and all(torch.equal(k, l) for k, l in zip(ca.k + ca.v, cb.k + cb.v))
+
+
+def test_a_two_layer_group_is_the_hand_computation(tiny_checkpoint):
+    model = load_model(tiny_checkpoint, pack=False)
+    x = torch.tensor([[5, 17, 42, 7, 9]])
+    got, _ = forward(model, x, [range(0, 2), range(2, 3)])
+    with torch.no_grad():
+        h = model.embed(x)
+        cos, sin = model.rotary(torch.arange(5)[None], h.dtype)
+        l0, l1, l2 = model.layers
+        a0 = l0.attn(l0.attn_norm(h), cos, sin, None, None)         # both attentions read the group's input h
+        a1 = l1.attn(l1.attn_norm(h), cos, sin, None, None)
+        h = h + a0
+        h = h + l0.mlp(l0.mlp_norm(h))
+        h = h + a1
+        h = h + l1.mlp(l1.mlp_norm(h))
+        h = l2(h, cos, sin, None, None)
+        want = model.lm_head(model.norm(h))
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got, forward(model, x)[0], atol=1e-3)          # and it is not the exact forward
+
+
+def draft_cache_after_steps(tiny_checkpoint, calibration, steps=6):
+    """Run easyspec (a 2+1 grouping, the target as its own draft) for `steps` steps; the draft cache's
+    committed keys and values against an exact prefill of the tokens it committed."""
+    llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", layer_groups="2,1",
+              calibration=calibration, gamma=3, tree_width=1, max_children=1)
+    ids = llm.encode(PROMPTS[0])
+    engine = llm.engine([ids], SamplingParams(max_new_tokens=40))
+    seqs = engine.sequences(ids, SamplingParams(max_new_tokens=40))
+    engine.submit(seqs)
+    for _ in range(steps):
+        engine.step()
+    draft = engine.method.proposer
+    L = int(draft.cache.lengths[0])
+    got = [c[0, :, :L] for c in draft.cache.k + draft.cache.v]
+    _, exact = forward_long(draft.model, (seqs[0].ids + seqs[0].tokens)[:L])
+    return got, [c[0, :, :L] for c in exact.k + exact.v]
+
+
+def forward_long(model, ids):
+    cache = KVCache.for_model(model, 1, len(ids) + 1)
+    return model(torch.tensor([ids]), cache), cache
+
+
+def test_after_calibration_the_draft_cache_is_an_exact_prefill(tiny_checkpoint):
+    got, want = draft_cache_after_steps(tiny_checkpoint, "round")
+    assert all(torch.allclose(g, w, atol=1e-4) for g, w in zip(got, want))
+    got, want = draft_cache_after_steps(tiny_checkpoint, "never")                # fuzzy entries stay: not exact
+    assert not all(torch.allclose(g, w, atol=1e-4) for g, w in zip(got, want))
+
+
+def grouping(kind: str, layers: int) -> str:
+    """"": the default; "pair": the first two layers together; "all": one group of every layer."""
+    return {"": "", "pair": ",".join(["2"] + ["1"] * (layers - 2)), "all": str(layers)}[kind]
+
+
+@pytest.mark.parametrize("calibration, groups", [(c, "pair") for c in POLICIES] + [("mismatch", "all"),
+                                                                                 ("round", "")])
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_greedy_equals_ar(ar, tiny_checkpoint, tiny_draft_checkpoint, calibration, groups, shape):
+    tree = {"tree_width": 1, "max_children": 1} if shape == "chain" else {"tree_width": 3, "max_children": 2}
+    params = SamplingParams(max_new_tokens=30)
+    for draft in (tiny_checkpoint, tiny_draft_checkpoint):
+        layers = load_model(draft, pack=False).config.num_layers
+        llm = LLM(target=tiny_checkpoint, draft=draft, method="easyspec", gamma=3, calibration=calibration,
+                  layer_groups=grouping(groups, layers), **tree)
+        for prompt in PROMPTS:
+            assert llm.generate(prompt, params).tokens == ar.generate(prompt, params).tokens, (draft, prompt)
+    batch = llm.generate(PROMPTS, params)                   # rows of a batch: the same tokens as alone
+    assert [o.tokens for o in batch] == [ar.generate(p, params).tokens for p in PROMPTS]
+
+
+def test_the_fuzzy_draft_is_still_accepted_often(tiny_checkpoint):
+    """The target as its own draft: exact drafting is always accepted, fuzzy drafting mostly."""
+    params = SamplingParams(max_new_tokens=40)
+    rate = {groups: LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", layer_groups=groups,
+                        gamma=3, tree_width=1, max_children=1).generate(PROMPTS[0], params).stats.acceptance_rate
+            for groups in ("1,1,1", "2,1")}
+    assert rate["1,1,1"] == 1.0 and 0.15 < rate["2,1"] < 1.0
+
+
+def joint_counts(llm, n, seed, **kw):
+    out = llm.generate("class Point:", SamplingParams(max_new_tokens=2, temperature=1.0, seed=seed, n=n, **kw))
+    return Counter(tuple(s.tokens) for s in out.samples)
+
+
+@pytest.mark.parametrize("shape, kw", [("chain", {}), ("chain", {"top_k": 4}), ("tree", {"top_p": 0.9})])
+def test_sampling_two_sample_test_against_ar(tiny_checkpoint, shape, kw):
+    tree = {"tree_width": 1, "max_children": 1} if shape == "chain" else {"tree_width": 3, "max_children": 2}
+    ar = LLM(target=tiny_checkpoint)
+    spec = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", gamma=2, layer_groups="3",
+               calibration="never", **tree)
+    a, b = joint_counts(ar, 1500, 0, **kw), joint_counts(spec, 1500, 1, **kw)
+    common = [k for k in set(a) | set(b) if a[k] + b[k] >= 20]        # pool rare pairs
+    rest = [sum(c.values()) - sum(c[k] for k in common) for c in (a, b)]
+    table = [[c[k] for k in common] + ([r] if sum(rest) else []) for c, r in zip((a, b), rest)]
+    assert len(common) >= 3, "too few outcomes for a meaningful test"
+    assert chi2_contingency(table).pvalue > 1e-3
