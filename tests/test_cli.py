@@ -88,17 +88,18 @@ def test_bench_methods_and_peers_json_and_plot(tiny_checkpoint, tiny_draft_check
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def foo(x):"}\n{"turns": ["class A:", "ignored"]}\n')
     dest, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    methods = ["ar", "hf", "sd", "tree", "auto", "hf-assisted", "hf-pld"]
+    methods = ["ar", "hf", "sd", "tree", "easyspec", "auto", "hf-assisted", "hf-pld"]
     r = specmesh("bench", "--methods", ",".join(methods), "--target", tiny_checkpoint, "--draft",
                  tiny_draft_checkpoint, "--prompts", prompts, "--max-new-tokens", 8, "--dtype", "float32",
-                 "--gamma", 2, "--json", dest, "--plot", png)
+                 "--gamma", 2, "--layer-groups", 2, "--json", dest, "--plot", png)
     assert r.returncode == 0, r.stderr
     out = json.loads(dest.read_text())
     assert set(out) == {"machine", "date", "methods", "per_prompt", "memory_bound"}
     assert set(out["memory_bound"]) == {"copy_gb_s", "target_weight_mb", "ar_tokens_per_s_bound"}
     assert out["memory_bound"]["copy_gb_s"] > 0 and "ar's memory bound" in r.stdout
     fields = {"dtype", "threads", "tokens_per_s", "speedup_vs_ar", "tokens_per_forward", "acceptance_rate",
-              "mean_accepted_length", "greedy_equal_to_ar", "near_tie_divergences", "prompts", "peak_rss_mb"}
+              "mean_accepted_length", "draft_ms_per_step", "verify_ms_per_step", "greedy_equal_to_ar",
+              "near_tie_divergences", "prompts", "peak_rss_mb"}
     assert list(out["methods"]) == methods
     for name in methods:
         m = out["methods"][name]
@@ -106,9 +107,22 @@ def test_bench_methods_and_peers_json_and_plot(tiny_checkpoint, tiny_draft_check
         assert m["greedy_equal_to_ar"] == 2 and m["near_tie_divergences"] == 0 and m["prompts"] == 2
     assert out["methods"]["ar"]["speedup_vs_ar"] == 1.0
     assert out["methods"]["sd"]["acceptance_rate"] is not None and out["methods"]["ar"]["acceptance_rate"] is None
+    assert out["methods"]["easyspec"]["draft_ms_per_step"] > 0 and out["methods"]["ar"]["verify_ms_per_step"] is None
     assert len(out["per_prompt"]) == 2 * len(methods)
     assert out["methods"]["auto"]["chose"] in ("ar", "sd", "tree") and f"auto: chose" in r.stdout
     assert png.stat().st_size > 10_000
+
+
+def test_bench_layer_similarity_table(tiny_checkpoint, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def foo(x):\\n    return x + 1\\n" }\n' * 40)
+    dest = tmp_path / "sim.json"
+    r = specmesh("bench", "--layer-similarity", "--target", tiny_checkpoint, "--draft", tiny_checkpoint,
+                 "--prompts", prompts, "--json", dest)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(dest.read_text())
+    assert out["layers"] == 3 and set(out["cosine"]) == {"2", "3"} and "group size" in r.stdout
+    assert all(set(row) == {"hidden", "attention"} for row in out["cosine"].values())
 
 
 def test_many_samples_of_one_prompt_share_its_prefill_in_bounded_memory(tmp_path):

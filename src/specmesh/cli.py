@@ -158,6 +158,9 @@ def build_parser() -> Parser:
     add_method_options(b)
     add_json(b)
     b.add_argument("--plot", metavar="OUT.png", help="draw speedup and tokens per target forward per method")
+    b.add_argument("--layer-similarity", action="store_true",
+                   help="instead of timing methods: how fuzzy easyspec's layer groups of 2, 3 and 4 are for the draft "
+                        "(mean cosine of a layer's exact input and attention output with the group's, on the prompts)")
 
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
     v.add_argument("--method", default="auto", choices=["auto", *SERVED],
@@ -382,6 +385,13 @@ def cmd_bench(args, parser) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         parser.error("--methods is empty")
+    if args.layer_similarity:
+        from specmesh.bench.similarity import print_similarity, similarity_table
+        result = similarity_table(args.target, args.draft, args.prompts, args.limit)
+        print_similarity(result, file=sys.stderr if args.json == "-" else sys.stdout)
+        if args.json:
+            write_json(result, args.json)
+        return 0
     cfg = BenchConfig(methods=methods, prompts=args.prompts, limit=args.limit, max_new_tokens=args.max_new_tokens,
                       dtype=args.dtype, threads=args.threads, target=args.target, draft=args.draft, quant=args.quant,
                       device=args.device, options=method_options(args))

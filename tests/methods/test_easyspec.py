@@ -144,3 +144,18 @@ def test_sampling_two_sample_test_against_ar(tiny_checkpoint, shape, kw):
     table = [[c[k] for k in common] + ([r] if sum(rest) else []) for c, r in zip((a, b), rest)]
     assert len(common) >= 3, "too few outcomes for a meaningful test"
     assert chi2_contingency(table).pvalue > 1e-3
+
+
+def test_layer_similarity_table(tiny_checkpoint):
+    from specmesh.bench.similarity import layer_similarity
+    model = load_model(tiny_checkpoint, pack=False)
+    windows = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    table = layer_similarity(model, windows, [2, 3, 4])
+    assert set(table) == {2, 3}                                  # a 3-layer model has no group of 4
+    assert all(-1 <= v <= 1 for row in table.values() for v in row.values())
+    assert table[2]["hidden"] < 0.9999                            # the layers change the stream
+    for block in model.layers:                                     # layers that add nothing: no fuzziness
+        for p in (block.attn.o.weight, block.mlp.down.weight):
+            p.data.zero_()
+    same = layer_similarity(model, windows, [2, 3])
+    assert same[2]["hidden"] == pytest.approx(1, abs=1e-5) and same[3]["hidden"] == pytest.approx(1, abs=1e-5)

@@ -427,14 +427,15 @@ void block_out(const Layer *L, float *h, int M, const float *att) {
     free(x); free(act);
 }
 
-// h[B*T, D] <- layer(h): block_qkv, then each row's attention (token t of row b sees key j where
-// mask[(b * T + t) * ms + j] or, without a mask, j <= starts[b] + t), then block_out. The products
-// run over all B*T rows at once and the attention row by row, so a row's result does not depend on
-// the others.
-static void block_forward(const Layer *L, float *h, int B, int T, const float *cos, const float *sin, void *kc, void *vc,
-                          int kv16, int64_t rs, int max_len, const int *starts, const uint8_t *mask, int ms) {
+// att[B*T, H*hd] <- a layer's attention over h[B*T, D]: block_qkv, then each row's attention (token t of
+// row b sees key j where mask[(b * T + t) * ms + j] or, without a mask, j <= starts[b] + t). The products
+// run over all B*T rows at once and the attention row by row, so a row's result does not depend on the
+// others.
+static void attention_half(const Layer *L, const float *h, int B, int T, const float *cos, const float *sin, void *kc,
+                           void *vc, int kv16, int64_t rs, int max_len, const int *starts, const uint8_t *mask, int ms,
+                           float *att) {
     int H = L->H, Hkv = L->Hkv, hd = L->hd, Q = (H + 2 * Hkv) * hd, M = B * T;
-    float *qkv = malloc(sizeof(float) * M * Q), *att = malloc(sizeof(float) * M * H * hd);
+    float *qkv = malloc(sizeof(float) * M * Q);
     block_qkv(L, h, B, T, cos, sin, kc, vc, kv16, rs, max_len, starts, qkv);
     AttendHead head = attend_head_for(hd);
     const int es = kv16 ? 2 : 4;                                 // bytes per cached element
@@ -444,8 +445,34 @@ static void block_forward(const Layer *L, float *h, int B, int T, const float *c
             head(qkv + (int64_t)b * T * Q, Q, (char *)kc + b * rs * es, (char *)vc + b * rs * es, kv16, max_len,
                  starts[b], starts[b] + T, mask ? mask + (int64_t)b * T * ms : NULL, ms, T, H, Hkv, hd,
                  att + (int64_t)b * T * H * hd, g);
-    block_out(L, h, M, att);
-    free(qkv); free(att);
+    free(qkv);
+}
+
+// h <- layer(h): attention_half, then block_out.
+static void block_forward(const Layer *L, float *h, int B, int T, const float *cos, const float *sin, void *kc, void *vc,
+                          int kv16, int64_t rs, int max_len, const int *starts, const uint8_t *mask, int ms) {
+    float *att = malloc(sizeof(float) * B * T * L->H * L->hd);
+    attention_half(L, h, B, T, cos, sin, kc, vc, kv16, rs, max_len, starts, mask, ms, att);
+    block_out(L, h, B * T, att);
+    free(att);
+}
+
+// h <- EasySpec's hyper-layer of layers[0..n) (model.layer_parallel): every attention half reads the group's
+// input h, each on a thread of its own (the products inside it then run on that one thread: one parallel
+// region for the group instead of several per layer); then each layer's block_out, in order.
+static void group_forward(const Layer *const *Ls, int n, float *h, int B, int T, const float *cos, const float *sin,
+                          void *const *kc, void *const *vc, int kv16, int64_t rs, int max_len, const int *starts,
+                          const uint8_t *mask, int ms) {
+    float **att = malloc(sizeof(float *) * n);
+    for (int j = 0; j < n; j++) att[j] = malloc(sizeof(float) * B * T * Ls[j]->H * Ls[j]->hd);
+    #pragma omp parallel for schedule(static)
+    for (int j = 0; j < n; j++)
+        attention_half(Ls[j], h, B, T, cos, sin, kc[j], vc[j], kv16, rs, max_len, starts, mask, ms, att[j]);
+    for (int j = 0; j < n; j++) {
+        block_out(Ls[j], h, B * T, att[j]);
+        free(att[j]);
+    }
+    free(att);
 }
 
 // cos/sin [M, hd] for positions [M]: angle i = (float32) position * inv_freq[i], as the model computes it
@@ -470,20 +497,26 @@ typedef struct {            // a model's ends around its layers (kernels.CForwar
 } Ends;
 
 // A small forward in one call: T new tokens of each of B sequences through layers[0..n), one after
-// another (block_forward's contract for the caches, layer l's at kc[l], vc[l], starts and mask). In: token ids [B*T] (embedded here), or hidden states h
-// [B*T, D] where ids is NULL; positions [B*T] give the rotary angles (float32 position * inv_freq, as
-// the model computes them). Out: h, and where tail > 0 the logits [B, tail, V] of each sequence's last
-// tail tokens after the final norm.
+// another (attention_half's contract for the caches, layer l's at kc[l], vc[l], starts and mask), or in
+// groups of consecutive layers run as group_forward (groups: ngroups sizes adding up to n; NULL: every layer
+// alone). In: token ids [B*T] (embedded here), or hidden states h [B*T, D] where ids is NULL; positions
+// [B*T] give the rotary angles (float32 position * inv_freq, as the model computes them). Out: h, and where
+// tail > 0 the logits [B, tail, V] of each sequence's last tail tokens after the final norm.
 void model_forward(const Ends *E, const Layer *const *layers, int n, const int64_t *ids, float *h, int B, int T,
                    const int64_t *positions, void *const *kc, void *const *vc, int kv16, int64_t rs, int max_len,
-                   const int *starts, const uint8_t *mask, int ms, int tail, float *logits) {
+                   const int *starts, const uint8_t *mask, int ms, int tail, float *logits, const int *groups,
+                   int ngroups) {
     const int M = B * T, D = E->D, hd = E->hd;
     if (ids)
         for (int r = 0; r < M; r++) memcpy(h + (int64_t)r * D, E->embed + ids[r] * D, sizeof(float) * D);
     float *cos = malloc(sizeof(float) * M * hd), *sin = malloc(sizeof(float) * M * hd);
     rotary_tables(E->inv_freq, positions, M, hd, cos, sin);
-    for (int l = 0; l < n; l++)
-        block_forward(layers[l], h, B, T, cos, sin, kc[l], vc[l], kv16, rs, max_len, starts, mask, ms);
+    for (int l = 0, g = 0; l < n; l += groups ? groups[g++] : 1) {
+        if (groups && groups[g] > 1)
+            group_forward(layers + l, groups[g], h, B, T, cos, sin, kc + l, vc + l, kv16, rs, max_len, starts, mask, ms);
+        else
+            block_forward(layers[l], h, B, T, cos, sin, kc[l], vc[l], kv16, rs, max_len, starts, mask, ms);
+    }
     if (tail > 0) {
         float *x = malloc(sizeof(float) * B * tail * D);
         for (int b = 0; b < B; b++)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 COUNTERS = ("target_forwards", "draft_forwards", "generated_tokens", "drafted_tokens", "accepted_tokens",
-            "verifications", "phases", "timesteps", "decisions", "hits")
+            "verifications", "phases", "timesteps", "decisions", "hits", "draft_s", "verify_s")
 
 
 @dataclass
@@ -16,6 +16,8 @@ class Stats:
     accepted_tokens: int = 0        # of those, accepted
     verifications: int = 0          # verification forwards
     elapsed_s: float = 0.0          # wall time, prefill included
+    draft_s: float = 0.0            # speculative steps: wall time proposing (the steps this sequence was in)
+    verify_s: float = 0.0           # and in the target's verification forward
     phases: int = 0                 # pearl: drafting phases (each ends at a rejection or at the end)
     timesteps: int = 0              # pipelines: stage steps (pipedec: timesteps, the prompt's pass excluded)
     decisions: int = 0              # pipedec: roots the last stage finished

@@ -73,12 +73,13 @@ class CForward:
         self.tile_attention = self.amx is not None and model.config.head_dim == 64 \
             and model.cache_dtype == torch.bfloat16
 
-    def __call__(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool):
+    def __call__(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool,
+                 groups: list[range] | None = None):
         B, T = x.shape[:2]
         if cache is None or x.device.type != "cpu":
             return None
         if B * T > SMALL_ROWS:
-            return self._long(x, cache, depths, tree_mask, layers, last_only) if self.long else None
+            return self._long(x, cache, depths, tree_mask, layers, last_only) if self.long and not groups else None
         positions = cache.slots(T, depths)                                        # [B, T] int64
         mask = None if tree_mask is None else cache.mask(T, tree_mask).contiguous()   # [B, 1, T, kv_len]
         n, first, L = len(layers), cache.first_layer, self.model.config.num_layers
@@ -86,12 +87,13 @@ class CForward:
         kc = (ctypes.c_void_p * n)(*(cache.k[i - first].data_ptr() for i in layers))   # each [B, Hkv, max_len, hd]
         vc = (ctypes.c_void_p * n)(*(cache.v[i - first].data_ptr() for i in layers))
         h = self._hidden(x, layers)
+        sizes = None if groups is None else torch.tensor([len(g) for g in groups], dtype=torch.int32)   # layer_parallel
         tail = 0 if layers.stop < L else 1 if last_only else T
         logits = torch.empty(B, tail, self.ends.V)
         self.kernel.model_forward(ctypes.byref(self.ends), weights, n, _ptr(x.contiguous() if layers.start == 0 else None),
                                   h.data_ptr(), B, T, positions.ctypes.data, kc, vc, cache.k[0].dtype == torch.bfloat16,
                                   cache.k[0].stride(0), cache.max_len, self._starts(cache).ctypes.data, _ptr(mask),
-                                  cache.kv_len, tail, logits.data_ptr())
+                                  cache.kv_len, tail, logits.data_ptr(), _ptr(sizes), 0 if sizes is None else len(sizes))
         cache.advance(T)
         return self.model.expand(logits) if tail else h
 

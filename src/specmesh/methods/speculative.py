@@ -11,6 +11,7 @@ full row of target compute (docs/serving.md).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -69,10 +70,15 @@ class Speculative(AR):
 
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
         depth = self.policy.depth(len(seqs))
+        start = time.perf_counter()
         trees = self.proposer.propose(seqs, [max(0, min(depth, s.remaining - 1)) for s in seqs])
+        drafted = time.perf_counter()
         logits = self.runner.forward_trees(trees)                                  # [B, N, V]
+        verified = time.perf_counter()
         verdicts = []
         for b, (seq, tree) in enumerate(zip(seqs, trees)):
+            seq.stats.draft_s += drafted - start
+            seq.stats.verify_s += verified - drafted
             verdict = verify(tree, logits[b, :len(tree)], seq.params, seq.generator, seq.penalty)
             self.runner.cache.commit(b, verdict.path)
             seq.score(logits[b], verdict.path[:len(verdict.tokens)])    # row path[k] predicted token k

@@ -267,8 +267,8 @@ class Transformer(nn.Module):
         layers = layers or range(self.config.num_layers)
         if groups is not None and all(len(g) == 1 for g in groups):
             groups = None                                   # every layer alone: the exact forward
-        if self.fast_forward is not None and head is None and groups is None:
-            out = self.fast_forward(x, cache, depths, tree_mask, layers, last_only)
+        if self.fast_forward is not None and head is None:
+            out = self.fast_forward(x, cache, depths, tree_mask, layers, last_only, groups)
             if out is not None:
                 return out
         h = self.embed(x) if layers.start == 0 else x
