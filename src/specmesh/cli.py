@@ -244,7 +244,7 @@ def build_parser() -> Parser:
     t.add_argument("--teacher", metavar="MODEL", help="distill a draft for this target (a name, folder or GGUF): "
                    "its answers to generated instructions and standard-library code (docs/models.md)")
     t.add_argument("--steps", type=positive_int, default=1600, help="with --teacher: distillation steps (default: 1600, "
-                   "about 2 hours on 2 cores, after about 25 minutes of the teacher answering)")
+                   "about 70 minutes on 2 cores, after about 35 minutes of the teacher answering and continuing code)")
     t.add_argument("--init", metavar="DIR", help="with --teacher: go on distilling this draft (a folder) instead of a "
                    "fresh one")
     t.add_argument("--work", default=None, help="scratch folder: corpus, checkpoints (default: runs/train, or "

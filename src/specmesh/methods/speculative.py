@@ -134,7 +134,7 @@ TREE = MethodSpec("tree", "the draft grows a top-k tree (the best `tree_width` p
 EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with its layers in layer-parallel "
                       "groups (fuzzy), and bonus calibration reads the accepted tokens again exactly",
                       {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64, "layer_groups": "",
-                       "calibration": "mismatch"}, True, build_easyspec,
+                       "calibration": "round"}, True, build_easyspec,
                       slack=lambda o: o["gamma"] * o["tree_width"] + 1)
 SELFDRAFT = MethodSpec("selfdraft", "Multi-Branch Self-Drafting: no draft model; n-gram candidates and N draft "
                        "branches in one target forward",
