@@ -137,3 +137,21 @@ def start_server_process(*args) -> tuple:
             pass
         assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
         time.sleep(0.1)
+
+
+def sampled_pairs(llm, n: int, seed: int, **kw):
+    """How often each pair of first two tokens came out in n samples of "class Point:" at temperature 1."""
+    from collections import Counter
+    from specmesh import SamplingParams
+    out = llm.generate("class Point:", SamplingParams(max_new_tokens=2, temperature=1.0, seed=seed, n=n, **kw))
+    return Counter(tuple(s.tokens) for s in out.samples)
+
+
+def assert_same_distribution(a, b) -> None:
+    """A chi-square two-sample test on two Counters of outcomes (rare outcomes pooled) at p > 1e-3."""
+    from scipy.stats import chi2_contingency
+    common = [k for k in set(a) | set(b) if a[k] + b[k] >= 20]
+    rest = [sum(c.values()) - sum(c[k] for k in common) for c in (a, b)]
+    table = [[c[k] for k in common] + ([r] if sum(rest) else []) for c, r in zip((a, b), rest)]
+    assert len(common) >= 3, "too few outcomes for a meaningful test"
+    assert chi2_contingency(table).pvalue > 1e-3

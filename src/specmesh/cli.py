@@ -245,6 +245,8 @@ def build_parser() -> Parser:
                    "its answers to generated instructions and standard-library code (docs/models.md)")
     t.add_argument("--steps", type=positive_int, default=1600, help="with --teacher: distillation steps (default: 1600, "
                    "about 70 minutes on 2 cores, after about 35 minutes of the teacher answering and continuing code)")
+    t.add_argument("--lr", type=float, default=2e-3, help="with --teacher: peak learning rate (default: 2e-3; the "
+                   "shipped draft went on from --init at 1e-3)")
     t.add_argument("--init", metavar="DIR", help="with --teacher: go on distilling this draft (a folder) instead of a "
                    "fresh one")
     t.add_argument("--work", default=None, help="scratch folder: corpus, checkpoints (default: runs/train, or "
@@ -489,7 +491,7 @@ def cmd_train(args, parser) -> int:
         from specmesh.distill import DistillConfig, run as distill
         distill(DistillConfig(teacher=args.teacher, out=args.out or "models/smollm2-draft",
                               work=args.work or "runs/distill", steps=args.steps, threads=args.threads or 0,
-                              init=args.init or ""))
+                              init=args.init or "", lr=args.lr))
         return 0
     from specmesh.train import TrainConfig, run
     run(TrainConfig(work=args.work or "runs/train", out=args.out or "models", tokens=args.tokens,

@@ -1,9 +1,8 @@
 """`sd` and `tree`: greedy output identical to `ar`, sampling from the target's distribution."""
-from collections import Counter
 
 import pytest
 import torch
-from scipy.stats import chi2_contingency
+from conftest import assert_same_distribution, sampled_pairs
 
 from specmesh import LLM, SamplingParams
 
@@ -118,11 +117,6 @@ def test_seeded_sampling_reproducible(tiny_checkpoint, tiny_draft_checkpoint):
     assert run(3) == run(3) and run(3) != run(4)
 
 
-def joint_counts(llm, n, seed, **kw):
-    out = llm.generate("class Point:", SamplingParams(max_new_tokens=2, temperature=1.0, seed=seed, n=n, **kw))
-    return Counter(tuple(s.tokens) for s in out.samples)
-
-
 @pytest.mark.parametrize("method, draft, options, kw", [
     ("sd", "random", {}, {}), ("sd", "random", {}, {"top_k": 4}), ("sd", "random", {"stop_below": 0.5}, {}),
     ("sd", "restricted", {}, {}), ("tree", "random", {}, {"top_p": 0.9})])
@@ -131,12 +125,7 @@ def test_sampling_two_sample_test_against_ar(tiny_checkpoint, tiny_draft_checkpo
     ar = LLM(target=tiny_checkpoint)
     spec = LLM(target=tiny_checkpoint, draft=restricted_draft if draft == "restricted" else tiny_draft_checkpoint,
                method=method, gamma=2, tree_width=3, max_children=2, **options)
-    a, b = joint_counts(ar, 1500, 0, **kw), joint_counts(spec, 1500, 1, **kw)
-    common = [k for k in set(a) | set(b) if a[k] + b[k] >= 20]        # pool rare pairs
-    rest = [sum(c.values()) - sum(c[k] for k in common) for c in (a, b)]
-    table = [[c[k] for k in common] + ([r] if sum(rest) else []) for c, r in zip((a, b), rest)]
-    assert len(common) >= 3, "too few outcomes for a meaningful test"
-    assert chi2_contingency(table).pvalue > 1e-3
+    assert_same_distribution(sampled_pairs(ar, 1500, 0, **kw), sampled_pairs(spec, 1500, 1, **kw))
 
 
 def test_n_samples_share_the_prompt_prefill(ar, tiny_checkpoint, tiny_draft_checkpoint):
