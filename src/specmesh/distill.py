@@ -154,12 +154,8 @@ def code_continuations(cfg: DistillConfig, teacher_path: Path, code: np.ndarray)
         lines = [i + 1 for i in range(start, start + 64) if int(code[i]) in newline]
         if lines:
             prompts.append([int(t) for t in code[lines[0]:start + length]])
-    ids = []
-    params = SamplingParams(max_new_tokens=cfg.continuation_tokens)
-    for start in tqdm(range(0, len(prompts), 64), desc="teacher continuations (code)", unit="x64"):
-        outs = llm.generate(prompts[start:start + 64], params)
-        ids += [t for p, o in zip(prompts[start:start + 64], outs) for t in p + o.tokens]
-    stream = np.array(ids, dtype=np.int32)
+    stream = continued(llm, prompts, SamplingParams(max_new_tokens=cfg.continuation_tokens),
+                       "teacher continuations (code)")
     np.save(path, stream)
     return stream
 
@@ -169,8 +165,13 @@ def answers(llm, asks: list[str], params, split: str) -> np.ndarray:
     tok = llm.tokenizer
     prompts = [tok.encode(tok.render_chat([{"role": "user", "content": a}]) if tok.chat_template else a + "\n\n")
                for a in asks]
+    return continued(llm, prompts, params, f"teacher answers ({split})")
+
+
+def continued(llm, prompts: list[list[int]], params, desc: str) -> np.ndarray:
+    """Each prompt followed by what the teacher generates after it, as one token stream (64 prompts a batch)."""
     ids = []
-    for start in tqdm(range(0, len(prompts), 64), desc=f"teacher answers ({split})", unit="x64"):
+    for start in tqdm(range(0, len(prompts), 64), desc=desc, unit="x64"):
         outs = llm.generate(prompts[start:start + 64], params)
         ids += [t for p, o in zip(prompts[start:start + 64], outs) for t in p + o.tokens]
     return np.array(ids, dtype=np.int32)
@@ -239,7 +240,7 @@ def train(cfg: DistillConfig, teacher: Transformer, draft: Transformer, chat: np
             with torch.no_grad():
                 lt = teacher(x, head=ids).flatten(0, 1)         # [N, K]
             ld = draft(x, head=ids).flatten(0, 1)
-        if step == 0 and not cfg.init:                       # the projected embedding's logits are too sharp: match the teacher's spread
+        if step == 0 and not cfg.init:      # a fresh draft's logits are too sharp: match the teacher's spread
             scale = (lt.float().std() / ld.float().std()).item()
             draft.norm.weight.data.mul_(scale)
             ld = ld * scale

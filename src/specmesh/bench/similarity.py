@@ -19,26 +19,27 @@ def layer_similarity(model: Transformer, windows: torch.Tensor, sizes: list[int]
     cos(A_{i+j}(h_{i+j}), A_{i+j}(h_i))}."""
     B, T = windows.shape
     blocks = [getattr(b, "block", b) for b in model.layers]            # kernels wrap a Block
-    h = model.embed(windows).float()
+    h = model.embed(windows)
     cos, sin = model.rotary(torch.arange(T).expand(B, T), h.dtype)
     inputs = []                                                         # exact inputs h_0 .. h_{L-1}
     for block in blocks:
         inputs.append(h)
-        h = block(h.to(model.dtype), cos.to(model.dtype), sin.to(model.dtype), None, None).float()
+        h = block(h, cos, sin, None, None)
 
     def attention(layer: int, x: torch.Tensor) -> torch.Tensor:
         b = blocks[layer]
-        x = x.to(model.dtype)
-        return b.attn(b.attn_norm(x), cos.to(model.dtype), sin.to(model.dtype), None, None).float()
+        return b.attn(b.attn_norm(x), cos, sin, None, None)
+
+    def similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.cosine_similarity(a.float(), b.float(), dim=-1).mean()
 
     table = {}
     for n in sizes:
         pairs = [(i, j) for i in range(len(blocks) - n + 1) for j in range(1, n)]
         if not pairs:
             continue
-        hidden = [F.cosine_similarity(inputs[i + j], inputs[i], dim=-1).mean() for i, j in pairs]
-        attn = [F.cosine_similarity(attention(i + j, inputs[i + j]), attention(i + j, inputs[i]), dim=-1).mean()
-                for i, j in pairs]
+        hidden = [similarity(inputs[i + j], inputs[i]) for i, j in pairs]
+        attn = [similarity(attention(i + j, inputs[i + j]), attention(i + j, inputs[i])) for i, j in pairs]
         table[n] = {"hidden": torch.stack(hidden).mean().item(), "attention": torch.stack(attn).mean().item()}
     return table
 
