@@ -18,6 +18,7 @@ from specmesh.engine.engine import Engine
 from specmesh.engine.sequence import Output, Sequence
 from specmesh.methods import Models
 from specmesh.model.loader import DTYPES, load_model, load_tokenizer
+from specmesh.runtime import tensor_parallel
 from specmesh.spec.sampling import SamplingParams
 
 Prompt = str | list[int]        # text, or token ids
@@ -44,6 +45,8 @@ class LLM:
     `specmesh models`, a HuggingFace folder or a GGUF file (a known target brings its draft).
     Method options (gamma=4, tree_width=4, ...) go to the methods that have them.
     `max_batch`: sequences decoded together (the multi-process methods take one at a time).
+    `tp=N`: the target split over N processes (tensor parallelism, runtime/tensor_parallel.py), for the
+    methods that run in one process (ar, sd, tree, easyspec, selfdraft); the draft stays on rank 0.
     method="auto" (the default): the fastest lossless method for this machine, pair and dtype
     (tuning.py; measured once, then cached); `self.choice` says what it chose and why. `retune`:
     True measures again on the shipped calibration prompts, a list of texts on those. `quant="int8"`:
@@ -52,9 +55,10 @@ class LLM:
 
     def __init__(self, target: str | Path | None = None, draft: str | Path | None = None, method: str = "auto",
                  device: str = "cpu", dtype: str | torch.dtype = "float32", max_batch: int = MAX_BATCH,
-                 quant: str | None = None, retune: bool | list[str] = False, **options):
+                 quant: str | None = None, retune: bool | list[str] = False, tp: int = 1, **options):
         auto = method == "auto"
         self.method = methods.get("ar" if auto else method, options)
+        check_tp(tp, method, self.method)
         self.choice: tuning.Choice | None = None
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
@@ -63,7 +67,11 @@ class LLM:
         self.device = torch.device(device)
         target = catalog.resolve(target)
         self.tokenizer = load_tokenizer(target)
-        self.models = Models(load_model(target, self.dtype, self.device, quant=quant), target_path=target)
+        self.models = Models(load_model(target, self.dtype, self.device, quant=quant,
+                                        part=(0, tp) if tp > 1 else None), target_path=target)
+        if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
+            self.models.remote = tensor_parallel.start(self.models.target, Path(target), self.dtype, quant, tp,
+                                                       options.get("timeout") or tensor_parallel.TIMEOUT_S)
         if draft is None and (self.method.needs_draft or auto):
             draft = catalog.draft_for(target)
             if draft is None and self.method.needs_draft:
@@ -171,6 +179,17 @@ class Stream:
         piece = first.stream_piece()
         if piece:
             yield piece
+
+
+def check_tp(tp: int, name: str, method: methods.Configured) -> None:
+    if not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    if tp > 1 and name == "auto":
+        raise ValueError("--tp needs a method (auto measures one process only): "
+                         "--method ar, sd, tree, easyspec or selfdraft")
+    if tp > 1 and method.spec.start is not None:
+        raise ValueError(f"{method.name} runs its own processes and cannot split the target with --tp; "
+                         f"--tp is for ar, sd, tree, easyspec and selfdraft")
 
 
 def check_vocabularies(target_tok, draft_tok, target: Path, draft: Path) -> None:

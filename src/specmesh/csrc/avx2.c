@@ -215,6 +215,7 @@ typedef struct {            // one decoder layer's weights (kernels.CBlock fills
     const void *qkv, *o, *gate_up, *down;          // [N, K] of that kind
     const float *qkv_s, *o_s, *gate_up_s, *down_s; // the int8 scales, or NULL
     const float *qkv_b, *o_b, *gate_up_b, *down_b; // float32 or NULL
+    void (*reduce)(float *x, int n);                // a tensor-parallel shard: sums x[n] over the ranks, or NULL
 } Layer;
 
 // [sum(a[0]), ..., sum(a[7])]: the same addition tree for every lane
@@ -407,11 +408,13 @@ static void add(float *h, const float *x, int n) {     // h += x (the residual s
     for (int i = 0; i < n; i++) h[i] += x[i];
 }
 
-// A layer's second half for M tokens: h[M, D] += o(att[M, H*hd]), then h += mlp(rms_norm(h)).
+// A layer's second half for M tokens: h[M, D] += o(att[M, H*hd]), then h += mlp(rms_norm(h)); on a
+// tensor-parallel shard each part is summed over the ranks (L->reduce) before it is added.
 void block_out(const Layer *L, float *h, int M, const float *att) {
     int D = L->D, I = L->I;
     float *x = malloc(sizeof(float) * M * D), *act = malloc(sizeof(float) * M * I);
     linear(att, M, L->H * L->hd, L->o, L->kind, L->o_s, D, L->o_b, x);
+    if (L->reduce) L->reduce(x, M * D);                          // this rank's heads' part -> the whole
     add(h, x, M * D);
     rms_norm(h, M, D, L->mlp_norm, L->eps, x);
     if (L->glu)                                                  // SwiGLU in the tile product's epilogue
@@ -423,6 +426,7 @@ void block_out(const Layer *L, float *h, int M, const float *att) {
         free(gu);
     }
     linear(act, M, I, L->down, L->kind, L->down_s, D, L->down_b, x);
+    if (L->reduce) L->reduce(x, M * D);                          // this rank's MLP columns' part -> the whole
     add(h, x, M * D);
     free(x); free(act);
 }

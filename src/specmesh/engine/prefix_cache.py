@@ -32,6 +32,8 @@ MIN_REST = PREFILL_TOKENS + 1       # a prompt's uncached rest attends on the ti
 
 def unsupported(model) -> str | None:
     """Why cached prefixes would not be bit-exact for this model here; None where they are."""
+    if getattr(model, "tp", None) is not None:
+        return "the target is split over processes (--tp): each keeps its own part of the keys and values"
     forward = getattr(model, "fast_forward", None)
     if not isinstance(forward, CForward) or not forward.tile_attention:
         return "prefills do not attend on the tile unit here (a CPU with AMX, bfloat16 weights, head dim 64)"

@@ -90,7 +90,7 @@ class Runner:
         prompt = seq.prompt
         prompt.waiting -= 1
         if prompt.kv is not None:
-            self.cache.fill(row, [k[0] for k in prompt.kv[0]], [v[0] for v in prompt.kv[1]])
+            self.cache.fill_prefix(row, prompt.kv)
             logits = prompt.logits
         else:
             logits = self._compute(seq, row)

@@ -22,7 +22,8 @@ class LayerWeights(ctypes.Structure):
     """csrc/avx2.c's Layer: a decoder layer's sizes and weight pointers."""
     _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hkv", "hd", "I", "kind", "glu")] + [("eps", ctypes.c_float)] + [
         (n, ctypes.c_void_p) for n in ("attn_norm", "mlp_norm", "qkv", "o", "gate_up", "down",
-                                       "qkv_s", "o_s", "gate_up_s", "down_s", "qkv_b", "o_b", "gate_up_b", "down_b")]
+                                       "qkv_s", "o_s", "gate_up_s", "down_s", "qkv_b", "o_b", "gate_up_b", "down_b",
+                                       "reduce")]
 
 
 class ModelEnds(ctypes.Structure):

@@ -36,6 +36,7 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.first_layer = first_layer
+        self.row0 = 0                                    # a view's first row in the cache it views
         self.max_len = max_len
         self.lengths = np.zeros(batch, dtype=np.int64)   # committed tokens per row
         self.spec = np.zeros(batch, dtype=np.int64)      # speculative slots per row
@@ -47,9 +48,9 @@ class KVCache:
         """Rows [start, stop) as a cache of their own, sharing memory and counters with this one (made once
         per range: a decoding step asks for the same few every time)."""
         if (start, stop) not in self.views:
-            view = KVCache.__new__(KVCache)
+            view = type(self).__new__(type(self))
             view.k, view.v = [k[start:stop] for k in self.k], [v[start:stop] for v in self.v]
-            view.first_layer, view.max_len = self.first_layer, self.max_len
+            view.first_layer, view.max_len, view.row0 = self.first_layer, self.max_len, self.row0 + start
             view.lengths, view.spec = self.lengths[start:stop], self.spec[start:stop]     # numpy views
             view.starts, view.kv_len, view.views = [], 0, {}
             self.views[start, stop] = view
@@ -65,6 +66,8 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model, batch: int, max_len: int, layers: range | None = None) -> "KVCache":
+        if getattr(model, "tp", None) is not None:    # rank 0 of a tensor-parallel target: every rank keeps one
+            return model.tp.cache(batch, max_len, layers)
         cfg = model.config
         layers = layers or range(cfg.num_layers)
         return cls(len(layers), batch, max_len, cfg.num_kv_heads, cfg.head_dim,
@@ -160,6 +163,10 @@ class KVCache:
         """A copy of the committed prefix (all rows equally long): per-layer k, v [B,Hkv,L,hd]."""
         L = int(self.lengths[0])
         return [k[:, :, :L].clone() for k in self.k], [v[:, :, :L].clone() for v in self.v]
+
+    def fill_prefix(self, row: int, kv: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+        """Row's committed tokens become those of a one-row cache's `prefix()` copy."""
+        self.fill(row, [k[0] for k in kv[0]], [v[0] for v in kv[1]])
 
     def load_prefix(self, kv: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
         """Make a `prefix()` copy the committed tokens of every row."""

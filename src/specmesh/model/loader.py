@@ -16,8 +16,9 @@ from safetensors.torch import load_file, save_file
 
 from specmesh.kernels import select_kernels
 from specmesh.model import gguf
-from specmesh.model.quant import quantize_model
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
+from specmesh.model.quant import quantize_model
+from specmesh.model.shard import shard
 from specmesh.model.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -92,12 +93,14 @@ HEAD_TOKENS = "head_tokens.safetensors"     # in a draft's folder: "ids", the to
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               pack: bool = True, draft: bool = False, quant: str | None = None) -> Transformer:
+               pack: bool = True, draft: bool = False, quant: str | None = None,
+               part: tuple[int, int] | None = None) -> Transformer:
     """Load a checkpoint for inference; `pack` puts this CPU's kernels in place (kernels.select_kernels: the
     one place they are chosen, for `LLM` and the server alike), which for a bf16 `draft` model hold its
     weights in int8 where csrc/avx2.c builds. `quant="int8"`: the linears quantized (model/quant.py);
     the model as loaded is the quantized one, `model.quant` says so. A `draft` whose folder has HEAD_TOKENS
-    computes logits for those tokens only (Transformer.restrict_head)."""
+    computes logits for those tokens only (Transformer.restrict_head). `part=(rank, world)`: only that
+    tensor-parallel rank's shard (model/shard.py), cut before quantization and kernels."""
     path = Path(path)
     if gguf.is_gguf(path):
         checkpoint = gguf.read_gguf(path)
@@ -123,6 +126,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     model.inv_freq = rope_inv_freq(cfg)   # buffers are not in the checkpoint
     if draft and (path / HEAD_TOKENS).is_file():
         model.restrict_head(load_file(path / HEAD_TOKENS)["ids"])
+    if part is not None:
+        shard(model, *part)
     if quant is not None:
         quantize_model(model, quant)
     model = model.to(device=device, dtype=dtype).eval()

@@ -191,6 +191,10 @@ class MLP(nn.Module):
         return self.down(F.silu(gate) * up)
 
 
+def unchanged(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -198,10 +202,13 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+        # a tensor-parallel shard's attention and MLP give this rank's part of their output: all_reduce sums
+        # the parts over the ranks (runtime/tensor_parallel.py); one process: the output as it is
+        self.all_reduce: Callable[[torch.Tensor], torch.Tensor] = unchanged
 
     def forward(self, x, cos, sin, cache, mask):
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache, mask)
-        return x + self.mlp(self.mlp_norm(x))
+        x = x + self.all_reduce(self.attn(self.attn_norm(x), cos, sin, cache, mask))
+        return x + self.all_reduce(self.mlp(self.mlp_norm(x)))
 
 
 def layer_parallel(blocks: list[nn.Module], h: torch.Tensor, cos, sin, cache: KVCache | None,
@@ -237,6 +244,7 @@ class Transformer(nn.Module):
         # forward in one call, put in place by the kernels (kernels/select.py)
         self.fast_forward: Callable | None = None
         self.kv_dtype: torch.dtype | None = None     # the KV cache's, where the kernels chose one
+        self.tp = None      # rank 0 of a tensor-parallel target: its runtime/tensor_parallel.Leader (makes its caches)
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B,T,1,hd] for integer positions [B,T] (computed in float32, as HF does)."""

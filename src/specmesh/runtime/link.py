@@ -29,6 +29,7 @@ import ctypes
 import datetime
 import functools
 import json
+import math
 import os
 import platform
 import socket
@@ -158,7 +159,7 @@ class Mailboxes:
 class Link:
     def __init__(self, store: dist.Store, rank: int, roles: list[str], timeout_s: float,
                  procs: dict[int, subprocess.Popen] | None = None):
-        self.rank, self.roles, self.timeout_s = rank, roles, timeout_s
+        self.rank, self.roles, self.timeout_s, self.store = rank, roles, timeout_s, store
         self.procs = procs or {}
         store.set(f"pid/{rank}", str(os.getpid()))
         self.pids = [int(store.get(f"pid/{r}")) for r in range(len(roles))]
@@ -196,7 +197,7 @@ class Link:
         `mailbox` as in `send`: both ends must agree."""
         if mailbox and src in self.inbox and tensor.nbytes <= MAILBOX_BYTES:
             box, out = self.inbox[src], as_bytes(tensor)
-            self._poll(lambda: box.get(out), src, self.timeout_s, box, WRITTEN)
+            self._poll(lambda: box.get(out), src, math.inf if idle else self.timeout_s, box, WRITTEN)
             return tensor
         work = self._guard(lambda: self.group.recv([tensor], src, 0), src)
         self._wait(work, src, None if idle else self.timeout_s)

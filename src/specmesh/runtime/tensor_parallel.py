@@ -1,0 +1,289 @@
+"""Tensor-parallel target: one shard per process (model/shard.py), the parts of each attention and MLP output
+summed over the ranks (two all-reduces a layer), the logits on rank 0 only. Knows no methods.
+
+Rank 0 runs everything else (the engine, the method, the draft) on a target that looks like any other: its
+`fast_forward` is a `Leader`, which sends each forward to the other ranks before computing its own shard,
+and its caches are `MirroredCache`s, whose changes (commits, rollbacks, moved rows, saved prompts) are
+logged and sent with the next forward, so every rank repeats them in the same order on its own shard.
+Ranks 1.. (`Follower`) wait for a forward, apply the logged changes, compute their shard, and repeat.
+
+The all-reduce on CPU: every rank sends its part to every other (shared-memory mailboxes on one machine,
+gloo between machines, runtime/link.py) and sums the parts in rank order. The sum is the same on every
+rank and does not depend on how many rows a forward has, so a token's logits are the same in an `ar`
+step and in a verification (the kernels' row invariance, kept: lossless methods stay lossless under
+--tp). They differ from one process's by float rounding: the output projections sum over their inputs
+in parts. On CUDA the parts are summed by NCCL. A rank that dies or stops answering fails the forward
+within the link's timeout with a PeerError naming it.
+"""
+from __future__ import annotations
+
+import ctypes
+import datetime
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from specmesh.model.cache import KVCache
+from specmesh.model.loader import DTYPES, load_model
+from specmesh.model.model import Transformer
+from specmesh.runtime.link import Link, PeerError, connect
+from specmesh.timing import CHOSEN, share_of_cores
+
+SERVE = f"{__name__}:Follower"
+TIMEOUT_S = 60.0                            # a rank waits this long for another within a forward
+REDUCE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int)     # csrc/avx2.c's Layer.reduce
+
+
+def roles(world: int) -> list[str]:
+    return [f"tp{r}" for r in range(world)]
+
+
+class Group:
+    """This rank's end of the tensor-parallel ranks: the all-reduce of a shard's partial outputs."""
+
+    def __init__(self, link: Link, device: torch.device):
+        self.link, self.rank, self.world = link, link.rank, len(link.roles)
+        self.error: BaseException | None = None         # the first failure: every later forward fails too
+        self.c_reduce = REDUCE(self._c_reduce)           # kept alive as long as the kernels may call it
+        self.nccl = None
+        if device.type == "cuda":
+            store = dist.PrefixStore("nccl", link.store)
+            self.nccl = dist.ProcessGroupNCCL(store, self.rank, self.world)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of every rank's x (same shape on all), the same on every rank."""
+        self.check()
+        try:
+            if self.nccl is not None and x.is_cuda:
+                work = self.nccl.allreduce([x])
+                work.wait(datetime.timedelta(seconds=self.link.timeout_s))
+                return x
+            part = x.float().cpu().contiguous()
+            peers = [r for r in range(self.world) if r != self.rank]
+            sending = [self.link.send(part, r, wait=False) for r in peers]
+            parts = {r: self.link.recv(torch.empty_like(part), r) for r in peers} | {self.rank: part}
+            for done in sending:
+                done()
+            total = parts[0].clone()
+            for r in range(1, self.world):          # in rank order: the same sum on every rank
+                total += parts[r]
+            return total.to(x.device, x.dtype)
+        except BaseException as e:
+            self.error = e
+            raise
+
+    def _c_reduce(self, address: int, n: int) -> None:
+        """The kernels' callback: x[n] float32 at `address` <- the sum over the ranks. An exception cannot
+        cross into C: it is kept, the rest of the forward computes without the others, and `check` raises it."""
+        if self.error is not None:
+            return
+        try:
+            x = torch.frombuffer((ctypes.c_float * n).from_address(address), dtype=torch.float32)
+            x.copy_(self.all_reduce(x))
+        except BaseException:
+            pass                                    # kept in self.error
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def install(self, model: Transformer) -> None:
+        """Sum every block's attention and MLP outputs over the ranks, in PyTorch (Block.all_reduce) and in
+        the C kernels (Layer.reduce)."""
+        for layer in model.layers:
+            getattr(layer, "block", layer).all_reduce = self.all_reduce
+            if hasattr(layer, "weights"):           # kernels.CBlock
+                layer.weights.reduce = ctypes.cast(self.c_reduce, ctypes.c_void_p).value
+
+
+# -- messages: a forward and the cache changes before it, as JSON through the link -----------------------
+def send_message(link: Link, message: dict, dst: int) -> None:
+    data = torch.frombuffer(bytearray(json.dumps(message).encode()), dtype=torch.uint8)
+    link.send(torch.tensor([data.numel()]), dst)
+    link.send(data, dst)
+
+
+def recv_message(link: Link, idle: bool = False) -> dict:
+    size = int(link.recv(torch.zeros(1, dtype=torch.int64), 0, idle=idle))
+    return json.loads(bytes(link.recv(torch.zeros(size, dtype=torch.uint8), 0).tolist()))
+
+
+class SavedPrefix(tuple):
+    """MirroredCache.prefix()'s copy (k, v): rank 0's shard here, each other rank keeps its own under `handle`
+    until this is gone."""
+
+    def __new__(cls, kv, handle: int, leader: "Leader"):
+        saved = super().__new__(cls, kv)
+        saved.handle, saved.leader = handle, leader
+        return saved
+
+    def __del__(self):
+        self.leader.pending.append([-1, 0, 0, "drop", self.handle])
+
+
+class MirroredCache(KVCache):
+    """Rank 0's shard of a cache; each change is logged for the other ranks (Leader.pending), in order."""
+    leader: "Leader"
+    id: int
+    root: bool = False                              # the cache itself, not a view of it
+
+    def _log(self, name: str, *args) -> None:
+        self.leader.pending.append([self.id, self.row0, self.batch, name, *args])
+
+    def view(self, start: int, stop: int) -> "MirroredCache":
+        view = super().view(start, stop)
+        view.leader, view.id, view.root = self.leader, self.id, False
+        return view
+
+    def commit(self, row, path, keep=()) -> None:
+        super().commit(row, path, keep)
+        self._log("commit", row, [int(i) for i in path], [int(i) for i in keep])
+
+    def commit_all(self, row: int | None = None) -> None:
+        super().commit_all(row)
+        self._log("commit_all", row)
+
+    def rollback(self, row: int, length: int) -> None:
+        super().rollback(row, length)
+        self._log("rollback", row, int(length))
+
+    def move_row(self, src: int, dst: int) -> None:
+        super().move_row(src, dst)
+        self._log("move_row", src, dst)
+
+    def prefix(self) -> SavedPrefix:
+        self.leader.saved += 1
+        self._log("prefix", self.leader.saved)
+        return SavedPrefix(super().prefix(), self.leader.saved, self.leader)
+
+    def fill_prefix(self, row: int, kv: SavedPrefix) -> None:
+        super().fill_prefix(row, kv)
+        self._log("fill_prefix", row, kv.handle)
+
+    def __del__(self):
+        if self.root:
+            self.leader.pending.append([self.id, 0, 0, "free"])
+
+
+class Leader:
+    """Rank 0's target.fast_forward and cache maker (KVCache.for_model asks target.tp): sends each forward,
+    with the cache changes logged since the last, to the other ranks, then computes rank 0's shard
+    (through the kernels' own fast forward where they take it, else the model's PyTorch path)."""
+
+    def __init__(self, model: Transformer, group: Group):
+        self.model, self.group, self.inner = model, group, model.fast_forward
+        self.pending: list[list] = []               # cache changes not sent yet
+        self.caches = self.saved = 0                 # ids given out
+        model.fast_forward, model.tp = self, self
+
+    @property
+    def link(self) -> Link | None:
+        return self.group.link
+
+    def cache(self, batch: int, max_len: int, layers: range | None = None) -> MirroredCache:
+        cfg = self.model.config
+        layers = layers or range(cfg.num_layers)
+        cache = MirroredCache(len(layers), batch, max_len, cfg.num_kv_heads, cfg.head_dim, self.model.cache_dtype,
+                              self.model.device, layers.start)
+        self.caches += 1
+        cache.leader, cache.id, cache.root = self, self.caches, True
+        self.pending.append([cache.id, 0, batch, "new", max_len, layers.start, layers.stop])
+        return cache
+
+    def __call__(self, x, cache, depths, tree_mask, layers: range, last_only: bool, groups):
+        if groups is not None:
+            raise ValueError("layer-parallel groups are for drafts, not a tensor-parallel target")
+        message = {"ops": self.pending, "x": x.tolist(), "layers": [layers.start, layers.stop],
+                   "last_only": last_only, "cache": None if cache is None else [cache.id, cache.row0, cache.batch],
+                   "depths": None if depths is None else depths.tolist(),
+                   "tree_mask": None if tree_mask is None else tree_mask.int().tolist()}
+        self.pending = []
+        self.group.check()
+        for rank in range(1, self.group.world):
+            send_message(self.group.link, message, rank)
+        out = None if self.inner is None else self.inner(x, cache, depths, tree_mask, layers, last_only, groups)
+        self.group.check()
+        return out
+
+    def close(self) -> None:
+        """Tell the other ranks to exit (after a failure: kill them)."""
+        link, self.group.link = self.group.link, None
+        if link is None:
+            return
+        healthy = self.group.error is None
+        if healthy:
+            try:
+                for rank in range(1, self.group.world):
+                    send_message(link, {"shutdown": True}, rank)
+            except PeerError:
+                healthy = False
+        link.close(grace_s=5.0 if healthy else 0.0)
+
+
+class Follower:
+    """Ranks 1..: load this rank's shard, then repeat rank 0's forwards and cache changes until shutdown."""
+
+    def __init__(self, config: dict):
+        self.device = torch.device(config["device"])
+        part = (int(os.environ["RANK"]), int(config["world"]))
+        self.model = load_model(Path(config["target"]), DTYPES[config["dtype"]], self.device,
+                                quant=config.get("quant"), part=part)
+        self.caches: dict[int, KVCache] = {}
+        self.saved: dict[int, tuple] = {}
+
+    def run(self, link: Link) -> None:
+        group = Group(link, self.device)
+        group.install(self.model)
+        with torch.inference_mode():
+            while not (message := recv_message(link, idle=True)).get("shutdown"):
+                for op in message["ops"]:
+                    self.apply(*op)
+                self.forward(message)
+                group.check()
+
+    def apply(self, cache_id: int, row0: int, batch: int, name: str, *args) -> None:
+        if name == "new":
+            self.caches[cache_id] = KVCache.for_model(self.model, batch, args[0], range(args[1], args[2]))
+        elif name == "free":
+            del self.caches[cache_id]
+        elif name == "drop":
+            self.saved.pop(args[0], None)
+        elif name == "prefix":
+            self.saved[args[0]] = self.view(cache_id, row0, batch).prefix()
+        elif name == "fill_prefix":
+            self.view(cache_id, row0, batch).fill_prefix(args[0], self.saved[args[1]])
+        else:
+            getattr(self.view(cache_id, row0, batch), name)(*args)
+
+    def view(self, cache_id: int, row0: int, batch: int) -> KVCache:
+        cache = self.caches[cache_id]
+        return cache if (row0, batch) == (0, cache.batch) else cache.view(row0, row0 + batch)
+
+    def forward(self, message: dict) -> None:
+        dev = self.device
+        tensor = (lambda key, dtype: None if message[key] is None
+                  else torch.tensor(message[key], dtype=dtype, device=dev))
+        cache = None if message["cache"] is None else self.view(*message["cache"])
+        self.model(tensor("x", torch.long), cache, depths=tensor("depths", torch.long),
+                   tree_mask=tensor("tree_mask", torch.bool), layers=range(*message["layers"]),
+                   last_only=message["last_only"])
+
+
+def start(target: Transformer, path: Path, dtype: torch.dtype, quant: str | None, world: int,
+          timeout_s: float = TIMEOUT_S) -> Leader:
+    """Make `target` (rank 0's shard, loaded with part=(0, world)) the leader of `world` ranks: the others are
+    launched here (or met under torchrun), each loading its shard of `path`. Without a thread count the user
+    chose, each rank computes on its share of the cores."""
+    threads = share_of_cores(world)
+    config = {"serve": SERVE, "target": str(path), "dtype": str(dtype).split(".")[-1], "quant": quant,
+              "device": str(target.device), "world": world, "timeout": timeout_s,
+              "threads": CHOSEN[-1] if CHOSEN else threads}
+    link = connect(roles(world), config, timeout_s)
+    if not CHOSEN:
+        torch.set_num_threads(threads)
+    group = Group(link, target.device)
+    group.install(target)
+    return Leader(target, group)
