@@ -54,7 +54,7 @@ def add_json(p: argparse.ArgumentParser) -> None:
                    help="write JSON to PATH, or to stdout when no PATH is given")
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, tp: bool = False) -> None:
     p.add_argument("--target", metavar="MODEL", help="target: a name from `specmesh models`, a HuggingFace folder "
                    "or a GGUF file (default: smollm2-135m-instruct; `embedded`: the 28M pair shipped here)")
     p.add_argument("--draft", metavar="MODEL", help="draft, as --target (default: the draft made for the target, "
@@ -63,6 +63,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", choices=["int8"], default=None,
                    help="int8: target and draft weights quantized at load, a scale per 32 (like GGUF's Q8_0); "
                         "every method stays lossless against the quantized model (docs/quantization.md)")
+    if tp:
+        p.add_argument("--tp", type=positive_int, default=1, metavar="N",
+                       help="split the target over N processes (tensor parallelism) for ar, sd, tree, easyspec and "
+                            "selfdraft; launched here, or one rank per torchrun process (docs/tensor-parallel.md)")
 
 
 def option_help(name: str, methods: list[str] | None = None) -> str:
@@ -111,7 +115,7 @@ def build_parser() -> Parser:
     g.add_argument("--method", default="auto",
                    help=f"decoding method: auto, {', '.join(METHODS)} (default: auto, the fastest lossless method "
                         f"for this machine and pair, measured once and cached: specmesh tune)")
-    add_model_args(g)
+    add_model_args(g, tp=True)
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--max-new-tokens", type=positive_int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default)")
@@ -154,7 +158,7 @@ def build_parser() -> Parser:
     b.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: each method in its fastest dtype, measured at start-up")
     b.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
-    add_model_args(b)
+    add_model_args(b, tp=True)
     add_method_options(b)
     add_json(b)
     b.add_argument("--plot", metavar="OUT.png", help="draw speedup and tokens per target forward per method")
@@ -171,7 +175,7 @@ def build_parser() -> Parser:
                    "e.g. specmesh-target or smollm2-135m-instruct)")
     v.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
                    help="default bfloat16 (the fastest on CPU); float32 is the exact reference")
-    add_model_args(v)
+    add_model_args(v, tp=True)
     v.add_argument("--max-batch", type=positive_int, metavar="N",
                    help="requests decoded together (default: 16, fewer if their KV cache would pass --max-kv-mb)")
     v.add_argument("--max-kv-mb", type=float, metavar="MB",
@@ -305,12 +309,31 @@ def serve_torchrun_rank(args) -> int:
     return 0
 
 
+def serve_tp_rank(args) -> int:
+    """Under torchrun with --tp N every rank runs the same command; the ranks after 0 keep their shard of the
+    target and repeat rank 0's forwards."""
+    from specmesh import catalog
+    from specmesh.runtime import tensor_parallel
+    from specmesh.runtime.link import join_env
+    config = {"target": str(catalog.resolve(args.target)), "dtype": args.dtype, "quant": args.quant,
+              "device": args.device, "world": args.tp}
+    timeout = getattr(args, "timeout", None) or tensor_parallel.TIMEOUT_S
+    tensor_parallel.Follower(config).run(join_env(tensor_parallel.roles(args.tp), timeout))
+    return 0
+
+
+def torchrun_rank() -> int:
+    from specmesh.runtime.link import under_torchrun
+    return int(os.environ["RANK"]) if under_torchrun() else 0
+
+
 def cmd_generate(args, parser) -> int:
     from specmesh import LLM, SamplingParams
     from specmesh.methods import METHODS
-    from specmesh.runtime.link import under_torchrun
     spec = METHODS.get(args.method)
-    if spec is not None and spec.start is not None and under_torchrun() and int(os.environ["RANK"]) > 0:
+    if torchrun_rank() > 0 and args.tp > 1:
+        return serve_tp_rank(args)
+    if spec is not None and spec.start is not None and torchrun_rank() > 0:
         return serve_torchrun_rank(args)
     if args.chat is None:
         if args.system is not None:
@@ -323,7 +346,7 @@ def cmd_generate(args, parser) -> int:
                             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
                             repetition_penalty=args.repetition_penalty, logit_bias=dict(args.logit_bias))
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
-              quant=args.quant, **method_options(args))
+              quant=args.quant, tp=args.tp, **method_options(args))
     with llm:
         if args.chat is not None:
             system = [{"role": "system", "content": args.system}] if args.system is not None else []
@@ -396,7 +419,7 @@ def cmd_bench(args, parser) -> int:
         return 0
     cfg = BenchConfig(methods=methods, prompts=args.prompts, limit=args.limit, max_new_tokens=args.max_new_tokens,
                       dtype=args.dtype, threads=args.threads, target=args.target, draft=args.draft, quant=args.quant,
-                      device=args.device, options=method_options(args))
+                      device=args.device, tp=args.tp, options=method_options(args))
     result = run_bench(cfg)
     print_table(result, file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
@@ -409,9 +432,11 @@ def cmd_bench(args, parser) -> int:
 
 def cmd_serve(args, parser) -> int:
     from specmesh.serve import ServeConfig, run
+    if torchrun_rank() > 0 and args.tp > 1:
+        return serve_tp_rank(args)
     return run(ServeConfig(method=args.method, host=args.host, port=args.port, model_name=args.model_name,
                            dtype=args.dtype, target=args.target, draft=args.draft, device=args.device, quant=args.quant,
-                           max_batch=args.max_batch, max_kv_mb=args.max_kv_mb, options=method_options(args),
+                           tp=args.tp, max_batch=args.max_batch, max_kv_mb=args.max_kv_mb, options=method_options(args),
                            grace_s=args.grace,
                            max_n=args.max_n, max_queued=args.max_queued, prefill_chunk=args.prefill_chunk,
                            prefix_cache_mb=args.prefix_cache_mb))

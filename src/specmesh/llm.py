@@ -69,9 +69,6 @@ class LLM:
         self.tokenizer = load_tokenizer(target)
         self.models = Models(load_model(target, self.dtype, self.device, quant=quant,
                                         part=(0, tp) if tp > 1 else None), target_path=target)
-        if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
-            self.models.remote = tensor_parallel.start(self.models.target, Path(target), self.dtype, quant, tp,
-                                                       options.get("timeout") or tensor_parallel.TIMEOUT_S)
         if draft is None and (self.method.needs_draft or auto):
             draft = catalog.draft_for(target)
             if draft is None and self.method.needs_draft:
@@ -81,6 +78,9 @@ class LLM:
             draft = catalog.resolve(draft, "draft")
         if draft is not None:
             check_vocabularies(self.tokenizer, load_tokenizer(draft), target, Path(draft))
+        if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
+            self.models.remote = tensor_parallel.start(self.models.target, Path(target), self.dtype, quant, tp,
+                                                       options.get("timeout") or tensor_parallel.TIMEOUT_S)
         if self.method.spec.start:          # other processes: pearl's draft, a pipeline's stages
             self.method.spec.start(self.models, None if draft is None else Path(draft), self.dtype,
                                    self.method.options)

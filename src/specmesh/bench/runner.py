@@ -49,6 +49,7 @@ class BenchConfig:
     target: str | None = None
     draft: str | None = None
     device: str = "cpu"
+    tp: int = 1                                     # specmesh's target split over tp processes (not the peers')
     options: dict = field(default_factory=dict)     # method options given on the command line
 
 
@@ -56,7 +57,7 @@ class OurRunner:
     def __init__(self, method: str, cfg: BenchConfig, dtype: str):
         from specmesh.llm import LLM
         self.llm = LLM(target=cfg.target, draft=cfg.draft, method=method, device=cfg.device, dtype=dtype,
-                       quant=cfg.quant, **cfg.options)
+                       quant=cfg.quant, tp=cfg.tp, **cfg.options)
 
     def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
         out = self.llm.generate(ids, SamplingParams(max_new_tokens=max_new_tokens))

@@ -227,8 +227,11 @@ class Follower:
     """Ranks 1..: load this rank's shard, then repeat rank 0's forwards and cache changes until shutdown."""
 
     def __init__(self, config: dict):
+        rank = int(os.environ["RANK"])
         self.device = torch.device(config["device"])
-        part = (int(os.environ["RANK"]), int(config["world"]))
+        if self.device.type == "cuda":              # a GPU per rank: torchrun's local rank, else the rank
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        part = (rank, int(config["world"]))
         self.model = load_model(Path(config["target"]), DTYPES[config["dtype"]], self.device,
                                 quant=config.get("quant"), part=part)
         self.caches: dict[int, KVCache] = {}

@@ -27,6 +27,7 @@ class ServeConfig:
     target: str | None = None
     draft: str | None = None
     device: str = "cpu"
+    tp: int = 1                     # the target split over tp processes (tensor parallelism)
     max_batch: int | None = None    # running requests (None: 16, fewer where their KV cache would pass max_kv_mb)
     max_kv_mb: float | None = None  # the KV cache's bound (None: a quarter of the memory available at start)
     options: dict = field(default_factory=dict)     # method options (sd without gamma: γ by batch size)
@@ -56,7 +57,7 @@ def build(cfg: ServeConfig):
     if not cfg.prefix_cache_mb >= 0:
         raise ValueError(f"--prefix-cache-mb must be >= 0, got {cfg.prefix_cache_mb}")
     llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype,
-              quant=cfg.quant, **cfg.options)
+              quant=cfg.quant, tp=cfg.tp, **cfg.options)
     llm.tokenizer.token_bytes                           # checked once now, not on the first request
     metrics = Metrics()
     max_len = llm.context + llm.method.slack
