@@ -40,6 +40,17 @@ def logit_bias(text: str) -> tuple[int, float]:
         raise argparse.ArgumentTypeError(f"expected ID=BIAS (like 50256=-100), got {text!r}") from None
 
 
+def device_counts(text: str) -> list[int]:
+    """'2,4,8' -> [2, 4, 8] (positive integers)."""
+    try:
+        counts = [int(t) for t in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected device counts like 2,4,8, got {text!r}")
+    return counts
+
+
 def write_json(obj, dest: str | None) -> None:
     """--json: '-' means stdout, anything else a file path."""
     text = json.dumps(obj, indent=2) + "\n"
@@ -206,12 +217,16 @@ def build_parser() -> Parser:
     lt.add_argument("--model", help="model id to send (default: none; the server's own)")
     add_json(lt)
 
-    sm = sub.add_parser("simulate", help="pipedec / pp / stpp on a virtual clock for N pipeline stages (simulated)")
+    sm = sub.add_parser("simulate", help="pipedec / pp / stpp on a virtual clock for N pipeline stages, or easyspec / "
+                        "tree for a target split over N devices (simulated)")
     sm.add_argument("prompt", nargs="?", help="the prompt text (or --prompts FILE)")
     sm.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (one JSON object with 'prompt' per line)")
     sm.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts of --prompts")
-    sm.add_argument("--method", choices=["pipedec", "pp", "stpp"], default="pipedec")
+    sm.add_argument("--method", choices=["pipedec", "pp", "stpp", "easyspec", "tree"], default="pipedec")
     sm.add_argument("--stages", type=positive_int, default=14, help="pipeline stages to simulate (default: 14)")
+    sm.add_argument("--tp", type=device_counts, default=[2, 4, 8], metavar="N[,N...]",
+                    help="easyspec / tree: devices the target is split over (default: 2,4,8); easyspec is shown next "
+                         "to exact drafting of the same tree")
     sm.add_argument("--profile", default="gpu-cluster",
                     help="gpu-cluster (the paper's setting), local (measured here), or a profile JSON file")
     sm.add_argument("--max-new-tokens", type=positive_int, default=128)
@@ -472,6 +487,14 @@ def cmd_simulate(args, parser) -> int:
     if (args.prompt is None) == (args.prompts is None):
         parser.error("give exactly one of PROMPT or --prompts FILE")
     prompts = [args.prompt] if args.prompt is not None else load_prompts(args.prompts, args.limit)
+    if args.method in ("easyspec", "tree"):
+        from specmesh.bench.simulate_tp import TPProfile, print_tp, simulate_tp
+        result = simulate_tp(args.method, args.tp, TPProfile.load(args.profile), prompts, args.max_new_tokens,
+                             args.target, args.draft)
+        print_tp(result, sys.stderr if args.json == "-" else sys.stdout)
+        if args.json:
+            write_json(result, args.json)
+        return 0
     from specmesh.methods import METHODS
     pipedec, stpp = METHODS["pipedec"].defaults, METHODS["stpp"].defaults
     paper = args.profile == "gpu-cluster"

@@ -33,14 +33,16 @@ from specmesh.spec.verify import Verdict
 POLICIES = ("never", "prefill", "round", "mismatch")
 
 
-def default_groups(layers: int) -> list[int]:
+def default_groups(layers: int, size: int = 2) -> list[int]:
     """Group sizes for a draft this deep: the first and last eighth of the layers (at least one each) exact,
-    the middle ones in pairs (the authors' example for 32 layers: 4 alone, 12 pairs, 4 alone)."""
+    the middle ones in groups of `size` (pairs: the authors' example for 32 layers: 4 alone, 12 pairs, 4 alone;
+    a remainder group smaller)."""
     edge = max(1, layers // 8)
     if layers <= 2 * edge:
         return [1] * layers
     middle = layers - 2 * edge
-    return [1] * edge + [2] * (middle // 2) + [1] * (middle % 2 + edge)
+    full, rest = divmod(middle, size)
+    return [1] * edge + [size] * full + ([rest] if rest else []) + [1] * edge
 
 
 def layer_groups(spec: str, layers: int) -> list[range]:

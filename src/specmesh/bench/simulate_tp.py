@@ -1,0 +1,146 @@
+"""`specmesh simulate --method easyspec|tree --tp N`: EasySpec against exact tree drafting under a target split
+over N devices, on a virtual clock (simulated).
+
+The real methods run here on the real models (greedy), so every token, acceptance and round is the real
+algorithm's: `easyspec` with its draft's middle layers in groups of up to N (a group needs a device per
+attention), and `tree` growing the same tree (gamma, tree_width, max_children) exactly. Only time is
+modelled, per round, from the profile's costs for the paper's setting (TP_CLUSTER):
+
+* target step on N devices: layers x (layer_ms / N + 2 all-reduces), the same for up to 64 tokens
+  (memory-bound), plus the all-reduce cost of N devices;
+* an exact draft forward (one device, as the drafts run fastest there): layers x (attention + MLP);
+* a layer-parallel draft forward: each group of g layers costs one attention (the g run at once on g
+  devices), an all-gather of their outputs over g devices, then g MLPs; one-layer groups as exact;
+* a round: the draft forwards the real run made per round (for `easyspec`, the round's first forward reads
+  the accepted tokens exactly: bonus calibration), then one verification.
+
+TP_CLUSTER's figures come from the paper's own TP table (Wu et al., NeurIPS 2025, tokens/s on A100s):
+Llama-3-70B at 8.39 tok/s on one device is 1.49 ms per layer (80 layers); 13.00 / 13.23 / 13.23 tok/s at
+TP 2 / 4 / 8 then leave 0.108 / 0.286 / 0.379 ms per all-reduce (two a layer). Llama-3-8B at 36.76 tok/s
+on one device is 0.85 ms per layer (32 layers), split 0.39 ms attention / 0.46 ms MLP: the attention's share
+of the weight bytes (19%) of the 8 ms that reading 16 GB takes at 2 TB/s, plus its share of the kernels
+(8 of 14 a layer) of the remaining 19 ms of launch overhead. An all-gather of a group's small outputs is
+taken to cost what an all-reduce does over as many devices (both latency-bound). Or a JSON file of this
+shape (`--profile`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specmesh.proposers.fuzzy_draft import default_groups
+
+TP_CLUSTER = {"name": "gpu-cluster", "target_layers": 80, "target_layer_ms": 1.49, "flat_tokens": 64,
+              "all_reduce_ms": {"1": 0.0, "2": 0.108, "4": 0.286, "8": 0.379},
+              "draft_layers": 32, "draft_attention_ms": 0.39, "draft_mlp_ms": 0.46}
+TREE = {"gamma": 5, "tree_width": 3, "max_children": 2}        # easyspec's defaults, for both methods
+
+
+@dataclass
+class TPProfile:
+    name: str
+    target_layers: int
+    target_layer_ms: float
+    flat_tokens: int
+    all_reduce_ms: dict
+    draft_layers: int
+    draft_attention_ms: float
+    draft_mlp_ms: float
+
+    @classmethod
+    def load(cls, spec: str) -> "TPProfile":
+        if spec == "gpu-cluster":
+            return cls(**TP_CLUSTER)
+        path = Path(spec)
+        if not path.is_file():
+            raise FileNotFoundError(f"profile not found: {path} (gpu-cluster, or a JSON file of its shape)")
+        return cls(**json.loads(path.read_text()))
+
+    def collective_ms(self, devices: int) -> float:
+        """An all-reduce (or all-gather) of a few tokens' activations over `devices`, interpolated in log2."""
+        points = sorted((int(n), ms) for n, ms in self.all_reduce_ms.items())
+        return float(np.interp(np.log2(devices), [np.log2(n) for n, _ in points], [ms for _, ms in points]))
+
+    def target_ms(self, devices: int, tokens: int) -> float:
+        """One target forward of `tokens` new tokens split over `devices`."""
+        wide = max(1.0, tokens / self.flat_tokens)
+        return self.target_layers * (self.target_layer_ms * wide / devices + 2 * self.collective_ms(devices))
+
+    def exact_draft_ms(self) -> float:
+        return self.draft_layers * (self.draft_attention_ms + self.draft_mlp_ms)
+
+    def fuzzy_draft_ms(self, devices: int) -> float:
+        """A layer-parallel draft forward, its middle layers in groups of up to `devices`."""
+        ms = 0.0
+        for g in default_groups(self.draft_layers, devices):
+            ms += self.draft_attention_ms + g * self.draft_mlp_ms + (self.collective_ms(g) if g > 1 else 0.0)
+        return ms
+
+
+def run_method(method: str, devices: int, prompts: list[str], max_new_tokens: int, target: str | None,
+               draft: str | None) -> dict:
+    """The real method's greedy runs on `prompts`: the counts the clock needs (easyspec: the draft's middle
+    layers in groups of up to `devices`)."""
+    from specmesh import LLM, SamplingParams, methods
+    with LLM(target=target, draft=draft, method=method, **TREE) as llm:
+        groups = None
+        if method == "easyspec":
+            groups = ",".join(map(str, default_groups(llm.models.draft.config.num_layers, devices)))
+            llm.method = methods.get(method, TREE | {"layer_groups": groups})
+        outs = llm.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens))
+    total = lambda key: sum(getattr(o.stats, key) for o in outs)
+    return {"tokens": total("generated_tokens"), "rounds": total("verifications"),
+            "draft_forwards": total("draft_forwards"), "drafted": total("drafted_tokens"),
+            "accepted": total("accepted_tokens"), "layer_groups": groups}
+
+
+def clock(method: str, counts: dict, profile: TPProfile, devices: int) -> dict:
+    """Simulated time of a run's rounds on `devices`."""
+    rounds = max(1, counts["rounds"])
+    forwards = counts["draft_forwards"] / rounds                 # draft forwards a round
+    exact = profile.exact_draft_ms()
+    draft = exact + (forwards - 1) * profile.fuzzy_draft_ms(devices) if method == "easyspec" else forwards * exact
+    verify = profile.target_ms(devices, round(1 + counts["drafted"] / rounds))
+    ms = rounds * (draft + verify)
+    plain = counts["tokens"] * profile.target_ms(devices, 1)      # TP alone: one target forward a token
+    return {"draft_ms_per_round": draft, "verify_ms_per_round": verify, "ms_per_token": ms / counts["tokens"],
+            "tokens_per_round": counts["tokens"] / rounds,
+            "acceptance": counts["accepted"] / counts["drafted"] if counts["drafted"] else None,
+            "speedup_vs_tp": plain / ms}
+
+
+def simulate_tp(method: str, devices: list[int], profile: TPProfile, prompts: list[str], max_new_tokens: int,
+                target: str | None = None, draft: str | None = None) -> dict:
+    """`method` (easyspec or tree) on each device count, next to exact tree drafting of the same tree; the
+    JSON of `specmesh simulate --tp`."""
+    rows, runs = [], {}
+    tree = run_method("tree", 1, prompts, max_new_tokens, target, draft)
+    for n in devices:
+        row = {"devices": n, "tree": clock("tree", tree, profile, n)}
+        if method == "easyspec":
+            counts = run_method("easyspec", n, prompts, max_new_tokens, target, draft)
+            runs.setdefault(counts["layer_groups"], counts)
+            es = row["easyspec"] = clock("easyspec", counts, profile, n) | {"layer_groups": counts["layer_groups"]}
+            row["draft_speedup_vs_tree"] = row["tree"]["draft_ms_per_round"] / es["draft_ms_per_round"]
+            row["speedup_vs_tree"] = row["tree"]["ms_per_token"] / es["ms_per_token"]
+        rows.append(row)
+    return {"simulated": True, "method": method, "profile": profile.name, "tree": TREE,
+            "prompts": len(prompts), "max_new_tokens": max_new_tokens, "rows": rows}
+
+
+def print_tp(result: dict, file) -> None:
+    print(f"[simulated, profile {result['profile']}] {result['method']} vs exact tree drafting, tree {result['tree']}",
+          file=file)
+    for row in result["rows"]:
+        t = row["tree"]
+        line = (f"  {row['devices']} devices: tree {t['ms_per_token']:.2f} ms/token ({t['speedup_vs_tp']:.2f}x TP alone, "
+                f"draft {t['draft_ms_per_round']:.1f} ms/round, acceptance {t['acceptance']:.2f})")
+        if "easyspec" in row:
+            e = row["easyspec"]
+            line += (f"; easyspec [{e['layer_groups']}] {e['ms_per_token']:.2f} ms/token ({e['speedup_vs_tp']:.2f}x TP, "
+                     f"draft {e['draft_ms_per_round']:.1f} ms/round, acceptance {e['acceptance']:.2f}): drafting "
+                     f"{row['draft_speedup_vs_tree']:.2f}x, end to end {row['speedup_vs_tree']:.2f}x tree")
+        print(line, file=file)
