@@ -76,3 +76,34 @@ def test_plot_sweeps_three_methods_over_depths(tmp_path, tiny_checkpoint):
         "pipedec", "pp", "stpp"}
     pp = table["ms_per_token"]["pp"]
     assert pp == pytest.approx([n * 10.5 for n in (7, 14, 21)]) and png.stat().st_size > 1000
+
+
+def test_tp_clock_arithmetic():
+    """The TP clock by hand: a target split over N devices, exact and layer-parallel draft forwards."""
+    from specmesh.bench.simulate_tp import TPProfile, clock
+    p = TPProfile("test", target_layers=10, target_layer_ms=2.0, flat_tokens=64, all_reduce_ms={"1": 0, "2": 0.1, "8": 0.4},
+                  draft_layers=8, draft_attention_ms=0.5, draft_mlp_ms=1.0)
+    assert p.collective_ms(4) == pytest.approx(0.25)                 # log2-interpolated (2 -> 0.1, 8 -> 0.4)
+    assert p.target_ms(2, 5) == pytest.approx(10 * (2.0 / 2 + 2 * 0.1))
+    assert p.exact_draft_ms() == pytest.approx(12.0)
+    # 8 layers in groups of up to 2: 1, 2, 2, 2, 1 -> 5 attentions, 8 MLPs, 3 all-gathers over 2
+    assert p.fuzzy_draft_ms(2) == pytest.approx(5 * 0.5 + 8 * 1.0 + 3 * 0.1)
+    assert p.fuzzy_draft_ms(1) == pytest.approx(p.exact_draft_ms())
+    counts = {"tokens": 30, "rounds": 10, "draft_forwards": 40, "drafted": 90, "accepted": 20}
+    tree, es = clock("tree", counts, p, 2), clock("easyspec", counts, p, 2)
+    assert tree["draft_ms_per_round"] == pytest.approx(4 * 12.0)
+    assert es["draft_ms_per_round"] == pytest.approx(12.0 + 3 * p.fuzzy_draft_ms(2))     # the first read is exact
+    assert tree["ms_per_token"] == pytest.approx(10 * (48.0 + p.target_ms(2, 10)) / 30)
+    assert tree["speedup_vs_tp"] == pytest.approx(30 * p.target_ms(2, 1) / (10 * (48.0 + p.target_ms(2, 10))))
+
+
+def test_tp_simulation_runs_the_real_methods(tmp_path, tiny_checkpoint):
+    result = simulate(tmp_path, "def add(a, b):", "--method", "easyspec", "--tp", "1,2", "--target",
+                      str(tiny_checkpoint), "--draft", str(tiny_checkpoint))
+    assert result["simulated"] is True and [r["devices"] for r in result["rows"]] == [1, 2]
+    one, two = result["rows"]
+    assert one["easyspec"]["layer_groups"] == "1,1,1"          # one device: no group, exact drafting
+    assert one["draft_speedup_vs_tree"] == pytest.approx(1.0)
+    assert two["tree"]["tokens_per_round"] > 1 and two["easyspec"]["acceptance"] is not None
+    with pytest.raises(SystemExit):
+        main(["simulate", "x", "--method", "tree", "--tp", "0"])
