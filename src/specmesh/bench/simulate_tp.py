@@ -80,21 +80,31 @@ class TPProfile:
         return ms
 
 
-def run_method(method: str, devices: int, prompts: list[str], max_new_tokens: int, target: str | None,
-               draft: str | None) -> dict:
-    """The real method's greedy runs on `prompts`: the counts the clock needs (easyspec: the draft's middle
-    layers in groups of up to `devices`)."""
-    from specmesh import LLM, SamplingParams, methods
-    with LLM(target=target, draft=draft, method=method, **TREE) as llm:
-        groups = None
-        if method == "easyspec":
-            groups = ",".join(map(str, default_groups(llm.models.draft.config.num_layers, devices)))
-            llm.method = methods.get(method, TREE | {"layer_groups": groups})
-        outs = llm.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens))
+def counts(outs: list) -> dict:
+    """What the clock needs of a run's outputs."""
     total = lambda key: sum(getattr(o.stats, key) for o in outs)
     return {"tokens": total("generated_tokens"), "rounds": total("verifications"),
             "draft_forwards": total("draft_forwards"), "drafted": total("drafted_tokens"),
-            "accepted": total("accepted_tokens"), "layer_groups": groups}
+            "accepted": total("accepted_tokens")}
+
+
+def real_runs(method: str, devices: list[int], prompts: list[str], max_new_tokens: int, target: str | None,
+              draft: str | None) -> tuple[dict, dict[int, tuple[str, dict]]]:
+    """The real methods' greedy runs on `prompts`: exact `tree`'s counts, and per device count the layer
+    groups easyspec's draft gets there (its middle layers in groups of up to that many) with its counts."""
+    from specmesh import LLM, SamplingParams, methods
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    with LLM(target=target, draft=draft, method="tree", **TREE) as llm:
+        tree, per_devices, runs = counts(llm.generate(prompts, params)), {}, {}
+        if method == "easyspec":
+            depth = llm.models.draft.config.num_layers
+            for n in devices:
+                groups = ",".join(map(str, default_groups(depth, n)))
+                if groups not in runs:
+                    llm.method = methods.get("easyspec", TREE | {"layer_groups": groups})
+                    runs[groups] = counts(llm.generate(prompts, params))
+                per_devices[n] = (groups, runs[groups])
+    return tree, per_devices
 
 
 def clock(method: str, counts: dict, profile: TPProfile, devices: int) -> dict:
@@ -116,24 +126,25 @@ def simulate_tp(method: str, devices: list[int], profile: TPProfile, prompts: li
                 target: str | None = None, draft: str | None = None) -> dict:
     """`method` (easyspec or tree) on each device count, next to exact tree drafting of the same tree; the
     JSON of `specmesh simulate --tp`."""
-    rows, runs = [], {}
-    tree = run_method("tree", 1, prompts, max_new_tokens, target, draft)
+    from specmesh import catalog
+    rows = []
+    tree, easyspec = real_runs(method, devices, prompts, max_new_tokens, target, draft)
     for n in devices:
         row = {"devices": n, "tree": clock("tree", tree, profile, n)}
         if method == "easyspec":
-            counts = run_method("easyspec", n, prompts, max_new_tokens, target, draft)
-            runs.setdefault(counts["layer_groups"], counts)
-            es = row["easyspec"] = clock("easyspec", counts, profile, n) | {"layer_groups": counts["layer_groups"]}
+            groups, run = easyspec[n]
+            es = row["easyspec"] = clock("easyspec", run, profile, n) | {"layer_groups": groups}
             row["draft_speedup_vs_tree"] = row["tree"]["draft_ms_per_round"] / es["draft_ms_per_round"]
             row["speedup_vs_tree"] = row["tree"]["ms_per_token"] / es["ms_per_token"]
         rows.append(row)
     return {"simulated": True, "method": method, "profile": profile.name, "tree": TREE,
+            "target": catalog.served_name(target),
             "prompts": len(prompts), "max_new_tokens": max_new_tokens, "rows": rows}
 
 
 def print_tp(result: dict, file) -> None:
-    print(f"[simulated, profile {result['profile']}] {result['method']} vs exact tree drafting, tree {result['tree']}",
-          file=file)
+    print(f"[simulated, profile {result['profile']}] {result['method']} vs exact tree drafting of the same tree "
+          f"{result['tree']}, target {result['target']} (token behaviour: real runs here)", file=file)
     for row in result["rows"]:
         t = row["tree"]
         line = (f"  {row['devices']} devices: tree {t['ms_per_token']:.2f} ms/token ({t['speedup_vs_tp']:.2f}x TP alone, "
