@@ -78,14 +78,17 @@ class LLM:
             draft = catalog.resolve(draft, "draft")
         if draft is not None:
             check_vocabularies(self.tokenizer, load_tokenizer(draft), target, Path(draft))
-        if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
-            self.models.remote = tensor_parallel.start(self.models.target, Path(target), self.dtype, quant, tp,
-                                                       options.get("timeout") or tensor_parallel.TIMEOUT_S)
         if self.method.spec.start:          # other processes: pearl's draft, a pipeline's stages
             self.method.spec.start(self.models, None if draft is None else Path(draft), self.dtype,
                                    self.method.options)
         elif draft is not None:
             self.models.draft = load_model(draft, self.dtype, self.device, draft=True, quant=quant)
+        if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
+            spread = self.method.spec.spread_draft and draft is not None
+            self.models.remote = tensor_parallel.start(
+                self.models.target, Path(target), self.dtype, quant, tp,
+                options.get("timeout") or tensor_parallel.TIMEOUT_S,
+                self.models.draft if spread else None, Path(draft) if spread else None)
         if auto:
             self.choice = tuning.choose(self, None if draft is None else Path(draft), bool(retune),
                                         retune if isinstance(retune, list) else None)

@@ -130,3 +130,28 @@ def test_the_cli_splits_the_target_with_tp_and_under_torchrun(tiny_checkpoint):
     tokens = json.loads(ar.stdout)["tokens"]
     assert json.loads(launched.stdout)["tokens"] == tokens and json.loads(torchrun.stdout)["tokens"] == tokens
     assert "rank 1 role tp1" in launched.stderr and "rank 1 role tp1" in torchrun.stderr
+
+
+def test_easyspec_spreads_its_draft_groups_over_the_ranks(tiny_checkpoint):
+    """Under --tp 2 easyspec's draft runs on both ranks: in the group of layers 1-2, rank 0 computes layer 1's
+    attention and rank 1 layer 2's, and they exchange outputs, keys and values. Logits and the whole draft
+    cache match one process's fuzzy forward (float32; the C group forward and PyTorch's round apart)."""
+    one = load_model(tiny_checkpoint, draft=True)
+    groups = [range(0, 1), range(1, 3)]
+    with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", layer_groups="1,2", tp=2) as llm:
+        spread = llm.models.draft
+        assert spread.tp is not None and spread.tp.name == "draft"
+        caches = [KVCache.for_model(m, 2, 64) for m in (one, spread)]
+        for x in (torch.tensor([[5, 17, 33, 2], [90, 41, 8, 8]]), torch.tensor([[7], [9]])):
+            a, b = (m(x, c, groups=groups) for m, c in zip((one, spread), caches))
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+            for c in caches:
+                c.commit_all()
+        for k1, k2 in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+            torch.testing.assert_close(k2[:, :, :5], k1[:, :, :5], rtol=1e-4, atol=1e-4)
+        out = llm.generate(["def add(a, b):", "class Point:"],
+                           SamplingParams(max_new_tokens=24))
+    with LLM(target=tiny_checkpoint, method="ar") as ar:
+        want = ar.generate(["def add(a, b):", "class Point:"], SamplingParams(max_new_tokens=24))
+    assert [o.tokens for o in out] == [w.tokens for w in want]
+    assert out[0].stats.mean_accepted_length > 1        # the draft (the target itself) is accepted: it drafted

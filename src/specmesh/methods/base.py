@@ -90,6 +90,7 @@ class MethodSpec:
     slack: Callable[[dict], int]        # cache slots a step needs beyond prompt + new tokens
     start: Callable | None = None       # start(models, draft, dtype, options): its other processes
     max_rows: int | None = None         # sequences a step takes at most (None: any)
+    spread_draft: bool = False          # under --tp: its draft on every rank, layer-parallel groups spread over them
 
 
 @dataclass(frozen=True)

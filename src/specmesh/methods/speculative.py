@@ -135,7 +135,7 @@ EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with 
                       "groups (fuzzy), and bonus calibration reads the accepted tokens again exactly",
                       {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64, "layer_groups": "",
                        "calibration": "round"}, True, build_easyspec,
-                      slack=lambda o: o["gamma"] * o["tree_width"] + 1)
+                      slack=lambda o: o["gamma"] * o["tree_width"] + 1, spread_draft=True)
 SELFDRAFT = MethodSpec("selfdraft", "Multi-Branch Self-Drafting: no draft model; n-gram candidates and N draft "
                        "branches in one target forward",
                        {"branches": 1, "branch_len": 1, "gram": 6, "max_candidates": 1, "ngram_cache": ""}, False,

@@ -131,6 +131,15 @@ class KVCache:
                 vc[b, :, s:s + T] = v[b]
         return kc[:, :, :self.kv_len], vc[:, :, :self.kv_len]
 
+    def written(self, layer: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values the current forward wrote for `layer`: [B,Hkv,T,hd] each."""
+        kc, vc = self.k[layer - self.first_layer], self.v[layer - self.first_layer]
+        if len(set(self.starts)) == 1:
+            s = self.starts[0]
+            return kc[:, :, s:s + T], vc[:, :, s:s + T]
+        return (torch.stack([kc[b, :, s:s + T] for b, s in enumerate(self.starts)]),
+                torch.stack([vc[b, :, s:s + T] for b, s in enumerate(self.starts)]))
+
     def advance(self, T: int) -> None:
         """The T tokens just written become speculative slots."""
         self.spec += T

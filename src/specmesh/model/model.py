@@ -244,6 +244,7 @@ class Transformer(nn.Module):
         # forward in one call, put in place by the kernels (kernels/select.py)
         self.fast_forward: Callable | None = None
         self.kv_dtype: torch.dtype | None = None     # the KV cache's, where the kernels chose one
+        self.layer_parallel = layer_parallel        # a group's forward (a draft spread over ranks: tensor_parallel)
         self.tp = None      # rank 0 of a tensor-parallel target: its runtime/tensor_parallel.Leader (makes its caches)
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -291,7 +292,7 @@ class Transformer(nn.Module):
             if len(group) == 1:
                 h = self.layers[group.start](h, cos, sin, cache, mask)
             else:
-                h = layer_parallel([self.layers[i] for i in group], h, cos, sin, cache, mask)
+                h = self.layer_parallel([self.layers[i] for i in group], h, cos, sin, cache, mask)
         if cache is not None:
             cache.advance(T)
         if layers.stop < self.config.num_layers:

@@ -45,10 +45,17 @@ def shard(model: Transformer, rank: int, world: int) -> Transformer:
         keep_columns(ffn.down, mlp, rank)
         attn.h, attn.hkv = H, Hkv
     if rank > 0:
-        head = nn.Linear(cfg.hidden_size, 1, bias=False, device=model.device, dtype=model.dtype)
-        head.weight = nn.Parameter(model.lm_head.weight.detach()[:1].clone())
-        model.lm_head = head
+        drop_head(model)
     model.config = dataclasses.replace(cfg, num_heads=H, num_kv_heads=Hkv, intermediate_size=I)
+    return model
+
+
+def drop_head(model: Transformer) -> Transformer:
+    """Keep one row of the LM head, for a rank other than 0 (rank 0 alone computes logits): the forward keeps
+    its shape and costs nothing more."""
+    head = nn.Linear(model.config.hidden_size, 1, bias=False, device=model.device, dtype=model.dtype)
+    head.weight = nn.Parameter(model.lm_head.weight.detach()[:1].clone())
+    model.lm_head, model.head_ids = head, None
     return model
 
 

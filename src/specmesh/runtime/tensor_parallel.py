@@ -7,6 +7,12 @@ and its caches are `MirroredCache`s, whose changes (commits, rollbacks, moved ro
 logged and sent with the next forward, so every rank repeats them in the same order on its own shard.
 Ranks 1.. (`Follower`) wait for a forward, apply the logged changes, compute their shard, and repeat.
 
+A method whose draft runs layer-parallel groups (easyspec: MethodSpec.spread_draft) has its draft on every
+rank too, whole, led the same way: in a group of g layers rank i < g computes layer i's attention (and its
+keys and values) on the group's input, the ranks exchange those, and each runs the group's MLPs in order
+(`Group.layer_parallel`, the authors' default policy): the ranks that idle while the draft runs share its
+attention. Every rank thus holds the same draft cache, and exact forwards run whole on every rank.
+
 The all-reduce on CPU: every rank sends its part to every other (shared-memory mailboxes on one machine,
 gloo between machines, runtime/link.py) and sums the parts in rank order. The sum is the same on every
 rank and does not depend on how many rows a forward has, so a token's logits are the same in an `ar`
@@ -27,8 +33,10 @@ import torch
 import torch.distributed as dist
 
 from specmesh.model.cache import KVCache
+from specmesh.kernels import select_kernels
 from specmesh.model.loader import DTYPES, load_model
 from specmesh.model.model import Transformer
+from specmesh.model.shard import drop_head
 from specmesh.runtime.link import Link, PeerError, connect
 from specmesh.timing import CHOSEN, share_of_cores
 
@@ -45,7 +53,7 @@ class Group:
     """This rank's end of the tensor-parallel ranks: the all-reduce of a shard's partial outputs."""
 
     def __init__(self, link: Link, device: torch.device):
-        self.link, self.rank, self.world = link, link.rank, len(link.roles)
+        self.link, self.rank, self.world, self.device = link, link.rank, len(link.roles), device
         self.error: BaseException | None = None         # the first failure: every later forward fails too
         self.c_reduce = REDUCE(self._c_reduce)           # kept alive as long as the kernels may call it
         self.nccl = None
@@ -86,6 +94,44 @@ class Group:
         except BaseException:
             pass                                    # kept in self.error
 
+    def layer_parallel(self, blocks: list, h: torch.Tensor, cos, sin, cache: KVCache, mask) -> torch.Tensor:
+        """model.layer_parallel with the group's attentions spread over the ranks: rank i < g computes block i's
+        (writing its cache entries); each of those ranks sends its output and new keys and values to every
+        other rank; then every rank writes them and runs the MLPs in order. [B,T,D] -> [B,T,D]."""
+        parts = [getattr(b, "block", b) for b in blocks]       # kernels wrap a Block (kernels/forward.py)
+        B, T, D = h.shape
+        mine = []
+        if self.rank < len(parts):
+            p = parts[self.rank]
+            out = p.attn(p.attn_norm(h), cos, sin, cache, mask)
+            mine = [out, *cache.written(p.attn.layer, T)]
+        kv = (B, parts[0].attn.hkv, T, parts[0].attn.hd)
+        gathered = self.gather(mine, [(B, T, D), kv, kv], len(parts))
+        for i, (p, (_, k, v)) in enumerate(zip(parts, gathered)):
+            if i != self.rank:                                      # the other ranks' keys and values
+                cache.write(p.attn.layer, k.to(cache.k[0].dtype), v.to(cache.k[0].dtype))
+        for p, (out, _, _) in zip(parts, gathered):
+            h = h + out.to(h.dtype)
+            h = h + p.mlp(p.mlp_norm(h))
+        return h
+
+    def gather(self, mine: list[torch.Tensor], shapes: list[tuple], senders: int) -> list[list[torch.Tensor]]:
+        """Ranks 0..senders-1 each hold tensors of `shapes` (`mine`); every rank gets all of them, in rank order
+        (sent as one float32 message each)."""
+        self.check()
+        sizes = [int(torch.Size(s).numel()) for s in shapes]
+        try:
+            own = torch.cat([t.float().cpu().reshape(-1) for t in mine]) if mine else None
+            sending = [self.link.send(own, r, wait=False) for r in range(self.world) if r != self.rank and own is not None]
+            flat = [own if r == self.rank else self.link.recv(torch.empty(sum(sizes)), r) for r in range(senders)]
+            for done in sending:
+                done()
+        except BaseException as e:
+            self.error = e
+            raise
+        device = mine[0].device if mine else self.device
+        return [[t.view(s).to(device) for t, s in zip(f.split(sizes), shapes)] for f in flat]
+
     def check(self) -> None:
         if self.error is not None:
             raise self.error
@@ -121,7 +167,7 @@ class SavedPrefix(tuple):
         return saved
 
     def __del__(self):
-        self.leader.pending.append([-1, 0, 0, "drop", self.handle])
+        self.leader.pending.append([self.leader.name, -1, 0, 0, "drop", self.handle])
 
 
 class MirroredCache(KVCache):
@@ -131,7 +177,7 @@ class MirroredCache(KVCache):
     root: bool = False                              # the cache itself, not a view of it
 
     def _log(self, name: str, *args) -> None:
-        self.leader.pending.append([self.id, self.row0, self.batch, name, *args])
+        self.leader.pending.append([self.leader.name, self.id, self.row0, self.batch, name, *args])
 
     def view(self, start: int, stop: int) -> "MirroredCache":
         view = super().view(start, stop)
@@ -165,16 +211,34 @@ class MirroredCache(KVCache):
 
     def __del__(self):
         if self.root:
-            self.leader.pending.append([self.id, 0, 0, "free"])
+            self.leader.pending.append([self.leader.name, self.id, 0, 0, "free"])
+
+
+def exact_only(inner):
+    """A spread draft's fast_forward: the kernels' one-call forward for exact forwards; a forward with groups
+    takes the model's PyTorch path, whose groups run across the ranks (Group.layer_parallel)."""
+    def forward(x, cache, depths, tree_mask, layers, last_only, groups):
+        if groups is not None or inner is None:
+            return None
+        return inner(x, cache, depths, tree_mask, layers, last_only, groups)
+    return forward
+
+
+def spread(model: Transformer, group: Group) -> Transformer:
+    """A draft whose layer-parallel groups run across the ranks (every rank holds it whole)."""
+    model.fast_forward = exact_only(model.fast_forward)
+    model.layer_parallel = group.layer_parallel
+    return model
 
 
 class Leader:
-    """Rank 0's target.fast_forward and cache maker (KVCache.for_model asks target.tp): sends each forward,
-    with the cache changes logged since the last, to the other ranks, then computes rank 0's shard
-    (through the kernels' own fast forward where they take it, else the model's PyTorch path)."""
+    """Rank 0's fast_forward and cache maker (KVCache.for_model asks model.tp) for the split target (`name`
+    "target") or the spread draft ("draft"): sends each forward, with the cache changes logged since the
+    last, to the other ranks, then computes rank 0's part (through the kernels' own fast forward where they
+    take it, else the model's PyTorch path)."""
 
-    def __init__(self, model: Transformer, group: Group):
-        self.model, self.group, self.inner = model, group, model.fast_forward
+    def __init__(self, name: str, model: Transformer, group: Group):
+        self.name, self.model, self.group, self.inner = name, model, group, model.fast_forward
         self.pending: list[list] = []               # cache changes not sent yet
         self.caches = self.saved = 0                 # ids given out
         model.fast_forward, model.tp = self, self
@@ -190,13 +254,12 @@ class Leader:
                               self.model.device, layers.start)
         self.caches += 1
         cache.leader, cache.id, cache.root = self, self.caches, True
-        self.pending.append([cache.id, 0, batch, "new", max_len, layers.start, layers.stop])
+        self.pending.append([self.name, cache.id, 0, batch, "new", max_len, layers.start, layers.stop])
         return cache
 
     def __call__(self, x, cache, depths, tree_mask, layers: range, last_only: bool, groups):
-        if groups is not None:
-            raise ValueError("layer-parallel groups are for drafts, not a tensor-parallel target")
-        message = {"ops": self.pending, "x": x.tolist(), "layers": [layers.start, layers.stop],
+        message = {"model": self.name, "ops": self.pending, "x": x.tolist(), "layers": [layers.start, layers.stop],
+                   "groups": None if groups is None else [[g.start, g.stop] for g in groups],
                    "last_only": last_only, "cache": None if cache is None else [cache.id, cache.row0, cache.batch],
                    "depths": None if depths is None else depths.tolist(),
                    "tree_mask": None if tree_mask is None else tree_mask.int().tolist()}
@@ -224,22 +287,29 @@ class Leader:
 
 
 class Follower:
-    """Ranks 1..: load this rank's shard, then repeat rank 0's forwards and cache changes until shutdown."""
+    """Ranks 1..: load this rank's shard of the target (and the whole draft, where it is spread), then repeat
+    rank 0's forwards and cache changes until shutdown."""
 
     def __init__(self, config: dict):
         rank = int(os.environ["RANK"])
         self.device = torch.device(config["device"])
         if self.device.type == "cuda":              # a GPU per rank: torchrun's local rank, else the rank
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-        part = (rank, int(config["world"]))
-        self.model = load_model(Path(config["target"]), DTYPES[config["dtype"]], self.device,
-                                quant=config.get("quant"), part=part)
-        self.caches: dict[int, KVCache] = {}
-        self.saved: dict[int, tuple] = {}
+        dtype, quant = DTYPES[config["dtype"]], config.get("quant")
+        self.models = {"target": load_model(Path(config["target"]), dtype, self.device, quant=quant,
+                                            part=(rank, int(config["world"])))}
+        if config.get("draft"):
+            draft = drop_head(load_model(Path(config["draft"]), dtype, self.device, pack=False, draft=True,
+                                         quant=quant))
+            self.models["draft"] = select_kernels(draft, draft=True)
+        self.caches: dict[tuple[str, int], KVCache] = {}
+        self.saved: dict[tuple[str, int], tuple] = {}
 
     def run(self, link: Link) -> None:
         group = Group(link, self.device)
-        group.install(self.model)
+        group.install(self.models["target"])
+        if "draft" in self.models:
+            spread(self.models["draft"], group)
         with torch.inference_mode():
             while not (message := recv_message(link, idle=True)).get("shutdown"):
                 for op in message["ops"]:
@@ -247,46 +317,51 @@ class Follower:
                 self.forward(message)
                 group.check()
 
-    def apply(self, cache_id: int, row0: int, batch: int, name: str, *args) -> None:
+    def apply(self, model: str, cache_id: int, row0: int, batch: int, name: str, *args) -> None:
+        key = (model, cache_id)
         if name == "new":
-            self.caches[cache_id] = KVCache.for_model(self.model, batch, args[0], range(args[1], args[2]))
+            self.caches[key] = KVCache.for_model(self.models[model], batch, args[0], range(args[1], args[2]))
         elif name == "free":
-            del self.caches[cache_id]
+            del self.caches[key]
         elif name == "drop":
-            self.saved.pop(args[0], None)
+            self.saved.pop((model, args[0]), None)
         elif name == "prefix":
-            self.saved[args[0]] = self.view(cache_id, row0, batch).prefix()
+            self.saved[model, args[0]] = self.view(key, row0, batch).prefix()
         elif name == "fill_prefix":
-            self.view(cache_id, row0, batch).fill_prefix(args[0], self.saved[args[1]])
+            self.view(key, row0, batch).fill_prefix(args[0], self.saved[model, args[1]])
         else:
-            getattr(self.view(cache_id, row0, batch), name)(*args)
+            getattr(self.view(key, row0, batch), name)(*args)
 
-    def view(self, cache_id: int, row0: int, batch: int) -> KVCache:
-        cache = self.caches[cache_id]
+    def view(self, key: tuple[str, int], row0: int, batch: int) -> KVCache:
+        cache = self.caches[key]
         return cache if (row0, batch) == (0, cache.batch) else cache.view(row0, row0 + batch)
 
     def forward(self, message: dict) -> None:
-        dev = self.device
+        dev, name = self.device, message["model"]
         tensor = (lambda key, dtype: None if message[key] is None
                   else torch.tensor(message[key], dtype=dtype, device=dev))
-        cache = None if message["cache"] is None else self.view(*message["cache"])
-        self.model(tensor("x", torch.long), cache, depths=tensor("depths", torch.long),
-                   tree_mask=tensor("tree_mask", torch.bool), layers=range(*message["layers"]),
-                   last_only=message["last_only"])
+        cache = None if message["cache"] is None else self.view((name, message["cache"][0]), *message["cache"][1:])
+        groups = None if message["groups"] is None else [range(*g) for g in message["groups"]]
+        self.models[name](tensor("x", torch.long), cache, depths=tensor("depths", torch.long),
+                          tree_mask=tensor("tree_mask", torch.bool), layers=range(*message["layers"]),
+                          last_only=message["last_only"], groups=groups)
 
 
 def start(target: Transformer, path: Path, dtype: torch.dtype, quant: str | None, world: int,
-          timeout_s: float = TIMEOUT_S) -> Leader:
+          timeout_s: float = TIMEOUT_S, draft: Transformer | None = None, draft_path: Path | None = None) -> Leader:
     """Make `target` (rank 0's shard, loaded with part=(0, world)) the leader of `world` ranks: the others are
-    launched here (or met under torchrun), each loading its shard of `path`. Without a thread count the user
-    chose, each rank computes on its share of the cores."""
+    launched here (or met under torchrun), each loading its shard of `path`; with a `draft`, every rank also
+    holds the draft of `draft_path`, its layer-parallel groups spread over them. Without a thread count the
+    user chose, each rank computes on its share of the cores."""
     threads = share_of_cores(world)
-    config = {"serve": SERVE, "target": str(path), "dtype": str(dtype).split(".")[-1], "quant": quant,
-              "device": str(target.device), "world": world, "timeout": timeout_s,
-              "threads": CHOSEN[-1] if CHOSEN else threads}
+    config = {"serve": SERVE, "target": str(path), "draft": None if draft is None else str(draft_path),
+              "dtype": str(dtype).split(".")[-1], "quant": quant, "device": str(target.device), "world": world,
+              "timeout": timeout_s, "threads": CHOSEN[-1] if CHOSEN else threads}
     link = connect(roles(world), config, timeout_s)
     if not CHOSEN:
         torch.set_num_threads(threads)
     group = Group(link, target.device)
     group.install(target)
-    return Leader(target, group)
+    if draft is not None:
+        Leader("draft", spread(draft, group), group)
+    return Leader("target", target, group)
