@@ -155,3 +155,16 @@ def test_easyspec_spreads_its_draft_groups_over_the_ranks(tiny_checkpoint):
         want = ar.generate(["def add(a, b):", "class Point:"], SamplingParams(max_new_tokens=24))
     assert [o.tokens for o in out] == [w.tokens for w in want]
     assert out[0].stats.mean_accepted_length > 1        # the draft (the target itself) is accepted: it drafted
+
+
+def test_a_group_larger_than_the_ranks_is_shared_round_robin(tiny_checkpoint):
+    """A group of 3 layers over 2 ranks: rank 0 computes layers 0 and 2's attentions, rank 1 layer 1's, all
+    on the group's input: the same fuzzy forward as one process."""
+    one = load_model(tiny_checkpoint, draft=True)
+    with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", layer_groups="3", tp=2) as llm:
+        caches = [KVCache.for_model(m, 1, 32) for m in (one, llm.models.draft)]
+        x = torch.tensor([[5, 17, 33, 2]])
+        a, b = (m(x, c, groups=[range(0, 3)]) for m, c in zip((one, llm.models.draft), caches))
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        for k1, k2 in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+            torch.testing.assert_close(k2[:, :, :4], k1[:, :, :4], rtol=1e-4, atol=1e-4)

@@ -95,34 +95,37 @@ class Group:
             pass                                    # kept in self.error
 
     def layer_parallel(self, blocks: list, h: torch.Tensor, cos, sin, cache: KVCache, mask) -> torch.Tensor:
-        """model.layer_parallel with the group's attentions spread over the ranks: rank i < g computes block i's
-        (writing its cache entries); each of those ranks sends its output and new keys and values to every
-        other rank; then every rank writes them and runs the MLPs in order. [B,T,D] -> [B,T,D]."""
+        """model.layer_parallel with the group's attentions spread over the ranks: rank i computes block i's
+        (and i + N's, ... in a group larger than the N ranks) on the group's input, writing its cache entries;
+        the ranks exchange outputs and new keys and values; then every rank writes them and runs the MLPs in
+        order. [B,T,D] -> [B,T,D], the same on every rank."""
         parts = [getattr(b, "block", b) for b in blocks]       # kernels wrap a Block (kernels/forward.py)
         B, T, D = h.shape
-        mine = []
-        if self.rank < len(parts):
-            p = parts[self.rank]
-            out = p.attn(p.attn_norm(h), cos, sin, cache, mask)
-            mine = [out, *cache.written(p.attn.layer, T)]
         kv = (B, parts[0].attn.hkv, T, parts[0].attn.hd)
-        gathered = self.gather(mine, [(B, T, D), kv, kv], len(parts))
-        for i, (p, (_, k, v)) in enumerate(zip(parts, gathered)):
-            if i != self.rank:                                      # the other ranks' keys and values
-                cache.write(p.attn.layer, k.to(cache.k[0].dtype), v.to(cache.k[0].dtype))
-        for p, (out, _, _) in zip(parts, gathered):
+        outs = []
+        for first in range(0, len(parts), self.world):
+            chunk, mine = parts[first:first + self.world], []
+            if self.rank < len(chunk):
+                p = chunk[self.rank]
+                mine = [p.attn(p.attn_norm(h), cos, sin, cache, mask), *cache.written(p.attn.layer, T)]
+            for i, (p, (out, k, v)) in enumerate(zip(chunk, self.gather(mine, [(B, T, D), kv, kv], len(chunk)))):
+                if i != self.rank:                                  # the other ranks' keys and values
+                    cache.write(p.attn.layer, k.to(cache.k[0].dtype), v.to(cache.k[0].dtype))
+                outs.append(out)
+        for p, out in zip(parts, outs):
             h = h + out.to(h.dtype)
             h = h + p.mlp(p.mlp_norm(h))
         return h
 
     def gather(self, mine: list[torch.Tensor], shapes: list[tuple], senders: int) -> list[list[torch.Tensor]]:
-        """Ranks 0..senders-1 each hold tensors of `shapes` (`mine`); every rank gets all of them, in rank order
-        (sent as one float32 message each)."""
+        """Ranks 0..senders-1 each hold tensors of `shapes` (`mine`, empty on the other ranks); every rank gets
+        all of them, in rank order (one float32 message from each sender to each other rank)."""
         self.check()
         sizes = [int(torch.Size(s).numel()) for s in shapes]
+        own = torch.cat([t.float().cpu().reshape(-1) for t in mine]) if mine else None
         try:
-            own = torch.cat([t.float().cpu().reshape(-1) for t in mine]) if mine else None
-            sending = [self.link.send(own, r, wait=False) for r in range(self.world) if r != self.rank and own is not None]
+            sending = [] if own is None else \
+                [self.link.send(own, r, wait=False) for r in range(self.world) if r != self.rank]
             flat = [own if r == self.rank else self.link.recv(torch.empty(sum(sizes)), r) for r in range(senders)]
             for done in sending:
                 done()
