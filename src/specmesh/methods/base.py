@@ -13,7 +13,7 @@ A method instance runs over the engine's running sequences (running[i] holds cac
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -31,6 +31,7 @@ class Models:
     """What a method runs on: the target, the draft, and the method's other processes, if any."""
     target: Transformer
     draft: Transformer | None = None
+    drafters: list[Transformer] = field(default_factory=list)     # cosine's
     target_path: Path | None = None         # the target's checkpoint folder (holds its n-gram cache)
     remote: Remote | None = None            # pearl's DraftPeer, a pipeline's Pipeline
 
@@ -74,6 +75,14 @@ OPTIONS = {
     "gram": Option("n-gram size G"),
     "max_candidates": Option("n-gram candidate continuations verified per step"),
     "ngram_cache": Option("corpus n-gram cache (default: ngram.npz beside the target, if any)", str, "FILE"),
+    "drafters": Option("cosine: its drafters, comma-separated names or folders of draft checkpoints sharing the "
+                       "target's tokenizer (default: the target's shipped drafters)", str, "DIR,DIR"),
+    "routed": Option("cosine: drafters routed to a request each round"),
+    "explore_below": Option("cosine: τ, explore (pick drafters partly at random) after a round that accepted fewer "
+                            "tokens than this"),
+    "tree_budget": Option("cosine: nodes of the fused tree kept for verification (those of highest confidence)"),
+    "no_routing": Option("cosine: every drafter drafts for every request (ablation)", bool),
+    "no_fusion": Option("cosine: each drafter follows its own tokens, no fused spine (ablation)", bool),
     "timeout": Option("seconds a rank waits for another before failing", metavar="SECONDS"),
     "stages": Option("pipeline stages, one process each"),
     "draft_apart": Option("run the draft S in a process of its own instead of beside stage 0", bool),
@@ -91,6 +100,7 @@ class MethodSpec:
     start: Callable | None = None       # start(models, draft, dtype, options): its other processes
     max_rows: int | None = None         # sequences a step takes at most (None: any)
     spread_draft: bool = False          # under --tp: its draft on every rank, layer-parallel groups spread over them
+    needs_drafters: bool = False        # several drafters (Models.drafters, option `drafters`): cosine
 
 
 @dataclass(frozen=True)

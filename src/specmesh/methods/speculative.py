@@ -20,6 +20,7 @@ from specmesh.engine.sequence import Sequence
 from specmesh.methods.ar import AR
 from specmesh.methods.base import Configured, MethodSpec
 from specmesh.proposers import Proposer
+from specmesh.proposers.cosine import CoSine
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.fuzzy_draft import FuzzyDraft, layer_groups
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
@@ -117,6 +118,15 @@ def build_easyspec(models, method: Configured, runner: Runner) -> Speculative:
     return Speculative(runner, draft, DraftDepth(o["gamma"]))
 
 
+def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
+    o = method.options
+    drafters = [DraftModel(m, runner.rows, runner.max_len, o["draft_window"], width=2, max_children=2)
+                for m in models.drafters]
+    proposer = CoSine(drafters, models.target.embed.weight.detach(), runner.rows, o["routed"], o["explore_below"],
+                      o["tree_budget"], routing=not o["no_routing"], fusion=not o["no_fusion"])
+    return Speculative(runner, proposer, DraftDepth(o["gamma"]))
+
+
 def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
     corpus = corpus_cache(models.target_path, o["ngram_cache"])
@@ -136,6 +146,11 @@ EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with 
                       {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64, "layer_groups": "",
                        "calibration": "round"}, True, build_easyspec,
                       slack=lambda o: o["gamma"] * o["tree_width"] + 1, spread_draft=True)
+COSINE = MethodSpec("cosine", "CoSine: several drafters, routed per request by their record, their tokens fused "
+                    "into one tree by confidence", {"gamma": 5, "draft_window": 64, "drafters": "", "routed": 2,
+                                                    "explore_below": 2, "tree_budget": 16, "no_routing": False,
+                                                    "no_fusion": False}, False, build_cosine,
+                    slack=lambda o: o["tree_budget"] + 1, needs_drafters=True)
 SELFDRAFT = MethodSpec("selfdraft", "Multi-Branch Self-Drafting: no draft model; n-gram candidates and N draft "
                        "branches in one target forward",
                        {"branches": 1, "branch_len": 1, "gram": 6, "max_candidates": 1, "ngram_cache": ""}, False,

@@ -1,0 +1,216 @@
+"""CoSine's cooperative drafting (Yang et al. 2025, §4.2): several drafters, a router per request, and
+confidence-based token fusion into one tree. docs/cosine.md says how each loose point of the paper is read.
+
+Per request (an engine row) the router keeps a score per drafter, M[n] in [0, 1], and picks `routed`
+drafters each round: `top` of them by score, the rest at random among the others. `top` follows the
+paper's Explore/Exploit with the coefficients as its text means them: after a round whose accepted length
+fell below `explore_below` (τ) it explores (top = round(β k), β = EXPLORE), else it exploits
+(top = round(α k), α = EXPLOIT).
+
+Fusion, level by level (K = depth levels): every routed drafter has read the fused spine f_1..f_{i-1}; its
+most likely next token x_i^n with probability c_i^n is a candidate; the fused token f_i is the candidate of
+highest c. Each drafter then reads two tokens, f_i and its own x_i^n (siblings: it continues from the fused
+token and from its own), so its next candidate follows the spine and its own token gets one child of its
+own. The tree is the union: the spine, every drafter's own tokens beside it, and their children; it is cut
+to the `budget` nodes of highest cumulative confidence. Proposals are deterministic (argmax), so `verify`
+draws and matches: lossless at any temperature.
+
+After verification drafter n's round score is m = (1/K) Σ_i c·d / (c·d + (1 − c)(1 − d)), with d_i the
+cosine similarity (clamped to [0, 1]) of the target's input embeddings of the accepted token i and x_i^n,
+0 past the accepted length; M[n] <- (1 − η) M[n] + η m.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from specmesh.engine.sequence import Sequence
+from specmesh.proposers.draft_model import DraftModel
+from specmesh.spec.token_tree import TokenTree
+from specmesh.spec.verify import Verdict
+
+EXPLOIT, EXPLORE = 1.0, 0.5         # α, β: the share of routed drafters picked by score (the rest at random)
+ETA = 0.5                           # the weight of a round's score in the running one
+START = 0.5                         # a drafter's score before it was routed
+
+
+def round_score(confidence: list[float], similarity: list[float], accepted: int) -> float:
+    """m = (1/K) Σ c·d / (c·d + (1 − c)(1 − d)), d = 0 past the accepted length (K = len(confidence))."""
+    total = 0.0
+    for i, (c, d) in enumerate(zip(confidence, similarity)):
+        d = min(max(d, 0.0), 1.0) if i < accepted else 0.0
+        agree, disagree = c * d, (1 - c) * (1 - d)
+        total += agree / (agree + disagree) if agree + disagree > 0 else 0.0
+    return total / len(confidence) if confidence else 0.0
+
+
+def route(scores: list[float], routed: int, last_accepted: int | None, explore_below: int,
+          rng: random.Random) -> list[int]:
+    """The drafters for a round: the best by score, the rest at random (explore after a poor round)."""
+    k = min(routed, len(scores))
+    share = EXPLORE if last_accepted is not None and last_accepted < explore_below else EXPLOIT
+    ranked = sorted(range(len(scores)), key=lambda n: (-scores[n], n))
+    top = ranked[:round(share * k)]
+    rest = [n for n in ranked if n not in top]
+    return sorted(top + rng.sample(rest, k - len(top)))
+
+
+def keep_best(tree: TokenTree, budget: int) -> TokenTree:
+    """The `budget` nodes of highest cumulative confidence (the root always; ancestors before children)."""
+    if len(tree) <= budget:
+        return tree
+    order = sorted(range(1, len(tree)), key=lambda n: (-tree.logp[n], n))[:budget - 1]
+    keep = sorted([0] + order)
+    new = {old: i for i, old in enumerate(keep)}
+    out = TokenTree.root(tree.tokens[0])
+    for old in keep[1:]:
+        out.add(tree.tokens[old], new[tree.parents[old]], tree.prob[old])
+    return out
+
+
+@dataclass
+class Round:
+    """One row's round: which drafters proposed, each one's own tokens and confidences along the spine."""
+    drafters: list[int]
+    own: dict[int, list[int]] = field(default_factory=dict)
+    confidence: dict[int, list[float]] = field(default_factory=dict)
+
+
+class CoSine:
+    def __init__(self, drafters: list[DraftModel], embeddings: torch.Tensor, rows: int, routed: int = 2,
+                 explore_below: int = 2, budget: int = 16, routing: bool = True, fusion: bool = True):
+        self.drafters, self.embeddings = drafters, embeddings        # the target's input embeddings [V, D]
+        self.routed, self.explore_below, self.budget = routed, explore_below, budget
+        self.routing, self.fusion = routing, fusion
+        self.scores = [[START] * len(drafters) for _ in range(rows)]
+        self.last: list[int | None] = [None] * rows                   # each row's last accepted length
+        self.rngs = [random.Random(row) for row in range(rows)]
+        self.rounds: list[Round] = []
+        self.views: list[list[TokenTree]] = []                        # per drafter: its tree per row
+
+    # -- rows -----------------------------------------------------------------------------------
+    def admit(self, row: int, seq: Sequence) -> None:
+        for d in self.drafters:
+            d.admit(row, seq)
+        self.scores[row], self.last[row] = [START] * len(self.drafters), None
+        self.rngs[row] = random.Random(seq.params.seed if seq.params.seed is not None else row)
+
+    def move_row(self, src: int, dst: int) -> None:
+        for d in self.drafters:
+            d.move_row(src, dst)
+        self.scores[dst], self.last[dst], self.rngs[dst] = self.scores[src], self.last[src], self.rngs[src]
+
+    # -- proposing --------------------------------------------------------------------------------
+    def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
+        B, depth = len(seqs), max(budgets)
+        everyone = list(range(len(self.drafters)))
+        self.rounds = [Round(route(self.scores[b], self.routed, self.last[b], self.explore_below, self.rngs[b])
+                             if self.routing else everyone) for b in range(B)]
+        trees = [TokenTree.root(seq.last) for seq in seqs]
+        for d in self.drafters:
+            for b, seq in enumerate(seqs):
+                d.pending[b].append(seq.last)
+        self.views = [[TokenTree.root(seq.last) for seq in seqs] for _ in self.drafters]
+        if depth == 0:
+            return trees
+        active = sorted({n for r in self.rounds for n in r.drafters})
+        logits = {}
+        for n in active:                                # each drafter reads what it has not, up to the root
+            d = self.drafters[n]
+            d.slots = {}
+            d._catch_up(seqs)
+            logits[n] = d._read_pending(seqs)[:, None]  # [B, 1, V]
+        spine = [{n: 0 for n in r.drafters} for r in self.rounds]   # per row: the node each drafter continues
+        own = [{} for _ in range(B)]                                 # per row: drafter -> its own node beside
+        for level in range(depth):
+            top = {n: F.softmax(logits[n].float(), -1).max(-1) for n in active}     # values, indices [B, 1 or 2]
+            for b, (tree, r) in enumerate(zip(trees, self.rounds)):
+                if level < budgets[b]:
+                    self._grow(tree, r, {n: (float(top[n].values[b, 0]), int(top[n].indices[b, 0]))
+                                         for n in r.drafters},
+                               {n: (float(top[n].values[b, 1]), int(top[n].indices[b, 1]))
+                                for n in own[b] if top[n].values.shape[1] > 1}, spine[b], own[b])
+            if level + 1 >= depth:
+                break
+            logits = {n: self._read_level(n, seqs, trees, spine, top) for n in active}
+        return [keep_best(tree, self.budget) for tree in trees]
+
+    def _grow(self, tree: TokenTree, r: Round, cand: dict, own_child: dict, spine: dict, own: dict) -> None:
+        """A level of one row's union tree from each routed drafter's candidate (confidence, token), and the
+        children of the drafters' own tokens of the level before (own_child); updates spine and own."""
+        for n, (p, x) in own_child.items():
+            self._child(tree, own[n], x, p)
+        own.clear()
+        for n, (p, x) in cand.items():
+            r.own.setdefault(n, []).append(x)
+            r.confidence.setdefault(n, []).append(p)
+        if not self.fusion:                             # each drafter follows its own tokens: a union of chains
+            for n, (p, x) in cand.items():
+                spine[n] = self._child(tree, spine[n], x, p)
+            return
+        parent = next(iter(spine.values()))
+        best = max(cand, key=lambda n: (cand[n][0], -n))
+        fused = self._child(tree, parent, cand[best][1], cand[best][0])
+        for n, (p, x) in cand.items():
+            node = self._child(tree, parent, x, p)
+            if node != fused:
+                own[n] = node
+            spine[n] = fused
+
+    @staticmethod
+    def _child(tree: TokenTree, parent: int, token: int, prob: float) -> int:
+        """The child of `parent` with `token`, added if new."""
+        for c in tree.children(parent):
+            if tree.tokens[c] == token:
+                return c
+        return tree.add(token, parent, prob)
+
+    def _read_level(self, n: int, seqs: list[Sequence], trees: list[TokenTree], spine: list[dict],
+                    top: dict) -> torch.Tensor:
+        """Drafter n reads two nodes of its own view per row, siblings below the node it continued: the token
+        it continues now (the fused one) and its own candidate; logits [B, 2, V] (after each)."""
+        views, level = self.views[n], []
+        for b, view in enumerate(views):
+            parent = len(view) - 2 if len(view) > 1 else 0              # the view's last continued node
+            own = int(top[n].indices[b, 0])
+            go_on = trees[b].tokens[spine[b][n]] if n in spine[b] else own
+            level = [view.add(go_on, parent), view.add(own, parent)]
+        return self.drafters[n]._forward_level(seqs, views, level)
+
+    # -- learning the verdicts --------------------------------------------------------------------
+    def accept(self, seqs: list[Sequence], trees: list[TokenTree], verdicts: list[Verdict],
+               logits: torch.Tensor | None = None) -> None:
+        for b, (tree, verdict) in enumerate(zip(trees, verdicts)):
+            accepted = [tree.tokens[n] for n in verdict.path[1:]]
+            r = self.rounds[b]
+            for n in r.drafters:
+                own = r.own.get(n, [])
+                m = round_score(r.confidence.get(n, []), self._similarity(accepted, own), len(accepted))
+                self.scores[b][n] = (1 - ETA) * self.scores[b][n] + ETA * m
+            self.last[b] = verdict.accepted
+            for n, d in enumerate(self.drafters):
+                path = self._view_path(self.views[n][b], accepted)
+                d._keep(b, self.views[n][b], path)           # what it read of the accepted path stays
+                d.pending[b] += accepted[len(path):]         # the rest it reads next round
+
+    def _similarity(self, accepted: list[int], own: list[int]) -> list[float]:
+        """cos(H(accepted_i), H(own_i)) where both exist, else 0 (H: the target's input embeddings)."""
+        k = min(len(accepted), len(own))
+        sim = F.cosine_similarity(self.embeddings[accepted[:k]].float(), self.embeddings[own[:k]].float(),
+                                  dim=-1).tolist() if k else []
+        return sim + [0.0] * (len(own) - k)
+
+    @staticmethod
+    def _view_path(view: TokenTree, tokens: list[int]) -> list[int]:
+        """The nodes of a drafter's view along the accepted tokens, as far as it goes (the first of two
+        equal siblings: the one it continued)."""
+        path, node = [], 0
+        for t in tokens:
+            node = next((c for c in view.children(node) if view.tokens[c] == t), None)
+            if node is None:
+                break
+            path.append(node)
+        return path

@@ -1,0 +1,97 @@
+"""`cosine`: routing score, explore/exploit, fusion, the tree budget; lossless through the one verifier."""
+import random
+
+import pytest
+from conftest import assert_same_distribution, sampled_pairs
+
+from specmesh import LLM, SamplingParams
+from specmesh.proposers.cosine import Round, CoSine, keep_best, round_score, route
+from specmesh.spec.token_tree import TokenTree
+
+PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n"]
+
+
+def test_the_routing_score_on_hand_worked_numbers():
+    # c = 0.8, d = 0.9: 0.72 / (0.72 + 0.2 * 0.1) = 0.72 / 0.74; c = 0.5, d = 0.6: 0.3 / (0.3 + 0.5 * 0.4) = 0.6;
+    # past the accepted length d = 0: 0. Mean over K = 3.
+    assert round_score([0.8, 0.5, 0.9], [0.9, 0.6, 0.99], accepted=2) == pytest.approx((0.72 / 0.74 + 0.6 + 0) / 3)
+    assert round_score([0.3], [1.0], accepted=1) == pytest.approx(1.0)       # the accepted token itself
+    assert round_score([0.7], [-0.4], accepted=1) == 0.0                     # d clamped to [0, 1]
+    assert round_score([], [], accepted=0) == 0.0
+
+
+def test_explore_below_tau_exploit_above():
+    scores = [0.9, 0.1, 0.5, 0.2]
+    # exploit (last accepted >= τ, or no round yet): the two best by score
+    assert route(scores, 2, 3, explore_below=2, rng=random.Random(0)) == [0, 2]
+    assert route(scores, 2, None, explore_below=2, rng=random.Random(0)) == [0, 2]
+    # explore (last accepted < τ): the best one and one of the others at random, which varies
+    picks = {tuple(route(scores, 2, 1, explore_below=2, rng=random.Random(s))) for s in range(40)}
+    assert all(0 in p for p in picks) and len(picks) == 3
+    assert route(scores, 9, 0, 2, random.Random(0)) == [0, 1, 2, 3]          # never more than there are
+
+
+def test_fusion_on_scripted_drafters():
+    """Level 1: drafters 0, 1, 2 propose 5 (0.6), 7 (0.9), 5 (0.4): 7 is fused; 5 hangs beside it as 0's and
+    2's own token. Level 2: candidates continue the spine, and 0 and 2's own token 5 gets a child each."""
+    cos = CoSine.__new__(CoSine)
+    cos.fusion = True
+    tree, r, spine, own = TokenTree.root(1), Round([0, 1, 2]), {0: 0, 1: 0, 2: 0}, {}
+    cos._grow(tree, r, {0: (0.6, 5), 1: (0.9, 7), 2: (0.4, 5)}, {}, spine, own)
+    assert tree.tokens == [1, 7, 5] and tree.parents == [-1, 0, 0]
+    assert spine == {0: 1, 1: 1, 2: 1} and own == {0: 2, 2: 2}
+    cos._grow(tree, r, {0: (0.5, 8), 1: (0.7, 9), 2: (0.3, 9)}, {0: (0.8, 11), 2: (0.6, 12)}, spine, own)
+    assert tree.tokens == [1, 7, 5, 11, 12, 9, 8] and tree.parents == [-1, 0, 0, 2, 2, 1, 1]
+    assert r.own == {0: [5, 8], 1: [7, 9], 2: [5, 9]} and r.confidence[1] == [0.9, 0.7]
+    # without fusion each drafter follows its own tokens: a union of chains
+    cos.fusion = False
+    tree, spine = TokenTree.root(1), {0: 0, 1: 0}
+    cos._grow(tree, Round([0, 1]), {0: (0.6, 5), 1: (0.9, 7)}, {}, spine, {})
+    cos._grow(tree, Round([0, 1]), {0: (0.6, 6), 1: (0.9, 6)}, {}, spine, {})
+    assert tree.tokens == [1, 5, 7, 6, 6] and tree.parents == [-1, 0, 0, 1, 2]
+
+
+def test_the_budget_keeps_the_most_confident_nodes_and_their_ancestors():
+    tree = TokenTree.root(0)
+    a = tree.add(1, 0, 0.9)
+    tree.add(2, 0, 0.05)
+    tree.add(3, a, 0.8)
+    tree.add(4, a, 0.1)
+    best = keep_best(tree, 3)
+    assert best.tokens == [0, 1, 3] and best.parents == [-1, 0, 1]
+    assert keep_best(tree, 10) is tree
+
+
+@pytest.fixture(scope="module")
+def ar(tiny_checkpoint):
+    return LLM(target=tiny_checkpoint)
+
+
+@pytest.mark.parametrize("options", [{}, {"no_fusion": True}, {"no_routing": True}, {"tree_budget": 4}])
+def test_greedy_equals_ar(ar, tiny_checkpoint, tiny_draft_checkpoint, options):
+    drafters = f"{tiny_checkpoint},{tiny_draft_checkpoint},{tiny_draft_checkpoint}"
+    llm = LLM(target=tiny_checkpoint, method="cosine", drafters=drafters, **options)
+    params = SamplingParams(max_new_tokens=30)
+    out = llm.generate(PROMPTS, params)
+    assert [o.tokens for o in out] == [o.tokens for o in ar.generate(PROMPTS, params)]
+
+
+def test_the_router_learns_which_drafter_serves(tiny_checkpoint, tiny_draft_checkpoint):
+    """Drafter 1 is the target itself (always right), 0 and 2 a random model: after a few rounds the router's
+    best score is drafter 1's, and the trees accept much more than random routing would."""
+    llm = LLM(target=tiny_checkpoint, method="cosine", routed=1,
+              drafters=f"{tiny_draft_checkpoint},{tiny_checkpoint},{tiny_draft_checkpoint}")
+    out = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=60, ignore_eos=True))
+    assert out.stats.tokens_per_forward > 4      # routing at random would give about 2.5
+
+
+def test_sampling_draws_from_the_target(ar, tiny_checkpoint, tiny_draft_checkpoint):
+    llm = LLM(target=tiny_checkpoint, method="cosine", drafters=f"{tiny_checkpoint},{tiny_draft_checkpoint}")
+    assert_same_distribution(sampled_pairs(ar, 1500, seed=1), sampled_pairs(llm, 1500, seed=2))
+
+
+def test_bad_drafters_are_refused(tiny_checkpoint):
+    with pytest.raises(ValueError, match="cosine needs at least two drafters and has 1"):
+        LLM(target=tiny_checkpoint, method="cosine", drafters=str(tiny_checkpoint))
+    with pytest.raises(ValueError, match="cosine needs at least two drafters and has 0"):
+        LLM(target=tiny_checkpoint, method="cosine")
