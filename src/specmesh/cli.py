@@ -260,6 +260,9 @@ def build_parser() -> Parser:
 
     t = sub.add_parser("train", help="train the embedded tokenizer, target and draft (the shipped recipe), or with "
                        "--teacher a draft for that model")
+    t.add_argument("--specialise", choices=["tests", "lib"], metavar="DOMAIN",
+                   help="a cosine drafter: the embedded draft distilled further on one domain of the standard library, "
+                        "tests or lib, into models/drafters/DOMAIN (about 16 minutes on 2 cores; docs/cosine.md)")
     t.add_argument("--teacher", metavar="MODEL", help="distill a draft for this target (a name, folder or GGUF): "
                    "its answers to generated instructions and standard-library code (docs/models.md)")
     t.add_argument("--steps", type=positive_int, default=1600, help="with --teacher: distillation steps (default: 1600, "
@@ -535,6 +538,10 @@ def cmd_ngram(args, parser) -> int:
 
 
 def cmd_train(args, parser) -> int:
+    if args.specialise:
+        from specmesh.drafters import specialise
+        specialise(args.specialise, out=args.out or "models/drafters", work=args.work or "runs/drafters")
+        return 0
     if args.teacher:
         from specmesh.distill import DistillConfig, run as distill
         distill(DistillConfig(teacher=args.teacher, out=args.out or "models/smollm2-draft",

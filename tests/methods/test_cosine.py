@@ -5,7 +5,7 @@ import pytest
 from conftest import assert_same_distribution, sampled_pairs
 
 from specmesh import LLM, SamplingParams
-from specmesh.proposers.cosine import Round, CoSine, keep_best, round_score, route
+from specmesh.proposers.fused_drafters import FusedDrafters, Round, keep_best, round_score, route
 from specmesh.spec.token_tree import TokenTree
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n"]
@@ -34,7 +34,7 @@ def test_explore_below_tau_exploit_above():
 def test_fusion_on_scripted_drafters():
     """Level 1: drafters 0, 1, 2 propose 5 (0.6), 7 (0.9), 5 (0.4): 7 is fused; 5 hangs beside it as 0's and
     2's own token. Level 2: candidates continue the spine, and 0 and 2's own token 5 gets a child each."""
-    cos = CoSine.__new__(CoSine)
+    cos = FusedDrafters.__new__(FusedDrafters)
     cos.fusion = True
     tree, r, spine, own = TokenTree.root(1), Round([0, 1, 2]), {0: 0, 1: 0, 2: 0}, {}
     cos._grow(tree, r, {0: (0.6, 5), 1: (0.9, 7), 2: (0.4, 5)}, {}, spine, own)

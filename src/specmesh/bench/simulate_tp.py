@@ -147,11 +147,13 @@ def print_tp(result: dict, file) -> None:
           f"{result['tree']}, target {result['target']} (token behaviour: real runs here)", file=file)
     for row in result["rows"]:
         t = row["tree"]
-        line = (f"  {row['devices']} devices: tree {t['ms_per_token']:.2f} ms/token ({t['speedup_vs_tp']:.2f}x TP alone, "
-                f"draft {t['draft_ms_per_round']:.1f} ms/round, acceptance {t['acceptance']:.2f})")
+        line = (f"  {row['devices']} devices: tree {t['ms_per_token']:.2f} ms/token "
+                f"({t['speedup_vs_tp']:.2f}x TP alone, draft {t['draft_ms_per_round']:.1f} ms/round, "
+                f"acceptance {t['acceptance']:.2f})")
         if "easyspec" in row:
             e = row["easyspec"]
-            line += (f"; easyspec [{e['layer_groups']}] {e['ms_per_token']:.2f} ms/token ({e['speedup_vs_tp']:.2f}x TP, "
-                     f"draft {e['draft_ms_per_round']:.1f} ms/round, acceptance {e['acceptance']:.2f}): drafting "
-                     f"{row['draft_speedup_vs_tree']:.2f}x, end to end {row['speedup_vs_tree']:.2f}x tree")
+            line += (f"; easyspec [{e['layer_groups']}] {e['ms_per_token']:.2f} ms/token "
+                     f"({e['speedup_vs_tp']:.2f}x TP, draft {e['draft_ms_per_round']:.1f} ms/round, "
+                     f"acceptance {e['acceptance']:.2f}): drafting {row['draft_speedup_vs_tree']:.2f}x, "
+                     f"end to end {row['speedup_vs_tree']:.2f}x tree")
         print(line, file=file)

@@ -79,7 +79,7 @@ class Round:
     confidence: dict[int, list[float]] = field(default_factory=dict)
 
 
-class CoSine:
+class FusedDrafters:
     def __init__(self, drafters: list[DraftModel], embeddings: torch.Tensor, rows: int, routed: int = 2,
                  explore_below: int = 2, budget: int = 16, routing: bool = True, fusion: bool = True):
         self.drafters, self.embeddings = drafters, embeddings        # the target's input embeddings [V, D]
