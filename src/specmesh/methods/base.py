@@ -81,6 +81,13 @@ OPTIONS = {
     "explore_below": Option("cosine: τ, explore (pick drafters partly at random) after a round that accepted fewer "
                             "tokens than this"),
     "tree_budget": Option("cosine: nodes of the fused tree kept for verification (those of highest confidence)"),
+    "token_budget": Option("cosine: Γ_max, tokens a verification takes at most (the scheduler's bound; adaptive "
+                           "speculation trims the longest trees to it)"),
+    "lam": Option("cosine: λ, the scheduler's weight of verification tokens against time per request", float, "L"),
+    "max_step_ms": Option("cosine: T_max, the scheduler's bound on a step's drafting plus verification in ms "
+                          "(default 0: none)", metavar="MS"),
+    "no_scheduler": Option("cosine: every request speculates every step (ablation)", bool),
+    "no_adaptive": Option("cosine: no trimming of trees to the token budget (ablation)", bool),
     "no_routing": Option("cosine: every drafter drafts for every request (ablation)", bool),
     "no_fusion": Option("cosine: each drafter follows its own tokens, no fused spine (ablation)", bool),
     "timeout": Option("seconds a rank waits for another before failing", metavar="SECONDS"),

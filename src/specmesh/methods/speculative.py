@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specmesh.engine.batch_plan import Scheduled
 from specmesh.engine.runner import Runner
 from specmesh.engine.sequence import Sequence
 from specmesh.methods.ar import AR
@@ -56,6 +57,15 @@ class DraftDepth:
         sent alone samples the same tokens whatever ran before it)."""
         self.narrow_steps = SETTLE_STEPS
 
+    def budgets(self, seqs: list[Sequence]) -> list[int]:
+        """Each sequence's draft depth this step (called once per step)."""
+        depth = self.depth(len(seqs))
+        return [max(0, min(depth, s.remaining - 1)) for s in seqs]
+
+    def observe(self, draft_s: float, verify_s: float, tokens: int) -> None:
+        """What a step cost: its drafting, and its verification of `tokens` tokens (batch_plan.Scheduled fits
+        its costs on these)."""
+
 
 class Speculative(AR):
     def __init__(self, runner: Runner, proposer: Proposer, depth: DraftDepth):
@@ -70,12 +80,12 @@ class Speculative(AR):
         return tokens
 
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
-        depth = self.policy.depth(len(seqs))
         start = time.perf_counter()
-        trees = self.proposer.propose(seqs, [max(0, min(depth, s.remaining - 1)) for s in seqs])
+        trees = self.proposer.propose(seqs, self.policy.budgets(seqs))
         drafted = time.perf_counter()
         logits = self.runner.forward_trees(trees)                                  # [B, N, V]
         verified = time.perf_counter()
+        self.policy.observe(drafted - start, verified - drafted, sum(len(t) for t in trees))
         verdicts = []
         for b, (seq, tree) in enumerate(zip(seqs, trees)):
             seq.stats.draft_s += drafted - start
@@ -124,8 +134,10 @@ def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
                 for m in models.drafters]
     proposer = FusedDrafters(drafters, models.target.embed.weight.detach(), runner.rows, o["routed"],
                              o["explore_below"], o["tree_budget"], routing=not o["no_routing"],
-                             fusion=not o["no_fusion"])
-    return Speculative(runner, proposer, DraftDepth(o["gamma"]))
+                             fusion=not o["no_fusion"], token_budget=None if o["no_adaptive"] else o["token_budget"])
+    policy = DraftDepth(o["gamma"]) if o["no_scheduler"] else \
+        Scheduled(o["gamma"], o["tree_budget"], o["lam"], o["token_budget"], o["max_step_ms"] or float("inf"))
+    return Speculative(runner, proposer, policy)
 
 
 def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
@@ -148,9 +160,10 @@ EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with 
                        "calibration": "round"}, True, build_easyspec,
                       slack=lambda o: o["gamma"] * o["tree_width"] + 1, spread_draft=True)
 COSINE = MethodSpec("cosine", "CoSine: several drafters, routed per request by their record, their tokens fused "
-                    "into one tree by confidence", {"gamma": 5, "draft_window": 64, "drafters": "", "routed": 2,
-                                                    "explore_below": 2, "tree_budget": 16, "no_routing": False,
-                                                    "no_fusion": False}, False, build_cosine,
+                    "into one tree by confidence, batches and draft sizes scheduled for the verifier",
+                    {"gamma": 5, "draft_window": 64, "drafters": "", "routed": 2, "explore_below": 2,
+                     "tree_budget": 16, "token_budget": 64, "lam": 0.05, "max_step_ms": 0, "no_routing": False,
+                     "no_fusion": False, "no_scheduler": False, "no_adaptive": False}, False, build_cosine,
                     slack=lambda o: o["tree_budget"] + 1, needs_drafters=True)
 SELFDRAFT = MethodSpec("selfdraft", "Multi-Branch Self-Drafting: no draft model; n-gram candidates and N draft "
                        "branches in one target forward",

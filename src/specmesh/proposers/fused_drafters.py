@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from specmesh.engine.batch_plan import trim
 from specmesh.engine.sequence import Sequence
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.spec.token_tree import TokenTree
@@ -81,9 +82,11 @@ class Round:
 
 class FusedDrafters:
     def __init__(self, drafters: list[DraftModel], embeddings: torch.Tensor, rows: int, routed: int = 2,
-                 explore_below: int = 2, budget: int = 16, routing: bool = True, fusion: bool = True):
+                 explore_below: int = 2, budget: int = 16, routing: bool = True, fusion: bool = True,
+                 token_budget: int | None = None):
         self.drafters, self.embeddings = drafters, embeddings        # the target's input embeddings [V, D]
         self.routed, self.explore_below, self.budget = routed, explore_below, budget
+        self.token_budget = token_budget            # adaptive speculation: a step's trees hold at most this
         self.routing, self.fusion = routing, fusion
         self.scores = [[START] * len(drafters) for _ in range(rows)]
         self.last: list[int | None] = [None] * rows                   # each row's last accepted length
@@ -136,7 +139,10 @@ class FusedDrafters:
             if level + 1 >= depth:
                 break
             logits = {n: self._read_level(n, seqs, trees, spine, top) for n in active}
-        return [keep_best(tree, self.budget) for tree in trees]
+        trees = [keep_best(tree, self.budget) for tree in trees]
+        if self.token_budget is not None:           # adaptive speculation: the longest trees give up nodes
+            trees = [keep_best(t, n) for t, n in zip(trees, trim([len(t) for t in trees], self.token_budget))]
+        return trees
 
     def _grow(self, tree: TokenTree, r: Round, cand: dict, own_child: dict, spine: dict, own: dict) -> None:
         """A level of one row's union tree from each routed drafter's candidate (confidence, token), and the

@@ -1,0 +1,168 @@
+"""CoSine's request scheduler and adaptive speculation (Yang et al. 2025, §4.3, Eq. 8 and Algorithm 2).
+
+Each step the scheduler picks the requests B of the pool that speculate, minimising
+
+    T_ttl(B) / b + λ Γ(B)      subject to  Γ(B) <= Γ_max,  T_ttl(B) <= T_max,  memory(B) <= M_max
+
+with b = |B| >= 1, Γ(B) = Σ_B tokens_i the tokens sent to verification, and T_ttl(B) = max_B draft_ms_i +
+verify_base_ms + verify_ms_per_token Γ(B), drafting (in parallel, the longest dominates) plus a verification
+fitted as linear in its tokens. The max and the division make it no linear program: for each b, it is one
+after a reformulation (a continuous t >= draft_ms_i x_i stands for the max; b is fixed, so the objective is
+linear), solved exactly by SciPy's MILP (HiGHS), and the best b wins; pools of up to EXACT_POOL requests are
+searched exhaustively instead (the same optimum, and what the tests compare against). In the engine, a
+request left out decodes plainly this step (one token, no draft).
+
+Adaptive speculation: where no batch fits Γ_max, one token is taken from the longest draft until the
+budget holds (`trim`).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+EXACT_POOL = 12                 # pools up to this size: exhaustive search
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tokens: int                 # tokens it would send to verification (its tree, root included)
+    draft_ms: float             # its drafting time this step
+    memory: float = 0.0         # what it holds (the KV cache's MB)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    verify_base_ms: float       # a verification forward's fixed cost
+    verify_ms_per_token: float  # and its cost per token
+    lam: float = 0.0            # λ: the weight of verification tokens
+    max_tokens: int = 10 ** 9   # Γ_max
+    max_ms: float = float("inf")    # T_max
+    max_memory: float = float("inf")
+
+
+def total_ms(batch: list[Candidate], bounds: Bounds) -> float:
+    """T_ttl: the longest draft, then one verification of every token."""
+    tokens = sum(c.tokens for c in batch)
+    return max(c.draft_ms for c in batch) + bounds.verify_base_ms + bounds.verify_ms_per_token * tokens
+
+
+def objective(batch: list[Candidate], bounds: Bounds) -> float:
+    return total_ms(batch, bounds) / len(batch) + bounds.lam * sum(c.tokens for c in batch)
+
+
+def feasible(batch: list[Candidate], bounds: Bounds) -> bool:
+    return (len(batch) > 0 and sum(c.tokens for c in batch) <= bounds.max_tokens
+            and total_ms(batch, bounds) <= bounds.max_ms and sum(c.memory for c in batch) <= bounds.max_memory)
+
+
+def plan(pool: list[Candidate], bounds: Bounds) -> list[int]:
+    """The indices of the batch that minimises the objective under the bounds ([] where none fits)."""
+    if len(pool) <= EXACT_POOL:
+        return exhaustive(pool, bounds)
+    best: tuple[float, list[int]] | None = None
+    for b in range(1, len(pool) + 1):
+        chosen = solve_for_size(pool, bounds, b)
+        if chosen is not None:
+            value = objective([pool[i] for i in chosen], bounds)
+            if best is None or value < best[0] - 1e-12:
+                best = (value, chosen)
+    return [] if best is None else best[1]
+
+
+def exhaustive(pool: list[Candidate], bounds: Bounds) -> list[int]:
+    best: tuple[float, list[int]] | None = None
+    for b in range(1, len(pool) + 1):
+        for chosen in itertools.combinations(range(len(pool)), b):
+            batch = [pool[i] for i in chosen]
+            if feasible(batch, bounds):
+                value = objective(batch, bounds)
+                if best is None or value < best[0] - 1e-12:
+                    best = (value, list(chosen))
+    return [] if best is None else best[1]
+
+
+def solve_for_size(pool: list[Candidate], bounds: Bounds, b: int) -> list[int] | None:
+    """The best batch of exactly b requests, by MILP: variables x_1..x_n (binary) and t (the longest draft);
+    minimise t / b + Σ (verify_ms_per_token / b + λ) tokens_i x_i (+ the constant verify_base_ms / b)."""
+    try:
+        from scipy.optimize import Bounds as VarBounds, LinearConstraint, milp
+    except ImportError:
+        raise RuntimeError(f"cosine's scheduler needs SciPy for a pool of more than {EXACT_POOL} requests: "
+                           "pip install scipy (or the serve extra)") from None
+    n = len(pool)
+    tokens = np.array([c.tokens for c in pool], dtype=float)
+    draft = np.array([c.draft_ms for c in pool], dtype=float)
+    memory = np.array([c.memory for c in pool], dtype=float)
+    cost = np.append(tokens * (bounds.verify_ms_per_token / b + bounds.lam), 1.0 / b)
+    rows, low, high = [], [], []
+    rows.append(np.append(np.ones(n), 0.0)), low.append(b), high.append(b)                  # b requests
+    for i in range(n):                                                                      # t >= draft_i x_i
+        row = np.zeros(n + 1)
+        row[i], row[n] = draft[i], -1.0
+        rows.append(row), low.append(-np.inf), high.append(0.0)
+    rows.append(np.append(tokens, 0.0)), low.append(-np.inf), high.append(bounds.max_tokens)    # Γ
+    if np.isfinite(bounds.max_ms):                                                          # T_ttl
+        rows.append(np.append(tokens * bounds.verify_ms_per_token, 1.0))
+        low.append(-np.inf), high.append(bounds.max_ms - bounds.verify_base_ms)
+    if np.isfinite(bounds.max_memory):
+        rows.append(np.append(memory, 0.0)), low.append(-np.inf), high.append(bounds.max_memory)
+    result = milp(cost, constraints=LinearConstraint(np.array(rows), low, high),
+                  integrality=np.append(np.ones(n), 0.0),
+                  bounds=VarBounds(np.zeros(n + 1), np.append(np.ones(n), np.inf)))
+    if not result.success:
+        return None
+    return [i for i in range(n) if result.x[i] > 0.5]
+
+
+def trim(sizes: list[int], budget: int, floor: int = 1) -> list[int]:
+    """Adaptive speculation: one token off the longest draft (the first of equals) until the sizes fit
+    `budget` or every one is down to `floor` (a tree of its root alone: plain decoding)."""
+    sizes = list(sizes)
+    while sum(sizes) > budget and max(sizes) > floor:
+        sizes[sizes.index(max(sizes))] -= 1
+    return sizes
+
+
+class Scheduled:
+    """cosine's speculation policy (the engine's DraftDepth interface): each step, `plan` picks the running
+    requests that speculate (`depth` levels, a tree of about `tree_tokens`); the others decode plainly this
+    step. Costs are measured: drafting as the last steps' mean, verification fitted as base + per token
+    over the last WINDOW steps. One request alone always speculates (nothing to choose)."""
+    WINDOW = 64
+
+    def __init__(self, depth: int, tree_tokens: int, lam: float, max_tokens: int, max_ms: float):
+        self.depth, self.tree_tokens = depth, tree_tokens
+        self.lam, self.max_tokens, self.max_ms = lam, max_tokens, max_ms
+        self.draft_ms: list[float] = []
+        self.verified: list[tuple[int, float]] = []        # (tokens, ms) of recent verifications
+        self.chosen: list[int] = []                        # the last plan (for stats and tests)
+
+    def idle(self) -> None:
+        pass
+
+    def budgets(self, seqs) -> list[int]:
+        depths = [max(0, min(self.depth, s.remaining - 1)) for s in seqs]
+        if len(seqs) == 1 or len(self.verified) < 2:
+            return depths
+        base, per_token = self.verify_fit()
+        draft = sum(self.draft_ms) / len(self.draft_ms)
+        pool = [Candidate(self.tree_tokens if d else 1, draft if d else 0.0) for d in depths]
+        self.chosen = plan(pool, Bounds(base, per_token, self.lam, self.max_tokens, self.max_ms))
+        chosen = set(self.chosen)
+        return [d if i in chosen else 0 for i, d in enumerate(depths)]
+
+    def observe(self, draft_s: float, verify_s: float, tokens: int) -> None:
+        self.draft_ms = (self.draft_ms + [draft_s * 1e3])[-self.WINDOW:]
+        self.verified = (self.verified + [(tokens, verify_s * 1e3)])[-self.WINDOW:]
+
+    def verify_fit(self) -> tuple[float, float]:
+        """Least squares ms = base + per_token * tokens over the recent verifications (per_token >= 0)."""
+        tokens = np.array([t for t, _ in self.verified], dtype=float)
+        ms = np.array([m for _, m in self.verified])
+        if np.ptp(tokens) == 0:
+            return float(ms.mean()), 0.0
+        per_token, base = np.polyfit(tokens, ms, 1)
+        per_token = max(per_token, 0.0)
+        return float(max(ms.mean() - per_token * tokens.mean(), 0.0)), float(per_token)
