@@ -83,6 +83,10 @@ def test_the_router_learns_which_drafter_serves(tiny_checkpoint, tiny_draft_chec
               drafters=f"{tiny_draft_checkpoint},{tiny_checkpoint},{tiny_draft_checkpoint}")
     out = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=60, ignore_eos=True))
     assert out.stats.tokens_per_forward > 4      # routing at random would give about 2.5
+    info = out.stats.info                           # the per-drafter record (the server's drafter metrics)
+    assert info["drafters"] == [tiny_draft_checkpoint.name, tiny_checkpoint.name, tiny_draft_checkpoint.name]
+    assert max(range(3), key=lambda n: info["scores"][n]) == 1 and info["rounds"][1] > info["rounds"][0]
+    assert info["accepted"][1] > 0.8 * info["drafted"][1]
 
 
 def test_sampling_draws_from_the_target(ar, tiny_checkpoint, tiny_draft_checkpoint):

@@ -32,6 +32,7 @@ class Models:
     target: Transformer
     draft: Transformer | None = None
     drafters: list[Transformer] = field(default_factory=list)     # cosine's
+    drafter_names: list[str] = field(default_factory=list)
     target_path: Path | None = None         # the target's checkpoint folder (holds its n-gram cache)
     remote: Remote | None = None            # pearl's DraftPeer, a pipeline's Pipeline
 

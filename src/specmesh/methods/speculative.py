@@ -134,7 +134,8 @@ def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
                 for m in models.drafters]
     proposer = FusedDrafters(drafters, models.target.embed.weight.detach(), runner.rows, o["routed"],
                              o["explore_below"], o["tree_budget"], routing=not o["no_routing"],
-                             fusion=not o["no_fusion"], token_budget=None if o["no_adaptive"] else o["token_budget"])
+                             fusion=not o["no_fusion"], token_budget=None if o["no_adaptive"] else o["token_budget"],
+                             names=models.drafter_names)
     policy = DraftDepth(o["gamma"]) if o["no_scheduler"] else \
         Scheduled(o["gamma"], o["tree_budget"], o["lam"], o["token_budget"], o["max_step_ms"] or float("inf"))
     return Speculative(runner, proposer, policy)

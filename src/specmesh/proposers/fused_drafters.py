@@ -83,10 +83,11 @@ class Round:
 class FusedDrafters:
     def __init__(self, drafters: list[DraftModel], embeddings: torch.Tensor, rows: int, routed: int = 2,
                  explore_below: int = 2, budget: int = 16, routing: bool = True, fusion: bool = True,
-                 token_budget: int | None = None):
+                 token_budget: int | None = None, names: list[str] | None = None):
         self.drafters, self.embeddings = drafters, embeddings        # the target's input embeddings [V, D]
         self.routed, self.explore_below, self.budget = routed, explore_below, budget
         self.token_budget = token_budget            # adaptive speculation: a step's trees hold at most this
+        self.names = names or [f"drafter{n}" for n in range(len(drafters))]
         self.routing, self.fusion = routing, fusion
         self.scores = [[START] * len(drafters) for _ in range(rows)]
         self.last: list[int | None] = [None] * rows                   # each row's last accepted length
@@ -191,16 +192,31 @@ class FusedDrafters:
                logits: torch.Tensor | None = None) -> None:
         for b, (tree, verdict) in enumerate(zip(trees, verdicts)):
             accepted = [tree.tokens[n] for n in verdict.path[1:]]
-            r = self.rounds[b]
+            r, info = self.rounds[b], self._info(seqs[b])
             for n in r.drafters:
                 own = r.own.get(n, [])
                 m = round_score(r.confidence.get(n, []), self._similarity(accepted, own), len(accepted))
                 self.scores[b][n] = (1 - ETA) * self.scores[b][n] + ETA * m
+                matched = next((i for i, (x, a) in enumerate(zip(own, accepted)) if x != a),
+                               min(len(own), len(accepted)))          # its tokens' accepted prefix
+                info["rounds"][n] += 1
+                info["drafted"][n] += len(own)
+                info["accepted"][n] += matched
+            info["scores"] = [round(x, 4) for x in self.scores[b]]
             self.last[b] = verdict.accepted
             for n, d in enumerate(self.drafters):
                 path = self._view_path(self.views[n][b], accepted)
                 d._keep(b, self.views[n][b], path)           # what it read of the accepted path stays
                 d.pending[b] += accepted[len(path):]         # the rest it reads next round
+
+    def _info(self, seq: Sequence) -> dict:
+        """The sequence's per-drafter record (Stats.info): rounds routed, tokens drafted along the fused spine,
+        of those the accepted prefix, and the router's scores."""
+        info = seq.stats.info
+        if "drafters" not in info:
+            zeros = [0] * len(self.drafters)
+            info.update(drafters=list(self.names), rounds=list(zeros), drafted=list(zeros), accepted=list(zeros))
+        return info
 
     def _similarity(self, accepted: list[int], own: list[int]) -> list[float]:
         """cos(H(accepted_i), H(own_i)) where both exist, else 0 (H: the target's input embeddings)."""

@@ -30,8 +30,25 @@ class Metrics:
         self.tpot = Histogram("specmesh_time_per_output_token_seconds", "Mean time between output tokens",
                               registry=r, buckets=LATENCY_BUCKETS)
 
+        # cosine: per drafter
+        self.drafter_rounds = Counter("specmesh_drafter_rounds", "Rounds a drafter was routed to a request",
+                                      ["drafter"], registry=r)
+        self.drafter_drafted = Counter("specmesh_drafter_drafted_tokens", "Tokens a drafter proposed along the "
+                                       "fused spine", ["drafter"], registry=r)
+        self.drafter_accepted = Counter("specmesh_drafter_accepted_tokens", "Of those, the accepted prefix",
+                                        ["drafter"], registry=r)
+        self.drafter_score = Gauge("specmesh_drafter_score", "The router's score of a drafter at the end of the "
+                                   "last finished request it served", ["drafter"], registry=r)
+
     def finish(self, seq) -> None:
         """Called by the engine when a sequence leaves the batch."""
+        info = seq.stats.info
+        for n, name in enumerate(info.get("drafters", [])):
+            self.drafter_rounds.labels(name).inc(info["rounds"][n])
+            self.drafter_drafted.labels(name).inc(info["drafted"][n])
+            self.drafter_accepted.labels(name).inc(info["accepted"][n])
+            if info["rounds"][n]:
+                self.drafter_score.labels(name).set(info["scores"][n])
         self.finished.labels("aborted" if seq.aborted else (seq.finish or "length")).inc()
         if seq.first_token_at is not None:
             self.ttft.observe(seq.first_token_at - seq.arrival)
