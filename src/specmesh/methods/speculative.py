@@ -21,7 +21,7 @@ from specmesh.engine.sequence import Sequence
 from specmesh.methods.ar import AR
 from specmesh.methods.base import Configured, MethodSpec
 from specmesh.proposers import Proposer
-from specmesh.proposers.fused_drafters import FusedDrafters
+from specmesh.proposers.fused_drafters import Drafter, FusedDrafters
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.fuzzy_draft import FuzzyDraft, layer_groups
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
@@ -130,7 +130,7 @@ def build_easyspec(models, method: Configured, runner: Runner) -> Speculative:
 
 def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
-    drafters = [DraftModel(m, runner.rows, runner.max_len, o["draft_window"], width=2, max_children=2)
+    drafters = [Drafter(DraftModel(m, runner.rows, runner.max_len, o["draft_window"], width=2, max_children=2))
                 for m in models.drafters]
     proposer = FusedDrafters(drafters, models.target.embed.weight.detach(), runner.rows, o["routed"],
                              o["explore_below"], o["tree_budget"], routing=not o["no_routing"],

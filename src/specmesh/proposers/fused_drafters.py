@@ -22,6 +22,7 @@ cosine similarity (clamped to [0, 1]) of the target's input embeddings of the ac
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from specmesh.engine.batch_plan import trim
 from specmesh.engine.sequence import Sequence
 from specmesh.proposers.draft_model import DraftModel
+from specmesh.runtime.link import PeerError
 from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict
 
@@ -80,8 +82,71 @@ class Round:
     confidence: dict[int, list[float]] = field(default_factory=dict)
 
 
+def most_likely(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The most likely token after each node and its probability: logits [B, k, V] -> probs, tokens [B, k]."""
+    top = F.softmax(logits.float(), -1).max(-1)
+    return top.values.cpu(), top.indices.cpu()
+
+
+def view_path(view: TokenTree, tokens: list[int]) -> list[int]:
+    """The nodes of a drafter's view along the accepted tokens, as far as it goes (the first of two equal
+    siblings: the one it continued)."""
+    path, node = [], 0
+    for t in tokens:
+        node = next((c for c in view.children(node) if view.tokens[c] == t), None)
+        if node is None:
+            break
+        path.append(node)
+    return path
+
+
+class Drafter:
+    """One of cosine's drafters in this process: a draft model (proposers/draft_model.py) reading the levels
+    it is given. A round: begin (the newest token) -> read_root -> read_level ... -> finish per row; after
+    each read, `result()` is the most likely next token after each node read and its probability.
+
+    Its view of a row's tree: per level two siblings below the node it continued, the token it continues now
+    (the fused one) and its own candidate, so one forward per level reads both."""
+
+    def __init__(self, draft: DraftModel):
+        self.draft, self.views, self.top = draft, [], None
+
+    def admit(self, row: int, seq: Sequence) -> None:
+        self.draft.admit(row, seq)
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.draft.move_row(src, dst)
+
+    def begin(self, seqs: list[Sequence]) -> None:
+        for b, seq in enumerate(seqs):
+            self.draft.pending[b].append(seq.last)
+        self.views, self.draft.slots = [TokenTree.root(seq.last) for seq in seqs], {}
+
+    def read_root(self, seqs: list[Sequence]) -> None:
+        self.draft._catch_up(seqs)
+        self.top = most_likely(self.draft._read_pending(seqs)[:, None])
+
+    def read_level(self, seqs: list[Sequence], pairs: list[tuple[int, int]]) -> None:
+        """pairs[b]: (the token row b continues, its own candidate)."""
+        level = []
+        for view, (go_on, own) in zip(self.views, pairs):
+            parent = len(view) - 2 if len(view) > 1 else 0         # the node it continued at the last level
+            level = [view.add(go_on, parent), view.add(own, parent)]
+        self.top = most_likely(self.draft._forward_level(seqs, self.views, level))
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.top
+
+    def finish(self, row: int, accepted: list[int]) -> None:
+        """Keep what it read of the accepted path; queue the rest."""
+        view = self.views[row]
+        path = view_path(view, accepted)
+        self.draft._keep(row, view, path)
+        self.draft.pending[row] += accepted[len(path):]
+
+
 class FusedDrafters:
-    def __init__(self, drafters: list[DraftModel], embeddings: torch.Tensor, rows: int, routed: int = 2,
+    def __init__(self, drafters: list[Drafter], embeddings: torch.Tensor, rows: int, routed: int = 2,
                  explore_below: int = 2, budget: int = 16, routing: bool = True, fusion: bool = True,
                  token_budget: int | None = None, names: list[str] | None = None):
         self.drafters, self.embeddings = drafters, embeddings        # the target's input embeddings [V, D]
@@ -89,61 +154,81 @@ class FusedDrafters:
         self.token_budget = token_budget            # adaptive speculation: a step's trees hold at most this
         self.names = names or [f"drafter{n}" for n in range(len(drafters))]
         self.routing, self.fusion = routing, fusion
+        self.alive = [True] * len(drafters)         # a drafter whose process died is routed no more
         self.scores = [[START] * len(drafters) for _ in range(rows)]
         self.last: list[int | None] = [None] * rows                   # each row's last accepted length
         self.rngs = [random.Random(row) for row in range(rows)]
         self.rounds: list[Round] = []
-        self.views: list[list[TokenTree]] = []                        # per drafter: its tree per row
 
     # -- rows -----------------------------------------------------------------------------------
     def admit(self, row: int, seq: Sequence) -> None:
-        for d in self.drafters:
-            d.admit(row, seq)
+        self._each(lambda n, d: d.admit(row, seq))
         self.scores[row], self.last[row] = [START] * len(self.drafters), None
         self.rngs[row] = random.Random(seq.params.seed if seq.params.seed is not None else row)
 
     def move_row(self, src: int, dst: int) -> None:
-        for d in self.drafters:
-            d.move_row(src, dst)
+        self._each(lambda n, d: d.move_row(src, dst))
         self.scores[dst], self.last[dst], self.rngs[dst] = self.scores[src], self.last[src], self.rngs[src]
+
+    def _each(self, call, drafters: list[int] | None = None) -> None:
+        """call(n, drafter) on each live one (of `drafters`); a drafter whose process died is dropped, with a
+        warning, and generation goes on with the others."""
+        for n in drafters if drafters is not None else range(len(self.drafters)):
+            if self.alive[n]:
+                try:
+                    call(n, self.drafters[n])
+                except PeerError as e:
+                    self.alive[n] = False
+                    warnings.warn(f"cosine: drafter {self.names[n]} is gone and routed no more: {e}")
+
+    def _results(self, active: list[int]) -> dict:
+        out = {}
+        self._each(lambda n, d: out.__setitem__(n, d.result()), active)
+        return out
 
     # -- proposing --------------------------------------------------------------------------------
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
         B, depth = len(seqs), max(budgets)
-        everyone = list(range(len(self.drafters)))
-        self.rounds = [Round(route(self.scores[b], self.routed, self.last[b], self.explore_below, self.rngs[b])
-                             if self.routing else everyone) for b in range(B)]
+        live = [n for n in range(len(self.drafters)) if self.alive[n]]
+        self.rounds = [Round([live[i] for i in route([self.scores[b][n] for n in live], self.routed, self.last[b],
+                                                     self.explore_below, self.rngs[b])]
+                             if self.routing else live) for b in range(B)]
         trees = [TokenTree.root(seq.last) for seq in seqs]
-        for d in self.drafters:
-            for b, seq in enumerate(seqs):
-                d.pending[b].append(seq.last)
-        self.views = [[TokenTree.root(seq.last) for seq in seqs] for _ in self.drafters]
-        if depth == 0:
-            return trees
+        self._each(lambda n, d: d.begin(seqs))
         active = sorted({n for r in self.rounds for n in r.drafters})
-        logits = {}
-        for n in active:                                # each drafter reads what it has not, up to the root
-            d = self.drafters[n]
-            d.slots = {}
-            d._catch_up(seqs)
-            logits[n] = d._read_pending(seqs)[:, None]  # [B, 1, V]
+        if depth == 0 or not active:
+            return trees
+        self._each(lambda n, d: d.read_root(seqs), active)         # each reads what it has not, up to the root
+        top = self._results(active)
         spine = [{n: 0 for n in r.drafters} for r in self.rounds]   # per row: the node each drafter continues
         own = [{} for _ in range(B)]                                 # per row: drafter -> its own node beside
         for level in range(depth):
-            top = {n: F.softmax(logits[n].float(), -1).max(-1) for n in active}     # values, indices [B, 1 or 2]
             for b, (tree, r) in enumerate(zip(trees, self.rounds)):
                 if level < budgets[b]:
-                    self._grow(tree, r, {n: (float(top[n].values[b, 0]), int(top[n].indices[b, 0]))
-                                         for n in r.drafters},
-                               {n: (float(top[n].values[b, 1]), int(top[n].indices[b, 1]))
-                                for n in own[b] if top[n].values.shape[1] > 1}, spine[b], own[b])
-            if level + 1 >= depth:
+                    cand = {n: (float(top[n][0][b, 0]), int(top[n][1][b, 0])) for n in r.drafters if n in top}
+                    own_child = {n: (float(top[n][0][b, 1]), int(top[n][1][b, 1]))
+                                 for n in own[b] if n in top and top[n][0].shape[1] > 1}
+                    if cand:
+                        self._grow(tree, r, cand, own_child, spine[b], own[b])
+            active = [n for n in active if n in top and self.alive[n]]
+            if level + 1 >= depth or not active:
                 break
-            logits = {n: self._read_level(n, seqs, trees, spine, top) for n in active}
+            self._each(lambda n, d: d.read_level(seqs, self._pairs(n, trees, spine, top)), active)
+            top = self._results(active)
         trees = [keep_best(tree, self.budget) for tree in trees]
         if self.token_budget is not None:           # adaptive speculation: the longest trees give up nodes
             trees = [keep_best(t, n) for t, n in zip(trees, trim([len(t) for t in trees], self.token_budget))]
         return trees
+
+    @staticmethod
+    def _pairs(n: int, trees: list[TokenTree], spine: list[dict], top: dict) -> list[tuple[int, int]]:
+        """Per row, the two tokens drafter n reads next: the one it continues (the fused token, or with fusion off
+        its own) and its own candidate."""
+        pairs = []
+        for b, tree in enumerate(trees):
+            own = int(top[n][1][b, 0])
+            pairs.append((tree.tokens[spine[b][n]] if n in spine[b] else own, own))
+        return pairs
 
     def _grow(self, tree: TokenTree, r: Round, cand: dict, own_child: dict, spine: dict, own: dict) -> None:
         """A level of one row's union tree from each routed drafter's candidate (confidence, token), and the
@@ -175,18 +260,6 @@ class FusedDrafters:
                 return c
         return tree.add(token, parent, prob)
 
-    def _read_level(self, n: int, seqs: list[Sequence], trees: list[TokenTree], spine: list[dict],
-                    top: dict) -> torch.Tensor:
-        """Drafter n reads two nodes of its own view per row, siblings below the node it continued: the token
-        it continues now (the fused one) and its own candidate; logits [B, 2, V] (after each)."""
-        views, level = self.views[n], []
-        for b, view in enumerate(views):
-            parent = len(view) - 2 if len(view) > 1 else 0              # the view's last continued node
-            own = int(top[n].indices[b, 0])
-            go_on = trees[b].tokens[spine[b][n]] if n in spine[b] else own
-            level = [view.add(go_on, parent), view.add(own, parent)]
-        return self.drafters[n]._forward_level(seqs, views, level)
-
     # -- learning the verdicts --------------------------------------------------------------------
     def accept(self, seqs: list[Sequence], trees: list[TokenTree], verdicts: list[Verdict],
                logits: torch.Tensor | None = None) -> None:
@@ -204,10 +277,7 @@ class FusedDrafters:
                 info["accepted"][n] += matched
             info["scores"] = [round(x, 4) for x in self.scores[b]]
             self.last[b] = verdict.accepted
-            for n, d in enumerate(self.drafters):
-                path = self._view_path(self.views[n][b], accepted)
-                d._keep(b, self.views[n][b], path)           # what it read of the accepted path stays
-                d.pending[b] += accepted[len(path):]         # the rest it reads next round
+            self._each(lambda n, d: d.finish(b, accepted))
 
     def _info(self, seq: Sequence) -> dict:
         """The sequence's per-drafter record (Stats.info): rounds routed, tokens drafted along the fused spine,
@@ -224,15 +294,3 @@ class FusedDrafters:
         sim = F.cosine_similarity(self.embeddings[accepted[:k]].float(), self.embeddings[own[:k]].float(),
                                   dim=-1).tolist() if k else []
         return sim + [0.0] * (len(own) - k)
-
-    @staticmethod
-    def _view_path(view: TokenTree, tokens: list[int]) -> list[int]:
-        """The nodes of a drafter's view along the accepted tokens, as far as it goes (the first of two
-        equal siblings: the one it continued)."""
-        path, node = [], 0
-        for t in tokens:
-            node = next((c for c in view.children(node) if view.tokens[c] == t), None)
-            if node is None:
-                break
-            path.append(node)
-        return path
