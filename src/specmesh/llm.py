@@ -18,6 +18,7 @@ from specmesh.engine.engine import Engine
 from specmesh.engine.sequence import Output, Sequence
 from specmesh.methods import Models
 from specmesh.model.loader import DTYPES, load_model, load_tokenizer
+from specmesh.proposers.remote_drafter import DrafterPool
 from specmesh.runtime import tensor_parallel
 from specmesh.spec.sampling import SamplingParams
 
@@ -87,7 +88,13 @@ class LLM:
             paths = catalog.drafters_for(target, self.method.options["drafters"])
             for path in paths:
                 check_vocabularies(self.tokenizer, load_tokenizer(path), target, path)
-            self.models.drafters = [load_model(p, self.dtype, self.device, draft=True, quant=quant) for p in paths]
+            o = self.method.options
+            if o["drafter_processes"]:      # one process each (proposers/remote_drafter.py)
+                self.models.remote = DrafterPool.start(paths, self.dtype, str(self.device), quant, o["draft_window"],
+                                                       o["timeout"])
+            else:
+                self.models.drafters = [load_model(p, self.dtype, self.device, draft=True, quant=quant)
+                                        for p in paths]
             self.models.drafter_names = [catalog.served_name(p) for p in paths]
         if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
             spread = self.method.spec.spread_draft and draft is not None

@@ -99,3 +99,27 @@ def test_bad_drafters_are_refused(tiny_checkpoint):
         LLM(target=tiny_checkpoint, method="cosine", drafters=str(tiny_checkpoint))
     with pytest.raises(ValueError, match="cosine needs at least two drafters and has 0"):
         LLM(target=tiny_checkpoint, method="cosine")
+
+
+def test_drafter_processes_and_a_killed_drafter_does_not_stop_generation(ar, tiny_checkpoint, tiny_draft_checkpoint):
+    """--drafter-processes: each drafter in a process of its own, drafting at the same time; killing one mid-run
+    drops it from routing with a warning and the output is still ar's."""
+    import os
+    import signal
+    drafters = f"{tiny_checkpoint},{tiny_draft_checkpoint},{tiny_checkpoint}"
+    llm = LLM(target=tiny_checkpoint, method="cosine", drafters=drafters, drafter_processes=True, timeout=5)
+    assert llm.models.remote.link.roles == ["verifier", "drafter0", "drafter1", "drafter2"]
+    params = SamplingParams(max_new_tokens=60, ignore_eos=True)
+    want = ar.generate("def add(a, b):", params)
+    assert llm.generate("def add(a, b):", params).tokens == want.tokens
+    pid = llm.models.remote.link.pids[1]
+    run = llm.stream("def add(a, b):", params)
+    pieces = iter(run)
+    next(pieces)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.warns(UserWarning, match=r"drafter .* is gone and routed no more"):
+        for _ in pieces:
+            pass
+    assert run.output.tokens == want.tokens
+    assert llm.generate("class Point:", params).tokens == ar.generate("class Point:", params).tokens
+    llm.close()

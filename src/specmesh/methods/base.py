@@ -89,6 +89,8 @@ OPTIONS = {
                           "(default 0: none)", metavar="MS"),
     "no_scheduler": Option("cosine: every request speculates every step (ablation)", bool),
     "no_adaptive": Option("cosine: no trimming of trees to the token budget (ablation)", bool),
+    "drafter_processes": Option("cosine: each drafter in a process of its own, drafting at the same time as the "
+                                "others (one thread each)", bool),
     "no_routing": Option("cosine: every drafter drafts for every request (ablation)", bool),
     "no_fusion": Option("cosine: each drafter follows its own tokens, no fused spine (ablation)", bool),
     "timeout": Option("seconds a rank waits for another before failing", metavar="SECONDS"),

@@ -21,10 +21,11 @@ from specmesh.engine.sequence import Sequence
 from specmesh.methods.ar import AR
 from specmesh.methods.base import Configured, MethodSpec
 from specmesh.proposers import Proposer
-from specmesh.proposers.fused_drafters import Drafter, FusedDrafters
 from specmesh.proposers.draft_model import DraftModel
+from specmesh.proposers.fused_drafters import Drafter, FusedDrafters
 from specmesh.proposers.fuzzy_draft import FuzzyDraft, layer_groups
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
+from specmesh.proposers.remote_drafter import DrafterPool
 from specmesh.spec.verify import verify
 
 SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow this long before speculation resumes
@@ -130,8 +131,11 @@ def build_easyspec(models, method: Configured, runner: Runner) -> Speculative:
 
 def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
-    drafters = [Drafter(DraftModel(m, runner.rows, runner.max_len, o["draft_window"], width=2, max_children=2))
-                for m in models.drafters]
+    if isinstance(models.remote, DrafterPool):                  # --drafter-processes
+        drafters = models.remote.drafters(runner.rows, runner.max_len)
+    else:
+        drafters = [Drafter(DraftModel(m, runner.rows, runner.max_len, o["draft_window"], width=2, max_children=2))
+                    for m in models.drafters]
     proposer = FusedDrafters(drafters, models.target.embed.weight.detach(), runner.rows, o["routed"],
                              o["explore_below"], o["tree_budget"], routing=not o["no_routing"],
                              fusion=not o["no_fusion"], token_budget=None if o["no_adaptive"] else o["token_budget"],
@@ -163,8 +167,9 @@ EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with 
 COSINE = MethodSpec("cosine", "CoSine: several drafters, routed per request by their record, their tokens fused "
                     "into one tree by confidence, batches and draft sizes scheduled for the verifier",
                     {"gamma": 5, "draft_window": 64, "drafters": "", "routed": 2, "explore_below": 2,
-                     "tree_budget": 16, "token_budget": 64, "lam": 0.05, "max_step_ms": 0, "no_routing": False,
-                     "no_fusion": False, "no_scheduler": False, "no_adaptive": False}, False, build_cosine,
+                     "tree_budget": 16, "token_budget": 64, "lam": 0.05, "max_step_ms": 0,
+                     "drafter_processes": False, "timeout": 30, "no_routing": False, "no_fusion": False,
+                     "no_scheduler": False, "no_adaptive": False}, False, build_cosine,
                     slack=lambda o: o["tree_budget"] + 1, needs_drafters=True)
 SELFDRAFT = MethodSpec("selfdraft", "Multi-Branch Self-Drafting: no draft model; n-gram candidates and N draft "
                        "branches in one target forward",

@@ -154,7 +154,7 @@ class FusedDrafters:
         self.token_budget = token_budget            # adaptive speculation: a step's trees hold at most this
         self.names = names or [f"drafter{n}" for n in range(len(drafters))]
         self.routing, self.fusion = routing, fusion
-        self.alive = [True] * len(drafters)         # a drafter whose process died is routed no more
+        self.alive = [not getattr(d, "dead", False) for d in drafters]    # a drafter whose process died: not routed
         self.scores = [[START] * len(drafters) for _ in range(rows)]
         self.last: list[int | None] = [None] * rows                   # each row's last accepted length
         self.rngs = [random.Random(row) for row in range(rows)]

@@ -226,6 +226,9 @@ class Link:
                 raise self._error(peer, f"did not answer within {timeout_s:g} s")
         return value
 
+    def alive(self, rank: int) -> bool:
+        return self._alive(rank)
+
     def _alive(self, rank: int) -> bool:
         """The rank's process runs (a stopped one counts; a zombie does not)."""
         if rank in self.procs:
@@ -274,6 +277,17 @@ class Link:
     def recv_obj(self, src: int, idle: bool = False):
         size = int(self.recv(torch.zeros(1, dtype=torch.int64), src, idle, mailbox=False))
         return json.loads(bytes(self.recv(torch.zeros(size, dtype=torch.uint8), src, mailbox=False).tolist()))
+
+    # -- JSON messages within a job, through the mailboxes where they fit -------------------------------
+    def send_json(self, obj, dst: int) -> None:
+        data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+        self.send(torch.tensor([data.numel()]), dst)
+        self.send(data, dst)
+
+    def recv_json(self, src: int, idle: bool = False):
+        """`idle`: wait as long as it takes (a rank between jobs), still failing at once if `src` dies."""
+        size = int(self.recv(torch.zeros(1, dtype=torch.int64), src, idle=idle))
+        return json.loads(bytes(self.recv(torch.zeros(size, dtype=torch.uint8), src).tolist()))
 
     # -- shutdown -----------------------------------------------------------------------------
     def shutdown(self, healthy: bool = True) -> None:

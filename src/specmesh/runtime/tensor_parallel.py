@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import datetime
-import json
 import os
 from pathlib import Path
 
@@ -148,18 +147,6 @@ class Group:
                 layer.weights.reduce = ctypes.cast(self.c_reduce, ctypes.c_void_p).value
 
 
-# -- messages: a forward and the cache changes before it, as JSON through the link -----------------------
-def send_message(link: Link, message: dict, dst: int) -> None:
-    data = torch.frombuffer(bytearray(json.dumps(message).encode()), dtype=torch.uint8)
-    link.send(torch.tensor([data.numel()]), dst)
-    link.send(data, dst)
-
-
-def recv_message(link: Link, idle: bool = False) -> dict:
-    size = int(link.recv(torch.zeros(1, dtype=torch.int64), 0, idle=idle))
-    return json.loads(bytes(link.recv(torch.zeros(size, dtype=torch.uint8), 0).tolist()))
-
-
 class SavedPrefix(tuple):
     """MirroredCache.prefix()'s copy (k, v): rank 0's shard here, each other rank keeps its own under `handle`
     until this is gone."""
@@ -269,7 +256,7 @@ class Leader:
         self.pending = []
         self.group.check()
         for rank in range(1, self.group.world):
-            send_message(self.group.link, message, rank)
+            self.group.link.send_json(message, rank)
         out = None if self.inner is None else self.inner(x, cache, depths, tree_mask, layers, last_only, groups)
         self.group.check()
         return out
@@ -283,7 +270,7 @@ class Leader:
         if healthy:
             try:
                 for rank in range(1, self.group.world):
-                    send_message(link, {"shutdown": True}, rank)
+                    link.send_json({"shutdown": True}, rank)
             except PeerError:
                 healthy = False
         link.close(grace_s=5.0 if healthy else 0.0)
@@ -314,7 +301,7 @@ class Follower:
         if "draft" in self.models:
             spread(self.models["draft"], group)
         with torch.inference_mode():
-            while not (message := recv_message(link, idle=True)).get("shutdown"):
+            while not (message := link.recv_json(0, idle=True)).get("shutdown"):
                 for op in message["ops"]:
                     self.apply(*op)
                 self.forward(message)
