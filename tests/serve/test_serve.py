@@ -386,3 +386,26 @@ def test_the_batch_is_bounded_by_the_kv_cache_memory():
     for cfg in (ServeConfig(max_batch=20, max_kv_mb=100), ServeConfig(max_kv_mb=4)):
         with pytest.raises(ValueError, match="max-kv-mb"):
             batch_rows(cfg, row_mb=8.0)
+
+
+def test_cosine_server_with_a_drafter_process_killed_mid_run(live, tiny_checkpoint, tiny_draft_checkpoint):
+    """`specmesh serve --method cosine --drafter-processes`: concurrent clients get ar's text before and after a
+    drafter process is killed mid-run (it is routed no more); /metrics says what each drafter did."""
+    import os
+    import signal
+    drafters = f"{tiny_checkpoint},{tiny_draft_checkpoint},{tiny_checkpoint}"
+    cos = LiveServer(tiny_checkpoint, method="cosine",
+                     options={"drafters": drafters, "drafter_processes": True, "timeout": 5})
+    try:
+        expected = [complete(live, p, max_tokens=30, temperature=0).choices[0].text for p in PROMPTS]
+        ask = lambda p: complete(cos, p, max_tokens=30, temperature=0).choices[0].text
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(ask, PROMPTS)) == expected
+            later = pool.map(ask, PROMPTS)
+            os.kill(cos.server.engine.models.remote.link.pids[1], signal.SIGKILL)
+            assert list(later) == expected
+        assert list(map(ask, PROMPTS[:4])) == expected[:4]
+        assert metric(cos, f'specmesh_drafter_rounds_total{{drafter="{tiny_checkpoint.name}"}}') > 0
+        assert httpx.get(cos.url + "/health").status_code == 200
+    finally:
+        cos.close()
