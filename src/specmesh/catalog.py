@@ -118,6 +118,12 @@ def ngram_for(target: Path | None) -> Path | None:
     return path if path.is_file() else None
 
 
+def name_of(path: Path) -> str:
+    """A model's name: its catalog name where it is known here, else its file's or folder's name."""
+    known_here = next((m.name for m in known().values() if m.path.resolve() == Path(path).resolve()), None)
+    return known_here or served_name(path)
+
+
 def served_name(spec: str | Path | None) -> str:
     """The model id a server announces for a --target value: its name, else the file's or folder's name."""
     spec = default() if spec is None else spec

@@ -95,7 +95,7 @@ class LLM:
             else:
                 self.models.drafters = [load_model(p, self.dtype, self.device, draft=True, quant=quant)
                                         for p in paths]
-            self.models.drafter_names = [catalog.served_name(p) for p in paths]
+            self.models.drafter_names = [catalog.name_of(p) for p in paths]
         if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
             spread = self.method.spec.spread_draft and draft is not None
             self.models.remote = tensor_parallel.start(
