@@ -76,8 +76,8 @@ def add_model_args(p: argparse.ArgumentParser, tp: bool = False) -> None:
                         "every method stays lossless against the quantized model (docs/quantization.md)")
     if tp:
         p.add_argument("--tp", type=positive_int, default=1, metavar="N",
-                       help="split the target over N processes (tensor parallelism) for ar, sd, tree, easyspec and "
-                            "selfdraft; launched here, or one rank per torchrun process (docs/tensor-parallel.md)")
+                       help="split the target over N processes (tensor parallelism) for ar, sd, tree, easyspec, cosine "
+                            "and selfdraft; launched here, or one rank per torchrun process (docs/tensor-parallel.md)")
 
 
 def option_help(name: str, methods: list[str] | None = None) -> str:

@@ -47,7 +47,7 @@ class LLM:
     Method options (gamma=4, tree_width=4, ...) go to the methods that have them.
     `max_batch`: sequences decoded together (the multi-process methods take one at a time).
     `tp=N`: the target split over N processes (tensor parallelism, runtime/tensor_parallel.py), for the
-    methods that run in one process (ar, sd, tree, easyspec, selfdraft); the draft stays on rank 0.
+    methods that run in one process (ar, sd, tree, easyspec, cosine, selfdraft); drafts stay on rank 0.
     method="auto" (the default): the fastest lossless method for this machine, pair and dtype
     (tuning.py; measured once, then cached); `self.choice` says what it chose and why. `retune`:
     True measures again on the shipped calibration prompts, a list of texts on those. `quant="int8"`:
@@ -85,17 +85,7 @@ class LLM:
         elif draft is not None:
             self.models.draft = load_model(draft, self.dtype, self.device, draft=True, quant=quant)
         if self.method.spec.needs_drafters:
-            paths = catalog.drafters_for(target, self.method.options["drafters"])
-            for path in paths:
-                check_vocabularies(self.tokenizer, load_tokenizer(path), target, path)
-            o = self.method.options
-            if o["drafter_processes"]:      # one process each (proposers/remote_drafter.py)
-                self.models.remote = DrafterPool.start(paths, self.dtype, str(self.device), quant, o["draft_window"],
-                                                       o["timeout"])
-            else:
-                self.models.drafters = [load_model(p, self.dtype, self.device, draft=True, quant=quant)
-                                        for p in paths]
-            self.models.drafter_names = [catalog.name_of(p) for p in paths]
+            self._load_drafters(target, quant)
         if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
             spread = self.method.spec.spread_draft and draft is not None
             self.models.remote = tensor_parallel.start(
@@ -109,6 +99,19 @@ class LLM:
                 print(self.choice.summary(), file=sys.stderr, flush=True)
             given = {k: v for k, v in options.items() if v is not None}
             self.method = methods.get(self.choice.method, self.choice.options | given)
+
+    def _load_drafters(self, target: Path, quant: str | None) -> None:
+        """cosine's drafters: here, or each in a process of its own (proposers/remote_drafter.py)."""
+        o = self.method.options
+        paths = catalog.drafters_for(target, o["drafters"])
+        for path in paths:
+            check_vocabularies(self.tokenizer, load_tokenizer(path), target, path)
+        if o["drafter_processes"]:
+            self.models.remote = DrafterPool.start(paths, self.dtype, str(self.device), quant, o["draft_window"],
+                                                   o["timeout"])
+        else:
+            self.models.drafters = [load_model(p, self.dtype, self.device, draft=True, quant=quant) for p in paths]
+        self.models.drafter_names = [catalog.name_of(p) for p in paths]
 
     def close(self) -> None:
         """Stop the method's other processes, if it has any (pearl's draft rank, a pipeline's stages)."""
@@ -202,10 +205,12 @@ def check_tp(tp: int, name: str, method: methods.Configured) -> None:
         raise ValueError(f"tp must be a positive integer, got {tp!r}")
     if tp > 1 and name == "auto":
         raise ValueError("--tp needs a method (auto measures one process only): "
-                         "--method ar, sd, tree, easyspec or selfdraft")
+                         "--method ar, sd, tree, easyspec, cosine or selfdraft")
+    if tp > 1 and method.options.get("drafter_processes"):
+        raise ValueError("cosine's --drafter-processes and --tp cannot go together yet: choose one")
     if tp > 1 and method.spec.start is not None:
         raise ValueError(f"{method.name} runs its own processes and cannot split the target with --tp; "
-                         f"--tp is for ar, sd, tree, easyspec and selfdraft")
+                         f"--tp is for ar, sd, tree, easyspec, cosine and selfdraft")
 
 
 def check_vocabularies(target_tok, draft_tok, target: Path, draft: Path) -> None:

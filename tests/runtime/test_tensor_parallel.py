@@ -56,7 +56,7 @@ def reference():
         yield llm.generate(CODE, SamplingParams(max_new_tokens=48))
 
 
-@pytest.mark.parametrize("method", ["ar", "sd", "tree", "easyspec"])
+@pytest.mark.parametrize("method", ["ar", "sd", "tree", "easyspec", "cosine"])
 def test_greedy_under_tp2_equals_ar_in_one_process(reference, method):
     """Held-out code prompts, batched, on the embedded pair (bfloat16, its kernels): token for token."""
     with LLM(target="embedded", method=method, dtype="bfloat16", tp=2) as llm:

@@ -374,7 +374,8 @@ def test_the_server_answers_as_specmesh_generate_does(live, tiny_checkpoint, tmp
 
 
 def test_the_server_refuses_a_method_it_cannot_batch(tiny_checkpoint):
-    with pytest.raises(ValueError, match="the server runs methods auto, ar, sd, tree, easyspec, selfdraft; not 'pearl'"):
+    with pytest.raises(ValueError,
+                       match="the server runs methods auto, ar, sd, tree, easyspec, cosine, selfdraft; not 'pearl'"):
         build(ServeConfig(target=str(tiny_checkpoint), method="pearl"))
 
 
