@@ -222,7 +222,12 @@ def build_parser() -> Parser:
     sm.add_argument("prompt", nargs="?", help="the prompt text (or --prompts FILE)")
     sm.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (one JSON object with 'prompt' per line)")
     sm.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts of --prompts")
-    sm.add_argument("--method", choices=["pipedec", "pp", "stpp", "easyspec", "tree"], default="pipedec")
+    sm.add_argument("--method", choices=["pipedec", "pp", "stpp", "easyspec", "tree", "cosine", "sd"],
+                    default="pipedec",
+                    help="pipedec, pp, stpp: pipeline stages (--stages); easyspec, tree: a split target (--tp); "
+                         "cosine, sd, tree with --concurrency: drafter nodes around a verification server")
+    sm.add_argument("--concurrency", type=positive_int, metavar="N",
+                    help="cosine / sd / tree: N requests at once on CoSine's cluster, each method shown with sd's")
     sm.add_argument("--stages", type=positive_int, default=14, help="pipeline stages to simulate (default: 14)")
     sm.add_argument("--tp", type=device_counts, default=[2, 4, 8], metavar="N[,N...]",
                     help="easyspec / tree: devices the target is split over (default: 2,4,8); easyspec is shown next "
@@ -240,6 +245,7 @@ def build_parser() -> Parser:
                     help="prompt tokens the draft reads (default: 64, as the methods')")
     sm.add_argument("--target", metavar="DIR")
     sm.add_argument("--draft", metavar="DIR")
+    sm.add_argument("--drafters", metavar="DIR,DIR", help="cosine: its drafters (default: the target's shipped ones)")
     sm.add_argument("--calibrate", metavar="OUT.json", nargs="?", const="",
                     help="measure this machine's costs into a profile (default: the `local` profile, "
                          "models/profile-local.json of the checkout) and exit")
@@ -490,6 +496,15 @@ def cmd_simulate(args, parser) -> int:
     if (args.prompt is None) == (args.prompts is None):
         parser.error("give exactly one of PROMPT or --prompts FILE")
     prompts = [args.prompt] if args.prompt is not None else load_prompts(args.prompts, args.limit)
+    if args.method in ("cosine", "sd") or args.concurrency:
+        from specmesh.bench.simulate_cosine import ClusterProfile, print_cluster, simulate_cluster
+        methods = [args.method] + [m for m in ("sd",) if m != args.method]
+        result = simulate_cluster(methods, args.concurrency or 8, ClusterProfile.load(args.profile), prompts,
+                                  args.max_new_tokens, args.target, args.draft, args.drafters)
+        print_cluster(result, sys.stderr if args.json == "-" else sys.stdout)
+        if args.json:
+            write_json(result, args.json)
+        return 0
     if args.method in ("easyspec", "tree"):
         from specmesh.bench.simulate_tp import TPProfile, print_tp, simulate_tp
         result = simulate_tp(args.method, args.tp, TPProfile.load(args.profile), prompts, args.max_new_tokens,

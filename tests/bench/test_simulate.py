@@ -107,3 +107,27 @@ def test_tp_simulation_runs_the_real_methods(tmp_path, tiny_checkpoint):
     assert two["tree"]["tokens_per_round"] > 1 and two["easyspec"]["acceptance"] is not None
     with pytest.raises(SystemExit):
         main(["simulate", "x", "--method", "tree", "--tp", "0"])
+
+
+def test_cluster_clock_arithmetic():
+    from specmesh.bench.simulate_cosine import ClusterProfile
+    p = ClusterProfile("test", verify_base_ms=30, verify_per_token_ms=0.1, flat_tokens=100, drafter_ms=6,
+                       server_draft_ms=4, hop_ms=0.5)
+    assert p.verify_ms(80) == 30 and p.verify_ms(150) == pytest.approx(35)
+    assert p.step_ms("cosine", 150, 5) == pytest.approx(5 * (6 + 1) + 0.5 + 35)      # drafter nodes, hops
+    assert p.step_ms("sd", 40, 5) == pytest.approx(5 * 4 + 30)                          # draft on the server
+    assert p.step_ms("cosine", 150, 5, pipelined=True) == pytest.approx(2 * max(5 * 7 + 0.5, 30))   # halves overlap
+
+
+def test_cluster_simulation_runs_the_real_methods_at_once(tmp_path, tiny_checkpoint, tiny_draft_checkpoint):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def add(a, b):", "class P:", "x = 1\n")))
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--prompts", str(prompts), "--method", "cosine", "--concurrency", "3", "--target",
+                 str(tiny_checkpoint), "--draft", str(tiny_checkpoint),
+                 "--drafters", f"{tiny_checkpoint},{tiny_draft_checkpoint}", "--max-new-tokens", "16",
+                 "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["simulated"] is True and set(result["methods"]) == {"cosine pipelined", "cosine", "sd"}
+    assert result["methods"]["sd"]["vs_sd"] == pytest.approx(1.0)
+    assert all(0 < r["tokens"] <= 3 * 16 and r["steps"] > 0 for r in result["methods"].values())

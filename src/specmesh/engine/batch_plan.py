@@ -138,16 +138,17 @@ class Scheduled:
         self.draft_ms: list[float] = []
         self.verified: list[tuple[int, float]] = []        # (tokens, ms) of recent verifications
         self.chosen: list[int] = []                        # the last plan (for stats and tests)
+        self.costs: tuple[float, float, float] | None = None   # given (base, per-token, draft ms): not measured
 
     def idle(self) -> None:
         pass
 
     def budgets(self, seqs) -> list[int]:
         depths = [max(0, min(self.depth, s.remaining - 1)) for s in seqs]
-        if len(seqs) == 1 or len(self.verified) < 2:
+        if len(seqs) == 1 or (self.costs is None and len(self.verified) < 2):
             return depths
-        base, per_token = self.verify_fit()
-        draft = sum(self.draft_ms) / len(self.draft_ms)
+        base, per_token = self.verify_fit() if self.costs is None else self.costs[:2]
+        draft = sum(self.draft_ms) / len(self.draft_ms) if self.costs is None else self.costs[2]
         pool = [Candidate(self.tree_tokens if d else 1, draft if d else 0.0) for d in depths]
         self.chosen = plan(pool, Bounds(base, per_token, self.lam, self.max_tokens, self.max_ms))
         chosen = set(self.chosen)

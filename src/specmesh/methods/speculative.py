@@ -72,6 +72,7 @@ class Speculative(AR):
     def __init__(self, runner: Runner, proposer: Proposer, depth: DraftDepth):
         super().__init__(runner)
         self.proposer, self.policy = proposer, depth
+        self.trace: list[tuple[int, int, int]] | None = None    # if a list: per step (rows, tokens verified, levels)
 
     def admit(self, seq: Sequence, row: int) -> list[int]:
         tokens = super().admit(seq, row)
@@ -82,11 +83,14 @@ class Speculative(AR):
 
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
         start = time.perf_counter()
-        trees = self.proposer.propose(seqs, self.policy.budgets(seqs))
+        budgets = self.policy.budgets(seqs)
+        trees = self.proposer.propose(seqs, budgets)
         drafted = time.perf_counter()
         logits = self.runner.forward_trees(trees)                                  # [B, N, V]
         verified = time.perf_counter()
         self.policy.observe(drafted - start, verified - drafted, sum(len(t) for t in trees))
+        if self.trace is not None:
+            self.trace.append((len(seqs), sum(len(t) for t in trees), max(budgets)))
         verdicts = []
         for b, (seq, tree) in enumerate(zip(seqs, trees)):
             seq.stats.draft_s += drafted - start
