@@ -23,9 +23,9 @@ A100 beside the target; a hop 0.5 ms. A JSON file of this shape replaces it (`--
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
+
+from specmesh.bench.simulate_tp import profile_fields
 
 CLUSTER = {"name": "gpu-cluster", "verify_base_ms": 30.0, "verify_per_token_ms": 0.02, "flat_tokens": 128,
            "drafter_ms": 6.0, "server_draft_ms": 4.0, "hop_ms": 0.5}
@@ -45,12 +45,7 @@ class ClusterProfile:
 
     @classmethod
     def load(cls, spec: str) -> "ClusterProfile":
-        if spec == "gpu-cluster":
-            return cls(**CLUSTER)
-        path = Path(spec)
-        if not path.is_file():
-            raise FileNotFoundError(f"profile not found: {path} (gpu-cluster, or a JSON file of its shape)")
-        return cls(**json.loads(path.read_text()))
+        return cls(**profile_fields(spec, CLUSTER))
 
     def verify_ms(self, tokens: int) -> float:
         return self.verify_base_ms + self.verify_per_token_ms * max(0, tokens - self.flat_tokens)

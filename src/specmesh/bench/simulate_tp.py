@@ -39,6 +39,16 @@ TP_CLUSTER = {"name": "gpu-cluster", "target_layers": 80, "target_layer_ms": 1.4
 TREE = {"gamma": 5, "tree_width": 3, "max_children": 2}        # easyspec's defaults, for both methods
 
 
+def profile_fields(spec: str, cluster: dict) -> dict:
+    """A profile's fields: `cluster`'s for "gpu-cluster", else a JSON file's of that shape."""
+    if spec == "gpu-cluster":
+        return dict(cluster)
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"profile not found: {path} (gpu-cluster, or a JSON file of its shape)")
+    return json.loads(path.read_text())
+
+
 @dataclass
 class TPProfile:
     name: str
@@ -52,12 +62,7 @@ class TPProfile:
 
     @classmethod
     def load(cls, spec: str) -> "TPProfile":
-        if spec == "gpu-cluster":
-            return cls(**TP_CLUSTER)
-        path = Path(spec)
-        if not path.is_file():
-            raise FileNotFoundError(f"profile not found: {path} (gpu-cluster, or a JSON file of its shape)")
-        return cls(**json.loads(path.read_text()))
+        return cls(**profile_fields(spec, TP_CLUSTER))
 
     def collective_ms(self, devices: int) -> float:
         """An all-reduce (or all-gather) of a few tokens' activations over `devices`, interpolated in log2."""
