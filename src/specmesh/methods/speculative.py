@@ -88,9 +88,10 @@ class Speculative(AR):
         drafted = time.perf_counter()
         logits = self.runner.forward_trees(trees)                                  # [B, N, V]
         verified = time.perf_counter()
-        self.policy.observe(drafted - start, verified - drafted, sum(len(t) for t in trees))
+        tokens = sum(len(t) for t in trees)
+        self.policy.observe(drafted - start, verified - drafted, tokens)
         if self.trace is not None:
-            self.trace.append((len(seqs), sum(len(t) for t in trees), max(budgets)))
+            self.trace.append((len(seqs), tokens, max(budgets)))
         verdicts = []
         for b, (seq, tree) in enumerate(zip(seqs, trees)):
             seq.stats.draft_s += drafted - start

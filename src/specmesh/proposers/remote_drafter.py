@@ -11,6 +11,7 @@ and generation goes on with the others.
 from __future__ import annotations
 
 import atexit
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +39,6 @@ class DrafterServer:
     """Rank n: drafter n of the config's list, serving rank 0's reads until shutdown."""
 
     def __init__(self, config: dict):
-        import os
         path = Path(config["drafters"][int(os.environ["RANK"]) - 1])
         self.model = load_model(path, DTYPES[config["dtype"]], torch.device(config["device"]), draft=True,
                                 quant=config.get("quant"))
@@ -46,7 +46,7 @@ class DrafterServer:
     def run(self, link: Link) -> None:
         drafter, rows = None, []
         with torch.inference_mode():
-            while (m := link.recv_json(0, idle=True))["op"] != "shutdown":
+            while not (m := link.recv_json(0, idle=True)).get("shutdown"):
                 op = m["op"]
                 if op == "start":
                     draft = DraftModel(self.model, m["rows"], m["max_len"], m["window"], width=2, max_children=2)
@@ -146,13 +146,6 @@ class DrafterPool:
         return handles
 
     def close(self) -> None:
-        if self.link is None:
-            return
         link, self.link = self.link, None
-        healthy = True
-        for rank in range(1, len(link.roles)):
-            try:
-                link.send_json({"op": "shutdown"}, rank)
-            except PeerError:
-                healthy = False
-        link.close(grace_s=5.0 if healthy else 0.0)
+        if link is not None:
+            link.shutdown(mailbox=True)

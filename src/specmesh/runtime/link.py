@@ -290,13 +290,14 @@ class Link:
         return json.loads(bytes(self.recv(torch.zeros(size, dtype=torch.uint8), src).tolist()))
 
     # -- shutdown -----------------------------------------------------------------------------
-    def shutdown(self, healthy: bool = True) -> None:
+    def shutdown(self, healthy: bool = True, mailbox: bool = False) -> None:
         """Rank 0: tell every other rank to exit (when the link is still `healthy`), then close:
-        workers get a grace period to exit, or none after a failure."""
-        if healthy:
+        workers get a grace period to exit, or none after a failure. `mailbox`: the ranks wait for
+        their next message in recv_json (else recv_obj)."""
+        send = self.send_json if mailbox else self.send_obj
+        for rank in range(1, len(self.roles)) if healthy else ():
             try:
-                for rank in range(1, len(self.roles)):
-                    self.send_obj({"shutdown": True}, rank)
+                send({"shutdown": True}, rank)
             except PeerError:
                 healthy = False
         self.close(grace_s=5.0 if healthy else 0.0)

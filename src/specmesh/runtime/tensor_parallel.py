@@ -36,7 +36,7 @@ from specmesh.kernels import select_kernels
 from specmesh.model.loader import DTYPES, load_model
 from specmesh.model.model import Transformer
 from specmesh.model.shard import drop_head
-from specmesh.runtime.link import Link, PeerError, connect
+from specmesh.runtime.link import Link, connect
 from specmesh.timing import CHOSEN, share_of_cores
 
 SERVE = f"{__name__}:Follower"
@@ -63,24 +63,18 @@ class Group:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of every rank's x (same shape on all), the same on every rank."""
         self.check()
-        try:
-            if self.nccl is not None and x.is_cuda:
-                work = self.nccl.allreduce([x])
-                work.wait(datetime.timedelta(seconds=self.link.timeout_s))
-                return x
-            part = x.float().cpu().contiguous()
-            peers = [r for r in range(self.world) if r != self.rank]
-            sending = [self.link.send(part, r, wait=False) for r in peers]
-            parts = {r: self.link.recv(torch.empty_like(part), r) for r in peers} | {self.rank: part}
-            for done in sending:
-                done()
-            total = parts[0].clone()
-            for r in range(1, self.world):          # in rank order: the same sum on every rank
-                total += parts[r]
-            return total.to(x.device, x.dtype)
-        except BaseException as e:
-            self.error = e
-            raise
+        if self.nccl is not None and x.is_cuda:
+            try:
+                self.nccl.allreduce([x]).wait(datetime.timedelta(seconds=self.link.timeout_s))
+            except BaseException as e:
+                self.error = e
+                raise
+            return x
+        parts = [part for part, in self.gather([x], [tuple(x.shape)], self.world)]
+        total = parts[0].clone()
+        for part in parts[1:]:                      # in rank order: the same sum on every rank
+            total += part
+        return total.to(x.dtype)
 
     def _c_reduce(self, address: int, n: int) -> None:
         """The kernels' callback: x[n] float32 at `address` <- the sum over the ranks. An exception cannot
@@ -264,16 +258,8 @@ class Leader:
     def close(self) -> None:
         """Tell the other ranks to exit (after a failure: kill them)."""
         link, self.group.link = self.group.link, None
-        if link is None:
-            return
-        healthy = self.group.error is None
-        if healthy:
-            try:
-                for rank in range(1, self.group.world):
-                    link.send_json({"shutdown": True}, rank)
-            except PeerError:
-                healthy = False
-        link.close(grace_s=5.0 if healthy else 0.0)
+        if link is not None:
+            link.shutdown(healthy=self.group.error is None, mailbox=True)
 
 
 class Follower:
