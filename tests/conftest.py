@@ -155,3 +155,25 @@ def assert_same_distribution(a, b) -> None:
     table = [[c[k] for k in common] + ([r] if sum(rest) else []) for c, r in zip((a, b), rest)]
     assert len(common) >= 3, "too few outcomes for a meaningful test"
     assert chi2_contingency(table).pvalue > 1e-3
+
+
+def fail_rank_mid_stream(llm, rank: int, message: str, max_new_tokens: int, within_s: float,
+                         sig: int | None = None) -> int:
+    """Start a stream on `llm`, send rank `rank` of its other processes `sig` (SIGKILL) after the first piece, and
+    assert that the rest of the stream fails within `within_s` with a PeerError naming the rank, its role and pid
+    and `message` (regex). Returns the rank's pid."""
+    import signal
+    import time
+    from specmesh import SamplingParams
+    from specmesh.runtime.link import PeerError
+    link = llm.models.remote.link
+    pid = link.pids[rank]
+    run = iter(llm.stream("def", SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)))
+    next(run)
+    os.kill(pid, signal.SIGKILL if sig is None else sig)
+    start = time.monotonic()
+    with pytest.raises(PeerError, match=rf"rank {rank} \({link.roles[rank]}, pid {pid}\) {message}"):
+        for _ in run:
+            pass
+    assert time.monotonic() - start < within_s
+    return pid

@@ -1,5 +1,4 @@
 """`pearl`: two processes, lossless, mode switching as in the paper, failures that end cleanly."""
-import os
 import signal
 import subprocess
 import sys
@@ -10,8 +9,9 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency
 
+from conftest import fail_rank_mid_stream
+
 from specmesh import LLM, SamplingParams
-from specmesh.runtime.link import PeerError
 from specmesh.methods import pearl
 from specmesh.methods.pearl import Rounds
 from specmesh.spec.sampling import SamplingParams as Params
@@ -224,15 +224,7 @@ def test_seeded_sampling_is_reproducible(tiny_checkpoint, tiny_draft_checkpoint)
                                           (signal.SIGSTOP, "did not answer within 3 s")])
 def test_a_dead_or_hung_draft_rank_fails_within_the_timeout(tiny_checkpoint, sig, message):
     llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma=2, timeout=3)
-    pid = llm.models.remote.link.pids[1]
-    run = iter(llm.stream("def", SamplingParams(max_new_tokens=200, ignore_eos=True)))
-    next(run)
-    os.kill(pid, sig)
-    start = time.monotonic()
-    with pytest.raises(PeerError, match=rf"rank 1 \(draft, pid {pid}\) {message}"):
-        for _ in run:
-            pass
-    assert time.monotonic() - start < 3 + 2
+    pid = fail_rank_mid_stream(llm, 1, message, max_new_tokens=200, within_s=3 + 2, sig=sig)
     llm.close()                               # kills what is left of the draft rank
     assert not alive(pid)
 

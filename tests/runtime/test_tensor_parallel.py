@@ -1,12 +1,9 @@
 """`--tp N`: the target split over N processes (model/shard.py, runtime/tensor_parallel.py)."""
 import copy
-import os
-import signal
-import time
 
 import pytest
 import torch
-from conftest import assert_same_distribution, sampled_pairs
+from conftest import assert_same_distribution, fail_rank_mid_stream, sampled_pairs
 
 from specmesh import LLM, SamplingParams
 from specmesh.bench.prompts import load_prompts
@@ -88,15 +85,7 @@ def test_sampling_under_tp2_draws_from_the_target(tiny_checkpoint, tiny_draft_ch
 def test_a_killed_rank_fails_the_request_within_the_timeout_naming_it(tiny_checkpoint):
     llm = LLM(target=tiny_checkpoint, method="ar", tp=2, timeout=3)
     assert llm.models.remote.link.roles == ["tp0", "tp1"]
-    pid = llm.models.remote.link.pids[1]
-    run = iter(llm.stream("def", SamplingParams(max_new_tokens=200, ignore_eos=True)))
-    next(run)
-    os.kill(pid, signal.SIGKILL)
-    start = time.monotonic()
-    with pytest.raises(PeerError, match=rf"rank 1 \(tp1, pid {pid}\) was killed by signal 9"):
-        for _ in run:
-            pass
-    assert time.monotonic() - start < 5
+    fail_rank_mid_stream(llm, 1, "was killed by signal 9", max_new_tokens=200, within_s=5)
     with pytest.raises(PeerError):                  # the split target stays failed: no wrong logits later
         llm.generate("def", SamplingParams(max_new_tokens=2))
     llm.close()

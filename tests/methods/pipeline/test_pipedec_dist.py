@@ -1,20 +1,18 @@
 """`pipedec` and `stpp` on the pipeline runtime: stage processes, the draft S, decisions from the last stage."""
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import pytest
 import torch
 from scipy.stats import chi2_contingency
 
+from conftest import fail_rank_mid_stream
+
 from specmesh import LLM, SamplingParams
 from specmesh.methods.pipeline import schedule
-from specmesh.runtime.link import PeerError
 from specmesh.model.loader import load_model
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x"]
@@ -104,15 +102,7 @@ def test_a_killed_stage_fails_within_the_timeout(tiny_checkpoint, tiny_draft_che
     draft = None if method == "pp" else tiny_draft_checkpoint
     llm = LLM(target=tiny_checkpoint, draft=draft, method=method, stages=3, timeout=3)
     assert llm.models.remote.link.roles == ["stage0" if method == "pp" else "draft+stage0", "stage1", "stage2"]
-    pid = llm.models.remote.link.pids[2]
-    run = iter(llm.stream("def", SamplingParams(max_new_tokens=400, ignore_eos=True)))
-    next(run)
-    os.kill(pid, signal.SIGKILL)
-    start = time.monotonic()
-    with pytest.raises(PeerError, match=rf"rank 2 \(stage2, pid {pid}\) was killed by signal 9"):
-        for _ in run:
-            pass
-    assert time.monotonic() - start < 5
+    fail_rank_mid_stream(llm, 2, "was killed by signal 9", max_new_tokens=400, within_s=5)
     llm.close()
 
 
