@@ -5,6 +5,7 @@ that installed packages carry. `specmesh models` lists them; `--target` / `--dra
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ DOMAINS = ("tests", "lib")               # cosine's specialised drafters (drafte
 
 EMBEDDED = "embedded"                        # alias: the embedded target (or draft, for --draft)
 DEFAULT = "smollm2-135m-instruct"            # the default target, when its package is installed (a dependency)
+PAIR_OPTIONS = "options.json"                # in a draft's folder: method options measured best with it
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,22 @@ def draft_for(target: Path) -> Path | None:
     """The draft made for this target, if it has one here."""
     models, m = known(), entry(target)
     return models[m.draft].path if m is not None and m.draft in models else None
+
+
+def pair_options(draft: Path | None) -> dict[str, dict]:
+    """Method options measured best for a draft and its target, shipped beside the draft as options.json
+    ({"sd": {"gamma": 6, ...}}): the defaults of those methods with this draft (a caller's options still
+    win). Empty where the draft has none."""
+    path = None if draft is None else Path(draft) / PAIR_OPTIONS
+    if path is None or not path.is_file():
+        return {}
+    try:
+        options = json.loads(path.read_text())["methods"]
+        if not all(isinstance(o, dict) for o in options.values()):
+            raise TypeError("a method's options must be an object")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a draft's options file ({{\"methods\": {{\"sd\": {{...}}}}}}): {e}") from None
+    return options
 
 
 def drafters_for(target: Path, spec: str = "") -> list[Path]:

@@ -79,6 +79,8 @@ class LLM:
             draft = catalog.resolve(draft, "draft")
         if draft is not None:
             check_vocabularies(self.tokenizer, load_tokenizer(draft), target, Path(draft))
+            if not auto:            # the draft's own defaults (catalog.pair_options) under the caller's options
+                self.method = methods.get(method, options, catalog.pair_options(Path(draft)).get(method))
         if self.method.spec.start:          # other processes: pearl's draft, a pipeline's stages
             self.method.spec.start(self.models, None if draft is None else Path(draft), self.dtype,
                                    self.method.options)

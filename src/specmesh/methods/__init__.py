@@ -15,11 +15,11 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     speculative.COSINE, speculative.SELFDRAFT, pearl.SPEC, pp.SPEC, pipedec.SPEC, stpp.SPEC)}
 
 
-def get(name: str, options: dict | None = None) -> Configured:
-    """The method `name` with `options` applied (options of other methods are ignored)."""
+def get(name: str, options: dict | None = None, defaults: dict | None = None) -> Configured:
+    """The method `name` with `options` applied over `defaults` (options of other methods are ignored)."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
-    return configure(METHODS[name], options or {})
+    return configure(METHODS[name], options or {}, defaults)
 
 
 def having(option: str) -> list[MethodSpec]:

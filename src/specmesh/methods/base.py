@@ -134,13 +134,15 @@ class Configured:
         return self.spec.slack(self.options)
 
 
-def configure(spec: MethodSpec, options: dict) -> Configured:
-    """`spec` with `options` applied; options of other methods are ignored, unknown ones are an error."""
-    unknown = set(options) - set(OPTIONS)
+def configure(spec: MethodSpec, options: dict, defaults: dict | None = None) -> Configured:
+    """`spec` with `options` applied over `defaults` (a draft's own, catalog.pair_options) over the spec's;
+    options of other methods are ignored, unknown ones are an error."""
+    unknown = (set(options) | set(defaults or {})) - set(OPTIONS)
     if unknown:
         raise ValueError(f"unknown method option(s) {', '.join(sorted(unknown))}; known: {', '.join(OPTIONS)}")
-    given = {k: v for k, v in options.items() if k in spec.defaults and v is not None}
-    for k, v in given.items():
+    pair, given = ({k: v for k, v in values.items() if k in spec.defaults and v is not None}
+                   for values in (defaults or {}, options))
+    for k, v in (pair | given).items():
         kind = OPTIONS[k].kind
         if kind is bool and not isinstance(v, bool):
             raise ValueError(f"{spec.name}: {k} must be true or false, got {v!r}")
@@ -150,4 +152,4 @@ def configure(spec: MethodSpec, options: dict) -> Configured:
             raise ValueError(f"{spec.name}: {k} must be a probability in [0, 1), got {v!r}")
         if kind is str and not isinstance(v, str):
             raise ValueError(f"{spec.name}: {k} must be a string, got {v!r}")
-    return Configured(spec, spec.defaults | given, frozenset(given))
+    return Configured(spec, spec.defaults | pair | given, frozenset(given))

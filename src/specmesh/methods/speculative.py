@@ -31,10 +31,10 @@ from specmesh.spec.verify import verify
 SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow this long before speculation resumes
 
 
-def sd_depth_by_width(width: int) -> int:
-    """`sd`'s draft length for a batch of this many sequences; 0: decode plainly (measured on an Intel
-    Xeon with AMX: docs/serving.md)."""
-    return 4 if width <= 2 else 3 if width == 3 else 0
+def sd_depth_by_width(width: int, gamma: int = 4) -> int:
+    """`sd`'s draft length for a batch of this many sequences, `gamma` the single sequence's; 0: decode
+    plainly (measured on an Intel Xeon with AMX: docs/serving.md)."""
+    return gamma if width <= 2 else min(gamma, 3) if width == 3 else 0
 
 
 @dataclass
@@ -116,7 +116,8 @@ class Speculative(AR):
 def build_sd(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
     draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"], stop_below=o["stop_below"])
-    return Speculative(runner, draft, DraftDepth(o["gamma"] if "gamma" in method.given else None))
+    by_width = lambda width: sd_depth_by_width(width, o["gamma"])
+    return Speculative(runner, draft, DraftDepth(o["gamma"] if "gamma" in method.given else None, by_width))
 
 
 def build_tree(models, method: Configured, runner: Runner) -> Speculative:
