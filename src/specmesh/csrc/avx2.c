@@ -47,15 +47,6 @@ static inline void store_bf16(uint16_t *p, __m256 x) {
     _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
 }
 
-// cached keys and values: float32, or bf16 where kv16 (bf16 models: half the bytes to read)
-static inline __m256 load_kv8(const void *c, int64_t i, int kv16) {
-    return kv16 ? load_bf16((const uint16_t *)c + i) : _mm256_loadu_ps((const float *)c + i);
-}
-
-static inline float load_kv1(const void *c, int64_t i, int kv16) {
-    return kv16 ? bf16_to_float(((const uint16_t *)c)[i]) : ((const float *)c)[i];
-}
-
 enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3, DP = 4, Q8 = 5 };  // weight kinds; int8 rows carry a float32 scale,
 static const int WBYTES[] = {2, 1, 4, 2, 2, 1};      // AMX, DP and Q8 weights are packed for avx512.c
 
@@ -74,7 +65,7 @@ void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const flo
 void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y)
     __attribute__((weak));
 void attend512_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
-                    int kv_len, const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out, int g)
+                    int kv_len, const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1)
     __attribute__((weak));
 
 // 8 weights from k on of a row of this kind, as float32 (exact)
@@ -243,51 +234,69 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
-// Scores of query row qr against keys [j0, j0 + 8) (those >= kv_len give 0): 8 floats at pr.
-// Keys k (of one kv head) start at element k0 of kc.
-static inline void score8(const float *qr, const void *kc, int64_t k0, int kv16, int hd, int j0, int kv_len,
-                          float scale, float *pr) {
+// Scores of query row qr against the 8 float32 keys at k ([8, hd]; only the first `live` are read, the
+// others give 0): 8 floats at pr.
+static inline void score8(const float *qr, const float *k, int hd, int live, float scale, float *pr) {
     __m256 acc[8];
     for (int jj = 0; jj < 8; jj++) {
         acc[jj] = _mm256_setzero_ps();
-        if (j0 + jj < kv_len)
+        if (jj < live)
             for (int d = 0; d + 8 <= hd; d += 8)
-                acc[jj] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), load_kv8(kc, k0 + (int64_t)(j0 + jj) * hd + d, kv16),
-                                          acc[jj]);
+                acc[jj] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), _mm256_loadu_ps(k + (int64_t)jj * hd + d), acc[jj]);
     }
     _mm256_storeu_ps(pr, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
-    for (int jj = 0; jj < 8 && j0 + jj < kv_len; jj++)            // head dims past a multiple of 8
-        for (int d = hd / 8 * 8; d < hd; d++) pr[jj] += qr[d] * load_kv1(kc, k0 + (int64_t)(j0 + jj) * hd + d, kv16) * scale;
+    for (int jj = 0; jj < 8 && jj < live; jj++)                   // head dims past a multiple of 8
+        for (int d = hd / 8 * 8; d < hd; d++) pr[jj] += qr[d] * k[(int64_t)jj * hd + d] * scale;
 }
 
 // Attention of M new tokens (rotated q [M, H*hd], row stride qs) over keys/values
 // kc/vc [Hkv, max_len, hd] (float32, or bf16 where kv16; positions [0, kv_len)); token t sees key j where
 // mask[t * ms + j] or, without a mask, j <= start + t. out [M, H*hd].
-// Per kv head, blocks of KB keys and values stay in L1 while all the M x H/Hkv query rows
-// that use them go through. A query's result depends only on the keys it sees, not on M,
+// attend_head computes kv head g's query rows r0 .. r1 (row r = t * H/Hkv + i: token t, query head
+// g * H/Hkv + i). Per kv head, blocks of KB keys and values, widened to float32 once (block_f32), stay in L1
+// while each of those rows goes through them. A query's result depends only on the keys it sees, not on M,
 // kv_len or where masked keys sit (a key's score is summed the same way in any lane, masked
 // keys weigh exactly 0 and are left out of the sums, which run in key order), so a token
 // attends alike in decoding, in chain verification and as a node of a tree.
 #define KB 64
+
+// Keys or values [j0, j1) of one kv head (from element kv0 on) as float32 at f [(j - j0) * hd]: a bf16
+// cache is widened once per block for all the query rows that read it (exact); a float32 cache is read
+// where it is (f unused). Returns where key j0 starts, so that key j sits at (j - j0) * hd.
+static inline const float *block_f32(const void *c, int64_t kv0, int j0, int j1, int hd, float *f, int kv16) {
+    if (!kv16)
+        return (const float *)c + kv0 + (int64_t)j0 * hd;
+    const uint16_t *src = (const uint16_t *)c + kv0 + (int64_t)j0 * hd;
+    const int64_t n = (int64_t)(j1 - j0) * hd;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, load_bf16(src + i));
+    for (; i < n; i++) f[i] = bf16_to_float(src[i]);
+    return f;
+}
+
 static void attend_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
-                        int kv_len, const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out, int g) {
-    const int G = H / Hkv, R = M * G, P = (kv_len + 7) / 8 * 8;    // rows per kv head; padded key count
+                        int kv_len, const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0,
+                        int r1) {
+    const int G = H / Hkv, R = r1 - r0, P = (kv_len + 7) / 8 * 8;  // rows; padded key count
     const float scale = 1.0f / sqrtf((float)hd);
     const int64_t kv0 = (int64_t)g * max_len * hd;           // this head's keys and values
-    float *p = malloc(sizeof(float) * (R + 1) * P);         // row r = t * G + i: query head g * G + i
+    float *p = malloc(sizeof(float) * (R + 1) * P);         // scores of row r0 + r at p + r * P
     float *packed = p + (int64_t)R * P;
-    #define Q_ROW(r) (q + (int64_t)((r) / G) * qs + (g * G + (r) % G) * hd)
-    #define OUT_ROW(r) (out + (int64_t)((r) / G) * H * hd + (g * G + (r) % G) * hd)
-    for (int b = 0; b < P; b += KB)                          // scores, -inf where not seen
+    float *f = malloc(sizeof(float) * KB * hd);              // a block of keys or values in float32
+    #define Q_ROW(r) (q + (int64_t)((r0 + (r)) / G) * qs + (g * G + (r0 + (r)) % G) * hd)
+    #define OUT_ROW(r) (out + (int64_t)((r0 + (r)) / G) * H * hd + (g * G + (r0 + (r)) % G) * hd)
+    for (int b = 0; b < P; b += KB) {                        // scores, -inf where not seen
+        const float *kb = block_f32(kc, kv0, b, b + KB < kv_len ? b + KB : kv_len, hd, f, kv16);
         for (int r = 0; r < R; r++) {
             float *pr = p + (int64_t)r * P;
-            int t = r / G;
+            int t = (r0 + r) / G;
             for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
-                score8(Q_ROW(r), kc, kv0, kv16, hd, j0, kv_len, scale, pr + j0);
+                score8(Q_ROW(r), kb + (int64_t)(j0 - b) * hd, hd, kv_len - j0, scale, pr + j0);
                 for (int j = j0; j < j0 + 8; j++)
                     if (!(j < kv_len && (mask ? mask[(int64_t)t * ms + j] : j <= start + t))) pr[j] = -INFINITY;
             }
         }
+    }
     float *inv = malloc(sizeof(float) * R);
     for (int r = 0; r < R; r++) {                            // softmax numerators; out = 0
         float *pr = p + (int64_t)r * P;
@@ -307,11 +316,12 @@ static void attend_head(const float *q, int qs, const void *kc, const void *vc, 
         memset(OUT_ROW(r), 0, sizeof(float) * hd);
     }
     const int HV = hd / 8 * 8;                               // head dims in whole vectors
-    for (int b = 0; b < kv_len; b += KB)                     // out += weights . values, in key order
+    for (int b = 0; b < kv_len; b += KB) {                   // out += weights . values, in key order
+        int end = b + KB < kv_len ? b + KB : kv_len;
+        const float *vb = block_f32(vc, kv0, b, end, hd, f, kv16);             // value j at vb + (j - b) * hd
         for (int r = 0; r < R; r++) {
             const float *pr = p + (int64_t)r * P;
             float *o = OUT_ROW(r);
-            int end = b + KB < kv_len ? b + KB : kv_len;
             for (int d0 = 0; d0 < HV; d0 += 64) {
                 int n = (HV - d0 < 64 ? HV - d0 : 64) / 8;
                 __m256 acc[8];
@@ -319,25 +329,27 @@ static void attend_head(const float *q, int qs, const void *kc, const void *vc, 
                 for (int j = b; j < end; j++) {
                     if (pr[j] == 0.0f) continue;
                     __m256 w = _mm256_set1_ps(pr[j]);
-                    int64_t vj = kv0 + (int64_t)j * hd + d0;
-                    for (int c = 0; c < n; c++) acc[c] = _mm256_fmadd_ps(w, load_kv8(vc, vj + 8 * c, kv16), acc[c]);
+                    const float *vj = vb + (int64_t)(j - b) * hd + d0;
+                    for (int c = 0; c < n; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * c), acc[c]);
                 }
                 for (int c = 0; c < n; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
             }
             for (int j = b; j < end; j++)
-                for (int d = HV; d < hd; d++) o[d] += pr[j] * load_kv1(vc, kv0 + (int64_t)j * hd + d, kv16);
+                for (int d = HV; d < hd; d++) o[d] += pr[j] * vb[(int64_t)(j - b) * hd + d];
         }
+    }
     for (int r = 0; r < R; r++)
         for (int d = 0; d < hd; d++) OUT_ROW(r)[d] *= inv[r];
     #undef Q_ROW
     #undef OUT_ROW
     free(inv);
+    free(f);
     free(p);
 }
 
 // The attention function's kv head g: attend512_head where the CPU has AVX-512 and hd is 64 or 128
 typedef void (*AttendHead)(const float *, int, const void *, const void *, int, int, int, int, const uint8_t *, int,
-                           int, int, int, int, float *, int);
+                           int, int, int, float *, int, int, int);
 
 static AttendHead attend_head_for(int hd) {
     return avx512 && (hd == 64 || hd == 128) ? attend512_head : attend_head;
@@ -346,7 +358,8 @@ static AttendHead attend_head_for(int hd) {
 void attend(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start, int kv_len,
             const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
     #pragma omp parallel for schedule(static)
-    for (int g = 0; g < Hkv; g++) attend_head(q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out, g);
+    for (int g = 0; g < Hkv; g++) attend_head(q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, H, Hkv, hd, out, g, 0,
+                                              M * (H / Hkv));
 }
 
 // act[M, I] = silu(gate) * up for gu[M, 2I] = [gate | up], with exp8 (the same for every row)
@@ -431,6 +444,11 @@ void block_out(const Layer *L, float *h, int M, const float *att) {
     free(x); free(act);
 }
 
+// Each kv head's query rows are split in up to ATTN_SPLIT parts, a task each: a few kv heads (SmolLM2 has 3)
+// then spread evenly over the threads (3 heads on 2 threads kept one idle a third of the time); each part
+// widens the keys and values it reads itself, so a part should keep several rows.
+#define ATTN_SPLIT 4
+
 // att[B*T, H*hd] <- a layer's attention over h[B*T, D]: block_qkv, then each row's attention (token t of
 // row b sees key j where mask[(b * T + t) * ms + j] or, without a mask, j <= starts[b] + t). The products
 // run over all B*T rows at once and the attention row by row, so a row's result does not depend on the
@@ -443,12 +461,14 @@ static void attention_half(const Layer *L, const float *h, int B, int T, const f
     block_qkv(L, h, B, T, cos, sin, kc, vc, kv16, rs, max_len, starts, qkv);
     AttendHead head = attend_head_for(hd);
     const int es = kv16 ? 2 : 4;                                 // bytes per cached element
-    #pragma omp parallel for collapse(2) schedule(dynamic)      // one parallel region for the batch
+    const int R = T * (H / Hkv), S = R < ATTN_SPLIT ? R : ATTN_SPLIT;   // a kv head's query rows, in S parts
+    #pragma omp parallel for collapse(3) schedule(dynamic)      // one parallel region for the batch
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)
-            head(qkv + (int64_t)b * T * Q, Q, (char *)kc + b * rs * es, (char *)vc + b * rs * es, kv16, max_len,
-                 starts[b], starts[b] + T, mask ? mask + (int64_t)b * T * ms : NULL, ms, T, H, Hkv, hd,
-                 att + (int64_t)b * T * H * hd, g);
+            for (int part = 0; part < S; part++)
+                head(qkv + (int64_t)b * T * Q, Q, (char *)kc + b * rs * es, (char *)vc + b * rs * es, kv16, max_len,
+                     starts[b], starts[b] + T, mask ? mask + (int64_t)b * T * ms : NULL, ms, H, Hkv, hd,
+                     att + (int64_t)b * T * H * hd, g, part * R / S, (part + 1) * R / S);
     free(qkv);
 }
 

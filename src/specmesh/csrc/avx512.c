@@ -198,34 +198,50 @@ static inline __m512 load_kv16(const void *c, int64_t i, const int KV16) {
     return _mm512_loadu_ps((const float *)c + i);
 }
 
+// Keys or values [j0, j1) of one kv head (from element kv0 on) as float32 at f [(j - j0) * hd]: a bf16
+// cache is widened once per block for every query row that reads it (exact), rather than once per row;
+// a float32 cache is read where it is (f unused).
+static inline const float *block_f32(const void *c, int64_t kv0, int j0, int j1, int hd, float *f, const int KV16) {
+    if (!KV16)
+        return (const float *)c + kv0 + (int64_t)j0 * hd;
+    for (int j = j0; j < j1; j++) {
+        const char *ahead = (const char *)c + (kv0 + (int64_t)(j + 32) * hd) * 2;   // 32 keys ahead, from L3
+        for (int line = 0; line < hd * 2; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+        for (int d = 0; d < hd; d += 16) _mm512_store_ps(f + (int64_t)(j - j0) * hd + d, load_kv16(c, kv0 + (int64_t)j * hd + d, 1));
+    }
+    return f;
+}
+
 // One kv head g of attend512 (below); HV = hd / 16 and KV16 (bf16 keys and values) are constants at
-// each call site, so the query row and the accumulators stay in registers.
+// each call site, so the query row and the accumulators stay in registers. Query rows r0 .. r1 of the
+// kv head (row r = t * H/Hkv + i: token t, query head g * H/Hkv + i). A block of KB keys (then values) is
+// widened to float32 once (block_f32), then each of the rows goes through it: a row costs its products,
+// not a conversion of every key it reads.
 static inline __attribute__((always_inline)) void attend_head(
         const float *q, int qs, const void *kc, const void *vc, int max_len, int start, int kv_len,
-        const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out, int g, const int HV, const int KV16) {
-    const int G = H / Hkv, R = M * G, P = (kv_len + 15) / 16 * 16;
+        const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1, const int HV,
+        const int KV16) {
+    const int G = H / Hkv, R = r1 - r0, P = (kv_len + 15) / 16 * 16;
     const float scale = 1.0f / sqrtf((float)hd);
     const int64_t kv0 = (int64_t)g * max_len * hd;               // this head's keys and values
-    float *p = aligned_alloc(64, sizeof(float) * (R + 1) * P);    // row r = t * G + i: query head g * G + i
+    float *p = aligned_alloc(64, sizeof(float) * (R + 1) * P);    // scores of row r0 + r at p + r * P
+    float *f = aligned_alloc(64, sizeof(float) * KB * hd);        // a block of keys or values in float32
     float *inv = malloc(sizeof(float) * R);
-    #define Q_ROW(r) (q + (int64_t)((r) / G) * qs + (g * G + (r) % G) * hd)
-    #define OUT_ROW(r) (out + (int64_t)((r) / G) * H * hd + (g * G + (r) % G) * hd)
-    for (int b = 0; b < P; b += KB)                              // scores, -inf where not seen
+    #define Q_ROW(r) (q + (int64_t)((r0 + (r)) / G) * qs + (g * G + (r0 + (r)) % G) * hd)
+    #define OUT_ROW(r) (out + (int64_t)((r0 + (r)) / G) * H * hd + (g * G + (r0 + (r)) % G) * hd)
+    for (int b = 0; b < P; b += KB) {                            // scores, -inf where not seen
+        const float *kb = block_f32(kc, kv0, b, b + KB < kv_len ? b + KB : kv_len, hd, f, KV16);
         for (int r = 0; r < R; r++) {
             float *pr = p + (int64_t)r * P;
-            int t = r / G;
+            int t = (r0 + r) / G;
             __m512 qv[MAX_HV], acc[8];
             for (int c = 0; c < HV; c++) qv[c] = _mm512_loadu_ps(Q_ROW(r) + 16 * c);
             for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
-                if (r == 0) {                                    // the keys 32 ahead, on their way from L3
-                    const char *ahead = (const char *)kc + (kv0 + (int64_t)(j0 + 32) * hd) * (KV16 ? 2 : 4);
-                    for (int line = 0; line < 8 * hd * (KV16 ? 2 : 4); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-                }
                 for (int jj = 0; jj < 8; jj++) {
                     acc[jj] = _mm512_setzero_ps();
                     if (j0 + jj < kv_len)
                         for (int c = 0; c < HV; c++)
-                            acc[jj] = _mm512_fmadd_ps(qv[c], load_kv16(kc, kv0 + (int64_t)(j0 + jj) * hd + 16 * c, KV16),
+                            acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kb + (int64_t)(j0 + jj - b) * hd + 16 * c),
                                                       acc[jj]);
                 }
                 _mm256_store_ps(pr + j0, _mm256_mul_ps(hsum8x16(acc), _mm256_set1_ps(scale)));
@@ -233,33 +249,33 @@ static inline __attribute__((always_inline)) void attend_head(
                     if (!(j < kv_len && (mask ? mask[(int64_t)t * ms + j] : j <= start + t))) pr[j] = -INFINITY;
             }
         }
+    }
     for (int r = 0; r < R; r++) {
         inv[r] = softmax_row(p + (int64_t)r * P, P, p + (int64_t)R * P);
         for (int c = 0; c < HV; c++) _mm512_storeu_ps(OUT_ROW(r) + 16 * c, _mm512_setzero_ps());
     }
-    for (int b = 0; b < kv_len; b += KB)                         // out += weights . values, in key order,
-        for (int r = 0; r < R; r++) {                            // skipping masked keys (weight exactly 0)
+    for (int b = 0; b < kv_len; b += KB) {                       // out += weights . values, in key order,
+        int end = b + KB < kv_len ? b + KB : kv_len;             // skipping masked keys (weight exactly 0)
+        const float *vb = block_f32(vc, kv0, b, end, hd, f, KV16);
+        for (int r = 0; r < R; r++) {
             const float *pr = p + (int64_t)r * P;
             float *o = OUT_ROW(r);
-            int end = b + KB < kv_len ? b + KB : kv_len;
             __m512 acc[MAX_HV];
             for (int c = 0; c < HV; c++) acc[c] = _mm512_loadu_ps(o + 16 * c);
             for (int j = b; j < end; j++) {
-                if (r == 0) {                                    // the values 32 keys ahead, on their way from L3
-                    const char *ahead = (const char *)vc + (kv0 + (int64_t)(j + 32) * hd) * (KV16 ? 2 : 4);
-                    for (int line = 0; line < hd * (KV16 ? 2 : 4); line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-                }
                 if (pr[j] == 0.0f) continue;
                 __m512 w = _mm512_set1_ps(pr[j]);
                 for (int c = 0; c < HV; c++)
-                    acc[c] = _mm512_fmadd_ps(w, load_kv16(vc, kv0 + (int64_t)j * hd + 16 * c, KV16), acc[c]);
+                    acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vb + (int64_t)(j - b) * hd + 16 * c), acc[c]);
             }
             for (int c = 0; c < HV; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
         }
+    }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < HV; c++)
             _mm512_storeu_ps(OUT_ROW(r) + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(OUT_ROW(r) + 16 * c), _mm512_set1_ps(inv[r])));
     free(inv);
+    free(f);
     free(p);
     #undef Q_ROW
     #undef OUT_ROW
@@ -273,8 +289,8 @@ static inline __attribute__((always_inline)) void attend_head(
 // masked keys weigh exactly 0 (and are skipped), and weighted values are summed in key order.
 // attend512_head computes kv head g's query heads; attend512 all of them.
 void attend512_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
-                    int kv_len, const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out, int g) {
-    #define HEAD(HV, KV16) attend_head(q, qs, kc, vc, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out, g, HV, KV16)
+                    int kv_len, const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1) {
+    #define HEAD(HV, KV16) attend_head(q, qs, kc, vc, max_len, start, kv_len, mask, ms, H, Hkv, hd, out, g, r0, r1, HV, KV16)
     if (hd == 64) { if (kv16) HEAD(4, 1); else HEAD(4, 0); }
     else { if (kv16) HEAD(8, 1); else HEAD(8, 0); }
     #undef HEAD
@@ -283,7 +299,8 @@ void attend512_head(const float *q, int qs, const void *kc, const void *vc, int 
 void attend512(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start, int kv_len,
                const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
     #pragma omp parallel for schedule(static)
-    for (int g = 0; g < Hkv; g++) attend512_head(q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out, g);
+    for (int g = 0; g < Hkv; g++)
+        attend512_head(q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, H, Hkv, hd, out, g, 0, M * (H / Hkv));
 }
 
 static inline __m512 load16_i8(const int8_t *p) {      // 16 int8 -> 16 float32 (exact)
