@@ -392,6 +392,32 @@ def test_attention_depends_only_on_the_keys_a_query_sees(attend, kv_dtype):
         assert torch.equal(run(scattered), run([L, L + 1, L + 2])), (seed, scattered)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("attend", ["attend", "attend512"])
+def test_attention_over_several_key_blocks_matches_pytorch(attend, kv_dtype):
+    """5 new tokens over 150 cached keys (three blocks of 64, each widened to float32 once for all rows;
+    grouped query heads): the causal attention PyTorch computes, in float32 from the same keys."""
+    import ctypes
+    lib = kernels.avx2_lib()
+    assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
+    if attend == "attend512" and not cpu_has_avx512():
+        return                              # nothing to run here: the CPU has no AVX-512
+    fn = getattr(lib, attend)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4 + \
+        [ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+    H, Hkv, hd, M, kv_len, max_len = 6, 2, 64, 5, 150, 160
+    torch.manual_seed(0)
+    q = torch.randn(M, H * hd)
+    kc, vc = (torch.randn(Hkv, max_len, hd).to(kv_dtype) for _ in "kv")
+    out = torch.empty(M, H * hd)
+    fn(q.data_ptr(), H * hd, kc.data_ptr(), vc.data_ptr(), kv_dtype == torch.bfloat16, max_len, kv_len - M, kv_len,
+       None, 0, M, H, Hkv, hd, out.data_ptr())
+    k, v = (c[:, :kv_len].float().repeat_interleave(H // Hkv, 0) for c in (kc, vc))      # [H, kv_len, hd]
+    seen = torch.arange(kv_len) <= torch.arange(kv_len - M, kv_len)[:, None]             # [M, kv_len]
+    ref = F.scaled_dot_product_attention(q.view(M, H, hd).transpose(0, 1), k, v, attn_mask=seen)
+    assert torch.allclose(out, ref.transpose(0, 1).reshape(M, H * hd), atol=1e-5)
+
+
 @pytest.mark.cpu(*kernels.AMX)
 @pytest.mark.parametrize("start", [0, 37])
 def test_tile_attention_is_causal_and_matches_pytorch(start):
