@@ -93,7 +93,8 @@ def add_method_options(p: argparse.ArgumentParser, methods: list[str] | None = N
     """Method options, generated from methods/base.py's declarations: each applies to the methods that have
     it, with their defaults (`methods`: only these methods' options)."""
     from specmesh.methods import METHODS, OPTIONS
-    o = p.add_argument_group("method options (default: each method's tuned value)")
+    o = p.add_argument_group("method options (default: each method's tuned value, or the draft's own "
+                             "where its folder has an options.json: docs/methods.md)")
     for name, option in OPTIONS.items():
         if methods is not None and not any(name in METHODS[m].defaults for m in methods):
             continue

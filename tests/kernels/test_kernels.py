@@ -355,20 +355,27 @@ def test_a_sequence_decodes_alike_alone_and_in_any_batch(dtype):
                     view.commit_all()
 
 
+ATTENTION_KERNELS = ["attend", pytest.param("attend512", marks=pytest.mark.cpu(*kernels.AVX512))]
+
+
+def attention_kernel(name: str):
+    """The C attention `name` (attend: AVX2, attend512: AVX-512) with its argument types."""
+    import ctypes
+    lib = kernels.avx2_lib()
+    assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
+    fn = getattr(lib, name)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4 + \
+        [ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+    return fn
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("attend", ["attend", "attend512"])
+@pytest.mark.parametrize("attend", ATTENTION_KERNELS)
 def test_attention_depends_only_on_the_keys_a_query_sees(attend, kv_dtype):
     """A query over a prefix and its path's keys gets bit-identical output whether the path's keys
     follow one another (decoding) or sit between masked keys (a tree node's ancestors among other
     nodes), so tree verification equals `ar` exactly."""
-    import ctypes
-    lib = kernels.avx2_lib()
-    assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
-    if attend == "attend512" and not cpu_has_avx512():
-        return                              # nothing to run here: the CPU has no AVX-512
-    fn = getattr(lib, attend)
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4 + \
-        [ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+    fn = attention_kernel(attend)
     H, Hkv, hd, max_len = 4, 2, 64, 128
     for seed in range(20):                  # a wrong sum shows in about 2 of 3 cases: catch it for sure
         torch.manual_seed(seed)
@@ -393,18 +400,11 @@ def test_attention_depends_only_on_the_keys_a_query_sees(attend, kv_dtype):
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("attend", ["attend", "attend512"])
+@pytest.mark.parametrize("attend", ATTENTION_KERNELS)
 def test_attention_over_several_key_blocks_matches_pytorch(attend, kv_dtype):
     """5 new tokens over 150 cached keys (three blocks of 64, each widened to float32 once for all rows;
     grouped query heads): the causal attention PyTorch computes, in float32 from the same keys."""
-    import ctypes
-    lib = kernels.avx2_lib()
-    assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
-    if attend == "attend512" and not cpu_has_avx512():
-        return                              # nothing to run here: the CPU has no AVX-512
-    fn = getattr(lib, attend)
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4 + \
-        [ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+    fn = attention_kernel(attend)
     H, Hkv, hd, M, kv_len, max_len = 6, 2, 64, 5, 150, 160
     torch.manual_seed(0)
     q = torch.randn(M, H * hd)
