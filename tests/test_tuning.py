@@ -99,3 +99,47 @@ def test_given_options_override_the_choice(tiny_checkpoint, tiny_draft_checkpoin
     llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, gamma=2, tree_width=2)
     if llm.method.name in ("sd", "tree"):
         assert llm.method.options["gamma"] == 2
+
+
+@pytest.fixture(scope="module")
+def chat_checkpoint(tiny_checkpoint, tmp_path_factory):
+    """The tiny model with a ChatML-like template whose first token is its own ('<|endoftext|>')."""
+    import shutil
+    path = shutil.copytree(tiny_checkpoint, tmp_path_factory.mktemp("chat") / "m")
+    template = "{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}" \
+               "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}"
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return path
+
+
+def test_auto_chooses_for_chat_and_for_text_prompts_apart(chat_checkpoint, tiny_draft_checkpoint, tmp_path,
+                                                          monkeypatch):
+    monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path))
+    llm = LLM(target=chat_checkpoint, draft=tiny_draft_checkpoint, method="ar")
+    chat = llm.encode(llm.tokenizer.render_chat([{"role": "user", "content": "def f(x):"}]))
+    assert tuning.prompt_kind(llm.tokenizer, chat) == "chat"
+    assert tuning.prompt_kind(llm.tokenizer, llm.encode("def f(x):")) == "text"
+    # scripted: tree for chat, sd for text; the engine of a prompt runs its kind's method
+    kinds = {"chat": tuning.Choice("tree", {"gamma": 2}), "text": tuning.Choice("sd", {"gamma": 3})}
+    monkeypatch.setattr(tuning, "measure", lambda *a, **k: tuning.Choice("sd", {"gamma": 3}, kinds=kinds))
+    auto = LLM(target=chat_checkpoint, draft=tiny_draft_checkpoint)
+    assert auto.method_for([chat]).name == "tree" and auto.method_for([chat]).options["gamma"] == 2
+    assert auto.method_for([llm.encode("x = 1")]).name == "sd"
+    assert auto.method_for([chat, llm.encode("x = 1")]) is auto.method           # mixed: the overall choice
+    ar = LLM(target=chat_checkpoint, method="ar")
+    params = SamplingParams(max_new_tokens=12)
+    assert auto.generate(chat, params).tokens == ar.generate(chat, params).tokens
+    # the cache keeps the kinds
+    again = tuning.Choice.from_json({k: v for k, v in auto.choice.to_json().items() if k != "reason"})
+    assert again.kinds["chat"].method == "tree" and again.kinds["text"].options == {"gamma": 3}
+
+
+def test_calibration_on_both_kinds_chooses_for_each(chat_checkpoint, tiny_draft_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path))
+    plain = LLM(target=chat_checkpoint, method="ar")
+    chat = plain.tokenizer.render_chat([{"role": "user", "content": "class A:"}])
+    llm = LLM(target=chat_checkpoint, draft=tiny_draft_checkpoint, retune=[chat, "def f(x):\n"])
+    assert set(llm.choice.kinds) == {"chat", "text"}
+    for c in llm.choice.kinds.values():
+        assert c.candidates and c.method in ("ar", "sd", "tree")
+    assert "chat prompts: " in llm.choice.summary() and "text prompts: " in llm.choice.summary()

@@ -61,6 +61,7 @@ class LLM:
         self.method = methods.get("ar" if auto else method, options)
         check_tp(tp, method, self.method)
         self.choice: tuning.Choice | None = None
+        self.by_kind: dict[str, methods.Configured] = {}      # auto: the method for each kind of prompt
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
         self.max_batch = max_batch
@@ -101,6 +102,7 @@ class LLM:
                 print(self.choice.summary(), file=sys.stderr, flush=True)
             given = {k: v for k, v in options.items() if v is not None}
             self.method = methods.get(self.choice.method, self.choice.options | given)
+            self.by_kind = {kind: methods.get(c.method, c.options | given) for kind, c in self.choice.kinds.items()}
 
     def _load_drafters(self, target: Path, quant: str | None) -> None:
         """cosine's drafters: here, or each in a process of its own (proposers/remote_drafter.py)."""
@@ -136,12 +138,19 @@ class LLM:
             return self.tokenizer.encode(prompt)
         return list(prompt)
 
+    def method_for(self, prompts: list[list[int]]) -> methods.Configured:
+        """The method these prompts run with: `auto`'s choice for their kind (chat or text, tuning.prompt_kind)
+        where it chose by kind and they are all of one kind, else the method."""
+        kinds = {tuning.prompt_kind(self.tokenizer, p) for p in prompts} if self.by_kind else set()
+        return self.by_kind.get(kinds.pop(), self.method) if len(kinds) == 1 else self.method
+
     def engine(self, prompts: list[list[int]], params: SamplingParams, rows: int | None = None) -> Engine:
         """An engine sized for these prompts: its cache rows hold the longest prompt plus its new tokens."""
+        method = self.method_for(prompts)
         longest = max(len(p) for p in prompts)
-        max_len = min(self.context, longest + params.max_new_tokens) + self.method.slack
+        max_len = min(self.context, longest + params.max_new_tokens) + method.slack
         rows = rows or min(self.max_batch, len(prompts) * params.n)
-        return Engine(self.models, self.method, self.tokenizer, rows, max_len)
+        return Engine(self.models, method, self.tokenizer, rows, max_len)
 
     def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None
                  ) -> Output | list[Output]:

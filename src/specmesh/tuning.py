@@ -85,25 +85,49 @@ class Candidate:
 
 @dataclass
 class Choice:
+    """The method for any prompt, and (`kinds`) for each kind of prompt the calibration had (chat, text) where
+    it had both: a chat model's answers and its code completions may favour different methods."""
     method: str
     options: dict
     candidates: list[Candidate] = field(default_factory=list)
     key: str = ""
     measured_at: str = ""
+    kinds: dict[str, "Choice"] = field(default_factory=dict)
 
     def summary(self) -> str:
-        """One line: the choice and its reason (its predicted ms per token, and the runner-up's)."""
-        opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
-        head = f"auto: {self.method}{f' ({opts})' if opts else ''}"
+        """One line: the choice and its reason (its predicted ms per token, and the runner-up's), then each
+        kind's choice."""
         if not self.candidates:
-            return f"{head}: no draft and no n-gram table to speculate with"
+            return f"{self.head()}: no draft and no n-gram table to speculate with"
         won = next(c for c in self.candidates if c.method == self.method and c.options == self.options)
         other = next((c for c in self.candidates if c is not won), None)
         versus = f"; next {other.method} {other.ms_per_token:.2f} ms/token" if other else ""
-        return f"{head}: {won.ms_per_token:.2f} ms/token, {won.reason}{versus}"
+        kinds = "".join(f"; {kind} prompts: {c.head()[len('auto: '):]} {c.won_ms():.2f} ms/token"
+                        for kind, c in self.kinds.items())
+        return f"{self.head()}: {won.ms_per_token:.2f} ms/token, {won.reason}{versus}{kinds}"
+
+    def head(self) -> str:
+        opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
+        return f"auto: {self.method}{f' ({opts})' if opts else ''}"
+
+    def won_ms(self) -> float:
+        return next(c.ms_per_token for c in self.candidates if c.method == self.method and c.options == self.options)
 
     def to_json(self) -> dict:
         return asdict(self) | {"reason": self.summary()}
+
+    @classmethod
+    def from_json(cls, entry: dict) -> "Choice":
+        return cls(**entry | {"candidates": [Candidate(**c) for c in entry.get("candidates", [])],
+                              "kinds": {k: cls.from_json(c) for k, c in entry.get("kinds", {}).items()}})
+
+
+def prompt_kind(tokenizer, ids: list[int]) -> str:
+    """"chat" for a prompt that starts as the model's chat template renders one (its first token), else "text"."""
+    if not tokenizer.chat_template:
+        return "text"
+    start = tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": "\x00"}]).split("\x00")[0])[:1]
+    return "chat" if start and list(ids[:1]) == start else "text"
 
 
 def fitted_alpha(tau: float, gamma: int) -> float:
@@ -223,7 +247,9 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Cho
     runs are interleaved, in up to ROUNDS rounds (plan), so a machine whose speed drifts slows all of them
     alike; each run that counts is the fastest of its rounds."""
     room = llm.context - NEW_TOKENS - 64             # a prompt's last tokens, where a small model's context is short
-    ids = [llm.encode(p)[-room:] for p in prompts or calibration_prompts(llm.tokenizer)]
+    ids = [llm.encode(p) for p in prompts or calibration_prompts(llm.tokenizer)]
+    kinds = [prompt_kind(llm.tokenizer, i) for i in ids]
+    ids = [i[-room:] for i in ids]
     chosen = llm.method
     configs = [methods.get(name, options) for name, options in families(llm)]
     best: dict[tuple[int, int, int], object] = {}    # (family, prompt, tokens) -> fastest stats
@@ -242,15 +268,21 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Cho
                                 if (f, p, n) not in best or stats.elapsed_s < best[f, p, n].elapsed_s:
                                     best[f, p, n] = stats
                             bar.update()
-            trials = [trial(method.name, method.options,
-                            [(best[f, p, NEW_TOKENS], best[f, p, 1]) for p in range(len(ids))])
-                      for f, method in enumerate(configs)]
     finally:
         llm.method = chosen
-    candidates = predict(costs, trials)
-    best_candidate = pick(candidates)
-    return Choice(best_candidate.method, best_candidate.options, candidates,
-                  measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+    def choice_on(prompts: list[int]) -> Choice:
+        trials = [trial(method.name, method.options, [(best[f, p, NEW_TOKENS], best[f, p, 1]) for p in prompts])
+                  for f, method in enumerate(configs)]
+        candidates = predict(costs, trials)
+        won = pick(candidates)
+        return Choice(won.method, won.options, candidates, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+    choice = choice_on(list(range(len(ids))))
+    kinds = kinds[:len(ids)]
+    if len(set(kinds)) > 1:
+        choice.kinds = {k: choice_on([p for p, kind in enumerate(kinds) if kind == k]) for k in sorted(set(kinds))}
+    return choice
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,10 +310,7 @@ def load_cache() -> dict:
 
 def cached(key: str) -> Choice | None:
     entry = load_cache().get(key)
-    if entry is None:
-        return None
-    entry["candidates"] = [Candidate(**c) for c in entry.get("candidates", [])]
-    return Choice(**entry)
+    return None if entry is None else Choice.from_json(entry)
 
 
 def store(choice: Choice) -> None:

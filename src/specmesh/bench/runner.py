@@ -288,9 +288,10 @@ def bench(cfg: BenchConfig) -> dict:
             result["methods"][name]["impl"] = runners[name].impl
         llm = getattr(runners[name], "llm", None)
         if llm is not None and split_threads(name)[0] not in PEERS:
-            result["methods"][name]["options"] = llm.method.options
-            if llm.choice is not None:              # auto: what it chose
-                result["methods"][name]["chose"] = llm.method.name
+            used = llm.method_for(ids)              # auto: what it chose for these prompts
+            result["methods"][name]["options"] = used.options
+            if llm.choice is not None:
+                result["methods"][name]["chose"] = used.name
     if cfg.quant is None and hasattr(runners["ar"], "llm"):
         result["memory_bound"] = memory_bound(runners["ar"].llm.models.target.config, DTYPES[dtypes["ar"]])
     for runner in runners.values():
