@@ -33,6 +33,13 @@ class Tokenizer:
         return chat_environment().from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens())
 
+    @functools.cached_property
+    def chat_start(self) -> list[int]:
+        """The first token of any conversation the chat template renders ([] without a template)."""
+        if not self.chat_template:
+            return []
+        return self.encode(self.render_chat([{"role": "user", "content": "\x00"}]).split("\x00")[0])[:1]
+
     def special_tokens(self) -> dict[str, str]:
         """bos_token, eos_token ... as strings (tokenizer_config.json may spell them {"content": ...})."""
         tokens = {}
