@@ -98,20 +98,20 @@ class Choice:
         """One line: the choice and its reason (its predicted ms per token, and the runner-up's), then each
         kind's choice."""
         if not self.candidates:
-            return f"{self.head()}: no draft and no n-gram table to speculate with"
-        won = next(c for c in self.candidates if c.method == self.method and c.options == self.options)
+            return f"auto: {self.label()}: no draft and no n-gram table to speculate with"
+        won = self.won()
         other = next((c for c in self.candidates if c is not won), None)
         versus = f"; next {other.method} {other.ms_per_token:.2f} ms/token" if other else ""
-        kinds = "".join(f"; {kind} prompts: {c.head()[len('auto: '):]} {c.won_ms():.2f} ms/token"
+        kinds = "".join(f"; {kind} prompts: {c.label()} {c.won().ms_per_token:.2f} ms/token"
                         for kind, c in self.kinds.items())
-        return f"{self.head()}: {won.ms_per_token:.2f} ms/token, {won.reason}{versus}{kinds}"
+        return f"auto: {self.label()}: {won.ms_per_token:.2f} ms/token, {won.reason}{versus}{kinds}"
 
-    def head(self) -> str:
+    def label(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
-        return f"auto: {self.method}{f' ({opts})' if opts else ''}"
+        return f"{self.method}{f' ({opts})' if opts else ''}"
 
-    def won_ms(self) -> float:
-        return next(c.ms_per_token for c in self.candidates if c.method == self.method and c.options == self.options)
+    def won(self) -> Candidate:
+        return next(c for c in self.candidates if c.method == self.method and c.options == self.options)
 
     def to_json(self) -> dict:
         return asdict(self) | {"reason": self.summary()}
