@@ -73,10 +73,10 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     if single.exists():
         return load_file(single)
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         weights = {}
-        for shard in shards:
-            weights.update(load_file(_require(path / shard, "weight shard")))
+        for name in files:
+            weights.update(load_file(_require(path / name, "weight shard")))
         return weights
     raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
 

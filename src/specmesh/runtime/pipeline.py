@@ -28,7 +28,6 @@ from __future__ import annotations
 import atexit
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
