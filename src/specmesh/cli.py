@@ -389,7 +389,8 @@ def cmd_generate(args, parser) -> int:
     per = (f"{s.generated_tokens / s.timesteps:.2f} tokens/timestep" if s.timesteps else
            f"{s.tokens_per_forward or 0:.2f} tokens/target forward")
     hits = f", hit rate {s.hits / s.decisions:.2f}" if s.decisions else ""
-    print(f"[{llm.method_for([llm.encode(prompt)]).name}] {s.generated_tokens} tokens in {s.elapsed_s:.2f}s, {s.tokens_per_s or 0:.1f} tok/s, "
+    used = llm.method_for([llm.encode(prompt)])                   # auto may choose by the prompt's kind
+    print(f"[{used.name}] {s.generated_tokens} tokens in {s.elapsed_s:.2f}s, {s.tokens_per_s or 0:.1f} tok/s, "
           f"{per}{hits}", file=sys.stderr)
     if args.json:
         chose = llm.choice is not None and llm.choice.candidates       # auto, with something to choose from

@@ -121,8 +121,7 @@ def self_instructions(llm, count: int, seed: int) -> list[str]:
     """Instructions sampled from the teacher given its chat template up to the user's first word (the
     template's default system prompt included), each kept once."""
     from specmesh import SamplingParams
-    tok = llm.tokenizer
-    prefix = tok.encode(tok.render_chat([{"role": "user", "content": "\x00"}]).split("\x00")[0])
+    prefix = llm.tokenizer.chat_prefix
     asks: dict[str, None] = {}
     bar = tqdm(total=count, desc="teacher instructions", unit="ask")
     for batch in range(4 * count // 64 + 1):                # gives up on a teacher that keeps repeating itself

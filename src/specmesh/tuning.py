@@ -124,8 +124,8 @@ class Choice:
 
 def prompt_kind(tokenizer, ids: list[int]) -> str:
     """"chat" for a prompt that starts as the model's chat template renders one (its first token), else "text"."""
-    start = tokenizer.chat_start
-    return "chat" if start and list(ids[:len(start)]) == start else "text"
+    start = tokenizer.chat_prefix[:1]
+    return "chat" if start and list(ids[:1]) == start else "text"
 
 
 def fitted_alpha(tau: float, gamma: int) -> float:

@@ -34,11 +34,12 @@ class Tokenizer:
             messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens())
 
     @functools.cached_property
-    def chat_start(self) -> list[int]:
-        """The first token of any conversation the chat template renders ([] without a template)."""
+    def chat_prefix(self) -> list[int]:
+        """The chat template's tokens up to where a user's first message begins (its default system prompt
+        included); [] without a template."""
         if not self.chat_template:
             return []
-        return self.encode(self.render_chat([{"role": "user", "content": "\x00"}]).split("\x00")[0])[:1]
+        return self.encode(self.render_chat([{"role": "user", "content": "\x00"}]).split("\x00")[0])
 
     def special_tokens(self) -> dict[str, str]:
         """bos_token, eos_token ... as strings (tokenizer_config.json may spell them {"content": ...})."""
