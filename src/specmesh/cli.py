@@ -24,6 +24,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def natural(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def probability(text: str) -> float:
     value = float(text)
     if not 0 <= value < 1:
@@ -102,7 +109,7 @@ def add_method_options(p: argparse.ArgumentParser, methods: list[str] | None = N
         if option.kind is bool:
             o.add_argument(flag, action="store_const", const=True, default=None, help=option_help(name, methods))
         else:
-            kind = {int: positive_int, float: probability}.get(option.kind, str)
+            kind = {int: positive_int if option.least else natural, float: probability}.get(option.kind, str)
             o.add_argument(flag, type=kind, metavar=option.metavar or "N",
                            help=option_help(name, methods))
 

@@ -47,6 +47,7 @@ TARGET_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 DRAFT_WIDTHS = (1, 2, 4, 8)
 MAX_SD_GAMMA = 8
 STOP_BELOW = 0.3        # sd's calibrated early stop (a weak draft's chains end where it is unsure)
+LOOKUP = 2              # sd's calibrated prompt lookup: proposes what followed the last 2+ tokens where they recur
 BUDGET_S = 30.0         # calibration time aimed at (plan)
 MARGIN = 0.03           # a speculative method must predict 3% faster than ar (measurement noise)
 VECTOR_UNITS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
@@ -150,7 +151,7 @@ def predict(costs: Costs, trials: list[Trial]) -> list[Candidate]:
                              f"{t.tau:.2f} tokens per step of {forwards + overhead:.2f} ms (target {width:.1f} "
                              f"tokens {target(round(width)):.2f} ms, {t.draft_forwards / t.steps:.1f} draft forwards, "
                              f"{overhead:.2f} ms other), measured"))
-        if t.method == "sd" and not t.options.get("stop_below"):      # chains of γ: a geometric τ
+        if t.method == "sd" and not t.options.get("stop_below") and not t.options.get("lookup"):   # geometric τ
             gamma = t.options["gamma"]
             alpha, per_draft = fitted_alpha(t.tau, gamma), t.draft_forwards / t.steps / gamma
             for g in range(1, MAX_SD_GAMMA + 1):
@@ -182,7 +183,8 @@ def families(llm) -> list[tuple[str, dict]]:
     candidate (a wide forward costs more on some CPUs than others)."""
     out = [("ar", {})]
     if llm.models.draft is not None:
-        out += [("sd", {"gamma": 6}), ("sd", {"gamma": 6, "stop_below": STOP_BELOW}), ("tree", {}),
+        out += [("sd", {"gamma": 6, "lookup": 0}), ("sd", {"gamma": 6, "lookup": LOOKUP}),
+                ("sd", {"gamma": 6, "stop_below": STOP_BELOW, "lookup": LOOKUP}), ("tree", {}),
                 ("tree", {"gamma": 4, "tree_width": 2})]
     if has_ngram_table(llm):
         out += [("selfdraft", {}), ("selfdraft", {"max_candidates": 2})]
@@ -224,8 +226,8 @@ def trial(name: str, given: dict, runs: list[tuple]) -> Trial:
         sums["target_tokens"] += steps + full.drafted_tokens - first.drafted_tokens
         sums["draft_forwards"] += full.draft_forwards - first.draft_forwards
         sums["ms"] += (full.elapsed_s - first.elapsed_s) * 1e3
-    keep = {k: given[k] for k in ("gamma", "stop_below", "tree_width", "max_children", "branches", "branch_len",
-                                  "max_candidates")
+    keep = {k: given[k] for k in ("gamma", "stop_below", "lookup", "tree_width", "max_children", "branches",
+                                  "branch_len", "max_candidates")
             if k in given and name != "ar"}
     return Trial(name, keep, draft_width=keep.get("tree_width", 1), **sums)
 
@@ -292,10 +294,12 @@ def cache_path() -> Path:
 
 
 def cache_key(llm, draft: Path | None) -> str:
-    """Machine (CPU model, vector units, threads, device), model pair, dtype and quantization."""
+    """Machine (CPU model, vector units, threads, device), model pair, dtype and quantization, and the candidates
+    (a new version's calibration families measure again)."""
     units = "+".join(u for u in VECTOR_UNITS if u in cpu_flags())
     parts = [cpu_name(), units, f"{torch.get_num_threads()} threads", str(llm.device), str(llm.dtype).split(".")[-1],
-             f"quant {llm.models.target.quant}", stamp(llm.models.target_path), stamp(draft) if draft else "-"]
+             f"quant {llm.models.target.quant}", stamp(llm.models.target_path), stamp(draft) if draft else "-",
+             json.dumps(families(llm))]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:6])
 
 

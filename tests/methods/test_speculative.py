@@ -33,11 +33,15 @@ def draft_dir(request, tiny_checkpoint, tiny_draft_checkpoint, restricted_draft)
             "restricted-head-draft": restricted_draft}[request.param]
 
 
-@pytest.fixture(scope="module", params=["sd", "sd-stop", "tree"])
+VARIANTS = {"sd": ("sd", {}), "sd-stop": ("sd", {"stop_below": 0.3}), "sd-lookup": ("sd", {"lookup": 1}),
+            "tree": ("tree", {})}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
 def spec(request, tiny_checkpoint, draft_dir):
-    stop = {"stop_below": 0.3} if request.param == "sd-stop" else {}
-    return LLM(target=tiny_checkpoint, draft=draft_dir, method=request.param.removesuffix("-stop"), gamma=GAMMA,
-               tree_width=3, max_children=2, **stop)
+    method, options = VARIANTS[request.param]
+    return LLM(target=tiny_checkpoint, draft=draft_dir, method=method, gamma=GAMMA, tree_width=3, max_children=2,
+               **options)
 
 
 @pytest.mark.parametrize("max_new", [1, GAMMA - 1, GAMMA, GAMMA + 1, 17, 40])
@@ -119,6 +123,7 @@ def test_seeded_sampling_reproducible(tiny_checkpoint, tiny_draft_checkpoint):
 
 @pytest.mark.parametrize("method, draft, options, kw", [
     ("sd", "random", {}, {}), ("sd", "random", {}, {"top_k": 4}), ("sd", "random", {"stop_below": 0.5}, {}),
+    ("sd", "random", {"lookup": 1}, {}),
     ("sd", "restricted", {}, {}), ("tree", "random", {}, {"top_p": 0.9})])
 def test_sampling_two_sample_test_against_ar(tiny_checkpoint, tiny_draft_checkpoint, restricted_draft, method, draft,
                                              options, kw):

@@ -52,8 +52,9 @@ class Method(Protocol):
 @dataclass(frozen=True)
 class Option:
     help: str
-    kind: type = int            # int: a positive integer; float: a probability in [0, 1); bool: a flag; str: text
+    kind: type = int            # int: an integer >= least; float: a probability in [0, 1); bool: a flag; str: text
     metavar: str | None = None
+    least: int = 1
 
 
 OPTIONS = {
@@ -65,6 +66,8 @@ OPTIONS = {
     "draft_window": Option("prompt tokens the draft model reads"),
     "stop_below": Option("a draft chain ends after a token the draft gives less probability than this (0: always "
                          "gamma tokens)", float, "P"),
+    "lookup": Option("sd: where the last N or more tokens occurred before (prompt lookup), propose what followed "
+                     "them instead of drafting (0: off)", metavar="N", least=0),
     "layer_groups": Option("easyspec: the draft's layers in layer-parallel groups, as sizes in order (1,2,1); "
                            "default: the first and last eighth alone, the rest in pairs", str, "SIZES"),
     "calibration": Option("easyspec: when the draft's fuzzy cache entries are read again exactly: never, prefill, "
@@ -146,8 +149,9 @@ def configure(spec: MethodSpec, options: dict, defaults: dict | None = None) -> 
         kind = OPTIONS[k].kind
         if kind is bool and not isinstance(v, bool):
             raise ValueError(f"{spec.name}: {k} must be true or false, got {v!r}")
-        if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"{spec.name}: {k} must be a positive integer, got {v!r}")
+        if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < OPTIONS[k].least):
+            raise ValueError(f"{spec.name}: {k} must be a {'positive integer' if OPTIONS[k].least else 'natural number'}"
+                             f", got {v!r}")
         if kind is float and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1):
             raise ValueError(f"{spec.name}: {k} must be a probability in [0, 1), got {v!r}")
         if kind is str and not isinstance(v, str):

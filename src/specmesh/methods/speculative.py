@@ -24,6 +24,7 @@ from specmesh.proposers import Proposer
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.fused_drafters import Drafter, FusedDrafters
 from specmesh.proposers.fuzzy_draft import FuzzyDraft, layer_groups
+from specmesh.proposers.lookup import LookupFirst
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
 from specmesh.proposers.remote_drafter import DrafterPool
 from specmesh.spec.verify import verify
@@ -116,6 +117,8 @@ class Speculative(AR):
 def build_sd(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
     draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"], stop_below=o["stop_below"])
+    if o["lookup"]:
+        draft = LookupFirst(draft, runner.rows, o["lookup"])
     by_width = lambda width: sd_depth_by_width(width, o["gamma"])
     return Speculative(runner, draft, DraftDepth(o["gamma"] if "gamma" in method.given else None, by_width))
 
@@ -159,7 +162,7 @@ def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
 
 
 SD = MethodSpec("sd", "a draft model proposes a chain of γ tokens, the target verifies them in one forward "
-                "(Leviathan/Chen)", {"gamma": 4, "draft_window": 64, "stop_below": 0.0}, True, build_sd,
+                "(Leviathan/Chen)", {"gamma": 4, "draft_window": 64, "stop_below": 0.0, "lookup": 0}, True, build_sd,
                 slack=lambda o: o["gamma"] + 1)
 TREE = MethodSpec("tree", "the draft grows a top-k tree (the best `tree_width` per level), the target verifies it "
                   "in one forward with tree attention (SpecInfer-style)",

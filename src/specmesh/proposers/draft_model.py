@@ -190,10 +190,15 @@ class DraftModel:
                logits: torch.Tensor | None = None) -> None:
         """Keep each row's accepted path in the draft cache; queue accepted tokens it has not read."""
         for b, (tree, verdict) in enumerate(zip(trees, verdicts)):
-            self._keep(b, tree, verdict.path[1:])
+            self.keep(b, tree, verdict.path[1:])
 
-    def _keep(self, row: int, tree: TokenTree, path: list[int]) -> None:
+    def keep(self, row: int, tree: TokenTree, path: list[int]) -> None:
         """Commit the accepted nodes `path` the draft processed; queue the others."""
         processed = [self.slots[n] for n in path if n in self.slots]     # a prefix of the path
         self.cache.commit(row, processed)
         self.pending[row] += [tree.tokens[n] for n in path[len(processed):]]
+
+    def queue(self, row: int, tokens: list[int]) -> None:
+        """Accepted tokens of a tree the draft did not grow (lookup.LookupFirst): read at the next proposal."""
+        self.cache.commit(row, [])
+        self.pending[row] += tokens

@@ -141,7 +141,7 @@ class Drafter:
         """Keep what it read of the accepted path; queue the rest."""
         view = self.views[row]
         path = view_path(view, accepted)
-        self.draft._keep(row, view, path)
+        self.draft.keep(row, view, path)
         self.draft.pending[row] += accepted[len(path):]
 
 

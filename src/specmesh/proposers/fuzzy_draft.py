@@ -101,4 +101,4 @@ class FuzzyDraft(DraftModel):
                 self.cache.prune(b, [])
                 self.pending[b] += [tree.tokens[n] for n in verdict.path[1:]]
             else:
-                self._keep(b, tree, verdict.path[1:])
+                self.keep(b, tree, verdict.path[1:])

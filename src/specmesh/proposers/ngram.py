@@ -1,5 +1,8 @@
 """n-gram caches that propose continuations without a draft model (Self-Draft).
 
+SuffixIndex: prompt lookup (Saxena 2023; llama.cpp's lookup): the tokens that followed the latest earlier
+occurrence of the sequence's last n tokens, longest n first (`sd`'s `lookup`).
+
 ContextCache: n-grams seen in this generation (from the draft branches and the
 accepted output), an LRU list of continuations per key token, bounded per key.
 
@@ -16,6 +19,30 @@ from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
+
+
+class SuffixIndex:
+    def __init__(self, tokens: Sequence[int], min_n: int, max_n: int = 4):
+        self.min_n, self.max_n = min_n, max(min_n, max_n)
+        self.tokens: list[int] = []
+        self.after: dict[tuple[int, ...], int] = {}     # n-gram -> where its latest continuation starts
+        self.extend(tokens)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        for t in tokens:
+            p = len(self.tokens)                        # t's position: it continues the n-grams ending before it
+            for n in range(self.min_n, min(self.max_n, p) + 1):
+                self.after[tuple(self.tokens[p - n:p])] = p
+            self.tokens.append(t)
+
+    def lookup(self, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest suffix seen before
+        (at least min_n tokens); [] where none was."""
+        for n in range(min(self.max_n, len(self.tokens)), self.min_n - 1, -1):
+            p = self.after.get(tuple(self.tokens[-n:]))
+            if p is not None:
+                return self.tokens[p:p + k]
+        return []
 
 
 class ContextCache:
