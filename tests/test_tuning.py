@@ -143,3 +143,16 @@ def test_calibration_on_both_kinds_chooses_for_each(chat_checkpoint, tiny_draft_
     for c in llm.choice.kinds.values():
         assert c.candidates and c.method in ("ar", "sd", "tree")
     assert "chat prompts: " in llm.choice.summary() and "text prompts: " in llm.choice.summary()
+
+
+def test_the_drafts_own_sd_options_are_one_more_candidate(tiny_checkpoint, tiny_draft_checkpoint, tmp_path):
+    import shutil
+    from specmesh import catalog
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny_draft_checkpoint, draft)
+    llm = LLM(target=tiny_checkpoint, draft=draft, method="sd")
+    plain = tuning.families(llm, draft)
+    (draft / catalog.PAIR_OPTIONS).write_text(json.dumps({"methods": {"sd": {"gamma": 3, "lookup": 2}}}))
+    assert tuning.families(llm, draft) == plain[:4] + [("sd", {"gamma": 3, "stop_below": 0.0, "lookup": 2})] + plain[4:]
+    (draft / catalog.PAIR_OPTIONS).write_text(json.dumps({"methods": {"sd": {"gamma": 6, "lookup": 2}}}))
+    assert tuning.families(llm, draft) == plain                 # already a candidate

@@ -176,16 +176,22 @@ def pick(candidates: list[Candidate]) -> Candidate:
 # measuring
 
 
-def families(llm) -> list[tuple[str, dict]]:
+def families(llm, draft: Path | None = None) -> list[tuple[str, dict]]:
     """The candidates' calibration configurations: what the loaded models allow. `sd` is calibrated at
-    γ = 6 (where its τ says most about α) and extrapolated, and with chains that stop where the draft is unsure
-    (STOP_BELOW); `tree` and `selfdraft` run at their defaults and at a narrower tree / one more n-gram
+    γ = 6 (where its τ says most about α) and extrapolated, with prompt lookup (LOOKUP), and with lookup and
+    chains that stop where the draft is unsure (STOP_BELOW), and at the draft's own options (options.json)
+    where those differ; `tree` and `selfdraft` run at their defaults and at a narrower tree / one more n-gram
     candidate (a wide forward costs more on some CPUs than others)."""
     out = [("ar", {})]
     if llm.models.draft is not None:
-        out += [("sd", {"gamma": 6, "lookup": 0}), ("sd", {"gamma": 6, "lookup": LOOKUP}),
-                ("sd", {"gamma": 6, "stop_below": STOP_BELOW, "lookup": LOOKUP}), ("tree", {}),
-                ("tree", {"gamma": 4, "tree_width": 2})]
+        sd = [{"gamma": 6, "lookup": 0}, {"gamma": 6, "lookup": LOOKUP},
+              {"gamma": 6, "stop_below": STOP_BELOW, "lookup": LOOKUP}]
+        pair = catalog.pair_options(draft).get("sd")
+        if pair:
+            full = methods.get("sd", {}, pair).options
+            if all(methods.get("sd", o).options != full for o in sd):
+                sd.append({k: full[k] for k in ("gamma", "stop_below", "lookup")})
+        out += [("sd", o) for o in sd] + [("tree", {}), ("tree", {"gamma": 4, "tree_width": 2})]
     if has_ngram_table(llm):
         out += [("selfdraft", {}), ("selfdraft", {"max_candidates": 2})]
     return out
@@ -242,7 +248,8 @@ def plan(costs: Costs, families: int, prompts: int) -> tuple[int, int]:
     return min(prompts, max(2, fit(rounds))), rounds
 
 
-def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Choice:
+def measure(llm, prompts: list[str] | None = None, progress: bool = True,
+            draft: Path | None = None) -> Choice:
     """Measure this machine and pair, and choose. `llm` must have its draft loaded (if any). The families'
     runs are interleaved, in up to ROUNDS rounds (plan), so a machine whose speed drifts slows all of them
     alike; each run that counts is the fastest of its rounds."""
@@ -251,7 +258,7 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True) -> Cho
     kinds = [prompt_kind(llm.tokenizer, i) for i in ids]
     ids = [i[-room:] for i in ids]
     chosen = llm.method
-    configs = [methods.get(name, options) for name, options in families(llm)]
+    configs = [methods.get(name, options) for name, options in families(llm, draft)]
     best: dict[tuple[int, int, int], object] = {}    # (family, prompt, tokens) -> fastest stats
     try:
         with torch.inference_mode():
@@ -299,7 +306,7 @@ def cache_key(llm, draft: Path | None) -> str:
     units = "+".join(u for u in VECTOR_UNITS if u in cpu_flags())
     parts = [cpu_name(), units, f"{torch.get_num_threads()} threads", str(llm.device), str(llm.dtype).split(".")[-1],
              f"quant {llm.models.target.quant}", stamp(llm.models.target_path), stamp(draft) if draft else "-",
-             json.dumps(families(llm))]
+             json.dumps(families(llm, draft))]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:6])
 
 
@@ -326,12 +333,12 @@ def store(choice: Choice) -> None:
 
 def choose(llm, draft: Path | None, remeasure: bool = False, prompts: list[str] | None = None) -> Choice:
     """The cached choice for this machine, pair and dtype, or a new measurement (stored)."""
-    if len(families(llm)) == 1:
+    if len(families(llm, draft)) == 1:
         return Choice("ar", {})
     key = cache_key(llm, draft)
     choice = None if remeasure else cached(key)
     if choice is None:
-        choice = measure(llm, prompts)
+        choice = measure(llm, prompts, draft=draft)
         choice.key = key
         store(choice)
     return choice
