@@ -10,7 +10,8 @@ A proposer keeps per-row state beside the engine's cache rows (running sequence 
 
 A tree may hold nodes from several sources (n-gram candidates and branches; later fused drafters);
 chains drawn from the draft distribution carry their q rows (`TokenTree.sampled`), so `verify` uses
-rejection sampling for them. Implementations: draft_model.DraftModel (chains and top-k trees),
+rejection sampling for them. Implementations: draft_model.DraftModel (chains and top-k trees; lookup.LookupFirst
+puts prompt lookup before its chains),
 multibranch.MultiBranch (n-gram caches and branches), fused_drafters.FusedDrafters (cosine: several drafters
 routed per request, their tokens fused into one tree); pipedec's dynamic tree (dynamic_tree.TreeDrafter)
 and PEARL's draft rank (remote_chain) propose inside their own loops, across processes.
