@@ -25,3 +25,35 @@ def test_a_count_the_user_chose_is_kept_and_oversubscription_is_said():
         warnings.simplefilter("error")
         with rank_threads(min(2, CORES)):                  # 1 + 1 threads on at least 2 cores: no warning
             assert torch.get_num_threads() == 1
+
+
+class Launched(Exception):
+    """What a method asked `connect` to launch (raised instead of launching)."""
+
+
+@pytest.mark.parametrize("launcher", ["pipeline", "pearl", "cosine"])
+def test_every_launched_process_gets_its_share_of_the_cores(launcher, monkeypatch):
+    """On 8 cores a 2-process method gives each launched rank 4 threads, a 3-process one 2 (cosine: 2 drafters)."""
+    from types import SimpleNamespace
+
+    from specmesh.proposers import remote_chain, remote_drafter
+    from specmesh.runtime import pipeline
+
+    def connect(roles, config, timeout):
+        raise Launched(len(roles), config["threads"])
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    target = SimpleNamespace(device=torch.device("cpu"), quant=None)
+    with pytest.raises(Launched) as launched:
+        if launcher == "pipeline":
+            monkeypatch.setattr(pipeline, "connect", connect)
+            pipeline.Pipeline.start(SimpleNamespace(target=target, target_path="t"), torch.float32,
+                                    [range(0, 4), range(4, 8)], 5.0, "m:S")
+        elif launcher == "pearl":
+            monkeypatch.setattr(remote_chain, "connect", connect)
+            remote_chain.DraftPeer.start(target, "d", torch.float32, 5.0)
+        else:
+            monkeypatch.setattr(remote_drafter, "connect", connect)
+            remote_drafter.DrafterPool.start(["a", "b"], torch.float32, "cpu", None, 64)
+    processes, threads = launched.value.args
+    assert threads == 8 // processes

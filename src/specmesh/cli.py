@@ -73,14 +73,15 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 
 def add_model_args(p: argparse.ArgumentParser, tp: bool = False) -> None:
+    from specmesh.model.quant import QUANTS
     p.add_argument("--target", metavar="MODEL", help="target: a name from `specmesh models`, a HuggingFace folder "
                    "or a GGUF file (default: smollm2-135m-instruct; `embedded`: the 28M pair shipped here)")
     p.add_argument("--draft", metavar="MODEL", help="draft, as --target (default: the draft made for the target, "
                    "when the method needs one)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
-    p.add_argument("--quant", choices=["int8"], default=None,
-                   help="int8: target and draft weights quantized at load, a scale per 32 (like GGUF's Q8_0); "
-                        "every method stays lossless against the quantized model (docs/quantization.md)")
+    p.add_argument("--quant", choices=list(QUANTS), default=None,
+                   help="int8 / int4: target and draft weights quantized at load, a scale per 32 (like GGUF's Q8_0 / "
+                        "Q4_0); every method stays lossless against the quantized model (docs/quantization.md)")
     if tp:
         p.add_argument("--tp", type=positive_int, default=1, metavar="N",
                        help="split the target over N processes (tensor parallelism) for ar, sd, tree, easyspec, cosine "

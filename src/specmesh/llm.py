@@ -50,7 +50,7 @@ class LLM:
     methods that run in one process (ar, sd, tree, easyspec, cosine, selfdraft); drafts stay on rank 0.
     method="auto" (the default): the fastest lossless method for this machine, pair and dtype
     (tuning.py; measured once, then cached); `self.choice` says what it chose and why. `retune`:
-    True measures again on the shipped calibration prompts, a list of texts on those. `quant="int8"`:
+    True measures again on the shipped calibration prompts, a list of texts on those. `quant="int8"` (or "int4"):
     target and draft quantized at load (model/quant.py); every method is lossless against that model.
     """
 

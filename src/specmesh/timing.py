@@ -43,12 +43,12 @@ def share_of_cores(processes: int) -> int:
 @contextmanager
 def rank_threads(processes: int):
     """Rank 0 of a method of `processes` processes, each computing while the others do: its share of the
-    cores (the other ranks take one thread each), unless the user chose a count; a warning when that
-    count leaves the ranks more threads than cores (each waits for the core another computes on)."""
-    cores = len(os.sched_getaffinity(0))
+    cores (the other ranks take theirs), unless the user chose a count; a warning when that count leaves the
+    ranks more threads than cores (each waits for the core another computes on)."""
+    cores, share = len(os.sched_getaffinity(0)), share_of_cores(processes)
     if CHOSEN:
-        if CHOSEN[-1] + processes - 1 > cores:
-            warnings.warn(f"{CHOSEN[-1]} threads here and one in each of {processes - 1} other processes "
+        if CHOSEN[-1] + (processes - 1) * share > cores:
+            warnings.warn(f"{CHOSEN[-1]} threads here and {share} in each of {processes - 1} other processes "
                           f"oversubscribe {cores} cores: every rank will wait for a core")
         yield
         return

@@ -301,12 +301,13 @@ def cache_path() -> Path:
 
 
 def cache_key(llm, draft: Path | None) -> str:
-    """Machine (CPU model, vector units, threads, device), model pair, dtype and quantization, and the candidates
-    (a new version's calibration families measure again)."""
+    """Machine (CPU model, vector units, threads, device), model pair, dtype and quantization, the kernels they
+    run on, and the candidates (a new version's kernels or calibration families measure again)."""
     units = "+".join(u for u in VECTOR_UNITS if u in cpu_flags())
+    models = [m for m in (llm.models.target, llm.models.draft) if m is not None]
     parts = [cpu_name(), units, f"{torch.get_num_threads()} threads", str(llm.device), str(llm.dtype).split(".")[-1],
              f"quant {llm.models.target.quant}", stamp(llm.models.target_path), stamp(draft) if draft else "-",
-             json.dumps(families(llm, draft))]
+             "+".join(type(m.lm_head).__name__ for m in models), json.dumps(families(llm, draft))]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:6])
 
 

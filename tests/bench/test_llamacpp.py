@@ -15,7 +15,7 @@ from specmesh.model.gguf import permute_rope
 from specmesh.model.loader import read_config, read_weights, to_gguf
 
 
-@pytest.mark.parametrize("ftype", ["bf16", "f32", "q8_0"])
+@pytest.mark.parametrize("ftype", ["bf16", "f32", "q8_0", "q4_0"])
 def test_gguf_holds_the_checkpoint(tiny_checkpoint, tmp_path, ftype):
     out = to_gguf(tiny_checkpoint, tmp_path / "m.gguf", ftype)
     reader = gguf.GGUFReader(str(out))
@@ -34,8 +34,8 @@ def test_gguf_holds_the_checkpoint(tiny_checkpoint, tmp_path, ftype):
     down = weights["model.layers.1.mlp.down_proj.weight"].float()
     for got, want in ((values("blk.0.attn_q.weight"), q), (values("blk.1.ffn_down.weight"), down)):
         assert got.shape == want.shape
-        if ftype == "q8_0":                     # within a step of a block's max |w| / 127
-            assert (got - want).abs().max() <= want.abs().max() / 127
+        if ftype in ("q8_0", "q4_0"):           # within a step of a block's max |w| / 127 (/ 8)
+            assert (got - want).abs().max() <= want.abs().max() / (127 if ftype == "q8_0" else 8)
         else:
             assert torch.equal(got, want.bfloat16().float() if ftype == "bf16" else want)
 

@@ -112,6 +112,19 @@ def cpu_has_avx512() -> bool:
     return kernels.AVX512 <= set(flags)
 
 
+def test_a_draft_holds_int8_weights_only_where_the_cpu_has_no_bf16_dot_product(tiny_checkpoint):
+    """A draft's int8 weights halve one row's bytes; where AVX512-BF16's dot product is, its products of 3-8 rows
+    (tree levels, catch-up reads) cost half as much on DPLinear (docs/kernels.md)."""
+    from specmesh.model.loader import load_model
+    draft = load_model(tiny_checkpoint, torch.bfloat16, draft=True)
+    kinds = {type(m) for m in draft.modules() if isinstance(m, (kernels.Int8Linear, kernels.DPLinear, kernels.AMXLinear,
+                                                                 kernels.BF16Linear, kernels.PackedLinear))}
+    if kernels.avx2_lib() is None:
+        assert kernels.Int8Linear not in kinds
+    else:
+        assert kinds == {kernels.DPLinear if kernels.dp_lib() else kernels.Int8Linear}, kinds
+
+
 def test_amx_kernels_apply_where_the_cpu_has_them():
     """Intel CPUs with AMX must get the tile kernel (else verification costs 2x a decode step)."""
     applies = cpu_has_amx() and kernels.avx2_lib() is not None
@@ -158,9 +171,9 @@ def test_dp_linear_matches_exact_product_and_is_row_invariant(shape, bias):
     assert torch.equal(torch.cat([fast(x[i:i + 1]) for i in range(len(x))]), out)
 
 
-def q8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias) -> torch.Tensor:
+def q8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias, offset=None) -> torch.Tensor:
     """Q8_0 x Q8_0 in float64: each row of x quantized per block of 32 (d = max|x| / 127, nearest even), the
-    blocks' integer dot products scaled by d_x d_w."""
+    blocks' integer dot products scaled by d_x d_w; `offset` (Q4_1: w = d q + offset) adds offset d_x sum(q_x)."""
     M, K = x.shape
     KB = scale.shape[1]
     xb = F.pad(x, (0, KB * 32 - K)).view(M, KB, 32)
@@ -169,44 +182,59 @@ def q8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias) ->
     xq = torch.round(xb * inv[..., None]).clamp(-127, 127).double()
     wq = F.pad(q, (0, KB * 32 - K)).view(-1, KB, 32).double()
     dots = torch.einsum("mbk,nbk->mnb", xq, wq)
-    y = (dots * (amax / 127).double()[:, None, :] * scale.double()[None]).sum(-1)
+    dx = (amax / 127).double()[:, None, :]
+    y = (dots * dx * scale.double()[None]).sum(-1)
+    if offset is not None:
+        y = y + (xq.sum(-1)[:, None, :] * dx * offset.double()[None]).sum(-1)
     return y if bias is None else y + bias.double()
 
 
 @pytest.mark.cpu(*kernels.Q8)
+@pytest.mark.parametrize("quant", ["int8", "int4", "q4_1"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(100, 83), (101, 16), (64, 8192), (96, 48)])
-def test_q8_linear_matches_the_q8_product_and_is_row_invariant(shape, bias):
-    """csrc/avx512.c's q8_linear: llama.cpp's Q8_0 x Q8_0 product (integer dots per block of 32, float32
-    accumulation of the scaled blocks: tolerance float32 rounding); a row's result is bit-identical alone
-    and among any number of others."""
+def test_q8_linear_matches_the_q8_product_and_is_row_invariant(shape, bias, quant):
+    """csrc/avx512.c's q8_linear and q4_linear: llama.cpp's Q8_0 (Q4_0) x Q8_0 product (integer dots per block of
+    32, float32 accumulation of the scaled blocks: tolerance float32 rounding); a row's result is bit-identical
+    alone and among any number of others."""
     lib = kernels.avx2_lib()
-    assert hasattr(lib, "q8_linear"), "the CPU has AVX512-VNNI but csrc/avx512.c did not build"
+    assert hasattr(lib, "q4_linear"), "the CPU has AVX512-VNNI but csrc/avx512.c did not build"
     torch.manual_seed(8)
     K, N = shape
     linear = nn.Linear(K, N, bias=bias)
-    quantize_model(linear, "int8")
-    q, scale = linear.q8
-    assert q.dtype == torch.int8 and scale.shape == (N, -(-K // 32)) and q.abs().max() == 127
+    quantize_model(linear, "int8" if quant == "int8" else "int4")
+    q, scale, bits, offset = linear.quantized
+    if quant == "q4_1":                                          # GGUF's Q4_1 blocks: w = d q + m (quant.keep_blocks)
+        offset = torch.randn(scale.shape) * scale.abs()
+        linear.quantized = (q, scale, bits, offset)
+    assert q.dtype == torch.int8 and scale.shape == (N, -(-K // 32))
+    assert (q.abs().max() == 127) if bits == 8 else (q.min() == -8 and q.max() <= 7)
     fast = kernels.Q8Linear(kernels.BF16Linear(linear.bfloat16()), lib)
-    assert fast.weight.dtype == torch.int8                     # half the bytes of bf16
+    padded = 16 * -(-N // 16) * 32 * -(-K // 32)
+    assert fast.weight.dtype == torch.int8 and fast.weight.numel() == padded * bits // 8   # 1/2, 1/4 of bf16's bytes
     x = torch.randn(40, K)
     out = fast(x)
     b = None if linear.bias is None else linear.bias.float()
-    assert torch.allclose(out.double(), q8_reference(x, q, scale, b), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(out.double(), q8_reference(x, q, scale, b, offset), rtol=1e-5, atol=1e-5)
     for rows in (1, 2, 5, 6, 7, 12, 13, 17):
         assert torch.equal(fast(x[:rows]), out[:rows]), rows
     assert torch.equal(torch.cat([fast(x[i:i + 1]) for i in range(len(x))]), out)
 
 
-def test_q8_quantization_error_is_bounded_by_half_a_step():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_q8_quantization_error_is_bounded_by_half_a_step(bits):
+    """Half a step, except (4 bits, Q4_0's rule: the extreme maps to -8) weights of the other sign beyond 7 steps,
+    clamped there: within a step."""
     torch.manual_seed(9)
     w = torch.randn(24, 70) * torch.logspace(-3, 1, 70)      # scales that differ along K
-    q, scale = quantize_q8(w)
+    q, scale = quantize_q8(w, bits)
     back = dequantize_q8(q, scale)
-    step = scale.repeat_interleave(32, 1)[:, :70]
-    assert ((back - w).abs() <= step / 2 + 1e-7).all()
-    assert (back - w).abs().max() < w.abs().max() / 127
+    signed = scale.repeat_interleave(32, 1)[:, :70]           # 4 bits: negative where the extreme is positive
+    step = signed.abs()
+    clamped = (q == 7) & (w / signed > 7.5) if bits == 4 else torch.zeros_like(w, dtype=torch.bool)
+    assert ((back - w).abs() <= step / 2 + 1e-7)[~clamped].all()
+    assert ((back - w).abs() <= step + 1e-7).all()
+    assert (back - w).abs().max() < w.abs().max() / (127 if bits == 8 else 8)
 
 
 @pytest.mark.cpu(*kernels.AMX)

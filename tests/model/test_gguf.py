@@ -8,8 +8,10 @@ import sys
 import gguf
 import pytest
 import torch
+from torch import nn
 
 from conftest import TEXT
+from specmesh import kernels
 from specmesh.model.gguf import GGUFError, permute_rope, read_gguf, unpermute_rope
 from specmesh.model.loader import load_model, load_tokenizer, to_gguf
 
@@ -98,13 +100,37 @@ def test_bad_files_name_their_problem(chat_checkpoint, tmp_path):
     assert r.stderr.count("\n") == 1 and "cut.gguf: truncated" in r.stderr
 
 
-def test_a_gguf_rewritten_in_16_bits_is_the_model_specmesh_runs_in_16_bits(chat_checkpoint, tmp_path):
+def test_a_gguf_rewritten_in_16_bits_is_the_model_specmesh_runs_in_16_bits(chat_checkpoint, tmp_path, monkeypatch):
+    """Where specmesh dequantizes a file's blocks, llama.cpp gets a bf16 copy of what it runs."""
+    from specmesh.bench import llamacpp
+    from specmesh.model import loader
+    monkeypatch.setattr(loader, "runs_blocks", lambda *a, **k: False)
+    monkeypatch.setattr(llamacpp, "runs_blocks", lambda *a, **k: False)
+    monkeypatch.setattr(llamacpp, "cache_dir", lambda: tmp_path)
     source = to_gguf(chat_checkpoint, tmp_path / "q8.gguf", "q8_0")
-    copy = to_gguf(source, tmp_path / "bf16.gguf", "bf16")            # what llama.cpp gets for a bf16 run
+    copy = llamacpp.cached_gguf(source, "bf16")                        # what llama.cpp gets for a bf16 run
     ids = torch.randint(0, 300, (1, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(load_model(copy, torch.bfloat16)(ids), load_model(source, torch.bfloat16)(ids))
     assert load_tokenizer(copy).chat_template == CHATML
+
+
+@pytest.mark.cpu(*kernels.Q8)
+@pytest.mark.parametrize("ftype", ["q8_0", "q4_0", "q4_1"])
+def test_a_gguf_files_blocks_run_as_they_are(chat_checkpoint, tmp_path, ftype):
+    """In a bf16 run on AVX512-VNNI, a Q8_0 / Q4_0 / Q4_1 file's matrices are multiplied as they are (its logits
+    within activation-quantization rounding of the dequantized float32 model), and llama.cpp gets that file."""
+    from specmesh.bench import llamacpp
+    source = to_gguf(chat_checkpoint, tmp_path / f"{ftype}.gguf", ftype)
+    model = load_model(source, torch.bfloat16)
+    kinds = {m.KIND for m in model.modules() if isinstance(m, kernels.Q8Linear)}
+    assert len(kinds) == 1 and kinds <= set(kernels.Q8Linear.KINDS.values()), kinds     # the tied head: bf16 table
+    assert not any(isinstance(m, (nn.Linear, kernels.BF16Linear)) for m in model.layers.modules())
+    ids = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got, want = model(ids).float(), load_model(source, torch.float32)(ids)
+    assert (got - want).abs().max().item() <= 0.1 * want.abs().max().item()
+    assert llamacpp.cached_gguf(source, "bf16") == source
 
 
 def test_generate_chat_sends_the_rendered_template(chat_checkpoint, tmp_path):

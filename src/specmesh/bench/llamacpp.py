@@ -1,6 +1,6 @@
 """llama.cpp as a bench peer, on the same weights, as GGUF files written from the checkpoints (`to_gguf`,
-cached in kernels.cache_dir()/gguf): bf16 for a bfloat16 run, f32 for float32, Q8_0
-for `--quant int8` (llama.cpp's own Q8_0: an fp16 scale per 32 weights).
+cached in kernels.cache_dir()/gguf): bf16 for a bfloat16 run, f32 for float32, Q8_0 for `--quant int8` and
+Q4_0 for `--quant int4` (llama.cpp's own: an fp16 scale per 32 weights).
 
 llama.cpp          plain greedy decoding
 llama.cpp-spec     speculative decoding with our draft (as GGUF)
@@ -34,7 +34,7 @@ import torch
 
 from specmesh.engine.stats import Stats
 from specmesh.kernels import cache_dir
-from specmesh.model.loader import read_config, stamp, to_gguf
+from specmesh.model.loader import read_config, runs_blocks, stamp, to_gguf
 
 PEERS = ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup")
 DRAFT_TOKENS = 4                # as specmesh's sd default γ
@@ -44,7 +44,10 @@ TOOLS = {"llama.cpp": "llama-completion", "llama.cpp-spec": "llama-speculative",
 
 
 def cached_gguf(checkpoint: Path, ftype: str) -> Path:
-    """The GGUF file of `checkpoint` in `ftype`, written on first use."""
+    """The GGUF file of `checkpoint` in `ftype`, written on first use; for a bf16 run the GGUF file itself where
+    specmesh runs its quantized blocks as they are (loader.runs_blocks: llama.cpp then runs the same weights)."""
+    if ftype == "bf16" and runs_blocks(checkpoint, torch.bfloat16):
+        return Path(checkpoint)
     checkpoint = Path(checkpoint).resolve()
     key = hashlib.sha256(stamp(checkpoint).encode()).hexdigest()[:16]
     root = cache_dir() / "gguf"
@@ -58,10 +61,10 @@ def cached_gguf(checkpoint: Path, ftype: str) -> Path:
 
 
 def gguf_type(dtype: torch.dtype, quant: str | None) -> str:
-    if quant == "int8":
-        return "q8_0"
+    if quant in ("int8", "int4"):
+        return {"int8": "q8_0", "int4": "q4_0"}[quant]
     if dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"the llama.cpp peers run bfloat16, float32 or --quant int8, not {dtype}")
+        raise ValueError(f"the llama.cpp peers run bfloat16, float32 or --quant int8 / int4, not {dtype}")
     return "bf16" if dtype == torch.bfloat16 else "f32"
 
 

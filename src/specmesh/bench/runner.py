@@ -109,7 +109,7 @@ def make_runner(name: str, cfg: BenchConfig, dtype: str):
 
 def threads_used(name: str, options: dict) -> int | str:
     """The threads a method ran with: for the multi-process ones this process's (its share of the cores,
-    timing.rank_threads, or NAME@Nt's N) plus one per other process ("1+1": pipedec on two stages, two
+    timing.rank_threads, or NAME@Nt's N) plus each other process's share ("1+1": pipedec on two stages, two
     cores); else this process's (or NAME@Nt's N)."""
     method, chosen = split_threads(name)
     threads = chosen or (CHOSEN[-1] if CHOSEN else torch.get_num_threads())
@@ -121,7 +121,7 @@ def threads_used(name: str, options: dict) -> int | str:
         return threads
     if not chosen and not CHOSEN:
         threads = share_of_cores(others + 1)
-    return "+".join([str(threads)] + ["1"] * others)
+    return "+".join([str(threads)] + [str(share_of_cores(others + 1))] * others)
 
 
 def choose_dtype(method: str, cfg: BenchConfig, ids: list[int]) -> tuple[str, object]:

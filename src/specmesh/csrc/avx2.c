@@ -47,8 +47,8 @@ static inline void store_bf16(uint16_t *p, __m256 x) {
     _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
 }
 
-enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3, DP = 4, Q8 = 5 };  // weight kinds; int8 rows carry a float32 scale,
-static const int WBYTES[] = {2, 1, 4, 2, 2, 1};      // AMX, DP and Q8 weights are packed for avx512.c
+enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3, DP = 4, Q8 = 5, Q4 = 6, Q41 = 7 };  // weight kinds; int8 rows carry a
+static const int WBYTES[] = {2, 1, 4, 2, 2, 1, 1, 1};   // float32 scale; AMX, DP and the Q kinds are packed for avx512.c
 
 // csrc/avx512.c, where it builds: kernels.py sets kind AMX only where it did and the CPU has AMX, and
 // switches the AVX-512 attention and int8 products on (use_avx512) only where the CPU has AVX-512
@@ -63,6 +63,10 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
 void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y)
     __attribute__((weak));
 void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y)
+    __attribute__((weak));
+void q4_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y)
+    __attribute__((weak));
+void q41_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y)
     __attribute__((weak));
 void attend512_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
                     int kv_len, const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1)
@@ -126,8 +130,8 @@ static void linear(const float *x, int M, int K, const void *w, int kind, const 
         dp_linear(x, M, K, w, N, bias, y);
         return;
     }
-    if (kind == Q8) {
-        q8_linear(x, M, K, w, scale, N, bias, y);
+    if (kind == Q8 || kind == Q4 || kind == Q41) {
+        (kind == Q8 ? q8_linear : kind == Q4 ? q4_linear : q41_linear)(x, M, K, w, scale, N, bias, y);
         return;
     }
     if (kind == INT8 && avx512) {

@@ -425,7 +425,8 @@ void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const flo
 //   QB blocks of 32 of K) and sw[NB][QB][32] of 32 bits: the block's 16 column scales, then their -128 * sum(w) as int32.
 #define Q8_ROWS 6
 
-static void quantize_rows(const float *x, int M, int K, int QB, uint8_t *xq, float *xd) {
+// xs[m * QB + b] (where xs is given): the block's d_x * sum(q_x), what a Q4_1 block's minimum multiplies
+static void quantize_rows(const float *x, int M, int K, int QB, uint8_t *xq, float *xd, float *xs) {
     for (int m = 0; m < M; m++)
         for (int b = 0; b < QB; b++) {
             float v[32] __attribute__((aligned(64))) = {0};
@@ -435,18 +436,37 @@ static void quantize_rows(const float *x, int M, int K, int QB, uint8_t *xq, flo
             float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
             float inv = amax > 0 ? 127.0f / amax : 0.0f;
             xd[(int64_t)m * QB + b] = amax / 127.0f;
+            int sum = 0;
             for (int h = 0; h < 2; h++) {
                 __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(h ? hi : lo, _mm512_set1_ps(inv)));   // nearest even
-                q = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)),
-                                                      _mm512_set1_epi32(-127)), _mm512_set1_epi32(128));
+                q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+                sum += _mm512_reduce_add_epi32(q);
+                q = _mm512_add_epi32(q, _mm512_set1_epi32(128));
                 _mm_storeu_si128((__m128i *)(xq + (int64_t)m * QB * 32 + 32 * b + 16 * h), _mm512_cvtepi32_epi8(q));
             }
+            if (xs) xs[(int64_t)m * QB + b] = (float)sum * (amax / 127.0f);
         }
 }
 
-static inline __attribute__((always_inline)) void q8_rows(const uint8_t *xq, const float *xd, int QB, const int8_t *wb,
-                                                          const float *sb, int64_t next, float *out, const int MB,
-                                                          const int NC) {
+// The weights of 16 columns for two K quads (s and s + 1 of a block: 2 x 16 x 4) as signed bytes: for
+// Q8_0 two loads; for Q4 one load of 64 bytes, quad s in the low nibbles and s + 1 in the high ones, each
+// stored as q + 8 (0..15).
+static inline __attribute__((always_inline)) void quad_pair(const int8_t *w, int64_t at, const int BITS,
+                                                             __m512i *lo, __m512i *hi) {
+    if (BITS == 8) {
+        *lo = _mm512_loadu_si512(w + 2 * at);
+        *hi = _mm512_loadu_si512(w + 2 * at + 64);
+        return;
+    }
+    const __m512i v = _mm512_loadu_si512(w + at), nib = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+    *lo = _mm512_sub_epi8(_mm512_and_si512(v, nib), eight);
+    *hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), nib), eight);
+}
+
+static inline __attribute__((always_inline)) void q8_rows(const uint8_t *xq, const float *xd, const float *xs, int QB,
+                                                          const int8_t *wb, const float *sb, int64_t next, float *out,
+                                                          const int MB, const int NC, const int BITS, const int MINS) {
+    const int SW = 32 + 16 * MINS;                             // scale words per block of 16 columns and 32 of K
     __m512 acc[Q8_ROWS][2];
     for (int i = 0; i < MB; i++)
         for (int c = 0; c < NC; c++) acc[i][c] = _mm512_setzero_ps();
@@ -454,48 +474,57 @@ static inline __attribute__((always_inline)) void q8_rows(const uint8_t *xq, con
         __m512i dot[Q8_ROWS][2];
         __m512 sw[2];
         for (int c = 0; c < NC; c++) {
-            const float *s = sb + c * (int64_t)QB * 32 + 32 * b;
+            const float *s = sb + c * (int64_t)QB * SW + SW * b;
             sw[c] = _mm512_loadu_ps(s);
             __m512i neg = _mm512_loadu_si512(s + 16);          // -128 * the block's column sums
             for (int i = 0; i < MB; i++) dot[i][c] = neg;
         }
-        for (int s = 0; s < 8; s++) {
-            __m512i w[2];
-            for (int c = 0; c < NC; c++) w[c] = _mm512_loadu_si512(wb + c * next + ((int64_t)b * 8 + s) * 64);
+        for (int s = 0; s < 8; s += 2) {
+            __m512i w[2][2];
+            for (int c = 0; c < NC; c++) quad_pair(wb + c * next, ((int64_t)b * 8 + s) * 32, BITS, &w[c][0], &w[c][1]);
             for (int i = 0; i < MB; i++) {
-                __m512i xv = _mm512_set1_epi32(*(const int32_t *)(xq + (int64_t)i * QB * 32 + 32 * b + 4 * s));
-                for (int c = 0; c < NC; c++) dot[i][c] = _mm512_dpbusd_epi32(dot[i][c], xv, w[c]);
+                const uint8_t *xs = xq + (int64_t)i * QB * 32 + 32 * b + 4 * s;
+                __m512i x0 = _mm512_set1_epi32(*(const int32_t *)xs), x1 = _mm512_set1_epi32(*(const int32_t *)(xs + 4));
+                for (int c = 0; c < NC; c++)
+                    dot[i][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot[i][c], x0, w[c][0]), x1, w[c][1]);
             }
         }
         for (int i = 0; i < MB; i++) {
             __m512 dx = _mm512_set1_ps(xd[(int64_t)i * QB + b]);
             for (int c = 0; c < NC; c++)
                 acc[i][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][c]), _mm512_mul_ps(sw[c], dx), acc[i][c]);
+            if (MINS) {                                            // + m_w * d_x * sum(q_x), the block's offset
+                __m512 sx = _mm512_set1_ps(xs[(int64_t)i * QB + b]);
+                for (int c = 0; c < NC; c++)
+                    acc[i][c] = _mm512_fmadd_ps(_mm512_loadu_ps(sb + c * (int64_t)QB * SW + SW * b + 32), sx, acc[i][c]);
+            }
         }
     }
     for (int i = 0; i < MB; i++)
         for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + 32 * i + 16 * c, acc[i][c]);
 }
 
-#define Q8_CASE(n) case n: if (nc == 2) q8_rows(xm, dm, QB, wb, sb, next, out, n, 2); \
-                           else q8_rows(xm, dm, QB, wb, sb, next, out, n, 1); break;
+#define Q8_CASE(n) case n: if (nc == 2) q8_rows(xm, dm, sm, QB, wb, sb, next, out, n, 2, BITS, MINS); \
+                           else q8_rows(xm, dm, sm, QB, wb, sb, next, out, n, 1, BITS, MINS); break;
 
-void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
-    const int QB = (K + 31) / 32, NB = (N + 15) / 16;
-    const int64_t next = (int64_t)QB * 32 * 16;                       // weight bytes per block of 16 columns
+static inline __attribute__((always_inline)) void quant_linear(const float *x, int M, int K, const int8_t *w,
+                                                               const float *scale, int N, const float *bias, float *y,
+                                                               const int BITS, const int MINS) {
+    const int QB = (K + 31) / 32, NB = (N + 15) / 16, SW = 32 + 16 * MINS;
+    const int64_t next = (int64_t)QB * 32 * 16 * BITS / 8;            // weight bytes per block of 16 columns
     uint8_t *xq = malloc((int64_t)M * QB * 32);
-    float *xd = malloc(sizeof(float) * (int64_t)M * QB);
-    quantize_rows(x, M, K, QB, xq, xd);
+    float *xd = malloc(sizeof(float) * (int64_t)M * QB), *xs = MINS ? malloc(sizeof(float) * (int64_t)M * QB) : NULL;
+    quantize_rows(x, M, K, QB, xq, xd, xs);
     #pragma omp parallel for schedule(static)
     for (int nb = 0; nb < NB; nb += 2) {
         const int8_t *wb = w + nb * next;
-        const float *sb = scale + (int64_t)nb * QB * 32;
+        const float *sb = scale + (int64_t)nb * QB * SW;
         const int nc = NB - nb < 2 ? 1 : 2, cols = N - 16 * nb < 32 ? N - 16 * nb : 32;
         float out[Q8_ROWS * 32] __attribute__((aligned(64)));
         for (int m0 = 0; m0 < M; m0 += Q8_ROWS) {
             const int mb = M - m0 < Q8_ROWS ? M - m0 : Q8_ROWS;
             const uint8_t *xm = xq + (int64_t)m0 * QB * 32;
-            const float *dm = xd + (int64_t)m0 * QB;
+            const float *dm = xd + (int64_t)m0 * QB, *sm = MINS ? xs + (int64_t)m0 * QB : NULL;
             switch (mb) {
                 Q8_CASE(1) Q8_CASE(2) Q8_CASE(3) Q8_CASE(4) Q8_CASE(5) default: Q8_CASE(6)
             }
@@ -506,6 +535,28 @@ void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale
     }
     free(xq);
     free(xd);
+    free(xs);
+}
+
+void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
+    quant_linear(x, M, K, w, scale, N, bias, y, 8, 0);
+}
+
+// q4_linear: q8_linear for 4-bit weights (`--quant int4`, GGUF's Q4_0 values: q in -8..7 per block of 32 with a
+//   float32 scale), packed (kernels.Q4Linear) as w[NB][QB * 4][16][4] bytes: block nb of 16 columns, pair p of K
+//   quads, column j, e: q[16 nb + j][8 p + e] + 8 in the low nibble and q[16 nb + j][8 p + 4 + e] + 8 in the high
+//   one; sw as q8_linear's. Each 64-byte load yields two quads' signed bytes (mask, shift, subtract 8),
+//   then the same int32 dot products: half q8_linear's bytes, and a row's result never depends on the others.
+void q4_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
+    quant_linear(x, M, K, w, scale, N, bias, y, 4, 0);
+}
+
+// q41_linear: q4_linear for GGUF's Q4_1 blocks as they are (w = d q + m, q in 0..15): the nibbles hold q itself,
+//   which the kernel reads as q - 8, so each block's offset is m' = m + 8 d; sw[NB][QB][48]: the 16 column scales,
+//   -128 * their sums of (q - 8), then the 16 m'. y += d_w d_x dot + m' (d_x sum(q_x)) block by block, as
+//   llama.cpp computes Q4_1 x Q8_1.
+void q41_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
+    quant_linear(x, M, K, w, scale, N, bias, y, 4, 1);
 }
 
 // Causal attention of a long forward (a prefill) on the tile unit, for head dim 64 and a bf16 cache:

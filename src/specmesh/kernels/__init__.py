@@ -5,7 +5,7 @@
   with AMX tile products where it has AMX), its ctypes signatures, the CPU's flags;
 * linears.py: the layers that replace nn.Linear: bf16 weights read once for several rows (BF16Linear),
   int8 drafts (Int8Linear), AMX tiles (AMXLinear), AVX512-BF16 dot products (DPLinear), Q8_0 products on
-  AVX512-VNNI for `--quant int8` (Q8Linear), batch-invariant
+  AVX512-VNNI for `--quant int8` / `int4` (Q8Linear), batch-invariant
   float32 (F32Linear), oneDNN's pre-packed bf16 (PackedLinear);
 * forward.py: a whole forward of up to SMALL_ROWS new tokens in one C call (CForward), and prefills in C
   where the linears run on the tile unit or the dot product;

@@ -98,6 +98,10 @@ def avx2_lib() -> ctypes.CDLL | None:
         kernel.dp_linear.restype = None
         kernel.q8_linear.argtypes = kernel.i8_linear.argtypes
         kernel.q8_linear.restype = None
+        kernel.q4_linear.argtypes = kernel.i8_linear.argtypes
+        kernel.q4_linear.restype = None
+        kernel.q41_linear.argtypes = kernel.i8_linear.argtypes
+        kernel.q41_linear.restype = None
         if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
             kernel.use_avx512(1)
     return kernel
@@ -160,8 +164,8 @@ def dp_lib() -> ctypes.CDLL | None:
 
 @functools.cache
 def q8_lib() -> ctypes.CDLL | None:
-    """The kernel library where this CPU has AVX512-VNNI's int8 dot product but no AMX (`--quant int8` models
-    run their Q8_0 products on it), else None. SPECMESH_Q8=0 turns it off (to compare)."""
+    """The kernel library where this CPU has AVX512-VNNI's int8 dot product but no AMX (`--quant int8` / `int4`
+    models run their Q8_0 / Q4_0 products on it), else None. SPECMESH_Q8=0 turns it off (to compare)."""
     lib = avx2_lib()
     off = os.environ.get("SPECMESH_Q8", "1") == "0" or os.environ.get("SPECMESH_AVX512", "1") == "0"
     if lib is None or not hasattr(lib, "q8_linear") or amx_lib() is not None or off or not Q8 <= cpu_flags():

@@ -48,7 +48,7 @@ class BF16Linear(nn.Module):
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(self.weight.float(), 1),
                              persistent=False)
         self.kernel = avx2_lib()
-        self.q8 = getattr(linear, "q8", None)                                 # --quant int8: (q, scales)
+        self.quantized = getattr(linear, "quantized", None)                   # --quant: (q, scales, bits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -119,35 +119,46 @@ class DPLinear(nn.Module):
 
 
 class Q8Linear(nn.Module):
-    """A `--quant int8` linear (model/quant.py) through csrc/avx512.c's q8_linear: Q8_0 weights times rows of x
-    quantized the same way, in int32 on AVX512-VNNI (as llama.cpp computes Q8_0 on CPU): half the bytes
-    of bf16 and no widening; a row's result does not depend on the others."""
-    KIND = 5                                    # csrc/avx2.c's weight kind
+    """A `--quant int8` or `int4` linear (model/quant.py) through csrc/avx512.c's q8_linear / q4_linear: Q8_0 or
+    Q4_0 weights times rows of x quantized to 8 bits the same way, in int32 on AVX512-VNNI (as llama.cpp computes
+    them on CPU): a half or a quarter of bf16's bytes and no widening; a row's result does not depend on the
+    others."""
+    KINDS = {(8, False): 5, (4, False): 6, (4, True): 7}    # (bits, offset) -> csrc/avx2.c's weight kind
 
     def __init__(self, linear: BF16Linear, kernel: ctypes.CDLL):
         super().__init__()
         self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
         self.bias, self.bias32 = linear.bias, linear.bias32
-        self.weight, self.scale = q8_pack(*linear.q8)
+        q, scale, bits, offset = linear.quantized
+        self.KIND = self.KINDS[bits, offset is not None]
+        self.product = {5: kernel.q8_linear, 6: kernel.q4_linear, 7: kernel.q41_linear}[self.KIND]
+        self.weight, self.scale = q8_pack(q, scale, bits, offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         def product(x, m, k, w, n, bias, y):
-            self.kernel.q8_linear(x, m, k, w, self.scale.data_ptr(), n, bias, y)
+            self.product(x, m, k, w, self.scale.data_ptr(), n, bias, y)
         return packed_product(product, self, x)
 
 
-def q8_pack(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def q8_pack(q: torch.Tensor, scale: torch.Tensor, bits: int = 8, offset: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 [N, K] and scales [N, KB] -> csrc/avx512.c's q8_linear layout, padded with zeros to NB = ceil(N / 16)
     blocks of 16 columns and KB blocks of 32 of K: weights [NB, KB * 8, 16, 4] ([nb, kq, j, e] = q[16 nb + j,
     4 kq + e]) and per block of 16 columns and 32 of K 32 words [NB, KB, 32]: the 16 column scales, then
-    -128 * the columns' sums of q as int32 (what the unsigned x bytes, q_x + 128, add)."""
+    -128 * the columns' sums of q as int32 (what the unsigned x bytes, q_x + 128, add). 4 bits (q4_linear): the
+    weights as bytes [NB, KB * 4, 16, 4] holding quad 2p's q + 8 in the low nibble and quad 2p + 1's in the high.
+    `offset` [N, KB] (GGUF Q4_1, q41_linear): 16 more words per block, the columns' offsets (w = s q + offset)."""
     N, K = q.shape
     NB, KB = -(-N // 16), scale.shape[1]
     w = F.pad(q, (0, KB * 32 - K, 0, NB * 16 - N))                                      # [NB * 16, KB * 32]
     packed = w.view(NB, 16, KB * 8, 4).permute(0, 2, 1, 3).contiguous()
+    if bits == 4:
+        nibbles = (packed.view(NB, KB * 4, 2, 16, 4).to(torch.int16) + 8).to(torch.uint8)
+        packed = (nibbles[:, :, 0] | (nibbles[:, :, 1] << 4)).view(torch.int8).contiguous()
     sums = -128 * w.view(NB, 16, KB, 32).sum(-1, dtype=torch.int32).permute(0, 2, 1)    # [NB, KB, 16]
-    scales = F.pad(scale, (0, 0, 0, NB * 16 - N)).view(NB, 16, KB).permute(0, 2, 1)    # [NB, KB, 16]
-    return packed, torch.cat([scales.float(), sums.int().view(torch.float32)], -1).contiguous()
+    per_block = lambda t: F.pad(t.float(), (0, 0, 0, NB * 16 - N)).view(NB, 16, KB).permute(0, 2, 1)   # [NB, KB, 16]
+    words = [per_block(scale), sums.int().view(torch.float32)] + ([] if offset is None else [per_block(offset)])
+    return packed, torch.cat(words, -1).contiguous()
 
 
 def dp_pack(weight: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,9 @@ def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
     if avx2_lib() is None and native_bf16():
         _replace(model, nn.Linear, PackedLinear)
         return model
-    return use_avx2_kernels(model, int8=draft)
+    # a draft's int8 weights halve one row's bytes, but where the bf16 dot product is, its 3-8 rows (tree levels,
+    # catch-up reads) cost half of Int8Linear's on DPLinear and one row the same (docs/kernels.md)
+    return use_avx2_kernels(model, int8=draft and dp_lib() is None)
 
 
 def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.Module:
@@ -36,8 +38,10 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> 
     model.float()                               # the linears' bf16 weights are no parameters: they stay
     if (lib := avx2_lib()) is not None:
         dp, q8 = dp_lib(), q8_lib()
-        if q8 is not None and any(m.q8 is not None for m in model.modules() if isinstance(m, BF16Linear)):
-            _replace(model, BF16Linear, lambda linear: Q8Linear(linear, q8))      # --quant int8
+        if q8 is not None and any(m.quantized is not None for m in model.modules() if isinstance(m, BF16Linear)):
+            # --quant int8 / int4, a GGUF file's blocks (a head without them: on the dot product, or as it is)
+            _replace(model, BF16Linear, lambda linear: Q8Linear(linear, q8) if linear.quantized is not None else
+                     DPLinear(linear, dp) if dp is not None else linear)
         elif int8:
             _replace(model, BF16Linear, lambda linear: Int8Linear(linear, lib))
         elif dp is not None:

@@ -6,7 +6,8 @@ gguf.quants, whatever the tensor type it can read: F32, F16, BF16, Q8_0, Q4_0, Q
 q and k rows back from GGUF's interleaved rope pairs), and a tokenizer built from `tokenizer.ggml.*`
 (byte-level BPE, split as llama.cpp splits for the file's pre-tokenizer) with its chat template.
 
-Writing (`write_gguf`; loader.to_gguf for a checkpoint): bf16, f16, f32 or Q8_0 GGUF, for llama.cpp in the bench.
+Writing (`write_gguf`; loader.to_gguf for a checkpoint): bf16, f16, f32, Q8_0, Q4_0 or Q4_1 GGUF, for llama.cpp in the
+bench and the tests.
 """
 from __future__ import annotations
 
@@ -81,6 +82,55 @@ class GGUFCheckpoint:
     config: ModelConfig
     weights: dict[str, torch.Tensor]          # HF names, float32
     tokenizer: Tokenizer
+    blocks: dict[str, "Blocks"]               # HF names: the quantized matrices' blocks as they are
+
+
+@dataclass
+class Blocks:
+    """A Q8_0, Q4_0 or Q4_1 matrix as it is in the file: per block of 32 along a row, w = d q + m, with q as the
+    kernels read it (int8: Q8_0's -127..127, the 4-bit formats' stored value - 8) and m Q4_1's minimum plus 8 d
+    (None for the others). model/quant.py's (q, d, bits, m); kernels.Q8Linear multiplies them as they are."""
+    q: torch.Tensor                           # int8 [N, K]
+    d: torch.Tensor                           # float32 [N, K / 32]
+    m: torch.Tensor | None                    # float32 [N, K / 32]
+    bits: int
+
+    @property
+    def kind(self) -> tuple[int, bool]:
+        return self.bits, self.m is not None
+
+    def rows(self, fn) -> "Blocks":
+        """The same rows rearranged by fn (a function of a [N, ...] tensor)."""
+        return Blocks(fn(self.q), fn(self.d), None if self.m is None else fn(self.m), self.bits)
+
+
+BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1")     # what the kernels multiply as it is (read_blocks, kernels.Q8Linear)
+
+
+def layer_format(path: str | Path) -> str | None:
+    """The one format of the file's layer matrices where it is one of BLOCK_FORMATS, else None."""
+    kinds = {gguf.GGMLQuantizationType(t.kind).name for t in open_gguf(path).tensors
+             if t.name.startswith("blk.") and len(t.shape) == 2}
+    return kinds.pop() if len(kinds) == 1 and kinds <= set(BLOCK_FORMATS) else None
+
+
+def read_blocks(t: Tensor) -> Blocks | None:
+    """A 2-D Q8_0 / Q4_0 / Q4_1 tensor's blocks (ggml's layouts: an fp16 d, Q4_1's fp16 m, then 32 int8 or 16
+    bytes whose low nibbles are weights 0-15 and high nibbles 16-31), else None."""
+    Q = gguf.GGMLQuantizationType
+    kind = Q(t.kind)
+    if kind not in (Q.Q8_0, Q.Q4_0, Q.Q4_1) or len(t.shape) != 2:
+        return None
+    N, K = t.shape
+    raw = np.asarray(t.data).reshape(N, K // 32, -1)
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if kind == Q.Q8_0:
+        return Blocks(torch.from_numpy(raw[..., 2:].copy().view(np.int8).reshape(N, K)), torch.from_numpy(d), None, 8)
+    start = 4 if kind == Q.Q4_1 else 2
+    nibbles = raw[..., start:start + 16]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], -1).astype(np.int8) - 8
+    m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d if kind == Q.Q4_1 else None
+    return Blocks(torch.from_numpy(q.reshape(N, K)), torch.from_numpy(d), None if m is None else torch.from_numpy(m), 4)
 
 
 # GGUF's metadata value types: numpy dtypes of the scalars, 8 string, 9 array
@@ -215,23 +265,27 @@ def end_ids(meta: dict) -> int | list[int] | None:
 
 def read_gguf(path: str | Path) -> GGUFCheckpoint:
     config = read_config(path)
-    return GGUFCheckpoint(config, read_weights(path, config), read_tokenizer(path))
+    weights, blocks = read_weights(path, config)
+    return GGUFCheckpoint(config, weights, read_tokenizer(path), blocks)
 
 
-def read_weights(path: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def read_weights(path: str | Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], dict[str, Blocks]]:
+    """The tensors by HF name in float32, and the quantized matrices' blocks as they are (read_blocks)."""
     hf_names = {gguf_name(n): n for n in hf_tensor_names(cfg)}
-    weights = {}
+    weights, blocks = {}, {}
     for t in open_gguf(path).tensors:
         name = hf_names.get(t.name)
         if name is None:
             continue                          # rope_freqs and the like: recomputed
-        w = torch.from_numpy(dequantize(path, t)).view(t.shape)
-        if t.name.endswith("attn_q.weight"):
-            w = unpermute_rope(w, cfg.num_heads)
-        elif t.name.endswith("attn_k.weight"):
-            w = unpermute_rope(w, cfg.num_kv_heads)
+        w, b = torch.from_numpy(dequantize(path, t)).view(t.shape), read_blocks(t)
+        heads = cfg.num_heads if t.name.endswith("attn_q.weight") else \
+            cfg.num_kv_heads if t.name.endswith("attn_k.weight") else None
+        if heads:
+            w, b = unpermute_rope(w, heads), b and b.rows(lambda x: unpermute_rope(x, heads))
         weights[name] = w
-    return weights
+        if b is not None:
+            blocks[name] = b
+    return weights, blocks
 
 
 def dequantize(path, t: Tensor) -> np.ndarray:
@@ -314,7 +368,7 @@ def unpermute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
 # -- writing -------------------------------------------------------------------------------------
 def write_gguf(out: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer,
                ftype: str) -> Path:
-    """A Llama-family model (HF-named weights) as a GGUF file of type ftype ('bf16', 'f16', 'f32' or 'q8_0'), with
+    """A Llama-family model (HF-named weights) as a GGUF file of type ftype ('bf16', 'f16', 'f32', 'q8_0', 'q4_0' or 'q4_1'), with
     its tokenizer (and llama.cpp's name for how it splits text) and chat template. loader.to_gguf writes a
     checkpoint so."""
     writer = gguf.GGUFWriter(str(out), "llama")
@@ -353,12 +407,12 @@ def write_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict, pre: s
 
 
 def write_tensors(writer: gguf.GGUFWriter, cfg: ModelConfig, weights: dict[str, torch.Tensor], ftype: str) -> None:
-    """Norms in float32; matrices in bf16, f16, float32 or Q8_0 (the embedding table in bf16 then, as
+    """Norms in float32; matrices in bf16, f16, float32, Q8_0, Q4_0 or Q4_1 (the embedding table in bf16 then, as
     specmesh keeps it); q and k rows in GGUF's rope order."""
     if cfg.tie_word_embeddings and "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]     # llama.cpp then reads output.weight
     Q = gguf.GGMLQuantizationType
-    qtype = {"bf16": Q.BF16, "f16": Q.F16, "f32": Q.F32, "q8_0": Q.Q8_0}[ftype]
+    qtype = {"bf16": Q.BF16, "f16": Q.F16, "f32": Q.F32, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}[ftype]
     for hf_name, w in weights.items():
         name = gguf_name(hf_name)
         if name is None:
@@ -372,7 +426,7 @@ def write_tensors(writer: gguf.GGUFWriter, cfg: ModelConfig, weights: dict[str, 
             writer.add_tensor(name, w.numpy())
         elif qtype == Q.F16:
             writer.add_tensor(name, w.half().numpy())
-        elif qtype == Q.Q8_0 and name != "token_embd.weight":
+        elif qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1) and name != "token_embd.weight":
             writer.add_tensor(name, gguf.quants.quantize(w.numpy(), qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(name, w.to(torch.bfloat16).view(torch.uint16).numpy(), raw_dtype=Q.BF16)

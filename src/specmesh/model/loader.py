@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specmesh.kernels import select_kernels
+from specmesh.kernels import q8_lib, select_kernels
 from specmesh.model import gguf
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
-from specmesh.model.quant import quantize_model
+from specmesh.model.quant import keep_blocks, quantize_model
 from specmesh.model.shard import shard
 from specmesh.model.tokenizer import Tokenizer
 
@@ -97,8 +97,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
                part: tuple[int, int] | None = None) -> Transformer:
     """Load a checkpoint for inference; `pack` puts this CPU's kernels in place (kernels.select_kernels: the
     one place they are chosen, for `LLM` and the server alike), which for a bf16 `draft` model hold its
-    weights in int8 where csrc/avx2.c builds. `quant="int8"`: the linears quantized (model/quant.py);
-    the model as loaded is the quantized one, `model.quant` says so. A `draft` whose folder has HEAD_TOKENS
+    weights in int8 where csrc/avx2.c builds. `quant="int8"` / `"int4"`: the linears quantized (model/quant.py);
+    the model as loaded is the quantized one, `model.quant` says so. A GGUF file's quantized matrices run as they
+    are where the kernels multiply them (runs_blocks), else dequantized. A `draft` whose folder has HEAD_TOKENS
     computes logits for those tokens only (Transformer.restrict_head). `part=(rank, world)`: only that
     tensor-parallel rank's shard (model/shard.py), cut before quantization and kernels."""
     path = Path(path)
@@ -130,11 +131,21 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
         shard(model, *part)
     if quant is not None:
         quantize_model(model, quant)
+    elif runs_blocks(path, dtype, device) and part is None and pack:
+        keep_blocks(model, name_map(cfg), checkpoint.blocks)
     model = model.to(device=device, dtype=dtype).eval()
     model.quant = quant
     if pack:
         select_kernels(model, draft)
     return model
+
+
+def runs_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
+    """Whether a GGUF file's quantized matrices run as they are (quant.keep_blocks): its layers' are all of one
+    format the kernels multiply (Q8_0, Q4_0, Q4_1), in a bfloat16 run on a CPU whose kernels do (AVX512-VNNI
+    without AMX: kernels.Q8Linear); elsewhere they are dequantized (and rounded to the run's dtype)."""
+    return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and q8_lib() is not None \
+        and gguf.is_gguf(path) and gguf.layer_format(path) is not None
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -190,7 +201,7 @@ def count_parameters(path: str | Path) -> int:
 
 def to_gguf(checkpoint: str | Path, out: str | Path, ftype: str) -> Path:
     """Write a checkpoint (a HuggingFace folder, or a GGUF file: a 4-bit one as 16-bit, say) as a GGUF file of
-    type ftype ('bf16', 'f16', 'f32' or 'q8_0'), for llama.cpp."""
+    type ftype ('bf16', 'f16', 'f32', 'q8_0', 'q4_0' or 'q4_1'), for llama.cpp."""
     checkpoint = Path(checkpoint)
     if gguf.is_gguf(checkpoint):
         source = gguf.read_gguf(checkpoint)

@@ -24,7 +24,7 @@ from specmesh.runtime.link import Link, PeerError, connect
 from specmesh.spec.penalties import Penalty, penalty_for
 from specmesh.spec.sampling import SamplingParams
 from specmesh.spec.verify import Verdict
-from specmesh.timing import forward_ms, rank_threads, torch_threads
+from specmesh.timing import forward_ms, rank_threads, share_of_cores, torch_threads
 
 MAX_GAMMA = 16
 WIDTHS = (1, 2, 4, 8, 12, MAX_GAMMA)     # target widths measured for the γ policy
@@ -152,15 +152,16 @@ class DraftPeer:
         if device.type == "cuda" and torch.cuda.device_count() > 1:      # the draft gets a GPU of its own
             device = torch.device("cuda", ((device.index or 0) + 1) % torch.cuda.device_count())
         config = {"serve": f"{__name__}:DraftServer", "draft": str(draft), "dtype": str(dtype).split(".")[-1],
-                  "quant": target.quant, "device": str(device), "timeout": timeout_s, "threads": 1}
+                  "quant": target.quant, "device": str(device), "timeout": timeout_s, "threads": share_of_cores(2)}
         link = connect(ROLES, config, timeout_s)
-        with torch_threads(1):
+        with torch_threads(share_of_cores(2)):
             target_ms = forward_ms(target)          # while the draft times itself
         draft_ms, vocab = link.recv(torch.zeros(2, dtype=torch.float64), 1).tolist()
         with rank_threads(2):
             widths = {w: forward_ms(target, w, reps=10) for w in WIDTHS}     # with the threads it decodes with
         peer = cls(link, target_ms, draft_ms, int(vocab), widths)
-        print(f"pearl: target forward {target_ms:.2f} ms, draft forward {draft_ms:.2f} ms (one thread each, "
+        print(f"pearl: target forward {target_ms:.2f} ms, draft forward {draft_ms:.2f} ms ({share_of_cores(2)} "
+              f"thread(s) each, "
               f"measured together): c = {peer.c:.2f}, round(c) = {peer.gamma}; target forward by width: "
               + ", ".join(f"{w}: {ms:.2f}" for w, ms in widths.items()) + " ms", file=sys.stderr, flush=True)
         atexit.register(peer.close)

@@ -22,6 +22,7 @@ from specmesh.model.loader import DTYPES, load_model
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.fused_drafters import Drafter
 from specmesh.runtime.link import Link, PeerError, connect
+from specmesh.timing import share_of_cores
 
 SERVE = f"{__name__}:DrafterServer"
 TIMEOUT_S = 30.0
@@ -129,7 +130,7 @@ class DrafterPool:
               timeout: float = TIMEOUT_S) -> "DrafterPool":
         roles = ["verifier"] + [f"drafter{n}" for n in range(len(paths))]
         config = {"serve": SERVE, "drafters": [str(p) for p in paths], "dtype": str(dtype).split(".")[-1],
-                  "device": device, "quant": quant, "timeout": timeout, "threads": 1}
+                  "device": device, "quant": quant, "timeout": timeout, "threads": share_of_cores(len(roles))}
         return cls(connect(roles, config, timeout), window)
 
     def drafters(self, rows: int, max_len: int) -> list[RemoteDrafter]:

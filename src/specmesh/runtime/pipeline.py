@@ -33,7 +33,7 @@ import torch
 
 from specmesh.model.cache import KVCache
 from specmesh.runtime.link import Link, connect
-from specmesh.timing import rank_threads
+from specmesh.timing import rank_threads, share_of_cores
 
 START, NONE, HIT, MISS, COMMIT = range(5)
 END = -1                                    # header T: the request is over
@@ -268,7 +268,7 @@ class Pipeline:
         target = models.target
         config = {"serve": serve, "target": str(models.target_path),
                   "dtype": str(dtype).split(".")[-1], "quant": target.quant, "device": str(target.device),
-                  "timeout": timeout, "threads": 1}
+                  "timeout": timeout, "threads": share_of_cores(len(split) + apart)}
         link = connect(roles(len(split), draft, apart), config, timeout)
         return cls(link, None if apart else Stage(target, link), split)
 

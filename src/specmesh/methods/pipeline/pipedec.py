@@ -26,7 +26,7 @@ from specmesh.methods.pipeline import stages
 from specmesh.model.loader import load_model
 from specmesh.proposers.dynamic_tree import TreeDrafter, draft_room, grow_ms
 from specmesh.runtime.pipeline import HIT, NONE, Pipeline, balanced_layers, check_stages, tree_meta
-from specmesh.timing import layer_and_head_ms, layer_ms, torch_threads
+from specmesh.timing import layer_and_head_ms, layer_ms, share_of_cores, torch_threads
 
 DEFAULTS = {"stages": 2, "tree_width": 3, "max_children": 2, "draft_window": 64, "draft_apart": False, "timeout": 30}
 
@@ -71,7 +71,7 @@ class StageCosts:
     def measure(cls, models: Models, options: dict, contexts: tuple[int, int] = (64, 512)) -> "StageCosts":
         target, width, L = models.target, options["tree_width"], models.target.config.num_layers
         check_stages(L, options["stages"], "pipedec")
-        with torch_threads(1):
+        with torch_threads(share_of_cores(options["stages"] + options["draft_apart"])):     # as each rank runs
             wide = tuple(layer_ms(target, width, c) for c in contexts)
             root, head = zip(*(layer_and_head_ms(target, 1, c) for c in contexts))
             draft = 0.0 if options["draft_apart"] else grow_ms(models.draft, width, options["max_children"],
