@@ -156,3 +156,24 @@ def test_the_drafts_own_sd_options_are_one_more_candidate(tiny_checkpoint, tiny_
     assert tuning.families(llm, draft) == plain[:4] + [("sd", {"gamma": 3, "stop_below": 0.0, "lookup": 2})] + plain[4:]
     (draft / catalog.PAIR_OPTIONS).write_text(json.dumps({"methods": {"sd": {"gamma": 6, "lookup": 2}}}))
     assert tuning.families(llm, draft) == plain                 # already a candidate
+
+
+def test_a_winner_extrapolated_to_another_gamma_is_measured_before_it_is_chosen(tiny_checkpoint, tiny_draft_checkpoint,
+                                                                                 monkeypatch):
+    """An sd γ predicted from γ = 6's acceptance that would win is run itself; the choice rests on what it measured
+    (predict drops the prediction for a γ measured)."""
+    real = tuning.predict
+
+    def favour_gamma_2(costs, trials):             # as if γ = 2 were predicted fastest by far
+        out = real(costs, trials)
+        for c in out:
+            if c.method == "sd" and c.options.get("gamma") == 2 and c.reason.endswith("predicted"):
+                c.ms_per_token = 1e-3
+        return sorted(out, key=lambda c: c.ms_per_token)
+
+    monkeypatch.setattr(tuning, "predict", favour_gamma_2)
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, retune=["def f(x):\n"])
+    gamma_2 = [c for c in llm.choice.candidates if c.method == "sd" and c.options["gamma"] == 2
+               and not c.options["lookup"] and not c.options["stop_below"]]
+    assert len(gamma_2) == 1 and gamma_2[0].reason.endswith("measured")
+    assert llm.choice.won().reason.endswith("measured")

@@ -117,10 +117,12 @@ def copy_bandwidth_gb_s(mb: int = 256, reps: int = 7) -> float:
     return 2 * src.nbytes / best / 1e9
 
 
-def weight_bytes(config, dtype: torch.dtype) -> int:
-    """Bytes of weights one decoding step of a model of `config` reads in `dtype`: every weight once (a tied
-    embedding is its head)."""
-    from specmesh.model.model import Transformer
-    with torch.device("meta"):
-        bare = Transformer(config)
-    return sum(p.numel() for p in bare.parameters()) * dtype.itemsize
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights one decoding step of a loaded model reads: its linears' weights as the kernels hold them
+    (packed, quantized: with their scales), the head included; the embedding's one row and the norms left out."""
+    total = 0
+    for m in model.modules():
+        if hasattr(m, "in_features") and isinstance(getattr(m, "weight", None), torch.Tensor):
+            total += sum(t.numel() * t.element_size() for t in (m.weight, getattr(m, "scale", None))
+                         if isinstance(t, torch.Tensor))
+    return total

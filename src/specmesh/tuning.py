@@ -155,8 +155,8 @@ def predict(costs: Costs, trials: list[Trial]) -> list[Candidate]:
             gamma = t.options["gamma"]
             alpha, per_draft = fitted_alpha(t.tau, gamma), t.draft_forwards / t.steps / gamma
             for g in range(1, MAX_SD_GAMMA + 1):
-                if g == gamma:
-                    continue
+                if g == gamma or any(m.method == "sd" and m.options == t.options | {"gamma": g} for m in trials):
+                    continue                                    # measured itself
                 tau = (1 - alpha ** (g + 1)) / (1 - alpha)
                 step = target(g + 1) + g * per_draft * draft(1) + overhead
                 out.append(Candidate("sd", t.options | {"gamma": g}, step / tau,
@@ -260,23 +260,22 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True,
     chosen = llm.method
     configs = [methods.get(name, options) for name, options in families(llm, draft)]
     best: dict[tuple[int, int, int], object] = {}    # (family, prompt, tokens) -> fastest stats
-    try:
-        with torch.inference_mode():
-            costs = measure_costs(llm)
-            count, rounds = plan(costs, len(configs), len(ids)) if prompts is None else (len(ids), ROUNDS)
-            ids = ids[:count]
-            with tqdm(total=rounds * len(configs) * len(ids), desc="auto: calibrating", unit="run",
-                      file=sys.stderr, disable=not progress, leave=False) as bar:
-                for _ in range(rounds):
-                    for f, method in enumerate(configs):
-                        for p, prompt in enumerate(ids):
-                            for n in (NEW_TOKENS, 1):
-                                stats = decode(llm, method, prompt, n)
-                                if (f, p, n) not in best or stats.elapsed_s < best[f, p, n].elapsed_s:
-                                    best[f, p, n] = stats
-                            bar.update()
-    finally:
-        llm.method = chosen
+
+    def run(families: range, bar) -> None:
+        for _ in range(rounds):
+            for f in families:
+                for p, prompt in enumerate(ids):
+                    for n in (NEW_TOKENS, 1):
+                        stats = decode(llm, configs[f], prompt, n)
+                        if (f, p, n) not in best or stats.elapsed_s < best[f, p, n].elapsed_s:
+                            best[f, p, n] = stats
+                    bar.update()
+
+    def choose() -> Choice:
+        choice = choice_on(list(range(len(ids))))
+        if len(set(kinds)) > 1:
+            choice.kinds = {k: choice_on([p for p, kind in enumerate(kinds) if kind == k]) for k in sorted(set(kinds))}
+        return choice
 
     def choice_on(prompts: list[int]) -> Choice:
         trials = [trial(method.name, method.options, [(best[f, p, NEW_TOKENS], best[f, p, 1]) for p in prompts])
@@ -285,10 +284,25 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True,
         won = pick(candidates)
         return Choice(won.method, won.options, candidates, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
-    choice = choice_on(list(range(len(ids))))
-    kinds = kinds[:len(ids)]
-    if len(set(kinds)) > 1:
-        choice.kinds = {k: choice_on([p for p, kind in enumerate(kinds) if kind == k]) for k in sorted(set(kinds))}
+    try:
+        with torch.inference_mode():
+            costs = measure_costs(llm)
+            count, rounds = plan(costs, len(configs), len(ids)) if prompts is None else (len(ids), ROUNDS)
+            ids, kinds = ids[:count], kinds[:count]
+            with tqdm(total=rounds * len(configs) * len(ids), desc="auto: calibrating", unit="run",
+                      file=sys.stderr, disable=not progress, leave=False) as bar:
+                run(range(len(configs)), bar)
+                choice = choose()
+                # a winner extrapolated from another γ's acceptance is measured before it is chosen
+                winners = [ch.won() for ch in (choice, *choice.kinds.values())]
+                guessed = {json.dumps(c.options, sort_keys=True): c for c in winners if c.reason.endswith("predicted")}
+                if guessed:
+                    configs += [methods.get(c.method, c.options) for c in guessed.values()]
+                    bar.total += rounds * len(guessed) * len(ids)
+                    run(range(len(configs) - len(guessed), len(configs)), bar)
+                    choice = choose()
+    finally:
+        llm.method = chosen
     return choice
 
 

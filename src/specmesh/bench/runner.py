@@ -225,9 +225,9 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
         | ({"hit_rate": sum(s.hits for s in stats) / decisions} if decisions else {})
 
 
-def memory_bound(config, dtype: torch.dtype) -> dict:
+def memory_bound(target: torch.nn.Module) -> dict:
     """What memory bandwidth allows `ar`: the target's weight bytes per token against a measured copy bandwidth."""
-    gb_s, mb = copy_bandwidth_gb_s(), weight_bytes(config, dtype) / 1e6
+    gb_s, mb = copy_bandwidth_gb_s(), weight_bytes(target) / 1e6
     return {"copy_gb_s": round(gb_s, 2), "target_weight_mb": round(mb, 1),
             "ar_tokens_per_s_bound": round(gb_s * 1e3 / mb, 1)}
 
@@ -293,7 +293,7 @@ def bench(cfg: BenchConfig) -> dict:
             if llm.choice is not None:
                 result["methods"][name]["chose"] = used.name
     if cfg.quant is None and hasattr(runners["ar"], "llm"):
-        result["memory_bound"] = memory_bound(runners["ar"].llm.models.target.config, DTYPES[dtypes["ar"]])
+        result["memory_bound"] = memory_bound(runners["ar"].llm.models.target)
     for runner in runners.values():
         close(runner)
     ar_speed = result["methods"]["ar"]["tokens_per_s"]
