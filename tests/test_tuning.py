@@ -177,3 +177,10 @@ def test_a_winner_extrapolated_to_another_gamma_is_measured_before_it_is_chosen(
                and not c.options["lookup"] and not c.options["stop_below"]]
     assert len(gamma_2) == 1 and gamma_2[0].reason.endswith("measured")
     assert llm.choice.won().reason.endswith("measured")
+
+
+@pytest.mark.parametrize("target_ms, expected", [(0.5, (5, 2)), (5.5, (4, 1)), (23.0, (2, 1))])
+def test_calibration_covers_more_prompts_before_a_second_round(target_ms, expected):
+    """9 families, 5 calibration prompts, a 30 s budget: a fast pair runs every prompt twice; SmolLM2 in bf16 (5.5
+    ms a forward) four prompts once rather than two twice; in float32 (23 ms) the first two, once."""
+    assert tuning.plan(Costs({1: target_ms}, {1: 0.1}), families=9, prompts=5) == expected
