@@ -184,3 +184,18 @@ def test_calibration_covers_more_prompts_before_a_second_round(target_ms, expect
     """9 families, 5 calibration prompts, a 30 s budget: a fast pair runs every prompt twice; SmolLM2 in bf16 (5.5
     ms a forward) four prompts once rather than two twice; in float32 (23 ms) the first two, once."""
     assert tuning.plan(Costs({1: target_ms}, {1: 0.1}), families=9, prompts=5) == expected
+
+
+def test_the_pairs_own_options_win_unless_clearly_beaten():
+    """options.json was measured on held-out prompt sets: a few calibration prompts must beat it by PAIR_MARGIN;
+    predictions count only where `measured` is not asked."""
+    def cand(method, options, ms, how="measured"):
+        return tuning.Candidate(method, options, ms, f"..., {how}")
+    own = {"gamma": 6, "stop_below": 0.3, "lookup": 2}
+    near = [cand("sd", {"gamma": 3}, 4.3, "predicted"), cand("sd", {"gamma": 2}, 4.4), cand("sd", own, 4.6),
+            cand("ar", {}, 6.0)]
+    assert tuning.pick(near).options == {"gamma": 3}
+    assert tuning.pick(near, measured=True).options == {"gamma": 2}
+    assert tuning.pick(near, pair=own).options == own                       # within 10% of the fastest
+    far = [cand("sd", {"gamma": 2}, 4.0), cand("sd", own, 4.6), cand("ar", {}, 6.0)]
+    assert tuning.pick(far, pair=own).options == {"gamma": 2}

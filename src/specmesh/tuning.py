@@ -50,6 +50,7 @@ STOP_BELOW = 0.3        # sd's calibrated early stop (a weak draft's chains end 
 LOOKUP = 2              # sd's calibrated prompt lookup: proposes what followed the last 2+ tokens where they recur
 BUDGET_S = 30.0         # calibration time aimed at (plan)
 MARGIN = 0.03           # a speculative method must predict 3% faster than ar (measurement noise)
+PAIR_MARGIN = 0.10      # a few calibration prompts must beat the pair's own options (options.json) by 10%
 VECTOR_UNITS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
 
 
@@ -155,8 +156,9 @@ def predict(costs: Costs, trials: list[Trial]) -> list[Candidate]:
             gamma = t.options["gamma"]
             alpha, per_draft = fitted_alpha(t.tau, gamma), t.draft_forwards / t.steps / gamma
             for g in range(1, MAX_SD_GAMMA + 1):
-                if g == gamma or any(m.method == "sd" and m.options == t.options | {"gamma": g} for m in trials):
-                    continue                                    # measured itself
+                if g == gamma or any(m.method == "sd" and m.options == t.options | {"gamma": g} for m in trials) \
+                        or any(c.options == t.options | {"gamma": g} for c in out if c.method == "sd"):
+                    continue                                    # measured itself, or predicted from another γ
                 tau = (1 - alpha ** (g + 1)) / (1 - alpha)
                 step = target(g + 1) + g * per_draft * draft(1) + overhead
                 out.append(Candidate("sd", t.options | {"gamma": g}, step / tau,
@@ -165,10 +167,17 @@ def predict(costs: Costs, trials: list[Trial]) -> list[Candidate]:
     return sorted(out, key=lambda c: c.ms_per_token)
 
 
-def pick(candidates: list[Candidate]) -> Candidate:
-    """The fastest; `ar` unless a speculative method predicts at least MARGIN faster."""
-    ar = next(c for c in candidates if c.method == "ar")
-    best = candidates[0]
+def pick(candidates: list[Candidate], measured: bool = False, pair: dict | None = None) -> Candidate:
+    """The fastest (of the measured ones: `measured`); the pair's own sd options (`pair`, its options.json, measured
+    on held-out prompt sets) unless the fastest is PAIR_MARGIN faster on the few calibration prompts; `ar` unless a
+    speculative method predicts at least MARGIN faster."""
+    pool = [c for c in candidates if not measured or c.reason.endswith("measured")]
+    ar = next(c for c in pool if c.method == "ar")
+    best = pool[0]
+    own = next((c for c in pool if pair and c.method == "sd" and c.options == pair and c.reason.endswith("measured")),
+               None)
+    if own is not None and own.ms_per_token <= best.ms_per_token * (1 + PAIR_MARGIN):
+        best = own
     return best if best.ms_per_token < ar.ms_per_token * (1 - MARGIN) else ar
 
 
@@ -273,17 +282,22 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True,
                             best[f, p, n] = stats
                     bar.update()
 
-    def choose() -> Choice:
-        choice = choice_on(list(range(len(ids))))
+    pair = catalog.pair_options(draft).get("sd")            # the draft's own sd options, as the candidates hold them
+    pair = pair and {k: v for k, v in methods.get("sd", {}, pair).options.items()
+                     if k in ("gamma", "stop_below", "lookup")}
+
+    def choose(measured: bool = False) -> Choice:
+        choice = choice_on(list(range(len(ids))), measured)
         if len(set(kinds)) > 1:
-            choice.kinds = {k: choice_on([p for p, kind in enumerate(kinds) if kind == k]) for k in sorted(set(kinds))}
+            choice.kinds = {k: choice_on([p for p, kind in enumerate(kinds) if kind == k], measured)
+                            for k in sorted(set(kinds))}
         return choice
 
-    def choice_on(prompts: list[int]) -> Choice:
+    def choice_on(prompts: list[int], measured: bool) -> Choice:
         trials = [trial(method.name, method.options, [(best[f, p, NEW_TOKENS], best[f, p, 1]) for p in prompts])
                   for f, method in enumerate(configs)]
         candidates = predict(costs, trials)
-        won = pick(candidates)
+        won = pick(candidates, measured, pair)
         return Choice(won.method, won.options, candidates, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
     try:
@@ -302,7 +316,7 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True,
                     configs += [methods.get(c.method, c.options) for c in guessed.values()]
                     bar.total += rounds * len(guessed) * len(ids)
                     run(range(len(configs) - len(guessed), len(configs)), bar)
-                    choice = choose()
+                    choice = choose(measured=True)
     finally:
         llm.method = chosen
     return choice

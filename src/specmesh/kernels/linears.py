@@ -48,7 +48,7 @@ class BF16Linear(nn.Module):
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(self.weight.float(), 1),
                              persistent=False)
         self.kernel = avx2_lib()
-        self.quantized = getattr(linear, "quantized", None)                   # --quant: (q, scales, bits)
+        self.quantized = getattr(linear, "quantized", None)       # --quant, GGUF blocks: (q, scales, bits, offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -119,10 +119,10 @@ class DPLinear(nn.Module):
 
 
 class Q8Linear(nn.Module):
-    """A `--quant int8` or `int4` linear (model/quant.py) through csrc/avx512.c's q8_linear / q4_linear: Q8_0 or
-    Q4_0 weights times rows of x quantized to 8 bits the same way, in int32 on AVX512-VNNI (as llama.cpp computes
-    them on CPU): a half or a quarter of bf16's bytes and no widening; a row's result does not depend on the
-    others."""
+    """A `--quant int8` or `int4` linear, or a GGUF file's Q8_0 / Q4_0 / Q4_1 matrix as it is (model/quant.py), through
+    csrc/avx512.c's q8_linear / q4_linear / q41_linear: the weights times rows of x quantized to 8 bits per block of
+    32, in int32 on AVX512-VNNI (as llama.cpp computes them on CPU): a half or a quarter of bf16's bytes (plus the
+    scales) and no widening; a row's result does not depend on the others."""
     KINDS = {(8, False): 5, (4, False): 6, (4, True): 7}    # (bits, offset) -> csrc/avx2.c's weight kind
 
     def __init__(self, linear: BF16Linear, kernel: ctypes.CDLL):

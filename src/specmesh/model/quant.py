@@ -7,9 +7,9 @@ Lossless is defined against the model as loaded: a quantized model's linears hol
 weights q · s, which every path computes with (GPU, PyTorch, the bf16 and float32 kernels), except
 where csrc/avx512.c's q8_linear / q4_linear run (kernels.Q8Linear: AVX512-VNNI without AMX): they keep the
 quantized weights and their scales and quantize the activations to 8 bits per block of 32, as llama.cpp
-computes Q8_0 and Q4_0 on CPU (docs/quantization.md). Either way every method of a run computes the same model. The embedding
-table stays as it is (a lookup reads one row); the LM head is quantized (untied from the embedding
-when they were one tensor).
+computes Q8_0 and Q4_0 on CPU (docs/quantization.md). Either way every method of a run computes the same model.
+The embedding table stays as it is (a lookup reads one row); the LM head is quantized (untied from the embedding
+when they were one tensor). `keep_blocks`: a GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks, taken as they are.
 """
 from __future__ import annotations
 
