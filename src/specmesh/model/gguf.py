@@ -263,29 +263,31 @@ def end_ids(meta: dict) -> int | list[int] | None:
     return ids[0] if len(ids) == 1 else ids or None
 
 
-def read_gguf(path: str | Path) -> GGUFCheckpoint:
+def read_gguf(path: str | Path, blocks: bool = False) -> GGUFCheckpoint:
+    """`blocks`: the quantized matrices' blocks too (read_blocks), for a run that multiplies them as they are."""
     config = read_config(path)
-    weights, blocks = read_weights(path, config)
-    return GGUFCheckpoint(config, weights, read_tokenizer(path), blocks)
+    weights, kept = read_weights(path, config, blocks)
+    return GGUFCheckpoint(config, weights, read_tokenizer(path), kept)
 
 
-def read_weights(path: str | Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], dict[str, Blocks]]:
-    """The tensors by HF name in float32, and the quantized matrices' blocks as they are (read_blocks)."""
+def read_weights(path: str | Path, cfg: ModelConfig, blocks: bool = False
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, Blocks]]:
+    """The tensors by HF name in float32, and (`blocks`) the quantized matrices' blocks as they are."""
     hf_names = {gguf_name(n): n for n in hf_tensor_names(cfg)}
-    weights, blocks = {}, {}
+    weights, kept = {}, {}
     for t in open_gguf(path).tensors:
         name = hf_names.get(t.name)
         if name is None:
             continue                          # rope_freqs and the like: recomputed
-        w, b = torch.from_numpy(dequantize(path, t)).view(t.shape), read_blocks(t)
+        w, b = torch.from_numpy(dequantize(path, t)).view(t.shape), read_blocks(t) if blocks else None
         heads = cfg.num_heads if t.name.endswith("attn_q.weight") else \
             cfg.num_kv_heads if t.name.endswith("attn_k.weight") else None
         if heads:
             w, b = unpermute_rope(w, heads), b and b.rows(lambda x: unpermute_rope(x, heads))
         weights[name] = w
         if b is not None:
-            blocks[name] = b
-    return weights, blocks
+            kept[name] = b
+    return weights, kept
 
 
 def dequantize(path, t: Tensor) -> np.ndarray:

@@ -103,8 +103,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     computes logits for those tokens only (Transformer.restrict_head). `part=(rank, world)`: only that
     tensor-parallel rank's shard (model/shard.py), cut before quantization and kernels."""
     path = Path(path)
+    blocks = quant is None and part is None and pack and runs_blocks(path, dtype, device)
     if gguf.is_gguf(path):
-        checkpoint = gguf.read_gguf(path)
+        checkpoint = gguf.read_gguf(path, blocks)
         cfg, hf = checkpoint.config, checkpoint.weights
     else:
         cfg, hf = read_config(path), read_weights(path)
@@ -131,7 +132,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
         shard(model, *part)
     if quant is not None:
         quantize_model(model, quant)
-    elif runs_blocks(path, dtype, device) and part is None and pack:
+    elif blocks:
         keep_blocks(model, name_map(cfg), checkpoint.blocks)
     model = model.to(device=device, dtype=dtype).eval()
     model.quant = quant
