@@ -272,9 +272,9 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True,
     configs = [methods.get(name, options) for name, options in families(llm, draft)]
     best: dict[tuple[int, int, int], object] = {}    # (family, prompt, tokens) -> fastest stats
 
-    def run(families: range, bar) -> None:
+    def run(which: range, bar) -> None:
         for _ in range(rounds):
-            for f in families:
+            for f in which:
                 for p, prompt in enumerate(ids):
                     for n in (NEW_TOKENS, 1):
                         stats = decode(llm, configs[f], prompt, n)
