@@ -97,9 +97,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
                part: tuple[int, int] | None = None) -> Transformer:
     """Load a checkpoint for inference; `pack` puts this CPU's kernels in place (kernels.select_kernels: the
     one place they are chosen, for `LLM` and the server alike), which for a bf16 `draft` model hold its
-    weights in int8 where csrc/avx2.c builds. `quant="int8"` / `"int4"`: the linears quantized (model/quant.py);
-    the model as loaded is the quantized one, `model.quant` says so. A GGUF file's quantized matrices run as they
-    are where the kernels multiply them (runs_blocks), else dequantized. A `draft` whose folder has HEAD_TOKENS
+    weights in int8 where csrc/avx2.c builds and the CPU has no bf16 dot product. `quant="int8"` / `"int4"`: the
+    linears quantized (model/quant.py); the model as loaded is the quantized one, `model.quant` says so. A GGUF
+    file's quantized matrices run as they are where the kernels multiply them (runs_blocks), else dequantized. A `draft` whose folder has HEAD_TOKENS
     computes logits for those tokens only (Transformer.restrict_head). `part=(rank, world)`: only that
     tensor-parallel rank's shard (model/shard.py), cut before quantization and kernels."""
     path = Path(path)
