@@ -52,7 +52,7 @@ def rank_threads(processes: int):
                           f"oversubscribe {cores} cores: every rank will wait for a core")
         yield
         return
-    with torch_threads(share_of_cores(processes)):
+    with torch_threads(share):
         yield
 
 

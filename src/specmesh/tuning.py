@@ -195,15 +195,20 @@ def families(llm, draft: Path | None = None) -> list[tuple[str, dict]]:
     if llm.models.draft is not None:
         sd = [{"gamma": 6, "lookup": 0}, {"gamma": 6, "lookup": LOOKUP},
               {"gamma": 6, "stop_below": STOP_BELOW, "lookup": LOOKUP}]
-        pair = catalog.pair_options(draft).get("sd")
-        if pair:
-            full = methods.get("sd", {}, pair).options
-            if all(methods.get("sd", o).options != full for o in sd):
-                sd.append({k: full[k] for k in ("gamma", "stop_below", "lookup")})
+        own = pair_sd(draft)
+        if own and all(methods.get("sd", o).options != methods.get("sd", own).options for o in sd):
+            sd.append(own)
         out += [("sd", o) for o in sd] + [("tree", {}), ("tree", {"gamma": 4, "tree_width": 2})]
     if has_ngram_table(llm):
         out += [("selfdraft", {}), ("selfdraft", {"max_candidates": 2})]
     return out
+
+
+def pair_sd(draft: Path | None) -> dict | None:
+    """The draft's own sd options (its options.json) as a calibration family holds them: γ, stop_below, lookup."""
+    own = catalog.pair_options(draft).get("sd")
+    options = own and methods.get("sd", {}, own).options
+    return own and {k: options[k] for k in ("gamma", "stop_below", "lookup")}
 
 
 def has_ngram_table(llm) -> bool:
@@ -282,9 +287,7 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True,
                             best[f, p, n] = stats
                     bar.update()
 
-    pair = catalog.pair_options(draft).get("sd")            # the draft's own sd options, as the candidates hold them
-    pair = pair and {k: v for k, v in methods.get("sd", {}, pair).options.items()
-                     if k in ("gamma", "stop_below", "lookup")}
+    pair = pair_sd(draft)
 
     def choose(measured: bool = False) -> Choice:
         choice = choice_on(list(range(len(ids))), measured)

@@ -61,7 +61,7 @@ def cached_gguf(checkpoint: Path, ftype: str) -> Path:
 
 
 def gguf_type(dtype: torch.dtype, quant: str | None) -> str:
-    if quant in ("int8", "int4"):
+    if quant is not None:
         return {"int8": "q8_0", "int4": "q4_0"}[quant]
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"the llama.cpp peers run bfloat16, float32 or --quant int8 / int4, not {dtype}")

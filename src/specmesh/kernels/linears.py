@@ -123,15 +123,16 @@ class Q8Linear(nn.Module):
     csrc/avx512.c's q8_linear / q4_linear / q41_linear: the weights times rows of x quantized to 8 bits per block of
     32, in int32 on AVX512-VNNI (as llama.cpp computes them on CPU): a half or a quarter of bf16's bytes (plus the
     scales) and no widening; a row's result does not depend on the others."""
-    KINDS = {(8, False): 5, (4, False): 6, (4, True): 7}    # (bits, offset) -> csrc/avx2.c's weight kind
+    KINDS = {(8, False): (5, "q8_linear"), (4, False): (6, "q4_linear"), (4, True): (7, "q41_linear")}
+    # (bits, offset) -> csrc/avx2.c's weight kind and the product
 
     def __init__(self, linear: BF16Linear, kernel: ctypes.CDLL):
         super().__init__()
         self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
         self.bias, self.bias32 = linear.bias, linear.bias32
         q, scale, bits, offset = linear.quantized
-        self.KIND = self.KINDS[bits, offset is not None]
-        self.product = {5: kernel.q8_linear, 6: kernel.q4_linear, 7: kernel.q41_linear}[self.KIND]
+        self.KIND, product = self.KINDS[bits, offset is not None]
+        self.product = getattr(kernel, product)
         self.weight, self.scale = q8_pack(q, scale, bits, offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

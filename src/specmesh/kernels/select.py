@@ -27,7 +27,8 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> 
     """bf16 linear weights (int8 with `int8`: draft models), float32 everywhere else, C norms
     and blocks where they build (in place); few-row products on the AVX512-BF16 dot product where the
     CPU has it but no AMX (`--quant` models and GGUF blocks: Q8_0 / Q4_0 / Q4_1 products on AVX512-VNNI,
-    Q8Linear). With AMX, MLPs whose width is a multiple of 32 apply SwiGLU in the gate/up product (amx_glu; `glu=False`: product, then SwiGLU: the same values)."""
+    Q8Linear). With AMX, MLPs whose width is a multiple of 32 apply SwiGLU in the gate/up product (amx_glu;
+    `glu=False`: product, then SwiGLU: the same values)."""
     if (amx := amx_lib()) is not None and not int8:
         for mlp in (m for m in model.modules() if glu and isinstance(m, MLP) and m.down.in_features % 32 == 0):
             mlp.gate_up = AMXLinear(mlp.gate_up.weight, mlp.gate_up.bias, amx, glu_order(mlp.down.in_features))

@@ -99,8 +99,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     one place they are chosen, for `LLM` and the server alike), which for a bf16 `draft` model hold its
     weights in int8 where csrc/avx2.c builds and the CPU has no bf16 dot product. `quant="int8"` / `"int4"`: the
     linears quantized (model/quant.py); the model as loaded is the quantized one, `model.quant` says so. A GGUF
-    file's quantized matrices run as they are where the kernels multiply them (runs_blocks), else dequantized. A `draft` whose folder has HEAD_TOKENS
-    computes logits for those tokens only (Transformer.restrict_head). `part=(rank, world)`: only that
+    file's quantized matrices run as they are where the kernels multiply them (runs_blocks), else dequantized. A
+    `draft` whose folder has HEAD_TOKENS computes logits for those tokens only (Transformer.restrict_head). `part=(rank, world)`: only that
     tensor-parallel rank's shard (model/shard.py), cut before quantization and kernels."""
     path = Path(path)
     blocks = quant is None and part is None and pack and runs_blocks(path, dtype, device)

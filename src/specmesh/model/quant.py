@@ -56,28 +56,18 @@ def quantize_model(model: nn.Module, quant: str) -> None:
         linear.quantized = (q, scale, QUANTS[quant], None)
 
 
-def keep_blocks(model: nn.Module, names: dict[str, list[str]], blocks: dict) -> bool:
+def keep_blocks(model: nn.Module, names: dict[str, list[str]], blocks: dict) -> None:
     """A GGUF file's Q8_0 / Q4_0 / Q4_1 matrices as they are (gguf.Blocks, by HF name), for the kernels that multiply
     them (kernels.Q8Linear): each linear's `quantized` from its parts' blocks (`names`: the loader's name_map, ours
-    -> HF parts; a tied head reads the embedding's). Only where every layer's linears have blocks of one format (the
-    C forward runs a layer's products in one kind); the head keeps its blocks where it has some, of any of them.
-    Their weights are already those blocks dequantized (gguf.read_weights). Returns whether it kept them."""
-    tied = {"lm_head.weight": names["embed.weight"]} if "lm_head.weight" not in names else {}
-    found, kinds = {}, set()
+    -> HF parts; a tied head reads the embedding's). The caller has checked that the layers' matrices are all of one
+    format (loader.runs_blocks: the C forward runs a layer's products in one kind); the head keeps its blocks where
+    it has some (of any of them) that cover it. Their weights are already those blocks dequantized
+    (gguf.read_weights)."""
+    parts_of = names | ({"lm_head.weight": names["embed.weight"]} if "lm_head.weight" not in names else {})
     for module_name, linear in model.named_modules():
-        parts = (names | tied).get(f"{module_name}.weight")
-        if not isinstance(linear, nn.Linear) or parts is None:
+        got = [blocks.get(p) for p in parts_of.get(f"{module_name}.weight", [])]
+        if not isinstance(linear, nn.Linear) or not got or any(b is None for b in got) \
+                or len({b.kind for b in got}) > 1 or sum(b.q.shape[0] for b in got) != linear.weight.shape[0]:
             continue
-        got = [blocks.get(p) for p in parts]
-        whole = all(b is not None for b in got) and len({b.kind for b in got}) == 1 \
-            and sum(b.q.shape[0] for b in got) == linear.weight.shape[0]
-        if module_name != "lm_head":
-            kinds.add(got[0].kind if whole else None)
-        if whole:
-            found[module_name] = (linear, got)
-    if len(kinds) != 1 or None in kinds:
-        return False
-    for linear, got in found.values():
         offset = None if got[0].m is None else torch.cat([b.m for b in got])
         linear.quantized = (torch.cat([b.q for b in got]), torch.cat([b.d for b in got]), got[0].bits, offset)
-    return True

@@ -151,18 +151,18 @@ class DraftPeer:
         device = target.device
         if device.type == "cuda" and torch.cuda.device_count() > 1:      # the draft gets a GPU of its own
             device = torch.device("cuda", ((device.index or 0) + 1) % torch.cuda.device_count())
+        threads = share_of_cores(2)                 # each rank's, the draft's and this one's
         config = {"serve": f"{__name__}:DraftServer", "draft": str(draft), "dtype": str(dtype).split(".")[-1],
-                  "quant": target.quant, "device": str(device), "timeout": timeout_s, "threads": share_of_cores(2)}
+                  "quant": target.quant, "device": str(device), "timeout": timeout_s, "threads": threads}
         link = connect(ROLES, config, timeout_s)
-        with torch_threads(share_of_cores(2)):
+        with torch_threads(threads):
             target_ms = forward_ms(target)          # while the draft times itself
         draft_ms, vocab = link.recv(torch.zeros(2, dtype=torch.float64), 1).tolist()
         with rank_threads(2):
             widths = {w: forward_ms(target, w, reps=10) for w in WIDTHS}     # with the threads it decodes with
         peer = cls(link, target_ms, draft_ms, int(vocab), widths)
-        print(f"pearl: target forward {target_ms:.2f} ms, draft forward {draft_ms:.2f} ms ({share_of_cores(2)} "
-              f"thread(s) each, "
-              f"measured together): c = {peer.c:.2f}, round(c) = {peer.gamma}; target forward by width: "
+        print(f"pearl: target forward {target_ms:.2f} ms, draft forward {draft_ms:.2f} ms ({threads} "
+              f"thread(s) each, measured together): c = {peer.c:.2f}, round(c) = {peer.gamma}; target forward by width: "
               + ", ".join(f"{w}: {ms:.2f}" for w, ms in widths.items()) + " ms", file=sys.stderr, flush=True)
         atexit.register(peer.close)
         return peer
