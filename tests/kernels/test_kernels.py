@@ -1,6 +1,8 @@
 """The CPU bf16 kernels compute what nn.Linear computes on the same bf16 weights."""
+import os
 import shutil
 import sys
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -54,6 +56,7 @@ def test_use_cpu_kernels_picks_a_linear_that_matches():
     originals = list(model)
     kernels.use_cpu_kernels(model)
     expected = kernels.AMXLinear if kernels.amx_lib() is not None else kernels.DPLinear if kernels.dp_lib() else \
+        kernels.FMALinear if kernels.fma_lib() else \
         kernels.PackedLinear if kernels.avx2_lib() is None and kernels.native_bf16() else kernels.BF16Linear
     for fast, linear in zip(model, originals):
         assert isinstance(fast, expected)
@@ -112,9 +115,9 @@ def cpu_has_avx512() -> bool:
     return kernels.AVX512 <= set(flags)
 
 
-def test_a_draft_holds_int8_weights_only_where_the_cpu_has_no_bf16_dot_product(tiny_checkpoint):
-    """A draft's int8 weights halve one row's bytes; where AVX512-BF16's dot product is, its products of 3-8 rows
-    (tree levels, catch-up reads) cost half as much on DPLinear (docs/kernels.md)."""
+def test_a_draft_holds_int8_weights_only_where_neither_bf16_product_is(tiny_checkpoint):
+    """A draft's int8 weights halve one row's bytes; on AVX512-BF16's dot product (DPLinear) or on FMA over the same
+    layout (FMALinear) its products of 3-8 rows (tree levels, catch-up reads) cost less (docs/kernels.md)."""
     from specmesh.model.loader import load_model
     draft = load_model(tiny_checkpoint, torch.bfloat16, draft=True)
     kinds = {type(m) for m in draft.modules() if isinstance(m, (kernels.Int8Linear, kernels.DPLinear, kernels.AMXLinear,
@@ -122,7 +125,8 @@ def test_a_draft_holds_int8_weights_only_where_the_cpu_has_no_bf16_dot_product(t
     if kernels.avx2_lib() is None:
         assert kernels.Int8Linear not in kinds
     else:
-        assert kinds == {kernels.DPLinear if kernels.dp_lib() else kernels.Int8Linear}, kinds
+        bf16 = kernels.DPLinear if kernels.dp_lib() else kernels.FMALinear if kernels.fma_lib() else None
+        assert kinds == {bf16 or kernels.Int8Linear}, kinds
 
 
 def test_amx_kernels_apply_where_the_cpu_has_them():
@@ -137,11 +141,17 @@ def test_the_dot_product_kernel_applies_where_the_cpu_has_avx512_bf16_without_am
     assert (kernels.dp_lib() is not None) == applies
 
 
-def test_the_q8_kernel_applies_where_the_cpu_has_avx512_vnni_without_amx(tiny_checkpoint):
-    """`--quant int8` models multiply on VNNI's int8 dot product there; elsewhere they hold the dequantized
-    weights in this CPU's bf16 linears."""
+def test_the_fma_kernel_applies_where_the_cpu_has_neither_amx_nor_avx512_bf16():
+    """AVX2 CPUs (AMD before Zen 4, Intel before Cooper Lake): bf16 products on FMA, columns in lanes."""
+    applies = not kernels.DP <= kernels.cpu_flags() and not cpu_has_amx() and kernels.avx2_lib() is not None
+    assert (kernels.fma_lib() is not None) == applies
+
+
+def test_the_q8_kernel_applies_wherever_the_kernels_build_without_amx(tiny_checkpoint):
+    """`--quant int8` models multiply their quantized weights (on VNNI's int8 dot product or AVX2's); with AMX
+    they hold the dequantized weights in the tile product."""
     from specmesh.model.loader import load_model
-    applies = kernels.Q8 <= kernels.cpu_flags() and not cpu_has_amx() and kernels.avx2_lib() is not None
+    applies = not cpu_has_amx() and kernels.avx2_lib() is not None
     assert (kernels.q8_lib() is not None) == applies
     model = load_model(tiny_checkpoint, torch.bfloat16, quant="int8")
     kinds = {type(m) for m in model.modules() if isinstance(m, (kernels.Q8Linear, kernels.BF16Linear, nn.Linear,
@@ -171,6 +181,26 @@ def test_dp_linear_matches_exact_product_and_is_row_invariant(shape, bias):
     assert torch.equal(torch.cat([fast(x[i:i + 1]) for i in range(len(x))]), out)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(100, 83), (101, 16), (64, 8192), (7, 40)])     # odd K, one block, a head, K < 8
+def test_fma_linear_matches_exact_product_and_is_row_invariant(shape, bias):
+    """csrc/avx2.c's fma_linear (AVX2 CPUs): float32 x times bf16 weights, one float32 FMA chain per output
+    (tolerance: float32 rounding over K terms); a row's result is bit-identical alone and among any others."""
+    lib = kernels.avx2_lib()
+    assert lib is not None, "csrc/ did not build on this x86 CPU"
+    torch.manual_seed(7)
+    K, N = shape
+    linear = nn.Linear(K, N, bias=bias).bfloat16()
+    fast = kernels.FMALinear(kernels.BF16Linear(linear), lib)
+    x = torch.randn(40, K)
+    out = fast(x)
+    b = None if linear.bias is None else linear.bias.double()
+    assert torch.allclose(out.double(), nn.functional.linear(x.double(), linear.weight.double(), b), rtol=1e-5, atol=1e-5)
+    for rows in (1, 2, 3, 6, 7, 8, 12, 13, 16, 17):
+        assert torch.equal(fast(x[:rows]), out[:rows]), rows
+    assert torch.equal(torch.cat([fast(x[i:i + 1]) for i in range(len(x))]), out)
+
+
 def q8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias, offset=None) -> torch.Tensor:
     """Q8_0 x Q8_0 in float64: each row of x quantized per block of 32 (d = max|x| / 127, nearest even), the
     blocks' integer dot products scaled by d_x d_w; `offset` (Q4_1: w = d q + offset) adds offset d_x sum(q_x)."""
@@ -189,36 +219,94 @@ def q8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias, of
     return y if bias is None else y + bias.double()
 
 
-@pytest.mark.cpu(*kernels.Q8)
-@pytest.mark.parametrize("quant", ["int8", "int4", "q4_1"])
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("shape", [(100, 83), (101, 16), (64, 8192), (96, 48)])
-def test_q8_linear_matches_the_q8_product_and_is_row_invariant(shape, bias, quant):
-    """csrc/avx512.c's q8_linear and q4_linear: llama.cpp's Q8_0 (Q4_0) x Q8_0 product (integer dots per block of
-    32, float32 accumulation of the scaled blocks: tolerance float32 rounding); a row's result is bit-identical
-    alone and among any number of others."""
-    lib = kernels.avx2_lib()
-    assert hasattr(lib, "q4_linear"), "the CPU has AVX512-VNNI but csrc/avx512.c did not build"
-    torch.manual_seed(8)
+@contextmanager
+def integer_dots(lib, unit: str):
+    """The quantized products on AVX512-VNNI ("vnni") or on AVX2 ("avx2") for the duration."""
+    vnni = kernels.Q8 <= kernels.cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0"
+    if unit == "vnni":
+        assert hasattr(lib, "q4_linear512"), "the CPU has AVX512-VNNI but csrc/avx512.c did not build"
+    lib.use_vnni(int(unit == "vnni"))
+    try:
+        yield
+    finally:
+        lib.use_vnni(int(vnni))
+
+
+def quantized_linear(shape, bias, quant, seed=8, weight=None):
+    """A Q8Linear of `quant` (int8, int4, or int4's values with a Q4_1 offset) and the nn.Linear it quantized."""
+    torch.manual_seed(seed)
     K, N = shape
     linear = nn.Linear(K, N, bias=bias)
+    if weight is not None:
+        linear.weight.data[:len(weight)] = weight
     quantize_model(linear, "int8" if quant == "int8" else "int4")
     q, scale, bits, offset = linear.quantized
     if quant == "q4_1":                                          # GGUF's Q4_1 blocks: w = d q + m (quant.keep_blocks)
         offset = torch.randn(scale.shape) * scale.abs()
         linear.quantized = (q, scale, bits, offset)
+    lib = kernels.avx2_lib()
+    assert lib is not None, "csrc/ did not build on this x86 CPU"
+    return linear, kernels.Q8Linear(kernels.BF16Linear(linear.bfloat16()), lib)
+
+
+INTEGER_UNITS = ["avx2", pytest.param("vnni", marks=pytest.mark.cpu(*kernels.Q8))]
+
+
+@pytest.mark.parametrize("unit", INTEGER_UNITS)
+@pytest.mark.parametrize("quant", ["int8", "int4", "q4_1"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(100, 83), (101, 16), (64, 8192), (96, 48)])
+def test_q8_linear_matches_the_q8_product_and_is_row_invariant(shape, bias, quant, unit):
+    """q8_linear, q4_linear and q41_linear (csrc/avx512.c on VNNI, csrc/avx2.c elsewhere): llama.cpp's Q8_0 (Q4_0,
+    Q4_1) x Q8_0 product (integer dots per block of 32, float32 accumulation of the scaled blocks: tolerance float32
+    rounding); a row's result is bit-identical alone and among any number of others."""
+    K, N = shape
+    linear, fast = quantized_linear(shape, bias, quant)
+    lib = fast.kernel
+    K, N = shape
+    q, scale, bits, offset = linear.quantized
     assert q.dtype == torch.int8 and scale.shape == (N, -(-K // 32))
     assert (q.abs().max() == 127) if bits == 8 else (q.min() == -8 and q.max() <= 7)
-    fast = kernels.Q8Linear(kernels.BF16Linear(linear.bfloat16()), lib)
     padded = 16 * -(-N // 16) * 32 * -(-K // 32)
     assert fast.weight.dtype == torch.int8 and fast.weight.numel() == padded * bits // 8   # 1/2, 1/4 of bf16's bytes
     x = torch.randn(40, K)
-    out = fast(x)
-    b = None if linear.bias is None else linear.bias.float()
-    assert torch.allclose(out.double(), q8_reference(x, q, scale, b, offset), rtol=1e-5, atol=1e-5)
-    for rows in (1, 2, 5, 6, 7, 12, 13, 17):
-        assert torch.equal(fast(x[:rows]), out[:rows]), rows
-    assert torch.equal(torch.cat([fast(x[i:i + 1]) for i in range(len(x))]), out)
+    with integer_dots(lib, unit):
+        out = fast(x)
+        b = None if linear.bias is None else linear.bias.float()
+        assert torch.allclose(out.double(), q8_reference(x, q, scale, b, offset), rtol=1e-5, atol=1e-5)
+        for rows in (1, 2, 3, 4, 5, 6, 7, 12, 13, 17):
+            assert torch.equal(fast(x[:rows]), out[:rows]), rows
+        assert torch.equal(torch.cat([fast(x[i:i + 1]) for i in range(len(x))]), out)
+
+
+@pytest.mark.parametrize("unit", INTEGER_UNITS)
+@pytest.mark.parametrize("quant", ["int8", "int4", "q4_1"])
+def test_quantized_products_at_their_extremes(quant, unit):
+    """Blocks of x at q_x = +-127 against weights at q = +-127 (8 bits) or -8 and 7 (4 bits): where an int16 sum
+    on AVX2 would saturate if its bounds were wrong."""
+    K = 256
+    extremes = torch.tensor([-1.0] + [0.875] * 31).repeat(K // 32)            # 4 bits: q = -8, then 7s
+    alternating = torch.tensor([1.0, -1.0]).repeat(K // 2)                     # 8 bits: +-127
+    linear, fast = quantized_linear((K, 48), False, quant, weight=torch.stack([extremes, -extremes, alternating]))
+    x = torch.cat([torch.ones(1, K), -torch.ones(1, K), alternating[None], extremes[None], torch.randn(4, K)])
+    q, scale, _, offset = linear.quantized
+    with integer_dots(fast.kernel, unit):
+        out = fast(x)
+    assert torch.allclose(out.double(), q8_reference(x, q, scale, None, offset), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.cpu(*kernels.Q8)
+@pytest.mark.parametrize("quant", ["int8", "int4", "q4_1"])
+def test_the_avx2_and_vnni_quantized_products_agree_bit_for_bit(quant):
+    """The same activation quantization, the same integer dots and the same float32 accumulation order: a model
+    computes the same on a CPU with VNNI as on one with AVX2 only."""
+    linear, fast = quantized_linear((1408, 100), True, quant, seed=11)
+    x = torch.randn(17, 1408) * torch.logspace(-2, 2, 1408)
+    with integer_dots(fast.kernel, "vnni"):
+        vnni = fast(x)
+    with integer_dots(fast.kernel, "avx2"):
+        avx2 = fast(x)
+    assert torch.equal(vnni, avx2)
 
 
 @pytest.mark.parametrize("bits", [8, 4])

@@ -47,13 +47,14 @@ static inline void store_bf16(uint16_t *p, __m256 x) {
     _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
 }
 
-enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3, DP = 4, Q8 = 5, Q4 = 6, Q41 = 7 };  // weight kinds; int8 rows carry a
-static const int WBYTES[] = {2, 1, 4, 2, 2, 1, 1, 1};   // float32 scale; AMX, DP and the Q kinds are packed for avx512.c
+enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3, DP = 4, Q8 = 5, Q4 = 6, Q41 = 7, FMA = 8 };  // weight kinds; int8 rows carry a
+static const int WBYTES[] = {2, 1, 4, 2, 2, 1, 1, 1, 2};   // float32 scale; AMX, DP and the Q kinds are packed for avx512.c
 
 // csrc/avx512.c, where it builds: kernels.py sets kind AMX only where it did and the CPU has AMX, and
 // switches the AVX-512 attention and int8 products on (use_avx512) only where the CPU has AVX-512
-static int avx512 = 0;
+static int avx512 = 0, vnni = 0;
 void use_avx512(int on) { avx512 = on; }
+void use_vnni(int on) { vnni = on; }         // the quantized products on AVX512-VNNI (else AVX2's, the same values)
 void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y)
     __attribute__((weak));
 void amx_glu(const float *x, int M, int K, const uint16_t *w, int I, const float *bias, float *act)
@@ -62,12 +63,12 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
                   float *y) __attribute__((weak));
 void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y)
     __attribute__((weak));
-void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y)
-    __attribute__((weak));
-void q4_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y)
-    __attribute__((weak));
-void q41_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y)
-    __attribute__((weak));
+void q8_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
+                  float *y) __attribute__((weak));
+void q4_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
+                  float *y) __attribute__((weak));
+void q41_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
+                   float *y) __attribute__((weak));
 void attend512_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
                     int kv_len, const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1)
     __attribute__((weak));
@@ -117,6 +118,229 @@ static inline __attribute__((always_inline)) void dot_rows(const float *x, int K
     }
 }
 
+// fma_linear: y[M,N] = x[M,K] . w[N,K]^T (+ bias) for bf16 weights packed as kernels.dp_pack packs them for
+//   csrc/avx512.c's dp_linear ([NB][KP][16 columns][2 of K], zeros past N and K), on AVX2's FMA: a 32-byte
+//   load holds 8 columns' pairs (k, k + 1); shifted left by 16 it is their weights at k as float32, masked its
+//   weights at k + 1 (exact). Each row's x[k] is broadcast and multiplied into 8 columns at once, so one
+//   output is one chain of FMAs over k in order, whatever the number of rows (no horizontal sums), and
+//   one pass over a block's weights serves up to FMA_ROWS rows (4 blocks of 8 columns for 1 or 2 rows,
+//   2 for more: 12 or fewer accumulators, beside the weights and a broadcast, in the 16 registers).
+#define FMA_ROWS 6
+
+// acc[i][v] += w[v] * x[i][k] for the 8-column blocks v: weights at k (odd: the pair's second) from the pairs at kp
+static inline __attribute__((always_inline)) void fma_step(__m256 acc[][4], const float *x, int K, int k,
+                                                           const uint16_t *wb, int64_t next, int kp, const int odd,
+                                                           const int MB, const int NV) {
+    __m256 w[4];
+    for (int v = 0; v < NV; v++) {              // block of 8 columns v: 16-column block v / 2, its half v % 2
+        __m256i p = _mm256_loadu_si256((const __m256i *)(wb + (v / 2) * next + (int64_t)kp * 32 + 16 * (v % 2)));
+        w[v] = _mm256_castsi256_ps(odd ? _mm256_and_si256(p, _mm256_set1_epi32((int)0xFFFF0000u))
+                                       : _mm256_slli_epi32(p, 16));
+    }
+    for (int i = 0; i < MB; i++) {
+        __m256 xv = _mm256_broadcast_ss(x + (int64_t)i * K + k);
+        for (int v = 0; v < NV; v++) acc[i][v] = _mm256_fmadd_ps(w[v], xv, acc[i][v]);
+    }
+}
+
+static inline __attribute__((always_inline)) void fma_rows(const float *x, int K, const uint16_t *wb, int64_t next,
+                                                           float *out, const int MB, const int NV) {
+    __m256 acc[FMA_ROWS][4];
+    for (int i = 0; i < MB; i++)
+        for (int v = 0; v < NV; v++) acc[i][v] = _mm256_setzero_ps();
+    int kp = 0;
+    for (; 2 * kp + 1 < K; kp++) {
+        fma_step(acc, x, K, 2 * kp, wb, next, kp, 0, MB, NV);
+        fma_step(acc, x, K, 2 * kp + 1, wb, next, kp, 1, MB, NV);
+    }
+    if (K % 2) fma_step(acc, x, K, K - 1, wb, next, kp, 0, MB, NV);
+    for (int i = 0; i < MB; i++)
+        for (int v = 0; v < NV; v++) _mm256_storeu_ps(out + 32 * i + 8 * v, acc[i][v]);
+}
+
+#define FMA_NV(n, nv) case nv: fma_rows(xm, K, wb, next, o, n, nv); break;
+#define FMA_CASE(n) case n: switch (nv) { FMA_NV(n, 2) default: FMA_NV(n, 4) } break;
+
+void fma_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
+    const int NB = (N + 15) / 16;
+    const int64_t next = (int64_t)(K + 1) / 2 * 32;                   // bf16 elements per block of 16 columns
+    #pragma omp parallel for schedule(static)
+    for (int nb = 0; nb < NB; nb += 2) {                              // 32 columns per task
+        const int cols = N - 16 * nb < 32 ? N - 16 * nb : 32;
+        float out[FMA_ROWS * 32] __attribute__((aligned(32)));
+        for (int m0 = 0; m0 < M; m0 += FMA_ROWS) {
+            const int mb = M - m0 < FMA_ROWS ? M - m0 : FMA_ROWS;
+            const float *xm = x + (int64_t)m0 * K;
+            for (int half = 0; half < (cols > 16 && mb > 2 ? 2 : 1); half++) {   // 3+ rows: 16 columns at a time
+                const uint16_t *wb = w + (nb + half) * next;
+                const int nv = cols > 16 && mb <= 2 ? 4 : 2;
+                float *o = out + 16 * half;
+                switch (mb) {
+                    FMA_CASE(1) FMA_CASE(2) FMA_CASE(3) FMA_CASE(4) FMA_CASE(5) default: FMA_CASE(6)
+                }
+            }
+            for (int i = 0; i < mb; i++)
+                for (int j = 0; j < cols; j++)
+                    y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[32 * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
+        }
+    }
+}
+
+// Quantized products without VNNI (--quant int8 / int4, GGUF's Q8_0 / Q4_0 / Q4_1 blocks): the packing, the
+// activations' quantization and the float32 accumulation of csrc/avx512.c's q8_linear (read its comment), so
+// results are bit for bit the same; only the integer dots differ in how they are computed. x is quantized to
+// signed bytes here (-127..127) and each block's dot product of 32 runs on vpmaddubsw (unsigned x signed bytes,
+// pairs summed in int16) and vpmaddwd (pairs of int16 summed in int32), as llama.cpp does on AVX2:
+// - 8 bits: |w| times x with w's sign (vpsignb), so a pair is at most 2 x 128 x 127 < 2^15: no saturation;
+// - 4 bits: the nibble u = q + 8 (0..15) times x, the block's eight quads summed in int16 (at most
+//   8 x 2 x 15 x 127 < 2^15) and widened once, then 8 sum(x) taken off: sum((u - 8) x), no sign trick.
+#define QROWS 4                                    // rows per pass over a block of 16 columns
+
+// x [M, K] -> xq [M][QB * 32] signed bytes (nearest even, zeros past K), d_x [M][QB] and sum(q_x) [M][QB]
+static void quantize_rows(const float *x, int M, int K, int QB, int8_t *xq, float *xd, int32_t *xsum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int m = 0; m < M; m++)
+        for (int b = 0; b < QB; b++) {
+            float v[32] __attribute__((aligned(32))) = {0};
+            int n = K - 32 * b < 32 ? K - 32 * b : 32;
+            memcpy(v, x + (int64_t)m * K + 32 * b, sizeof(float) * n);
+            __m256 a = _mm256_setzero_ps();
+            for (int h = 0; h < 4; h++) a = _mm256_max_ps(a, _mm256_andnot_ps(sign, _mm256_load_ps(v + 8 * h)));
+            __m128 r = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+            float amax = _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
+            const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+            __m256i q[4], total = _mm256_setzero_si256();
+            for (int h = 0; h < 4; h++) {
+                q[h] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + 8 * h), inv));     // nearest even
+                q[h] = _mm256_max_epi32(_mm256_min_epi32(q[h], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+                total = _mm256_add_epi32(total, q[h]);
+            }
+            __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // in order
+            _mm256_storeu_si256((__m256i *)(xq + (int64_t)m * QB * 32 + 32 * b), bytes);
+            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+            t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+            xsum[(int64_t)m * QB + b] = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+            xd[(int64_t)m * QB + b] = amax / 127.0f;
+        }
+}
+
+// rows [0, MB) of out [QROWS][16]: one block of 16 columns (two halves of 8), block by block of K
+static inline __attribute__((always_inline)) void q_rows(const int8_t *xq, const float *xd, const int32_t *xsum,
+                                                         int QB, const int8_t *wb, const float *sb, float *out,
+                                                         const int MB, const int BITS, const int MINS) {
+    const int SW = 32 + 16 * MINS;                 // scale words per block of 16 columns and 32 of K
+    const __m256i ones = _mm256_set1_epi16(1), nib = _mm256_set1_epi8(0x0F);
+    __m256 acc[QROWS][2];
+    for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int b = 0; b < QB; b++) {
+        __m256i dot[QROWS][2];                     // int32 (8 bits) or int16 pairs (4 bits) per column
+        for (int i = 0; i < MB; i++) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
+        for (int s = 0; s < 8; s += 2) {           // quads s and s + 1 of the block: [half][8 columns][4 of K]
+            __m256i w[2][2], a[2][2];
+            for (int h = 0; h < 2; h++) {
+                if (BITS == 8) {
+                    for (int u = 0; u < 2; u++) {
+                        w[u][h] = _mm256_loadu_si256((const __m256i *)(wb + ((int64_t)b * 8 + s + u) * 64 + 32 * h));
+                        a[u][h] = _mm256_abs_epi8(w[u][h]);
+                    }
+                } else {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(wb + ((int64_t)b * 8 + s) * 32 + 32 * h));
+                    a[0][h] = _mm256_and_si256(v, nib);
+                    a[1][h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                }
+            }
+            for (int i = 0; i < MB; i++) {
+                const int8_t *xs = xq + (int64_t)i * QB * 32 + 32 * b + 4 * s;
+                __m256i x[2] = {_mm256_set1_epi32(*(const int32_t *)xs), _mm256_set1_epi32(*(const int32_t *)(xs + 4))};
+                for (int h = 0; h < 2; h++) {
+                    if (BITS == 8)
+                        for (int u = 0; u < 2; u++)
+                            dot[i][h] = _mm256_add_epi32(dot[i][h], _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(a[u][h], _mm256_sign_epi8(x[u], w[u][h])), ones));
+                    else
+                        dot[i][h] = _mm256_add_epi16(dot[i][h], _mm256_add_epi16(_mm256_maddubs_epi16(a[0][h], x[0]),
+                                                                                 _mm256_maddubs_epi16(a[1][h], x[1])));
+                }
+            }
+        }
+        for (int i = 0; i < MB; i++) {
+            const float dx = xd[(int64_t)i * QB + b];
+            const int32_t sum = xsum[(int64_t)i * QB + b];
+            for (int h = 0; h < 2; h++) {
+                __m256i d = BITS == 8 ? dot[i][h] :
+                    _mm256_sub_epi32(_mm256_madd_epi16(dot[i][h], ones), _mm256_set1_epi32(8 * sum));
+                const float *s = sb + (int64_t)SW * b + 8 * h;
+                acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(s), _mm256_set1_ps(dx)),
+                                            acc[i][h]);
+                if (MINS)                          // + m' d_x sum(q_x), the block's offset
+                    acc[i][h] = _mm256_fmadd_ps(_mm256_loadu_ps(s + 32), _mm256_set1_ps((float)sum * dx), acc[i][h]);
+            }
+        }
+    }
+    for (int i = 0; i < MB; i++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + 16 * i + 8 * h, acc[i][h]);
+}
+
+#define Q_CASE(n) case n: q_rows(xm, dm, sm, QB, wb, sb, out, n, BITS, MINS); break;
+
+static inline __attribute__((always_inline)) void quant_linear(const float *x, int M, int K, const int8_t *w,
+                                                               const float *scale, int N, const float *bias, float *y,
+                                                               const int BITS, const int MINS) {
+    const int QB = (K + 31) / 32, NB = (N + 15) / 16, SW = 32 + 16 * MINS;
+    const int64_t next = (int64_t)QB * 32 * 16 * BITS / 8;            // weight bytes per block of 16 columns
+    int8_t *xq = malloc((int64_t)M * QB * 32);
+    float *xd = malloc(sizeof(float) * (int64_t)M * QB);
+    int32_t *xsum = malloc(sizeof(int32_t) * (int64_t)M * QB);
+    quantize_rows(x, M, K, QB, xq, xd, xsum);
+    #pragma omp parallel for schedule(static)
+    for (int nb = 0; nb < NB; nb++) {
+        const int8_t *wb = w + nb * next;
+        const float *sb = scale + (int64_t)nb * QB * SW;
+        const int cols = N - 16 * nb < 16 ? N - 16 * nb : 16;
+        float out[QROWS * 16] __attribute__((aligned(32)));
+        for (int m0 = 0; m0 < M; m0 += QROWS) {
+            const int mb = M - m0 < QROWS ? M - m0 : QROWS;
+            const int8_t *xm = xq + (int64_t)m0 * QB * 32;
+            const float *dm = xd + (int64_t)m0 * QB;
+            const int32_t *sm = xsum + (int64_t)m0 * QB;
+            switch (mb) {
+                Q_CASE(1) Q_CASE(2) Q_CASE(3) default: Q_CASE(4)
+            }
+            for (int i = 0; i < mb; i++)
+                for (int j = 0; j < cols; j++)
+                    y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[16 * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
+        }
+    }
+    free(xq);
+    free(xd);
+    free(xsum);
+}
+
+// a product of kind Q8, Q4 or Q41 (kernels.Q8Linear's packing): on VNNI where use_vnni switched it on
+static void quantized_linear(const float *x, int M, int K, const void *w, int kind, const float *scale, int N,
+                             const float *bias, float *y) {
+    if (vnni)
+        (kind == Q8 ? q8_linear512 : kind == Q4 ? q4_linear512 : q41_linear512)(x, M, K, w, scale, N, bias, y);
+    else if (kind == Q8)
+        quant_linear(x, M, K, w, scale, N, bias, y, 8, 0);
+    else
+        quant_linear(x, M, K, w, scale, N, bias, y, 4, kind == Q41);
+}
+
+void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
+    quantized_linear(x, M, K, w, Q8, scale, N, bias, y);
+}
+
+void q4_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
+    quantized_linear(x, M, K, w, Q4, scale, N, bias, y);
+}
+
+void q41_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
+    quantized_linear(x, M, K, w, Q41, scale, N, bias, y);
+}
+
 // y[M,N] = x[M,K] . w[N,K]^T (+ bias): w in bf16, float32, or int8 with a float32 scale per row.
 // Weight rows are read once, in order (one sequential stream: DRAM serves it fastest), for
 // up to 6 input rows at a time; further rows re-read the row from L1.
@@ -126,12 +350,12 @@ static void linear(const float *x, int M, int K, const void *w, int kind, const 
         amx_linear(x, M, K, w, N, bias, y);
         return;
     }
-    if (kind == DP) {
-        dp_linear(x, M, K, w, N, bias, y);
+    if (kind == DP || kind == FMA) {
+        (kind == DP ? dp_linear : fma_linear)(x, M, K, w, N, bias, y);
         return;
     }
     if (kind == Q8 || kind == Q4 || kind == Q41) {
-        (kind == Q8 ? q8_linear : kind == Q4 ? q4_linear : q41_linear)(x, M, K, w, scale, N, bias, y);
+        quantized_linear(x, M, K, w, kind, scale, N, bias, y);
         return;
     }
     if (kind == INT8 && avx512) {

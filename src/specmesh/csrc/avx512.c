@@ -538,7 +538,8 @@ static inline __attribute__((always_inline)) void quant_linear(const float *x, i
     free(xs);
 }
 
-void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
+void q8_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
+                  float *y) {
     quant_linear(x, M, K, w, scale, N, bias, y, 8, 0);
 }
 
@@ -547,7 +548,8 @@ void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale
 //   quads, column j, e: q[16 nb + j][8 p + e] + 8 in the low nibble and q[16 nb + j][8 p + 4 + e] + 8 in the high
 //   one; sw as q8_linear's. Each 64-byte load yields two quads' signed bytes (mask, shift, subtract 8),
 //   then the same int32 dot products: half q8_linear's bytes, and a row's result never depends on the others.
-void q4_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
+void q4_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
+                  float *y) {
     quant_linear(x, M, K, w, scale, N, bias, y, 4, 0);
 }
 
@@ -555,7 +557,8 @@ void q4_linear(const float *x, int M, int K, const int8_t *w, const float *scale
 //   which the kernel reads as q - 8, so each block's offset is m' = m + 8 d; sw[NB][QB][48]: the 16 column scales,
 //   -128 * their sums of (q - 8), then the 16 m'. y += d_w d_x dot + m' (d_x sum(q_x)) block by block, as
 //   llama.cpp computes Q4_1 x Q8_1.
-void q41_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {
+void q41_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
+                   float *y) {
     quant_linear(x, M, K, w, scale, N, bias, y, 4, 1);
 }
 

@@ -4,8 +4,9 @@
 * build.py: csrc/ compiled with gcc for this machine (x86 with AVX2; avx512.c where the CPU has AVX-512,
   with AMX tile products where it has AMX), its ctypes signatures, the CPU's flags;
 * linears.py: the layers that replace nn.Linear: bf16 weights read once for several rows (BF16Linear),
-  int8 drafts (Int8Linear), AMX tiles (AMXLinear), AVX512-BF16 dot products (DPLinear), Q8_0 products on
-  AVX512-VNNI for `--quant int8` / `int4` (Q8Linear), batch-invariant
+  int8 drafts (Int8Linear), AMX tiles (AMXLinear), AVX512-BF16 dot products (DPLinear), AVX2 FMA over the same
+  layout (FMALinear), Q8_0 / Q4_0 / Q4_1 products on AVX512-VNNI or AVX2 for `--quant int8` / `int4` and GGUF
+  blocks (Q8Linear), batch-invariant
   float32 (F32Linear), oneDNN's pre-packed bf16 (PackedLinear);
 * forward.py: a whole forward of up to SMALL_ROWS new tokens in one C call (CForward), and prefills in C
   where the linears run on the tile unit or the dot product;
@@ -16,14 +17,14 @@ the keys a query sees, so a token's logits are bit for bit the same in a 1-token
 verification, as a node of a tree and among other sequences of a batch (tests/kernels/test_kernels.py).
 """
 from specmesh.kernels.build import (AMX, AVX512, DP, Q8, amx_lib, avx2_lib, cache_dir, cpu_flags, cpu_name, dp_lib,
-                                    native_bf16, q8_lib)
+                                    fma_lib, native_bf16, q8_lib)
 from specmesh.kernels.forward import CBlock, CForward, CRMSNorm
-from specmesh.kernels.linears import (GEMV_ROWS, SMALL_ROWS, AMXLinear, BF16Linear, DPLinear, F32Linear, Int8Linear,
-                                      PackedLinear, Q8Linear, amx_pack, can_pack, dp_pack, glu_order)
+from specmesh.kernels.linears import (GEMV_ROWS, SMALL_ROWS, AMXLinear, BF16Linear, DPLinear, F32Linear, FMALinear,
+                                      Int8Linear, PackedLinear, Q8Linear, amx_pack, can_pack, dp_pack, glu_order)
 from specmesh.kernels.select import (select_kernels, use_avx2_kernels, use_batch_invariant_kernels,
                                      use_cpu_kernels)
 
-__all__ = ["AMX", "AVX512", "DP", "Q8", "amx_lib", "avx2_lib", "cache_dir", "cpu_flags", "cpu_name", "dp_lib", "q8_lib", "native_bf16", "CBlock", "CForward",
-           "CRMSNorm", "GEMV_ROWS", "SMALL_ROWS", "AMXLinear", "BF16Linear", "DPLinear", "F32Linear", "Int8Linear",
+__all__ = ["AMX", "AVX512", "DP", "Q8", "amx_lib", "avx2_lib", "cache_dir", "cpu_flags", "cpu_name", "dp_lib", "fma_lib", "q8_lib", "native_bf16", "CBlock", "CForward",
+           "CRMSNorm", "GEMV_ROWS", "SMALL_ROWS", "AMXLinear", "BF16Linear", "DPLinear", "F32Linear", "FMALinear", "Int8Linear",
            "PackedLinear", "Q8Linear", "amx_pack", "can_pack", "dp_pack", "glu_order", "select_kernels", "use_avx2_kernels",
            "use_batch_invariant_kernels", "use_cpu_kernels"]

@@ -96,14 +96,14 @@ def avx2_lib() -> ctypes.CDLL | None:
         kernel.amx_attention.restype = None
         kernel.dp_linear.argtypes = kernel.bf16_linear.argtypes
         kernel.dp_linear.restype = None
-        kernel.q8_linear.argtypes = kernel.i8_linear.argtypes
-        kernel.q8_linear.restype = None
-        kernel.q4_linear.argtypes = kernel.i8_linear.argtypes
-        kernel.q4_linear.restype = None
-        kernel.q41_linear.argtypes = kernel.i8_linear.argtypes
-        kernel.q41_linear.restype = None
         if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
             kernel.use_avx512(1)
+            kernel.use_vnni(int(Q8 <= cpu_flags()))
+    kernel.fma_linear.argtypes = kernel.bf16_linear.argtypes
+    kernel.fma_linear.restype = None
+    for product in ("q8_linear", "q4_linear", "q41_linear"):
+        getattr(kernel, product).argtypes = kernel.i8_linear.argtypes
+        getattr(kernel, product).restype = None
     return kernel
 
 
@@ -163,12 +163,24 @@ def dp_lib() -> ctypes.CDLL | None:
 
 
 @functools.cache
-def q8_lib() -> ctypes.CDLL | None:
-    """The kernel library where this CPU has AVX512-VNNI's int8 dot product but no AMX (`--quant int8` / `int4`
-    models run their Q8_0 / Q4_0 products on it), else None. SPECMESH_Q8=0 turns it off (to compare)."""
+def fma_lib() -> ctypes.CDLL | None:
+    """The kernel library where neither AMX nor AVX512-BF16's dot product is (AVX2 CPUs, AVX-512 ones before Zen 4
+    and Cooper Lake): bf16 products on FMA over dp_pack's layout (FMALinear), else None. SPECMESH_FMA=0 keeps the
+    older row-by-row kernel (BF16Linear), to compare."""
     lib = avx2_lib()
-    off = os.environ.get("SPECMESH_Q8", "1") == "0" or os.environ.get("SPECMESH_AVX512", "1") == "0"
-    if lib is None or not hasattr(lib, "q8_linear") or amx_lib() is not None or off or not Q8 <= cpu_flags():
+    if lib is None or amx_lib() is not None or dp_lib() is not None or os.environ.get("SPECMESH_FMA", "1") == "0":
+        return None
+    return lib
+
+
+@functools.cache
+def q8_lib() -> ctypes.CDLL | None:
+    """The kernel library where it builds and the CPU has no AMX (whose tiles multiply the dequantized weights
+    faster), else None: `--quant int8` / `int4` models and GGUF blocks run their Q8_0 / Q4_0 / Q4_1 products on
+    it, on AVX512-VNNI's int8 dot product where the CPU has it, else on AVX2's (the same values).
+    SPECMESH_Q8=0 turns it off (to compare)."""
+    lib = avx2_lib()
+    if lib is None or amx_lib() is not None or os.environ.get("SPECMESH_Q8", "1") == "0":
         return None
     return lib
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from specmesh.kernels.build import LayerWeights, ModelEnds, amx_lib
-from specmesh.kernels.linears import SMALL_ROWS, AMXLinear, DPLinear, Q8Linear, _ptr
+from specmesh.kernels.linears import SMALL_ROWS, AMXLinear, DPLinear, FMALinear, Q8Linear, _ptr
 from specmesh.model.model import PREFILL_TOKENS, attention
 
 
@@ -68,7 +68,7 @@ class CForward:
         self.layers = [ctypes.pointer(b.weights) for b in model.layers]
         self.amx = amx_lib() if model.layers[0].weights.kind == AMXLinear.KIND else None
         # prefills in C where the linears are fast for many rows (tiles, dot products)
-        self.long = model.layers[0].weights.kind in (AMXLinear.KIND, DPLinear.KIND, *(kind for kind, _ in Q8Linear.KINDS.values()))
+        self.long = model.layers[0].weights.kind in (AMXLinear.KIND, DPLinear.KIND, FMALinear.KIND, *(kind for kind, _ in Q8Linear.KINDS.values()))
         # prefills (no tree) attend on the tile unit too, for head dim 64 and a bf16 cache
         self.tile_attention = self.amx is not None and model.config.head_dim == 64 \
             and model.cache_dtype == torch.bfloat16

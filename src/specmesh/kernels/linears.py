@@ -118,6 +118,16 @@ class DPLinear(nn.Module):
         return packed_product(self.kernel.dp_linear, self, x)
 
 
+class FMALinear(DPLinear):
+    """A bf16 linear through csrc/avx2.c's fma_linear (CPUs with AVX2 but without AVX512-BF16) for every row count:
+    dp_pack's weights, 8 columns per FMA, a row's x[k] broadcast to them, up to 6 rows per pass; one FMA chain over
+    K per output, so a row's result does not depend on the others."""
+    KIND = 8                                    # csrc/avx2.c's weight kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return packed_product(self.kernel.fma_linear, self, x)
+
+
 class Q8Linear(nn.Module):
     """A `--quant int8` or `int4` linear, or a GGUF file's Q8_0 / Q4_0 / Q4_1 matrix as it is (model/quant.py), through
     csrc/avx512.c's q8_linear / q4_linear / q41_linear: the weights times rows of x quantized to 8 bits per block of

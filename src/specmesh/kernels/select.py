@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specmesh.kernels.build import amx_lib, avx2_lib, dp_lib, native_bf16, q8_lib
+from specmesh.kernels.build import amx_lib, avx2_lib, dp_lib, fma_lib, native_bf16, q8_lib
 from specmesh.kernels.forward import CBlock, CForward, CRMSNorm
-from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, Int8Linear, PackedLinear, Q8Linear,
+from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, FMALinear, Int8Linear, PackedLinear,
+                                      Q8Linear,
                                       can_pack, glu_order)
 from specmesh.model.model import MLP, Block, RMSNorm
 
@@ -18,9 +19,10 @@ def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
     if avx2_lib() is None and native_bf16():
         _replace(model, nn.Linear, PackedLinear)
         return model
-    # a draft's int8 weights halve one row's bytes, but where the bf16 dot product is, its 3-8 rows (tree levels,
-    # catch-up reads) cost half of Int8Linear's on DPLinear and one row the same (docs/kernels.md)
-    return use_avx2_kernels(model, int8=draft and dp_lib() is None)
+    # a draft's int8 weights halve one row's bytes, but its bf16 weights fit in the L3 anyway, and on the bf16 dot
+    # product (DPLinear) or on FMA over the same layout (FMALinear) its 3-8 rows (tree levels, catch-up reads) cost
+    # a half to two thirds of Int8Linear's, and one row the same or less (docs/kernels.md)
+    return use_avx2_kernels(model, int8=draft and dp_lib() is None and fma_lib() is None)
 
 
 def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.Module:
@@ -37,15 +39,16 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> 
         _replace(model, nn.Linear, BF16Linear)
     model.float()                               # the linears' bf16 weights are no parameters: they stay
     if (lib := avx2_lib()) is not None:
-        dp, q8 = dp_lib(), q8_lib()
+        dp, fma, q8 = dp_lib(), fma_lib(), q8_lib()
+        bf16 = (lambda linear: DPLinear(linear, dp)) if dp is not None else \
+            (lambda linear: FMALinear(linear, fma)) if fma is not None else (lambda linear: linear)
         if q8 is not None and any(m.quantized is not None for m in model.modules() if isinstance(m, BF16Linear)):
-            # --quant int8 / int4, a GGUF file's blocks (a head without them: on the dot product, or as it is)
-            _replace(model, BF16Linear, lambda linear: Q8Linear(linear, q8) if linear.quantized is not None else
-                     DPLinear(linear, dp) if dp is not None else linear)
+            # --quant int8 / int4, a GGUF file's blocks (a head without them: in bf16)
+            _replace(model, BF16Linear, lambda linear: Q8Linear(linear, q8) if linear.quantized is not None else bf16(linear))
         elif int8:
             _replace(model, BF16Linear, lambda linear: Int8Linear(linear, lib))
-        elif dp is not None:
-            _replace(model, BF16Linear, lambda linear: DPLinear(linear, dp))
+        else:
+            _replace(model, BF16Linear, bf16)
         _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
         _replace(model, Block, CBlock)
         if hasattr(model, "fast_forward"):     # a Transformer (not a bare module of linears)

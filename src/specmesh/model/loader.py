@@ -143,8 +143,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
 
 def runs_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
     """Whether a GGUF file's quantized matrices run as they are (quant.keep_blocks): its layers' are all of one
-    format the kernels multiply (Q8_0, Q4_0, Q4_1), in a bfloat16 run on a CPU whose kernels do (AVX512-VNNI
-    without AMX: kernels.Q8Linear); elsewhere they are dequantized (and rounded to the run's dtype)."""
+    format the kernels multiply (Q8_0, Q4_0, Q4_1), in a bfloat16 run on a CPU whose kernels do (x86 without AMX,
+    on AVX512-VNNI or AVX2: kernels.Q8Linear); elsewhere they are dequantized (and rounded to the run's dtype)."""
     return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and q8_lib() is not None \
         and gguf.is_gguf(path) and gguf.layer_format(path) is not None
 
