@@ -226,64 +226,56 @@ static void quantize_rows(const float *x, int M, int K, int QB, int8_t *xq, floa
         }
 }
 
-// rows [0, MB) of out [QROWS][16]: one block of 16 columns (two halves of 8), block by block of K
+// rows [0, MB) of out [QROWS][16], columns 8h .. 8h + 7 of a block of 16, block by block of K (one half at a
+// time: MB int32 dots and MB float32 sums stay in the 16 registers beside the weights)
 static inline __attribute__((always_inline)) void q_rows(const int8_t *xq, const float *xd, const int32_t *xsum,
-                                                         int QB, const int8_t *wb, const float *sb, float *out,
+                                                         int QB, const int8_t *wb, const float *sb, int h, float *out,
                                                          const int MB, const int BITS, const int MINS) {
     const int SW = 32 + 16 * MINS;                 // scale words per block of 16 columns and 32 of K
     const __m256i ones = _mm256_set1_epi16(1), nib = _mm256_set1_epi8(0x0F);
-    __m256 acc[QROWS][2];
-    for (int i = 0; i < MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    __m256 acc[QROWS];
+    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
     for (int b = 0; b < QB; b++) {
-        __m256i dot[QROWS][2];                     // int32 (8 bits) or int16 pairs (4 bits) per column
-        for (int i = 0; i < MB; i++) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
-        for (int s = 0; s < 8; s += 2) {           // quads s and s + 1 of the block: [half][8 columns][4 of K]
-            __m256i w[2][2], a[2][2];
-            for (int h = 0; h < 2; h++) {
-                if (BITS == 8) {
-                    for (int u = 0; u < 2; u++) {
-                        w[u][h] = _mm256_loadu_si256((const __m256i *)(wb + ((int64_t)b * 8 + s + u) * 64 + 32 * h));
-                        a[u][h] = _mm256_abs_epi8(w[u][h]);
-                    }
-                } else {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(wb + ((int64_t)b * 8 + s) * 32 + 32 * h));
-                    a[0][h] = _mm256_and_si256(v, nib);
-                    a[1][h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        __m256i dot[QROWS];                        // per column: int32 (8 bits) or int16 pairs (4 bits)
+        for (int i = 0; i < MB; i++) dot[i] = _mm256_setzero_si256();
+        for (int s = 0; s < 8; s += 2) {           // quads s and s + 1 of the block: [8 columns][4 of K] each
+            __m256i w[2], a[2];
+            if (BITS == 8) {
+                for (int u = 0; u < 2; u++) {
+                    w[u] = _mm256_loadu_si256((const __m256i *)(wb + ((int64_t)b * 8 + s + u) * 64 + 32 * h));
+                    a[u] = _mm256_abs_epi8(w[u]);
                 }
+            } else {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(wb + ((int64_t)b * 8 + s) * 32 + 32 * h));
+                a[0] = _mm256_and_si256(v, nib);
+                a[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
             }
             for (int i = 0; i < MB; i++) {
                 const int8_t *xs = xq + (int64_t)i * QB * 32 + 32 * b + 4 * s;
-                __m256i x[2] = {_mm256_set1_epi32(*(const int32_t *)xs), _mm256_set1_epi32(*(const int32_t *)(xs + 4))};
-                for (int h = 0; h < 2; h++) {
-                    if (BITS == 8)
-                        for (int u = 0; u < 2; u++)
-                            dot[i][h] = _mm256_add_epi32(dot[i][h], _mm256_madd_epi16(
-                                _mm256_maddubs_epi16(a[u][h], _mm256_sign_epi8(x[u], w[u][h])), ones));
-                    else
-                        dot[i][h] = _mm256_add_epi16(dot[i][h], _mm256_add_epi16(_mm256_maddubs_epi16(a[0][h], x[0]),
-                                                                                 _mm256_maddubs_epi16(a[1][h], x[1])));
-                }
+                __m256i x0 = _mm256_set1_epi32(*(const int32_t *)xs), x1 = _mm256_set1_epi32(*(const int32_t *)(xs + 4));
+                if (BITS == 8)
+                    dot[i] = _mm256_add_epi32(dot[i], _mm256_add_epi32(
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(a[0], _mm256_sign_epi8(x0, w[0])), ones),
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(a[1], _mm256_sign_epi8(x1, w[1])), ones)));
+                else
+                    dot[i] = _mm256_add_epi16(dot[i], _mm256_add_epi16(_mm256_maddubs_epi16(a[0], x0),
+                                                                       _mm256_maddubs_epi16(a[1], x1)));
             }
         }
+        const float *sc = sb + (int64_t)SW * b + 8 * h;
         for (int i = 0; i < MB; i++) {
             const float dx = xd[(int64_t)i * QB + b];
             const int32_t sum = xsum[(int64_t)i * QB + b];
-            for (int h = 0; h < 2; h++) {
-                __m256i d = BITS == 8 ? dot[i][h] :
-                    _mm256_sub_epi32(_mm256_madd_epi16(dot[i][h], ones), _mm256_set1_epi32(8 * sum));
-                const float *s = sb + (int64_t)SW * b + 8 * h;
-                acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(s), _mm256_set1_ps(dx)),
-                                            acc[i][h]);
-                if (MINS)                          // + m' d_x sum(q_x), the block's offset
-                    acc[i][h] = _mm256_fmadd_ps(_mm256_loadu_ps(s + 32), _mm256_set1_ps((float)sum * dx), acc[i][h]);
-            }
+            __m256i d = BITS == 8 ? dot[i] : _mm256_sub_epi32(_mm256_madd_epi16(dot[i], ones), _mm256_set1_epi32(8 * sum));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(sc), _mm256_set1_ps(dx)), acc[i]);
+            if (MINS)                              // + m' d_x sum(q_x), the block's offset
+                acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(sc + 32), _mm256_set1_ps((float)sum * dx), acc[i]);
         }
     }
-    for (int i = 0; i < MB; i++)
-        for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + 16 * i + 8 * h, acc[i][h]);
+    for (int i = 0; i < MB; i++) _mm256_storeu_ps(out + 16 * i + 8 * h, acc[i]);
 }
 
-#define Q_CASE(n) case n: q_rows(xm, dm, sm, QB, wb, sb, out, n, BITS, MINS); break;
+#define Q_CASE(n) case n: q_rows(xm, dm, sm, QB, wb, sb, h, out, n, BITS, MINS); break;
 
 static inline __attribute__((always_inline)) void quant_linear(const float *x, int M, int K, const int8_t *w,
                                                                const float *scale, int N, const float *bias, float *y,
@@ -305,9 +297,10 @@ static inline __attribute__((always_inline)) void quant_linear(const float *x, i
             const int8_t *xm = xq + (int64_t)m0 * QB * 32;
             const float *dm = xd + (int64_t)m0 * QB;
             const int32_t *sm = xsum + (int64_t)m0 * QB;
-            switch (mb) {
-                Q_CASE(1) Q_CASE(2) Q_CASE(3) default: Q_CASE(4)
-            }
+            for (int h = 0; h < (cols > 8 ? 2 : 1); h++)
+                switch (mb) {
+                    Q_CASE(1) Q_CASE(2) Q_CASE(3) default: Q_CASE(4)
+                }
             for (int i = 0; i < mb; i++)
                 for (int j = 0; j < cols; j++)
                     y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[16 * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
