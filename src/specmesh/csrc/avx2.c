@@ -318,8 +318,10 @@ static void quantized_linear(const float *x, int M, int K, const void *w, int ki
         (kind == Q8 ? q8_linear512 : kind == Q4 ? q4_linear512 : q41_linear512)(x, M, K, w, scale, N, bias, y);
     else if (kind == Q8)
         quant_linear(x, M, K, w, scale, N, bias, y, 8, 0);
+    else if (kind == Q4)
+        quant_linear(x, M, K, w, scale, N, bias, y, 4, 0);
     else
-        quant_linear(x, M, K, w, scale, N, bias, y, 4, kind == Q41);
+        quant_linear(x, M, K, w, scale, N, bias, y, 4, 1);
 }
 
 void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {

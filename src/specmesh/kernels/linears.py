@@ -1,6 +1,7 @@
 """The linear layers that replace nn.Linear (docs/kernels.md): bf16 weights read once for several rows
-(BF16Linear), int8 drafts (Int8Linear), AMX tiles (AMXLinear), batch-invariant float32 (F32Linear),
-oneDNN's pre-packed bf16 (PackedLinear)."""
+(BF16Linear), int8 drafts (Int8Linear), AMX tiles (AMXLinear), bf16 dot products (DPLinear) and FMA over their
+layout (FMALinear), quantized blocks (Q8Linear), batch-invariant float32 (F32Linear), oneDNN's pre-packed bf16
+(PackedLinear)."""
 from __future__ import annotations
 
 import ctypes
@@ -130,9 +131,9 @@ class FMALinear(DPLinear):
 
 class Q8Linear(nn.Module):
     """A `--quant int8` or `int4` linear, or a GGUF file's Q8_0 / Q4_0 / Q4_1 matrix as it is (model/quant.py), through
-    csrc/avx512.c's q8_linear / q4_linear / q41_linear: the weights times rows of x quantized to 8 bits per block of
-    32, in int32 on AVX512-VNNI (as llama.cpp computes them on CPU): a half or a quarter of bf16's bytes (plus the
-    scales) and no widening; a row's result does not depend on the others."""
+    q8_linear / q4_linear / q41_linear (csrc/avx512.c's on AVX512-VNNI, else csrc/avx2.c's: the same values): the
+    weights times rows of x quantized to 8 bits per block of 32, in int32 (as llama.cpp computes them on CPU): a half
+    or a quarter of bf16's bytes (plus the scales) and no widening; a row's result does not depend on the others."""
     KINDS = {(8, False): (5, "q8_linear"), (4, False): (6, "q4_linear"), (4, True): (7, "q41_linear")}
     # (bits, offset) -> csrc/avx2.c's weight kind and the product
 

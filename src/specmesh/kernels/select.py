@@ -8,8 +8,7 @@ from torch import nn
 from specmesh.kernels.build import amx_lib, avx2_lib, dp_lib, fma_lib, native_bf16, q8_lib
 from specmesh.kernels.forward import CBlock, CForward, CRMSNorm
 from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, FMALinear, Int8Linear, PackedLinear,
-                                      Q8Linear,
-                                      can_pack, glu_order)
+                                      Q8Linear, can_pack, glu_order)
 from specmesh.model.model import MLP, Block, RMSNorm
 
 
@@ -27,9 +26,9 @@ def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
 
 def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.Module:
     """bf16 linear weights (int8 with `int8`: draft models), float32 everywhere else, C norms
-    and blocks where they build (in place); few-row products on the AVX512-BF16 dot product where the
-    CPU has it but no AMX (`--quant` models and GGUF blocks: Q8_0 / Q4_0 / Q4_1 products on AVX512-VNNI,
-    Q8Linear). With AMX, MLPs whose width is a multiple of 32 apply SwiGLU in the gate/up product (amx_glu;
+    and blocks where they build (in place); without AMX, products on the AVX512-BF16 dot product where the
+    CPU has it, else on FMA over the same layout (`--quant` models and GGUF blocks: Q8_0 / Q4_0 / Q4_1 products
+    on AVX512-VNNI or AVX2, Q8Linear). With AMX, MLPs whose width is a multiple of 32 apply SwiGLU in the gate/up product (amx_glu;
     `glu=False`: product, then SwiGLU: the same values)."""
     if (amx := amx_lib()) is not None and not int8:
         for mlp in (m for m in model.modules() if glu and isinstance(m, MLP) and m.down.in_features % 32 == 0):
