@@ -3,6 +3,8 @@
 //   accumulation; one pass over the weights serves up to 6 input rows, so a few rows cost
 //   about what one row costs (the product is memory-bound).
 // i8_linear: the same with int8 weights and a scale per output row (draft models).
+// fma_linear: bf16 weights in dp_pack's layout, 8 columns per FMA (FMALinear: CPUs without AVX512-BF16).
+// q8_linear, q4_linear, q41_linear: Q8_0 / Q4_0 / Q4_1 blocks (Q8Linear), on AVX512-VNNI or on AVX2, the same values.
 // rms_norm: one call instead of six PyTorch ops per norm.
 // block_forward: a whole decoder layer for a few new tokens of one sequence, one call instead
 //   of ~30 PyTorch ops (the small models' decode steps are dominated by per-op overhead);
@@ -48,7 +50,7 @@ static inline void store_bf16(uint16_t *p, __m256 x) {
 }
 
 enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3, DP = 4, Q8 = 5, Q4 = 6, Q41 = 7, FMA = 8 };  // weight kinds; int8 rows carry a
-static const int WBYTES[] = {2, 1, 4, 2, 2, 1, 1, 1, 2};   // float32 scale; AMX, DP and the Q kinds are packed for avx512.c
+static const int WBYTES[] = {2, 1, 4, 2, 2, 1, 1, 1, 2};   // float32 scale; AMX, DP, FMA and the Q kinds are packed
 
 // csrc/avx512.c, where it builds: kernels.py sets kind AMX only where it did and the CPU has AMX, and
 // switches the AVX-512 attention and int8 products on (use_avx512) only where the CPU has AVX-512
