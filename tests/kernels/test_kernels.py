@@ -1,5 +1,4 @@
 """The CPU bf16 kernels compute what nn.Linear computes on the same bf16 weights."""
-import os
 import shutil
 import sys
 from contextlib import contextmanager
@@ -222,7 +221,8 @@ def q8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias, of
 @contextmanager
 def integer_dots(lib, unit: str):
     """The quantized products on AVX512-VNNI ("vnni") or on AVX2 ("avx2") for the duration."""
-    vnni = kernels.Q8 <= kernels.cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0"
+    from specmesh.kernels.build import vnni_products
+    vnni = vnni_products(lib)
     if unit == "vnni":
         assert hasattr(lib, "q4_linear512"), "the CPU has AVX512-VNNI but csrc/avx512.c did not build"
     lib.use_vnni(int(unit == "vnni"))

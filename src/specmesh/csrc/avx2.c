@@ -120,6 +120,14 @@ static inline __attribute__((always_inline)) void dot_rows(const float *x, int K
     }
 }
 
+// y[m0 + i, n0 + j] = out[i * ld + j] + bias[n0 + j] for i < mb, j < cols: a pass's tile of outputs written back
+static inline void store_tile(const float *out, int ld, int mb, int cols, const float *bias, float *y, int N, int m0,
+                              int n0) {
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < cols; j++)
+            y[(int64_t)(m0 + i) * N + n0 + j] = out[ld * i + j] + (bias ? bias[n0 + j] : 0.0f);
+}
+
 // fma_linear: y[M,N] = x[M,K] . w[N,K]^T (+ bias) for bf16 weights packed as kernels.dp_pack packs them for
 //   csrc/avx512.c's dp_linear ([NB][KP][16 columns][2 of K], zeros past N and K), on AVX2's FMA: a 32-byte
 //   load holds 8 columns' pairs (k, k + 1); shifted left by 16 it is their weights at k as float32, masked its
@@ -181,9 +189,7 @@ void fma_linear(const float *x, int M, int K, const uint16_t *w, int N, const fl
                     FMA_CASE(1) FMA_CASE(2) FMA_CASE(3) FMA_CASE(4) FMA_CASE(5) default: FMA_CASE(6)
                 }
             }
-            for (int i = 0; i < mb; i++)
-                for (int j = 0; j < cols; j++)
-                    y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[32 * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
+            store_tile(out, 32, mb, cols, bias, y, N, m0, 16 * nb);
         }
     }
 }
@@ -303,9 +309,7 @@ static inline __attribute__((always_inline)) void quant_linear(const float *x, i
                 switch (mb) {
                     Q_CASE(1) Q_CASE(2) Q_CASE(3) default: Q_CASE(4)
                 }
-            for (int i = 0; i < mb; i++)
-                for (int j = 0; j < cols; j++)
-                    y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[16 * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
+            store_tile(out, 16, mb, cols, bias, y, N, m0, 16 * nb);
         }
     }
     free(xq);

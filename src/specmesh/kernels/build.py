@@ -98,7 +98,7 @@ def avx2_lib() -> ctypes.CDLL | None:
         kernel.dp_linear.restype = None
         if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
             kernel.use_avx512(1)
-            kernel.use_vnni(int(Q8 <= cpu_flags()))
+            kernel.use_vnni(int(vnni_products(kernel)))
     kernel.fma_linear.argtypes = kernel.bf16_linear.argtypes
     kernel.fma_linear.restype = None
     for product in ("q8_linear", "q4_linear", "q41_linear"):
@@ -111,6 +111,12 @@ AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
 AMX = AVX512 | {"amx_tile", "amx_bf16", "avx512_bf16"}
 DP = AVX512 | {"avx512_bf16"}
 Q8 = AVX512 | {"avx512_vnni"}
+
+
+def vnni_products(lib: ctypes.CDLL) -> bool:
+    """Whether `lib`'s quantized products run on AVX512-VNNI (csrc/avx512.c built, the CPU has it, SPECMESH_AVX512
+    not 0), else on AVX2's (the same values)."""
+    return hasattr(lib, "q8_linear512") and Q8 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0"
 
 
 def cache_dir() -> Path:
