@@ -103,16 +103,20 @@ def layer_and_head_ms(model, tokens: int = 1, context: int = 128, reps: int = 20
     return layer, max(0.0, forward_ms(model, tokens, context, reps, layers=range(L - 1, L)) - layer)
 
 
-def copy_bandwidth_gb_s(mb: int = 256, reps: int = 7) -> float:
-    """Memory bandwidth of this process's threads: the fastest of `reps` copies of `mb` MB (the bound is what
-    the machine can do; slower copies met a busy moment), counting the bytes read and the bytes written."""
-    src = torch.ones(mb << 18)                  # float32: mb MB
+def copy_bandwidth_gb_s(mb: int = 256, reps: int = 7, device: torch.device | str = "cpu") -> float:
+    """Memory bandwidth of `device` (on the CPU: of this process's threads): the fastest of `reps` copies of `mb`
+    MB (the bound is what the machine can do; slower copies met a busy moment), counting the bytes read and the
+    bytes written."""
+    src = torch.ones(mb << 18, device=device)   # float32: mb MB
     dst = torch.empty_like(src)
     dst.copy_(src)                              # pages in place before timing
+    sync = torch.cuda.synchronize if src.is_cuda else (lambda: None)
     best = float("inf")
     for _ in range(reps):
+        sync()
         start = time.perf_counter()
         dst.copy_(src)
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2 * src.nbytes / best / 1e9
 

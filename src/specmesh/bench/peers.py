@@ -7,12 +7,15 @@ hf-pld       prompt lookup decoding (`prompt_lookup_num_tokens`)
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from torch.nn.attention import sdpa_kernel
 
 from specmesh.engine.stats import Stats
 from specmesh.model.gguf import is_gguf
+from specmesh.model.model import CUDA_ATTENTION
 
 PEERS = ("hf", "hf-assisted", "hf-pld")
 PLD_TOKENS = 10         # transformers' documented example value
@@ -54,7 +57,8 @@ class HFRunner:
         self.forwards = 0
         x = torch.tensor([ids], device=self.device)
         start = time.perf_counter()
-        with torch.inference_mode():
+        # on CUDA the attention backends specmesh uses, so that neither side pays cuDNN's plan per key length
+        with torch.inference_mode(), sdpa_kernel(CUDA_ATTENTION) if x.is_cuda else nullcontext():
             out = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
                                       do_sample=False, eos_token_id=self.eos, pad_token_id=self.eos, **self.extra)
         elapsed = time.perf_counter() - start

@@ -26,7 +26,7 @@ def print_table(result: dict, file=sys.stdout) -> None:
         ar = result["methods"]["ar"]["tokens_per_s"]
         print(f"ar's memory bound: {bound['target_weight_mb']:.0f} MB of target weights per token at "
               f"{bound['copy_gb_s']:.1f} GB/s (measured copy) = {bound['ar_tokens_per_s_bound']:.0f} tok/s; "
-              f"ar ran at {ar / bound['ar_tokens_per_s_bound']:.2f} of it", file=file)
+              f"ar ran at {ar / bound['ar_tokens_per_s_bound']:.1%} of it", file=file)
     for name, m in result["methods"].items():
         if "chose" in m:
             opts = ", ".join(f"{k}={v}" for k, v in m["options"].items())

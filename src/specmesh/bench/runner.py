@@ -226,14 +226,16 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
 
 
 def memory_bound(target: torch.nn.Module) -> dict:
-    """What memory bandwidth allows `ar`: the target's weight bytes per token against a measured copy bandwidth."""
-    gb_s, mb = copy_bandwidth_gb_s(), weight_bytes(target) / 1e6
+    """What memory bandwidth allows `ar`: the target's weight bytes per token against a copy bandwidth measured
+    on the target's device."""
+    gb_s, mb = copy_bandwidth_gb_s(device=target.device), weight_bytes(target) / 1e6
     return {"copy_gb_s": round(gb_s, 2), "target_weight_mb": round(mb, 1),
             "ar_tokens_per_s_bound": round(gb_s * 1e3 / mb, 1)}
 
 
-def machine() -> str:
-    return f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}"
+def machine(device: str = "cpu") -> str:
+    gpu = f", {torch.cuda.get_device_name(device)}" if torch.device(device).type == "cuda" else ""
+    return f"{cpu_name()}, {os.cpu_count()} cores{gpu}, torch {torch.__version__}"
 
 
 def run_bench(cfg: BenchConfig) -> dict:
@@ -265,7 +267,7 @@ def bench(cfg: BenchConfig) -> dict:
             bar.update()
     bar.close()
     references = {dtypes["ar"]: (runners["ar"], [t for t, _ in runs["ar"]])}   # dtype -> (ar runner, outputs)
-    result = {"machine": machine(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    result = {"machine": machine(cfg.device), "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "methods": {}, "per_prompt": []}
     for name in names:
         dtype = dtypes[name]

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specmesh.model.cache import KVCache
 
@@ -145,6 +147,10 @@ class RMSNorm(nn.Module):
 
 
 PREFILL_TOKENS = 64     # forwards of more tokens (prefills) may attend in a 16-bit dtype (Attention.prefill_dtype)
+# On CUDA, PyTorch prefers cuDNN's attention where it can (Hopper), and cuDNN builds a new plan for every key
+# length, that is at every decoding step: 5 ms of host time a call on an H100 (docs/results/2026-11-26-gpu-h100.md).
+# The other backends plan nothing.
+CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -155,8 +161,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     (Transformer.cache_dtype), or in prefill_dtype for more than PREFILL_TOKENS queries."""
     B, H, T, hd = q.shape
     dtype = prefill_dtype if prefill_dtype is not None and T > PREFILL_TOKENS else torch.promote_types(q.dtype, k.dtype)
-    out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask,
-                                         is_causal=mask is None and T > 1, enable_gqa=H != k.shape[1])
+    with sdpa_kernel(CUDA_ATTENTION) if q.is_cuda else nullcontext():
+        out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask,
+                                             is_causal=mask is None and T > 1, enable_gqa=H != k.shape[1])
     return out.to(q.dtype).transpose(1, 2).reshape(B, T, H * hd)
 
 
