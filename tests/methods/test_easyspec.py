@@ -7,6 +7,7 @@ from conftest import assert_same_distribution, sampled_pairs
 from specmesh import LLM, SamplingParams
 from specmesh.model.cache import KVCache
 from specmesh.model.loader import load_model
+from specmesh.model.model import group_attention
 from specmesh.proposers.fuzzy_draft import POLICIES, default_groups, layer_groups
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "self.y = y\n\n" * 3]
@@ -148,3 +149,30 @@ def test_layer_similarity_table(tiny_checkpoint):
             p.data.zero_()
     same = layer_similarity(model, windows, [2, 3])
     assert same[2]["hidden"] == pytest.approx(1, abs=1e-5) and same[3]["hidden"] == pytest.approx(1, abs=1e-5)
+
+
+def test_a_group_attends_in_one_batch_as_its_layers_do_one_by_one(tiny_checkpoint):
+    """group_attention (one batched product per projection over the group's stacked weights, one attention
+    over g*B rows) gives each layer's attention output and cache entries as computing them one by one does,
+    with a cache, two rows at different offsets and a tree mask."""
+    model = load_model(tiny_checkpoint, pack=False)
+    parts = list(model.layers[:2])
+    torch.manual_seed(0)
+    h = torch.randn(2, 3, model.config.hidden_size)
+    caches = []
+    for _ in range(2):
+        cache = KVCache.for_model(model, 2, 32)
+        with torch.no_grad():
+            model(torch.tensor([[5, 17, 42, 7], [9, 3, 8, 1]]), cache)
+        cache.commit(0, [0, 1, 2, 3]), cache.commit(1, [0, 1])          # rows at different lengths
+        caches.append(cache)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    outs = []
+    for cache, run in zip(caches, ("batched", "one by one")):
+        positions, mask = cache.prepare(3, torch.tensor([0, 1, 1]), tree)
+        cos, sin = model.rotary(positions, h.dtype)
+        with torch.no_grad():
+            outs.append(group_attention(parts, h, cos, sin, cache, mask) if run == "batched" else
+                        [p.attn(p.attn_norm(h), cos, sin, cache, mask) for p in parts])
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*outs))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v))

@@ -226,11 +226,53 @@ def layer_parallel(blocks: list[nn.Module], h: torch.Tensor, cos, sin, cache: KV
     outputs added in order: h' = h_j + A_j(h), h_{j+1} = h' + MLP_j(h'). The keys and values written are
     "fuzzy" (not those of the exact forward). A one-block group is the block."""
     parts = [getattr(b, "block", b) for b in blocks]           # kernels wrap a Block (kernels/forward.py)
-    outs = [p.attn(p.attn_norm(h), cos, sin, cache, mask) for p in parts]
+    outs = (group_attention(parts, h, cos, sin, cache, mask) if len(parts) > 1
+            else [parts[0].attn(parts[0].attn_norm(h), cos, sin, cache, mask)])
     for p, a in zip(parts, outs):
         h = h + a
         h = h + p.mlp(p.mlp_norm(h))
     return h
+
+
+def group_attention(parts: list[Block], h: torch.Tensor, cos, sin, cache: KVCache | None,
+                    mask: torch.Tensor | None) -> list[torch.Tensor]:
+    """The g attentions of a layer-parallel group computed together, as g [B,T,D] outputs: they all read h, so
+    their norms share one normalisation, their projections are one batched product each over the group's
+    stacked weights ([g,D,N]), and rotary and attention run once over the g layers as a batch of g*B rows;
+    one launch where exact drafting makes g (EasySpec's one-device gain)."""
+    a0, g, (B, T, D) = parts[0].attn, len(parts), h.shape
+    norm_w, qkv_w, qkv_b, o_w, o_b = stacked_attention(parts)
+    x = h.float()
+    x = norm_w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + parts[0].attn_norm.eps)).to(h.dtype)
+    qkv = torch.bmm(x.view(g, B * T, D), qkv_w)                                  # [g, B*T, (H+2Hkv)*hd]
+    qkv = (qkv if qkv_b is None else qkv + qkv_b).view(g * B, T, a0.h + 2 * a0.hkv, a0.hd)
+    cos, sin = cos.repeat(g, 1, 1, 1), sin.repeat(g, 1, 1, 1)
+    qk = rotate(qkv[:, :, :a0.h + a0.hkv], cos, sin).transpose(1, 2)
+    q, k, v = qk[:, :a0.h], qk[:, a0.h:], qkv[:, :, a0.h + a0.hkv:].transpose(1, 2)  # [g*B, heads, T, hd]
+    if cache is not None:           # each layer's entries into its own cache; then its keys [B,Hkv,S,hd] again
+        kv = [cache.write(p.attn.layer, k[i * B:(i + 1) * B], v[i * B:(i + 1) * B]) for i, p in enumerate(parts)]
+        k, v = torch.cat([kc for kc, _ in kv]), torch.cat([vc for _, vc in kv])
+        mask = None if mask is None else mask.repeat(g, 1, 1, 1)
+    out = torch.bmm(attention(q, k, v, mask, a0.prefill_dtype).view(g, B * T, -1), o_w)   # [g, B*T, D]
+    return list((out if o_b is None else out + o_b).view(g, B, T, D))
+
+
+def stacked_attention(parts: list[Block]) -> tuple[torch.Tensor | None, ...]:
+    """The group's attention weights stacked for group_attention: norm [g,1,1,D], qkv [g,D,N] and its bias
+    [g,1,N], o [g,HD,D] and its bias [g,1,D] (None without biases); made once, and again when a weight
+    changes (training) or is replaced (its storage or version counter differs)."""
+    weights = [(p.attn_norm.weight, p.attn.qkv.weight, p.attn.qkv.bias, p.attn.o.weight, p.attn.o.bias)
+               for p in parts]
+    key = tuple((w.data_ptr(), w._version) for ws in weights for w in ws if w is not None)
+    held = parts[0].__dict__.get("_stacked")
+    if held is None or held[0] != key:
+        norm, qkv_w, qkv_b, o_w, o_b = zip(*weights)
+        with torch.no_grad():
+            bias = (lambda bs: None if bs[0] is None else torch.stack(bs)[:, None])
+            held = key, (torch.stack(norm)[:, None, None], torch.stack(qkv_w).transpose(1, 2).contiguous(),
+                         bias(qkv_b), torch.stack(o_w).transpose(1, 2).contiguous(), bias(o_b))
+        parts[0].__dict__["_stacked"] = held
+    return held[1]
 
 
 class Transformer(nn.Module):
