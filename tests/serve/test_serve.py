@@ -1,6 +1,5 @@
 """`specmesh serve`: a real server on 127.0.0.1 driven by the official openai client."""
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor

@@ -101,7 +101,7 @@ def test_greedy_follows_the_right_branch_with_duplicate_siblings():
     #    |        |
     #    3        6
     tree = TokenTree.root(1)
-    a, b, c = tree.add(2, 0), tree.add(5, 0), tree.add(2, 0)
+    a, _, c = tree.add(2, 0), tree.add(5, 0), tree.add(2, 0)
     d = tree.add(3, a)
     tree.add(6, c)
     # argmax: root->2, node a->3, node 3->8 ; duplicate branch never reached

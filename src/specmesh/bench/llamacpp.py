@@ -18,7 +18,6 @@ Two ways to run them, both built from llama-cpp-python's source package:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
