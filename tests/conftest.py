@@ -11,6 +11,8 @@ from specmesh.model.model import ModelConfig, Transformer
 torch.set_num_threads(int(os.environ.get("SPECMESH_TEST_THREADS", "2")))
 # --method auto's choices go to a cache of this run (inherited by the CLI and server processes tests start)
 os.environ["SPECMESH_CACHE_DIR"] = tempfile.mkdtemp(prefix="specmesh-tune-")
+# ... measured on two calibration prompts (plan's least), not 30 s of them: the suite tests how it chooses
+os.environ["SPECMESH_TUNE_BUDGET_S"] = "0"
 # the suite runs on the embedded 28M pair wherever no target is named (tests of SmolLM2 name it)
 os.environ["SPECMESH_TARGET"] = "embedded"
 

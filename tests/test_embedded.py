@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+import transformers
 from conftest import run_measured
 
 from specmesh import LLM, SamplingParams, embedded
@@ -36,9 +37,8 @@ def test_models_lists_target_and_draft(target_dir):
 
 
 def test_ar_greedy_equals_transformers_generate(target_dir, prompts):
-    transformers = pytest.importorskip("transformers", reason="needs the [test] extra")
     hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    llm = LLM(dtype="float32")
+    llm = LLM(method="ar", dtype="float32")
     for prompt in prompts:
         ids = llm.encode(prompt)
         with torch.no_grad():
@@ -49,7 +49,7 @@ def test_ar_greedy_equals_transformers_generate(target_dir, prompts):
 
 @pytest.mark.parametrize("method", ["sd", "tree", "selfdraft"])
 def test_embedded_speculation_greedy_equals_ar_and_is_accepted(target_dir, prompts, method):
-    ar, spec = LLM(), LLM(method=method)
+    ar, spec = LLM(method="ar"), LLM(method=method)
     accepted = drafted = 0
     for prompt in prompts:
         params = SamplingParams(max_new_tokens=40)

@@ -11,7 +11,7 @@ from specmesh.bench.prompts import load_prompts
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["sd", "tree"])
 def test_greedy_equals_ar_on_twenty_shipped_prompts(method):
-    ar, spec = LLM(), LLM(method=method)
+    ar, spec = LLM(method="ar"), LLM(method=method)
     for prompt in load_prompts(limit=20):
         params = SamplingParams(max_new_tokens=128)
         assert spec.generate(prompt, params).tokens == ar.generate(prompt, params).tokens, prompt[-80:]

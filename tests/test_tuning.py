@@ -180,9 +180,10 @@ def test_a_winner_extrapolated_to_another_gamma_is_measured_before_it_is_chosen(
 
 
 @pytest.mark.parametrize("target_ms, expected", [(0.5, (5, 2)), (5.5, (4, 1)), (23.0, (2, 1))])
-def test_calibration_covers_more_prompts_before_a_second_round(target_ms, expected):
+def test_calibration_covers_more_prompts_before_a_second_round(target_ms, expected, monkeypatch):
     """9 families, 5 calibration prompts, a 30 s budget: a fast pair runs every prompt twice; SmolLM2 in bf16 (5.5
     ms a forward) four prompts once rather than two twice; in float32 (23 ms) the first two, once."""
+    monkeypatch.delenv("SPECMESH_TUNE_BUDGET_S")                      # the default budget, not the suite's
     assert tuning.plan(Costs({1: target_ms}, {1: 0.1}), families=9, prompts=5) == expected
 
 

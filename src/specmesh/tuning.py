@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,7 +49,7 @@ DRAFT_WIDTHS = (1, 2, 4, 8)
 MAX_SD_GAMMA = 8
 STOP_BELOW = 0.3        # sd's calibrated early stop (a weak draft's chains end where it is unsure)
 LOOKUP = 2              # sd's calibrated prompt lookup: proposes what followed the last 2+ tokens where they recur
-BUDGET_S = 30.0         # calibration time aimed at (plan)
+BUDGET_S = 30.0         # calibration time aimed at (plan; $SPECMESH_TUNE_BUDGET_S overrides it)
 MARGIN = 0.03           # a speculative method must predict 3% faster than ar (measurement noise)
 PAIR_MARGIN = 0.10      # a few calibration prompts must beat the pair's own options (options.json) by 10%
 VECTOR_UNITS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
@@ -259,7 +260,8 @@ def plan(costs: Costs, families: int, prompts: int) -> tuple[int, int]:
     model (SmolLM2 in float32 on 2 cores: 23 ms a forward) calibrates on the first two prompts (a chat request
     and a code snippet), not for minutes."""
     run_s = 1.5 * NEW_TOKENS * costs.target_ms[1] / 1e3
-    fit = lambda rounds: int(BUDGET_S / (run_s * families * rounds))
+    budget = float(os.environ.get("SPECMESH_TUNE_BUDGET_S", BUDGET_S))
+    fit = lambda rounds: int(budget / (run_s * families * rounds))
     rounds = ROUNDS if fit(ROUNDS) >= prompts else 1
     return min(prompts, max(2, fit(rounds))), rounds
 

@@ -4,7 +4,10 @@ import json
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="tests need the [test] extra: pip install -e .[test]")
+try:
+    import transformers
+except ImportError:
+    pytest.fail("tests need the [test] extra: pip install -e .[test]", pytrace=False)
 
 from specmesh.model.cache import KVCache
 from specmesh.model.loader import CheckpointError, load_model, save_model
