@@ -285,33 +285,47 @@ static inline __attribute__((always_inline)) void q_rows(const int8_t *xq, const
 
 #define Q_CASE(n) case n: q_rows(xm, dm, sm, QB, wb, sb, h, out, n, BITS, MINS); break;
 
-static inline __attribute__((always_inline)) void quant_linear(const float *x, int M, int K, const int8_t *w,
-                                                               const float *scale, int N, const float *bias, float *y,
-                                                               const int BITS, const int MINS) {
-    const int QB = (K + 31) / 32, NB = (N + 15) / 16, SW = 32 + 16 * MINS;
-    const int64_t next = (int64_t)QB * 32 * 16 * BITS / 8;            // weight bytes per block of 16 columns
+// output columns 16 nb .. 16 nb + 15 for every row, QROWS rows per pass over their weights
+static inline __attribute__((always_inline)) void q_columns(const int8_t *xq, const float *xd, const int32_t *xsum,
+                                                            int M, int QB, const int8_t *w, const float *scale, int nb,
+                                                            int N, const float *bias, float *y, const int BITS,
+                                                            const int MINS) {
+    const int SW = 32 + 16 * MINS, cols = N - 16 * nb < 16 ? N - 16 * nb : 16;
+    const int8_t *wb = w + (int64_t)nb * QB * 32 * 16 * BITS / 8;
+    const float *sb = scale + (int64_t)nb * QB * SW;
+    float out[QROWS * 16] __attribute__((aligned(32)));
+    for (int m0 = 0; m0 < M; m0 += QROWS) {
+        const int mb = M - m0 < QROWS ? M - m0 : QROWS;
+        const int8_t *xm = xq + (int64_t)m0 * QB * 32;
+        const float *dm = xd + (int64_t)m0 * QB;
+        const int32_t *sm = xsum + (int64_t)m0 * QB;
+        for (int h = 0; h < (cols > 8 ? 2 : 1); h++)
+            switch (mb) {
+                Q_CASE(1) Q_CASE(2) Q_CASE(3) default: Q_CASE(4)
+            }
+        store_tile(out, 16, mb, cols, bias, y, N, m0, 16 * nb);
+    }
+}
+
+// One parallel loop per kind, so that the function OpenMP outlines from it has BITS and MINS as constants (a
+// loop outlined from one function taking them as arguments tested them at run time in its innermost loop).
+#define EACH_COLUMN_BLOCK(BITS, MINS)                                                                          \
+    _Pragma("omp parallel for schedule(static)")                                                               \
+    for (int nb = 0; nb < (N + 15) / 16; nb++) q_columns(xq, xd, xsum, M, QB, w, scale, nb, N, bias, y, BITS, MINS)
+
+static void quant_linear(const float *x, int M, int K, const int8_t *w, int kind, const float *scale, int N,
+                         const float *bias, float *y) {
+    const int QB = (K + 31) / 32;
     int8_t *xq = malloc((int64_t)M * QB * 32);
     float *xd = malloc(sizeof(float) * (int64_t)M * QB);
     int32_t *xsum = malloc(sizeof(int32_t) * (int64_t)M * QB);
     quantize_rows(x, M, K, QB, xq, xd, xsum);
-    #pragma omp parallel for schedule(static)
-    for (int nb = 0; nb < NB; nb++) {
-        const int8_t *wb = w + nb * next;
-        const float *sb = scale + (int64_t)nb * QB * SW;
-        const int cols = N - 16 * nb < 16 ? N - 16 * nb : 16;
-        float out[QROWS * 16] __attribute__((aligned(32)));
-        for (int m0 = 0; m0 < M; m0 += QROWS) {
-            const int mb = M - m0 < QROWS ? M - m0 : QROWS;
-            const int8_t *xm = xq + (int64_t)m0 * QB * 32;
-            const float *dm = xd + (int64_t)m0 * QB;
-            const int32_t *sm = xsum + (int64_t)m0 * QB;
-            for (int h = 0; h < (cols > 8 ? 2 : 1); h++)
-                switch (mb) {
-                    Q_CASE(1) Q_CASE(2) Q_CASE(3) default: Q_CASE(4)
-                }
-            store_tile(out, 16, mb, cols, bias, y, N, m0, 16 * nb);
-        }
-    }
+    if (kind == Q8)
+        EACH_COLUMN_BLOCK(8, 0);
+    else if (kind == Q4)
+        EACH_COLUMN_BLOCK(4, 0);
+    else
+        EACH_COLUMN_BLOCK(4, 1);
     free(xq);
     free(xd);
     free(xsum);
@@ -322,12 +336,8 @@ static void quantized_linear(const float *x, int M, int K, const void *w, int ki
                              const float *bias, float *y) {
     if (vnni)
         (kind == Q8 ? q8_linear512 : kind == Q4 ? q4_linear512 : q41_linear512)(x, M, K, w, scale, N, bias, y);
-    else if (kind == Q8)
-        quant_linear(x, M, K, w, scale, N, bias, y, 8, 0);
-    else if (kind == Q4)
-        quant_linear(x, M, K, w, scale, N, bias, y, 4, 0);
     else
-        quant_linear(x, M, K, w, scale, N, bias, y, 4, 1);
+        quant_linear(x, M, K, w, kind, scale, N, bias, y);
 }
 
 void q8_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias, float *y) {

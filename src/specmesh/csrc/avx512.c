@@ -507,32 +507,48 @@ static inline __attribute__((always_inline)) void q8_rows(const uint8_t *xq, con
 #define Q8_CASE(n) case n: if (nc == 2) q8_rows(xm, dm, sm, QB, wb, sb, next, out, n, 2, BITS, MINS); \
                            else q8_rows(xm, dm, sm, QB, wb, sb, next, out, n, 1, BITS, MINS); break;
 
-static inline __attribute__((always_inline)) void quant_linear(const float *x, int M, int K, const int8_t *w,
-                                                               const float *scale, int N, const float *bias, float *y,
-                                                               const int BITS, const int MINS) {
-    const int QB = (K + 31) / 32, NB = (N + 15) / 16, SW = 32 + 16 * MINS;
+// output columns 16 nb .. 16 nb + 31 for every row, Q8_ROWS rows per pass over their weights
+static inline __attribute__((always_inline)) void q8_columns(const uint8_t *xq, const float *xd, const float *xs,
+                                                             int M, int QB, const int8_t *w, const float *scale,
+                                                             int nb, int N, const float *bias, float *y,
+                                                             const int BITS, const int MINS) {
+    const int NB = (N + 15) / 16, SW = 32 + 16 * MINS;
     const int64_t next = (int64_t)QB * 32 * 16 * BITS / 8;            // weight bytes per block of 16 columns
-    uint8_t *xq = malloc((int64_t)M * QB * 32);
-    float *xd = malloc(sizeof(float) * (int64_t)M * QB), *xs = MINS ? malloc(sizeof(float) * (int64_t)M * QB) : NULL;
-    quantize_rows(x, M, K, QB, xq, xd, xs);
-    #pragma omp parallel for schedule(static)
-    for (int nb = 0; nb < NB; nb += 2) {
-        const int8_t *wb = w + nb * next;
-        const float *sb = scale + (int64_t)nb * QB * SW;
-        const int nc = NB - nb < 2 ? 1 : 2, cols = N - 16 * nb < 32 ? N - 16 * nb : 32;
-        float out[Q8_ROWS * 32] __attribute__((aligned(64)));
-        for (int m0 = 0; m0 < M; m0 += Q8_ROWS) {
-            const int mb = M - m0 < Q8_ROWS ? M - m0 : Q8_ROWS;
-            const uint8_t *xm = xq + (int64_t)m0 * QB * 32;
-            const float *dm = xd + (int64_t)m0 * QB, *sm = MINS ? xs + (int64_t)m0 * QB : NULL;
-            switch (mb) {
-                Q8_CASE(1) Q8_CASE(2) Q8_CASE(3) Q8_CASE(4) Q8_CASE(5) default: Q8_CASE(6)
-            }
-            for (int i = 0; i < mb; i++)
-                for (int j = 0; j < cols; j++)
-                    y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[32 * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
+    const int8_t *wb = w + nb * next;
+    const float *sb = scale + (int64_t)nb * QB * SW;
+    const int nc = NB - nb < 2 ? 1 : 2, cols = N - 16 * nb < 32 ? N - 16 * nb : 32;
+    float out[Q8_ROWS * 32] __attribute__((aligned(64)));
+    for (int m0 = 0; m0 < M; m0 += Q8_ROWS) {
+        const int mb = M - m0 < Q8_ROWS ? M - m0 : Q8_ROWS;
+        const uint8_t *xm = xq + (int64_t)m0 * QB * 32;
+        const float *dm = xd + (int64_t)m0 * QB, *sm = MINS ? xs + (int64_t)m0 * QB : NULL;
+        switch (mb) {
+            Q8_CASE(1) Q8_CASE(2) Q8_CASE(3) Q8_CASE(4) Q8_CASE(5) default: Q8_CASE(6)
         }
+        for (int i = 0; i < mb; i++)
+            for (int j = 0; j < cols; j++)
+                y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[32 * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
     }
+}
+
+// One parallel loop per kind, so that the function OpenMP outlines from it has BITS and MINS as constants (as
+// csrc/avx2.c's quant_linear).
+#define EACH_COLUMN_PAIR(BITS, MINS)                                                                           \
+    _Pragma("omp parallel for schedule(static)")                                                               \
+    for (int nb = 0; nb < (N + 15) / 16; nb += 2) q8_columns(xq, xd, xs, M, QB, w, scale, nb, N, bias, y, BITS, MINS)
+
+static void quant_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
+                         float *y, int bits, int mins) {
+    const int QB = (K + 31) / 32;
+    uint8_t *xq = malloc((int64_t)M * QB * 32);
+    float *xd = malloc(sizeof(float) * (int64_t)M * QB), *xs = mins ? malloc(sizeof(float) * (int64_t)M * QB) : NULL;
+    quantize_rows(x, M, K, QB, xq, xd, xs);
+    if (bits == 8)
+        EACH_COLUMN_PAIR(8, 0);
+    else if (!mins)
+        EACH_COLUMN_PAIR(4, 0);
+    else
+        EACH_COLUMN_PAIR(4, 1);
     free(xq);
     free(xd);
     free(xs);
