@@ -18,6 +18,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+void store_tile(const float *out, int ld, int mb, int cols, const float *bias, float *y, int N, int m0,
+                int n0);                           // csrc/avx2.c: a pass's tile of outputs written back
+
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 #define TILE 512                                   // bf16 elements in a 16 x 64-byte weight tile
@@ -406,9 +409,7 @@ void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const flo
             switch (mb) {
                 DP_CASE(1) DP_CASE(2) DP_CASE(3) DP_CASE(4) DP_CASE(5) default: DP_CASE(6)
             }
-            for (int i = 0; i < mb; i++)
-                for (int j = 0; j < cols; j++)
-                    y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[16 * DP_COLS * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
+            store_tile(out, 16 * DP_COLS, mb, cols, bias, y, N, m0, 16 * nb);
         }
     }
     free(xp);
@@ -525,9 +526,7 @@ static inline __attribute__((always_inline)) void q8_columns(const uint8_t *xq, 
         switch (mb) {
             Q8_CASE(1) Q8_CASE(2) Q8_CASE(3) Q8_CASE(4) Q8_CASE(5) default: Q8_CASE(6)
         }
-        for (int i = 0; i < mb; i++)
-            for (int j = 0; j < cols; j++)
-                y[(int64_t)(m0 + i) * N + 16 * nb + j] = out[32 * i + j] + (bias ? bias[16 * nb + j] : 0.0f);
+        store_tile(out, 32, mb, cols, bias, y, N, m0, 16 * nb);
     }
 }
 
