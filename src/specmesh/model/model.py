@@ -140,10 +140,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # HF's op order (in float32, then cast back); on CPU faster than F.rms_norm for one row
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return self.weight * rms_normalized(x, self.eps)
+
+
+def rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) in x's dtype, before RMSNorm's weight. HF's op order (in float32, then cast back); on CPU faster
+    than F.rms_norm for one row."""
+    h = x.float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 PREFILL_TOKENS = 64     # forwards of more tokens (prefills) may attend in a 16-bit dtype (Attention.prefill_dtype)
@@ -242,8 +246,7 @@ def group_attention(parts: list[Block], h: torch.Tensor, cos, sin, cache: KVCach
     one launch where exact drafting makes g (EasySpec's one-device gain)."""
     a0, g, (B, T, D) = parts[0].attn, len(parts), h.shape
     norm_w, qkv_w, qkv_b, o_w, o_b = stacked_attention(parts)
-    x = h.float()
-    x = norm_w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + parts[0].attn_norm.eps)).to(h.dtype)
+    x = norm_w * rms_normalized(h, parts[0].attn_norm.eps)                      # [g, B, T, D]
     qkv = torch.bmm(x.view(g, B * T, D), qkv_w)                                  # [g, B*T, (H+2Hkv)*hd]
     qkv = (qkv if qkv_b is None else qkv + qkv_b).view(g * B, T, a0.h + 2 * a0.hkv, a0.hd)
     cos, sin = cos.repeat(g, 1, 1, 1), sin.repeat(g, 1, 1, 1)
