@@ -120,7 +120,7 @@ def free_port() -> int:
 def start_server_process(*args) -> tuple:
     """`specmesh serve` (float32; the embedded target unless `args` say) in a process of its own, once healthy:
     (process, url).
-    The embedded target is slow enough that an 800-token request still runs when a signal comes."""
+    The embedded target is slow enough that a 300-token request still runs when a signal comes."""
     import subprocess
     import sys
     import time

@@ -49,12 +49,17 @@ BAD = [  # (body, the field the 400 must name)
 ]
 
 
-def stream(url, prompt) -> tuple[str, float]:
-    """A well-behaved streaming client: its text and time per output token (first to last chunk)."""
+def stream(url, prompt, retries: int = 3) -> tuple[str, float]:
+    """A well-behaved streaming client: its text and time per output token (first to last chunk). Like the
+    official `openai` client, it retries a 429 (a burst filled the queue) after the Retry-After it names."""
     body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     text, times, usage = [], [], None
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        if r.status_code == 429 and retries:
+            assert r.read() and "retry-after" in r.headers, "a 429 must say when to retry"
+            time.sleep(float(r.headers["retry-after"]))
+            return stream(url, prompt, retries - 1)
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
             if not line.startswith("data: {"):

@@ -285,7 +285,7 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones():
     import signal
     proc, url = start_server_process("--grace", "20")
     try:
-        body = {"prompt": "x", "max_tokens": 800, "temperature": 0, "stream": True}
+        body = {"prompt": "x", "max_tokens": 300, "temperature": 0, "stream": True}
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
             lines = r.iter_lines()
             next(line for line in lines if line.startswith("data:"))
