@@ -235,66 +235,77 @@ static void quantize_rows(const float *x, int M, int K, int QB, int8_t *xq, floa
         }
 }
 
-// quads s and s + 1 of block b ([8 columns][4 of K] each) into the MB rows' int32 dots (8 bits) or int16 pairs (4)
-static inline __attribute__((always_inline)) void q_quads(const int8_t *xq, int QB, const int8_t *wb, int h, int b,
-                                                          int s, __m256i *dot, const int MB, const int BITS) {
+// quads s and s + 1 of block b ([8 columns][4 of K] each) of the H halves from h0 into the MB rows' int32 dots
+// (8 bits) or int16 pairs (4 bits), dot[h][i]
+static inline __attribute__((always_inline)) void q_quads(const int8_t *xq, int QB, const int8_t *wb, int h0, int b,
+                                                          int s, __m256i dot[][QROWS], const int MB, const int H,
+                                                          const int BITS) {
     const __m256i ones = _mm256_set1_epi16(1), nib = _mm256_set1_epi8(0x0F);
-    __m256i w[2], a[2];
-    if (BITS == 8) {
-        for (int u = 0; u < 2; u++) {
-            w[u] = _mm256_loadu_si256((const __m256i *)(wb + ((int64_t)b * 8 + s + u) * 64 + 32 * h));
-            a[u] = _mm256_abs_epi8(w[u]);
+    __m256i w[2][2], a[2][2];
+    for (int h = 0; h < H; h++)
+        if (BITS == 8) {
+            for (int u = 0; u < 2; u++) {
+                w[h][u] = _mm256_loadu_si256((const __m256i *)(wb + ((int64_t)b * 8 + s + u) * 64 + 32 * (h0 + h)));
+                a[h][u] = _mm256_abs_epi8(w[h][u]);
+            }
+        } else {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(wb + ((int64_t)b * 8 + s) * 32 + 32 * (h0 + h)));
+            a[h][0] = _mm256_and_si256(v, nib);
+            a[h][1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
         }
-    } else {
-        __m256i v = _mm256_loadu_si256((const __m256i *)(wb + ((int64_t)b * 8 + s) * 32 + 32 * h));
-        a[0] = _mm256_and_si256(v, nib);
-        a[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-    }
     for (int i = 0; i < MB; i++) {
         const int8_t *xs = xq + (int64_t)i * QB * 32 + 32 * b + 4 * s;
         __m256i x0 = _mm256_set1_epi32(*(const int32_t *)xs), x1 = _mm256_set1_epi32(*(const int32_t *)(xs + 4));
-        if (BITS == 8)
-            dot[i] = _mm256_add_epi32(dot[i], _mm256_add_epi32(
-                _mm256_madd_epi16(_mm256_maddubs_epi16(a[0], _mm256_sign_epi8(x0, w[0])), ones),
-                _mm256_madd_epi16(_mm256_maddubs_epi16(a[1], _mm256_sign_epi8(x1, w[1])), ones)));
-        else
-            dot[i] = _mm256_add_epi16(dot[i], _mm256_add_epi16(_mm256_maddubs_epi16(a[0], x0),
-                                                               _mm256_maddubs_epi16(a[1], x1)));
+        for (int h = 0; h < H; h++)
+            if (BITS == 8)
+                dot[h][i] = _mm256_add_epi32(dot[h][i], _mm256_add_epi32(
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(a[h][0], _mm256_sign_epi8(x0, w[h][0])), ones),
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(a[h][1], _mm256_sign_epi8(x1, w[h][1])), ones)));
+            else
+                dot[h][i] = _mm256_add_epi16(dot[h][i], _mm256_add_epi16(_mm256_maddubs_epi16(a[h][0], x0),
+                                                                         _mm256_maddubs_epi16(a[h][1], x1)));
     }
 }
 
-// rows [0, MB) of out [QROWS][16], columns 8h .. 8h + 7 of a block of 16, block by block of K (one half at a
-// time: MB int32 dots and MB float32 sums stay in the 16 registers beside the weights)
+// rows [0, MB) of out [QROWS][16], columns 8 h0 .. 8 (h0 + H) - 1 of a block of 16, block by block of K (H halves
+// of 8 columns per pass: MB x H int32 dots and float32 sums stay in the 16 registers beside the weights)
 static inline __attribute__((always_inline)) void q_rows(const int8_t *xq, const float *xd, const int32_t *xsum,
-                                                         int QB, const int8_t *wb, const float *sb, int h, float *out,
-                                                         const int MB, const int BITS, const int MINS) {
+                                                         int QB, const int8_t *wb, const float *sb, int h0, float *out,
+                                                         const int MB, const int H, const int BITS, const int MINS) {
     const int SW = 32 + 16 * MINS;                 // scale words per block of 16 columns and 32 of K
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[QROWS];
-    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
+    __m256 acc[2][QROWS];
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < MB; i++) acc[h][i] = _mm256_setzero_ps();
     for (int b = 0; b < QB; b++) {
-        __m256i dot[QROWS];                        // per column: int32 (8 bits) or int16 pairs (4 bits)
-        for (int i = 0; i < MB; i++) dot[i] = _mm256_setzero_si256();
+        __m256i dot[2][QROWS];                     // per column: int32 (8 bits) or int16 pairs (4 bits)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < MB; i++) dot[h][i] = _mm256_setzero_si256();
         if (MB >= 3) {       // not unrolled: GCC would issue all 8 MB products first and spill them to the stack
 #pragma GCC unroll 1
-            for (int s = 0; s < 8; s += 2) q_quads(xq, QB, wb, h, b, s, dot, MB, BITS);
+            for (int s = 0; s < 8; s += 2) q_quads(xq, QB, wb, h0, b, s, dot, MB, H, BITS);
         } else {             // 1 or 2 rows fit unrolled (one row of int4: 1.2x faster so)
-            for (int s = 0; s < 8; s += 2) q_quads(xq, QB, wb, h, b, s, dot, MB, BITS);
+            for (int s = 0; s < 8; s += 2) q_quads(xq, QB, wb, h0, b, s, dot, MB, H, BITS);
         }
-        const float *sc = sb + (int64_t)SW * b + 8 * h;
-        for (int i = 0; i < MB; i++) {
-            const float dx = xd[(int64_t)i * QB + b];
-            const int32_t sum = xsum[(int64_t)i * QB + b];
-            __m256i d = BITS == 8 ? dot[i] : _mm256_sub_epi32(_mm256_madd_epi16(dot[i], ones), _mm256_set1_epi32(8 * sum));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(sc), _mm256_set1_ps(dx)), acc[i]);
-            if (MINS)                              // + m' d_x sum(q_x), the block's offset
-                acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(sc + 32), _mm256_set1_ps((float)sum * dx), acc[i]);
+        for (int h = 0; h < H; h++) {
+            const float *sc = sb + (int64_t)SW * b + 8 * (h0 + h);
+            for (int i = 0; i < MB; i++) {
+                const float dx = xd[(int64_t)i * QB + b];
+                const int32_t sum = xsum[(int64_t)i * QB + b];
+                __m256i d = BITS == 8 ? dot[h][i]
+                                      : _mm256_sub_epi32(_mm256_madd_epi16(dot[h][i], ones), _mm256_set1_epi32(8 * sum));
+                acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(_mm256_loadu_ps(sc), _mm256_set1_ps(dx)),
+                                            acc[h][i]);
+                if (MINS)                          // + m' d_x sum(q_x), the block's offset
+                    acc[h][i] = _mm256_fmadd_ps(_mm256_loadu_ps(sc + 32), _mm256_set1_ps((float)sum * dx), acc[h][i]);
+            }
         }
     }
-    for (int i = 0; i < MB; i++) _mm256_storeu_ps(out + 16 * i + 8 * h, acc[i]);
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < MB; i++) _mm256_storeu_ps(out + 16 * i + 8 * (h0 + h), acc[h][i]);
 }
 
-#define Q_CASE(n) case n: q_rows(xm, dm, sm, QB, wb, sb, h, out, n, BITS, MINS); break;
+#define Q_CASE(n, H) case n: q_rows(xm, dm, sm, QB, wb, sb, h, out, n, H, BITS, MINS); break;
 
 // output columns 16 nb .. 16 nb + 15 for every row, QROWS rows per pass over their weights
 static inline __attribute__((always_inline)) void q_columns(const int8_t *xq, const float *xd, const int32_t *xsum,
@@ -310,10 +321,16 @@ static inline __attribute__((always_inline)) void q_columns(const int8_t *xq, co
         const int8_t *xm = xq + (int64_t)m0 * QB * 32;
         const float *dm = xd + (int64_t)m0 * QB;
         const int32_t *sm = xsum + (int64_t)m0 * QB;
-        for (int h = 0; h < (cols > 8 ? 2 : 1); h++)
+        if (mb <= 2 && cols > 8) {                 // 1 or 2 rows: both halves in one pass (one row: 1.1-1.3x)
+            const int h = 0;
             switch (mb) {
-                Q_CASE(1) Q_CASE(2) Q_CASE(3) default: Q_CASE(4)
+                Q_CASE(1, 2) default: Q_CASE(2, 2)
             }
+        } else
+            for (int h = 0; h < (cols > 8 ? 2 : 1); h++)
+                switch (mb) {
+                    Q_CASE(1, 1) Q_CASE(2, 1) Q_CASE(3, 1) default: Q_CASE(4, 1)
+                }
         store_tile(out, 16, mb, cols, bias, y, N, m0, 16 * nb);
     }
 }
