@@ -36,7 +36,8 @@ def unsupported(model) -> str | None:
         return "the target is split over processes (--tp): each keeps its own part of the keys and values"
     forward = getattr(model, "fast_forward", None)
     if not isinstance(forward, CForward) or not forward.tile_attention:
-        return "prefills do not attend on the tile unit here (a CPU with AMX, bfloat16 weights, head dim 64)"
+        return ("cached prefixes are bit-exact only where prefills attend on AMX tiles (an AMX CPU, bfloat16 "
+                "weights, head dim 64), which this run lacks")
     return None
 
 
