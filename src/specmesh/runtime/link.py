@@ -17,7 +17,9 @@ Messages are small (a few token ids, a decision; q rows when sampling; a tree la
 hidden states), so they stay on the host even when the models sit on GPUs: NCCL would
 save nothing on a few bytes and cannot bound an idle wait between jobs. When every rank
 runs on this machine (x86), messages of up to MAILBOX_BYTES go through shared-memory
-mailboxes (`Mailboxes`): the receiver polls, so nothing waits for a thread to be woken, and
+mailboxes (`Mailboxes`): the receiver polls, so nothing waits for a thread to be woken, yielding
+its core at each poll to any thread that can run (with more ranks than cores, as cosine's drafter
+processes beside a verifier on 2 cores, polling without yielding made its steps 5x slower), and
 after SPIN_S sleeps on a futex that the sender wakes (a rank waiting long burns no core).
 Through gloo a message had a long tail while both cores computed (gloo's I/O thread waits for
 a core), which cost PipeDec's pipeline time every timestep (docs/pipelines.md). Larger messages (a prompt's hidden states), and
@@ -219,6 +221,7 @@ class Link:
                     break
                 futex_wait(box.address + 8 * counter, seen, SLEEP_S)
             elif polls % 512:
+                os.sched_yield()        # a core another process needs goes to it (more ranks than cores)
                 continue
             if not self._alive(peer):
                 raise self._error(peer, self._fate(peer, RuntimeError("its process ended")))
