@@ -35,7 +35,7 @@ import torch
 from tqdm import tqdm
 
 from specmesh import catalog, methods
-from specmesh.kernels import cache_dir, cpu_flags, cpu_name
+from specmesh.kernels import cache_dir, cpu_name, vector_units
 from specmesh.methods.pearl import by_width
 from specmesh.model.loader import stamp
 from specmesh.spec.sampling import SamplingParams
@@ -52,9 +52,6 @@ LOOKUP = 2              # sd's calibrated prompt lookup: proposes what followed 
 BUDGET_S = 30.0         # calibration time aimed at (plan; $SPECMESH_TUNE_BUDGET_S overrides it)
 MARGIN = 0.03           # a speculative method must predict 3% faster than ar (measurement noise)
 PAIR_MARGIN = 0.10      # a few calibration prompts must beat the pair's own options (options.json) by 10%
-VECTOR_UNITS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
-
-
 @dataclass
 class Trial:
     """One family's calibration run, summed over the calibration prompts."""
@@ -338,9 +335,8 @@ def cache_path() -> Path:
 def cache_key(llm, draft: Path | None) -> str:
     """Machine (CPU model, vector units, threads, device), model pair, dtype and quantization, the kernels they
     run on, and the candidates (a new version's kernels or calibration families measure again)."""
-    units = "+".join(u for u in VECTOR_UNITS if u in cpu_flags())
     models = [m for m in (llm.models.target, llm.models.draft) if m is not None]
-    parts = [cpu_name(), units, f"{torch.get_num_threads()} threads", str(llm.device), str(llm.dtype).split(".")[-1],
+    parts = [cpu_name(), vector_units(), f"{torch.get_num_threads()} threads", str(llm.device), str(llm.dtype).split(".")[-1],
              f"quant {llm.models.target.quant}", stamp(llm.models.target_path), stamp(draft) if draft else "-",
              "+".join(type(m.lm_head).__name__ for m in models), json.dumps(families(llm, draft))]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:6])

@@ -590,3 +590,12 @@ def test_swiglu_in_the_tile_product_gives_the_same_values():
             outs = [m(x, c) for m, c in zip((fused, apart), caches)]
             assert torch.equal(outs[0], outs[1]), x.shape
         assert torch.equal(fused(prompt[:, :20]), apart(prompt[:, :20]))
+
+
+def test_the_cpu_is_named_with_its_family_and_vector_units():
+    """Every bench result names the CPU kind it ran on: a VM's model name alone ("AMD EPYC") does not."""
+    import os
+    name = kernels.cpu_model()
+    assert name.startswith(kernels.cpu_name()) and (kernels.vector_units() or "no known vector units") in name
+    if os.path.exists("/proc/cpuinfo"):
+        assert "family" in name and "model" in name, name

@@ -26,7 +26,7 @@ from specmesh import catalog, methods
 from specmesh.bench import llamacpp
 from specmesh.bench.peers import PEERS as HF_PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
-from specmesh.kernels import cpu_name
+from specmesh.kernels import cpu_model
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.spec.sampling import SamplingParams
 from specmesh.engine.stats import Stats
@@ -235,7 +235,7 @@ def memory_bound(target: torch.nn.Module) -> dict:
 
 def machine(device: str = "cpu") -> str:
     gpu = f", {torch.cuda.get_device_name(device)}" if torch.device(device).type == "cuda" else ""
-    return f"{cpu_name()}, {os.cpu_count()} cores{gpu}, torch {torch.__version__}"
+    return f"{cpu_model()}, {os.cpu_count()} cores{gpu}, torch {torch.__version__}"
 
 
 def run_bench(cfg: BenchConfig) -> dict:

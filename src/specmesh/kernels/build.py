@@ -138,6 +138,27 @@ def cpu_name() -> str:
 
 
 @functools.cache
+def cpu_model() -> str:
+    """The CPU's model name with its family and model numbers and the vector units the kernels use, e.g. "AMD EPYC
+    (family 25 model 1; avx2)": a VM's model name alone ("AMD EPYC") does not say which kind it is."""
+    try:
+        info = dict(map(str.strip, line.split(":", 1)) for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if ":" in line)
+        ids = f"family {info['cpu family']} model {info['model']}; "
+    except (OSError, KeyError):
+        ids = ""
+    return f"{cpu_name()} ({ids}{vector_units() or 'no known vector units'})"
+
+
+VECTOR_UNITS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
+
+
+def vector_units() -> str:
+    """The kernels' vector units this CPU has, joined by "+" (part of `--method auto`'s cache key)."""
+    return "+".join(u for u in VECTOR_UNITS if u in cpu_flags())
+
+
+@functools.cache
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (Linux), or none where they cannot be read."""
     try:
