@@ -501,19 +501,31 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
-// Scores of query row qr against the 8 float32 keys at k ([8, hd]; only the first `live` are read, the
-// others give 0): 8 floats at pr.
-static inline void score8(const float *qr, const float *k, int hd, int live, float scale, float *pr) {
+// 8 keys' or values' elements from i on as float32: from a float32 block (BF 0), or a bf16 cache widened in
+// registers (BF 1; exact, so both give the same floats)
+static inline __m256 load8f(const void *p, int64_t i, const int BF) {
+    return BF ? load_bf16((const uint16_t *)p + i) : _mm256_loadu_ps((const float *)p + i);
+}
+
+static inline float load1f(const void *p, int64_t i, const int BF) {
+    return BF ? bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+// Scores of query row qr against the 8 keys from element `at` of k ([8, hd], float32 or bf16 as BF; only the first
+// `live` are read, the others give 0): 8 floats at pr.
+static inline void score8(const float *qr, const void *k, int64_t at, int hd, int live, float scale, float *pr,
+                          const int BF) {
     __m256 acc[8];
     for (int jj = 0; jj < 8; jj++) {
         acc[jj] = _mm256_setzero_ps();
         if (jj < live)
             for (int d = 0; d + 8 <= hd; d += 8)
-                acc[jj] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), _mm256_loadu_ps(k + (int64_t)jj * hd + d), acc[jj]);
+                acc[jj] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), load8f(k, at + (int64_t)jj * hd + d, BF), acc[jj]);
     }
     _mm256_storeu_ps(pr, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
     for (int jj = 0; jj < 8 && jj < live; jj++)                   // head dims past a multiple of 8
-        for (int d = hd / 8 * 8; d < hd; d++) pr[jj] += qr[d] * k[(int64_t)jj * hd + d] * scale;
+        for (int d = hd / 8 * 8; d < hd; d++)   // explicit fmaf: contracted alike wherever this is inlined
+            pr[jj] = fmaf(qr[d] * load1f(k, at + (int64_t)jj * hd + d, BF), scale, pr[jj]);
 }
 
 // Attention of M new tokens (rotated q [M, H*hd], row stride qs) over keys/values
@@ -541,24 +553,27 @@ static inline const float *block_f32(const void *c, int64_t kv0, int j0, int j1,
     return f;
 }
 
-static void attend_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
-                        int kv_len, const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0,
-                        int r1) {
+// (not inlined: GCC makes one copy per BF; inlined both into attend_head, the float32-block one ran 0.9x)
+static __attribute__((noinline)) void attend_rows(const float *q, int qs, const void *kc, const void *vc, int kv16,
+                                                  int max_len, int start, int kv_len, const uint8_t *mask, int ms,
+                                                  int H, int Hkv, int hd, float *out, int g, int r0, int r1,
+                                                  const int BF) {
     const int G = H / Hkv, R = r1 - r0, P = (kv_len + 7) / 8 * 8;  // rows; padded key count
     const float scale = 1.0f / sqrtf((float)hd);
     const int64_t kv0 = (int64_t)g * max_len * hd;           // this head's keys and values
     float *p = malloc(sizeof(float) * (R + 1) * P);         // scores of row r0 + r at p + r * P
     float *packed = p + (int64_t)R * P;
-    float *f = malloc(sizeof(float) * KB * hd);              // a block of keys or values in float32
+    float *f = BF ? NULL : malloc(sizeof(float) * KB * hd);  // a block of keys or values in float32
     #define Q_ROW(r) (q + (int64_t)((r0 + (r)) / G) * qs + (g * G + (r0 + (r)) % G) * hd)
     #define OUT_ROW(r) (out + (int64_t)((r0 + (r)) / G) * H * hd + (g * G + (r0 + (r)) % G) * hd)
     for (int b = 0; b < P; b += KB) {                        // scores, -inf where not seen
-        const float *kb = block_f32(kc, kv0, b, b + KB < kv_len ? b + KB : kv_len, hd, f, kv16);
+        const void *kb = BF ? (const void *)((const uint16_t *)kc + kv0 + (int64_t)b * hd)
+                            : block_f32(kc, kv0, b, b + KB < kv_len ? b + KB : kv_len, hd, f, kv16);
         for (int r = 0; r < R; r++) {
             float *pr = p + (int64_t)r * P;
             int t = (r0 + r) / G;
             for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
-                score8(Q_ROW(r), kb + (int64_t)(j0 - b) * hd, hd, kv_len - j0, scale, pr + j0);
+                score8(Q_ROW(r), kb, (int64_t)(j0 - b) * hd, hd, kv_len - j0, scale, pr + j0, BF);
                 for (int j = j0; j < j0 + 8; j++)
                     if (!(j < kv_len && (mask ? mask[(int64_t)t * ms + j] : j <= start + t))) pr[j] = -INFINITY;
             }
@@ -585,7 +600,8 @@ static void attend_head(const float *q, int qs, const void *kc, const void *vc, 
     const int HV = hd / 8 * 8;                               // head dims in whole vectors
     for (int b = 0; b < kv_len; b += KB) {                   // out += weights . values, in key order
         int end = b + KB < kv_len ? b + KB : kv_len;
-        const float *vb = block_f32(vc, kv0, b, end, hd, f, kv16);             // value j at vb + (j - b) * hd
+        const void *vb = BF ? (const void *)((const uint16_t *)vc + kv0 + (int64_t)b * hd)   // value j at
+                            : block_f32(vc, kv0, b, end, hd, f, kv16);                 // (j - b) * hd
         for (int r = 0; r < R; r++) {
             const float *pr = p + (int64_t)r * P;
             float *o = OUT_ROW(r);
@@ -596,13 +612,13 @@ static void attend_head(const float *q, int qs, const void *kc, const void *vc, 
                 for (int j = b; j < end; j++) {
                     if (pr[j] == 0.0f) continue;
                     __m256 w = _mm256_set1_ps(pr[j]);
-                    const float *vj = vb + (int64_t)(j - b) * hd + d0;
-                    for (int c = 0; c < n; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+                    const int64_t vj = (int64_t)(j - b) * hd + d0;
+                    for (int c = 0; c < n; c++) acc[c] = _mm256_fmadd_ps(w, load8f(vb, vj + 8 * c, BF), acc[c]);
                 }
                 for (int c = 0; c < n; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
             }
             for (int j = b; j < end; j++)
-                for (int d = HV; d < hd; d++) o[d] += pr[j] * vb[(int64_t)(j - b) * hd + d];
+                for (int d = HV; d < hd; d++) o[d] = fmaf(pr[j], load1f(vb, (int64_t)(j - b) * hd + d, BF), o[d]);
         }
     }
     for (int r = 0; r < R; r++)
@@ -612,6 +628,20 @@ static void attend_head(const float *q, int qs, const void *kc, const void *vc, 
     free(inv);
     free(f);
     free(p);
+}
+
+// A task of at most DIRECT_ROWS query rows reads a bf16 cache where it is, widening each key and value in
+// registers: converting a block into f first cost as much as its few rows' products (decoding: one or two rows
+// per task). More rows share one conversion. Both read the same floats in the same order: the same results.
+#define DIRECT_ROWS 2
+
+static void attend_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
+                        int kv_len, const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0,
+                        int r1) {
+    if (kv16 && r1 - r0 <= DIRECT_ROWS)
+        attend_rows(q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, H, Hkv, hd, out, g, r0, r1, 1);
+    else
+        attend_rows(q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, H, Hkv, hd, out, g, r0, r1, 0);
 }
 
 // The attention function's kv head g: attend512_head where the CPU has AVX-512 and hd is 64 or 128
