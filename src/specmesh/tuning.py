@@ -52,6 +52,8 @@ LOOKUP = 2              # sd's calibrated prompt lookup: proposes what followed 
 BUDGET_S = 30.0         # calibration time aimed at (plan; $SPECMESH_TUNE_BUDGET_S overrides it)
 MARGIN = 0.03           # a speculative method must predict 3% faster than ar (measurement noise)
 PAIR_MARGIN = 0.10      # a few calibration prompts must beat the pair's own options (options.json) by 10%
+
+
 @dataclass
 class Trial:
     """One family's calibration run, summed over the calibration prompts."""

@@ -122,8 +122,7 @@ static inline __attribute__((always_inline)) void dot_rows(const float *x, int K
 
 // y[m0 + i, n0 + j] = out[i * ld + j] + bias[n0 + j] for i < mb, j < cols: a pass's tile of outputs written back
 // (csrc/avx512.c's products too)
-void store_tile(const float *out, int ld, int mb, int cols, const float *bias, float *y, int N, int m0,
-                              int n0) {
+void store_tile(const float *out, int ld, int mb, int cols, const float *bias, float *y, int N, int m0, int n0) {
     for (int i = 0; i < mb; i++)
         for (int j = 0; j < cols; j++)
             y[(int64_t)(m0 + i) * N + n0 + j] = out[ld * i + j] + (bias ? bias[n0 + j] : 0.0f);

@@ -128,25 +128,29 @@ def cache_dir() -> Path:
 
 
 @functools.cache
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (Linux), else none."""
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if ":" in line:
+                key, value = map(str.strip, line.split(":", 1))
+                info.setdefault(key, value)
+    except OSError:
+        pass
+    return info
+
+
 def cpu_name() -> str:
     """The CPU's model name (Linux), else what the platform says."""
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
+    return cpu_info().get("model name") or platform.processor() or platform.machine()
 
 
-@functools.cache
 def cpu_model() -> str:
     """The CPU's model name with its family and model numbers and the vector units the kernels use, e.g. "AMD EPYC
     (family 25 model 1; avx2)": a VM's model name alone ("AMD EPYC") does not say which kind it is."""
-    try:
-        info = dict(map(str.strip, line.split(":", 1)) for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if ":" in line)
-        ids = f"family {info['cpu family']} model {info['model']}; "
-    except (OSError, KeyError):
-        ids = ""
+    info = cpu_info()
+    ids = f"family {info['cpu family']} model {info['model']}; " if {"cpu family", "model"} <= info.keys() else ""
     return f"{cpu_name()} ({ids}{vector_units() or 'no known vector units'})"
 
 
