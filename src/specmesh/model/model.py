@@ -106,9 +106,10 @@ class ModelConfig:
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Rotary inverse frequencies [head_dim/2], with linear or llama3 scaling."""
+    """Rotary inverse frequencies [head_dim/2], with linear or llama3 scaling; on the CPU, also where the model
+    is built on the meta device (arithmetic there imports torch._dynamo: 1.5 s of every start-up)."""
     dim = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
     s = cfg.rope_scaling
     if s is None:
         return inv
@@ -284,7 +285,10 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        weight = torch.empty(cfg.vocab_size, cfg.hidden_size)   # on the meta device when loading: no init there,
+        if not weight.is_meta:                                  # which would import torch._dynamo (1.5 s)
+            nn.init.normal_(weight)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
