@@ -13,6 +13,7 @@ from pathlib import Path
 from specmesh import embedded
 
 DOMAINS = ("tests", "lib")               # cosine's specialised drafters (drafters.py)
+CONTEXT = "context"                      # cosine's context n-gram drafter (proposers/context_drafter.py)
 
 EMBEDDED = "embedded"                        # alias: the embedded target (or draft, for --draft)
 DEFAULT = "smollm2-135m-instruct"            # the default target, when its package is installed (a dependency)
@@ -44,7 +45,8 @@ def known() -> dict[str, Model]:
     """Every model present on this machine, by name."""
     specialised = [d for d in DOMAINS if (embedded.ROOT / "models" / "drafters" / d).is_dir()]
     models = [Model("specmesh-target", "target", embedded.ROOT / "models" / "target", "embedded (this repository)",
-                    "specmesh-draft", drafters=("specmesh-draft", *(f"specmesh-drafter-{d}" for d in specialised))),
+                    "specmesh-draft",
+                    drafters=("specmesh-draft", *(f"specmesh-drafter-{d}" for d in specialised), CONTEXT)),
               Model("specmesh-draft", "draft", embedded.ROOT / "models" / "draft", "embedded (this repository)")]
     models += [Model(f"specmesh-drafter-{d}", "draft", embedded.ROOT / "models" / "drafters" / d,
                      f"embedded, the draft distilled further on the standard library's {d} (cosine)")
@@ -112,18 +114,24 @@ def pair_options(draft: Path | None) -> dict[str, dict]:
     return options
 
 
-def drafters_for(target: Path, spec: str = "") -> list[Path]:
-    """cosine's drafters: those named in `spec` (comma-separated names or folders), else the target's shipped
-    ones; at least two."""
+def drafters_for(target: Path, spec: str = "") -> tuple[list[Path], bool]:
+    """cosine's drafters: those named in `spec` (comma-separated names or folders, and `context` for the
+    context n-gram drafter), else the target's shipped ones; at least two. Returns the checkpoints and
+    whether the context drafter is one of them."""
     if spec:
-        paths = [resolve(name.strip(), "draft") for name in spec.split(",") if name.strip()]
+        names = [name.strip() for name in spec.split(",") if name.strip()]
     else:
-        models, m = known(), entry(target)
-        paths = [models[n].path for n in (m.drafters if m is not None else ()) if n in models]
-    if len(paths) < 2:
-        raise ValueError(f"cosine needs at least two drafters and has {len(paths)}: pass --drafters DIR,DIR "
-                         f"(draft checkpoints with the target's tokenizer)")
-    return paths
+        m = entry(target)
+        names = list(m.drafters if m is not None else ())
+    context = CONTEXT in names
+    models = known()
+    paths = [resolve(name, "draft") if spec else models[name].path for name in names
+             if name != CONTEXT and (spec or name in models)]
+    if len(paths) + context < 2:
+        raise ValueError(f"cosine needs at least two drafters and has {len(paths) + context}: pass --drafters "
+                         f"DIR,DIR (draft checkpoints with the target's tokenizer, or {CONTEXT} for the context "
+                         f"n-gram drafter)")
+    return paths, context
 
 
 def ngram_for(target: Path | None) -> Path | None:

@@ -107,7 +107,7 @@ class LLM:
     def _load_drafters(self, target: Path, quant: str | None) -> None:
         """cosine's drafters: here, or each in a process of its own (proposers/remote_drafter.py)."""
         o = self.method.options
-        paths = catalog.drafters_for(target, o["drafters"])
+        paths, self.models.context_drafter = catalog.drafters_for(target, o["drafters"])
         for path in paths:
             check_vocabularies(self.tokenizer, load_tokenizer(path), target, path)
         if o["drafter_processes"]:
@@ -115,7 +115,8 @@ class LLM:
                                                    o["timeout"])
         else:
             self.models.drafters = [load_model(p, self.dtype, self.device, draft=True, quant=quant) for p in paths]
-        self.models.drafter_names = [catalog.name_of(p) for p in paths]
+        self.models.drafter_names = [catalog.name_of(p) for p in paths] + [catalog.CONTEXT] * \
+            self.models.context_drafter
 
     def close(self) -> None:
         """Stop the method's other processes, if it has any (pearl's draft rank, a pipeline's stages)."""

@@ -67,9 +67,12 @@ def ar(tiny_checkpoint):
     return LLM(target=tiny_checkpoint)
 
 
-@pytest.mark.parametrize("options", [{}, {"no_fusion": True}, {"no_routing": True}, {"tree_budget": 4}])
+@pytest.mark.parametrize("options", [{}, {"no_fusion": True}, {"no_routing": True}, {"tree_budget": 4},
+                                     {"context": True}, {"context": True, "no_fusion": True}])
 def test_greedy_equals_ar(ar, tiny_checkpoint, tiny_draft_checkpoint, options):
     drafters = f"{tiny_checkpoint},{tiny_draft_checkpoint},{tiny_draft_checkpoint}"
+    if options.pop("context", False):
+        drafters += ",context"
     llm = LLM(target=tiny_checkpoint, method="cosine", drafters=drafters, **options)
     params = SamplingParams(max_new_tokens=30)
     out = llm.generate(PROMPTS, params)
@@ -90,13 +93,16 @@ def test_the_router_learns_which_drafter_serves(tiny_checkpoint, tiny_draft_chec
 
 
 def test_sampling_draws_from_the_target(ar, tiny_checkpoint, tiny_draft_checkpoint):
-    llm = LLM(target=tiny_checkpoint, method="cosine", drafters=f"{tiny_checkpoint},{tiny_draft_checkpoint}")
+    llm = LLM(target=tiny_checkpoint, method="cosine", drafters=f"{tiny_checkpoint},{tiny_draft_checkpoint},context",
+              routed=3)
     assert_same_distribution(sampled_pairs(ar, 1500, seed=1), sampled_pairs(llm, 1500, seed=2))
 
 
 def test_bad_drafters_are_refused(tiny_checkpoint):
     with pytest.raises(ValueError, match="cosine needs at least two drafters and has 1"):
         LLM(target=tiny_checkpoint, method="cosine", drafters=str(tiny_checkpoint))
+    with pytest.raises(ValueError, match="cosine needs at least two drafters and has 1"):
+        LLM(target=tiny_checkpoint, method="cosine", drafters="context")
     with pytest.raises(ValueError, match="cosine needs at least two drafters and has 0"):
         LLM(target=tiny_checkpoint, method="cosine")
 
@@ -126,9 +132,10 @@ def test_drafter_processes_and_a_killed_drafter_does_not_stop_generation(ar, tin
 
 
 def test_the_shipped_drafters_make_cosine_work_with_no_option():
-    """The embedded target ships three drafters (general, tests, lib): `--method cosine` needs nothing else."""
+    """The embedded target ships three drafters (general, tests, lib) and takes the context drafter beside them:
+    `--method cosine` needs nothing else."""
     llm = LLM(target="embedded", method="cosine")
-    assert llm.models.drafter_names == ["specmesh-draft", "specmesh-drafter-tests", "specmesh-drafter-lib"]
+    assert llm.models.drafter_names == ["specmesh-draft", "specmesh-drafter-tests", "specmesh-drafter-lib", "context"]
     params = SamplingParams(max_new_tokens=24)
     ar = LLM(target="embedded", method="ar")
     assert [o.tokens for o in llm.generate(PROMPTS, params)] == [o.tokens for o in ar.generate(PROMPTS, params)]

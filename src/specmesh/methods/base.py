@@ -33,6 +33,7 @@ class Models:
     draft: Transformer | None = None
     drafters: list[Transformer] = field(default_factory=list)     # cosine's
     drafter_names: list[str] = field(default_factory=list)
+    context_drafter: bool = False           # cosine's context n-gram drafter beside them
     target_path: Path | None = None         # the target's checkpoint folder (holds its n-gram cache)
     remote: Remote | None = None            # pearl's DraftPeer, a pipeline's Pipeline
 
@@ -80,7 +81,8 @@ OPTIONS = {
     "max_candidates": Option("n-gram candidate continuations verified per step"),
     "ngram_cache": Option("corpus n-gram cache (default: ngram.npz beside the target, if any)", str, "FILE"),
     "drafters": Option("cosine: its drafters, comma-separated names or folders of draft checkpoints sharing the "
-                       "target's tokenizer (default: the target's shipped drafters)", str, "DIR,DIR"),
+                       "target's tokenizer, and `context` for the context n-gram drafter (default: the target's "
+                       "shipped drafters)", str, "DIR,DIR"),
     "routed": Option("cosine: drafters routed to a request each round"),
     "explore_below": Option("cosine: τ, explore (pick drafters partly at random) after a round that accepted fewer "
                             "tokens than this"),

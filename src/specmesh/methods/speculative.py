@@ -22,6 +22,7 @@ from specmesh.methods.ar import AR
 from specmesh.methods.base import Configured, MethodSpec
 from specmesh.proposers import Proposer
 from specmesh.proposers.draft_model import DraftModel
+from specmesh.proposers.context_drafter import ContextDrafter
 from specmesh.proposers.fused_drafters import Drafter, FusedDrafters
 from specmesh.proposers.fuzzy_draft import FuzzyDraft, layer_groups
 from specmesh.proposers.lookup import LookupFirst
@@ -145,6 +146,8 @@ def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
     else:
         drafters = [Drafter(DraftModel(m, runner.rows, runner.max_len, o["draft_window"], width=2, max_children=2))
                     for m in models.drafters]
+    if models.context_drafter:
+        drafters.append(ContextDrafter(runner.rows))
     proposer = FusedDrafters(drafters, models.target.embed.weight.detach(), runner.rows, o["routed"],
                              o["explore_below"], o["tree_budget"], routing=not o["no_routing"],
                              fusion=not o["no_fusion"], token_budget=None if o["no_adaptive"] else o["token_budget"],

@@ -15,6 +15,11 @@ own. The tree is the union: the spine, every drafter's own tokens beside it, and
 to the `budget` nodes of highest cumulative confidence. Proposals are deterministic (argmax), so `verify`
 draws and matches: lossless at any temperature.
 
+A free drafter (context_drafter.ContextDrafter: prompt lookup, no forward) is not routed: it joins every
+round, and `routed` counts it. It alone goes on past the round's depth while it finds tokens (its chain is
+bounded by the tree budget), and where it is sure of the root's next token (confidence >= SOLO) the model
+drafters sit the round out: code that repeats its context is drafted for nothing.
+
 After verification drafter n's round score is m = (1/K) Σ_i c·d / (c·d + (1 − c)(1 − d)), with d_i the
 cosine similarity (clamped to [0, 1]) of the target's input embeddings of the accepted token i and x_i^n,
 0 past the accepted length; M[n] <- (1 − η) M[n] + η m.
@@ -38,6 +43,7 @@ from specmesh.spec.verify import Verdict
 EXPLOIT, EXPLORE = 1.0, 0.5         # α, β: the share of routed drafters picked by score (the rest at random)
 ETA = 0.5                           # the weight of a round's score in the running one
 START = 0.5                         # a drafter's score before it was routed
+SOLO = 0.9                          # a free drafter this confident at the root drafts the round alone
 
 
 def round_score(confidence: list[float], similarity: list[float], accepted: int) -> float:
@@ -106,10 +112,10 @@ class Drafter:
     each read, `result()` is the most likely next token after each node read and its probability.
 
     Its view of a row's tree: per level two siblings below the node it continued, the token it continues now
-    (the fused one) and its own candidate, so one forward per level reads both."""
+    (the fused one) and its own candidate, so one forward per level reads both (one where they are the same)."""
 
     def __init__(self, draft: DraftModel):
-        self.draft, self.views, self.top = draft, [], None
+        self.draft, self.views, self.continued, self.top = draft, [], [], None
 
     def admit(self, row: int, seq: Sequence) -> None:
         self.draft.admit(row, seq)
@@ -121,17 +127,20 @@ class Drafter:
         for b, seq in enumerate(seqs):
             self.draft.pending[b].append(seq.last)
         self.views, self.draft.slots = [TokenTree.root(seq.last) for seq in seqs], {}
+        self.continued = [0] * len(seqs)            # per row: the node of its view it continues
 
     def read_root(self, seqs: list[Sequence]) -> None:
         self.draft._catch_up(seqs)
         self.top = most_likely(self.draft._read_pending(seqs)[:, None])
 
     def read_level(self, seqs: list[Sequence], pairs: list[tuple[int, int]]) -> None:
-        """pairs[b]: (the token row b continues, its own candidate)."""
+        """pairs[b]: (the token row b continues, its own candidate); one token a row where every row's are
+        the same (its candidate was fused)."""
+        both = any(go_on != own for go_on, own in pairs)
         level = []
-        for view, (go_on, own) in zip(self.views, pairs):
-            parent = len(view) - 2 if len(view) > 1 else 0         # the node it continued at the last level
-            level = [view.add(go_on, parent), view.add(own, parent)]
+        for b, (view, (go_on, own)) in enumerate(zip(self.views, pairs)):
+            level = [view.add(go_on, self.continued[b])] + ([view.add(own, self.continued[b])] if both else [])
+            self.continued[b] = level[0]
         self.top = most_likely(self.draft._forward_level(seqs, self.views, level))
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,28 +199,43 @@ class FusedDrafters:
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
         B, depth = len(seqs), max(budgets)
         live = [n for n in range(len(self.drafters)) if self.alive[n]]
-        self.rounds = [Round([live[i] for i in route([self.scores[b][n] for n in live], self.routed, self.last[b],
-                                                     self.explore_below, self.rngs[b])]
-                             if self.routing else live) for b in range(B)]
+        free = [n for n in live if getattr(self.drafters[n], "free", False)]    # no forward: never routed out
+        routable = [n for n in live if n not in free]
+        k = max(1, self.routed - len(free))     # `routed` drafters a request, the free ones included
+        self.rounds = [Round(sorted([routable[i] for i in route([self.scores[b][n] for n in routable], k,
+                                                                self.last[b], self.explore_below, self.rngs[b])]
+                                    + free) if self.routing else live) for b in range(B)]
         trees = [TokenTree.root(seq.last) for seq in seqs]
         self._each(lambda n, d: d.begin(seqs))
         active = sorted({n for r in self.rounds for n in r.drafters})
         if depth == 0 or not active:
             return trees
-        self._each(lambda n, d: d.read_root(seqs), active)         # each reads what it has not, up to the root
-        top = self._results(active)
+        # a free drafter goes on alone past the depth while it finds tokens: the tree budget bounds its chain
+        reach = lambda n, b: (self.budget - 1 if n in free else budgets[b]) if budgets[b] else 0
+        levels = max(reach(n, b) for n in active for b in range(B))
+        first = [n for n in active if n in free]
+        self._each(lambda n, d: d.read_root(seqs), first)          # each reads what it has not, up to the root
+        top = self._results(first)
+        for b, r in enumerate(self.rounds):         # a free drafter sure of its next token drafts alone
+            if any(n in top and top[n][0][b, 0] >= SOLO for n in free):
+                r.drafters = [n for n in r.drafters if n in free]
+        rest = [n for n in active if n not in free and any(n in r.drafters for r in self.rounds)]
+        self._each(lambda n, d: d.read_root(seqs), rest)
+        top |= self._results(rest)
+        active = first + rest
         spine = [{n: 0 for n in r.drafters} for r in self.rounds]   # per row: the node each drafter continues
         own = [{} for _ in range(B)]                                 # per row: drafter -> its own node beside
-        for level in range(depth):
+        for level in range(levels):
             for b, (tree, r) in enumerate(zip(trees, self.rounds)):
-                if level < budgets[b]:
-                    cand = {n: (float(top[n][0][b, 0]), int(top[n][1][b, 0])) for n in r.drafters if n in top}
-                    own_child = {n: (float(top[n][0][b, 1]), int(top[n][1][b, 1]))
-                                 for n in own[b] if n in top and top[n][0].shape[1] > 1}
-                    if cand:
-                        self._grow(tree, r, cand, own_child, spine[b], own[b])
-            active = [n for n in active if n in top and self.alive[n]]
-            if level + 1 >= depth or not active:
+                cand = {n: (float(top[n][0][b, 0]), int(top[n][1][b, 0])) for n in r.drafters
+                        if n in top and level < reach(n, b) and top[n][0][b, 0] > 0}   # 0: nothing found
+                own_child = {n: (float(top[n][0][b, 1]), int(top[n][1][b, 1])) for n in own[b]
+                             if n in top and top[n][0].shape[1] > 1 and top[n][0][b, 1] > 0}
+                if cand:
+                    self._grow(tree, r, cand, own_child, spine[b], own[b])
+            active = [n for n in active if n in top and self.alive[n] and any(level + 1 < reach(n, b)
+                                                                              for b in range(B))]
+            if not active:
                 break
             self._each(lambda n, d: d.read_level(seqs, self._pairs(n, trees, spine, top)), active)
             top = self._results(active)
@@ -250,6 +274,7 @@ class FusedDrafters:
             node = self._child(tree, parent, x, p)
             if node != fused:
                 own[n] = node
+        for n in spine:
             spine[n] = fused
 
     @staticmethod

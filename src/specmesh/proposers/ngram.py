@@ -44,6 +44,17 @@ class SuffixIndex:
                 return self.tokens[p:p + k]
         return []
 
+    def next_after(self, extra: Sequence[int]) -> tuple[int, int] | None:
+        """(token, n): the token that followed the latest earlier occurrence of the longest suffix (n tokens,
+        at least min_n) of the indexed tokens followed by `extra`; None where there was none. The index is
+        not changed: `extra` is a hypothetical continuation (a path in a draft tree)."""
+        tail = (self.tokens[-self.max_n:] + list(extra))[-self.max_n:]
+        for n in range(len(tail), self.min_n - 1, -1):
+            p = self.after.get(tuple(tail[-n:]))
+            if p is not None:
+                return self.tokens[p], n
+        return None
+
 
 class ContextCache:
     def __init__(self, gram: int = 4, per_key: int = 10):

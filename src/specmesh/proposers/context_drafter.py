@@ -1,0 +1,98 @@
+"""cosine's context drafter: prompt lookup (ngram.SuffixIndex) as one of the fused drafters.
+
+It runs no model. After each node it reads, its candidate is the token that followed the latest earlier
+occurrence of the longest suffix (n = MIN_N..MAX_N tokens) of the request's tokens and the path read so far;
+where none occurred it is silent for the rest of the round's spine. Fusion compares candidates by
+confidence, and a lookup has no probability of its own: its confidence is the measured precision of its
+candidates by match length, (hits + 1) / (tries + 2), counted over every request it drafted for (a candidate
+counts where the verifier decided it: along the accepted path, and at the first position past it against the
+target's own token). Code repeats its context, so long matches earn a high confidence and short ones a low
+one, and the fused spine follows the lookup where it has been right.
+
+Being free, it is not routed: it joins every round beside the routed drafters (FusedDrafters.free).
+"""
+from __future__ import annotations
+
+import torch
+
+from specmesh.engine.sequence import Sequence
+from specmesh.proposers.ngram import SuffixIndex
+
+MIN_N, MAX_N = 2, 6
+
+
+class ContextDrafter:
+    free = True                                   # costs no forward: joins every round, not routed
+
+    def __init__(self, rows: int, min_n: int = MIN_N, max_n: int = MAX_N):
+        self.min_n, self.max_n = min_n, max_n
+        self.index: list[SuffixIndex | None] = [None] * rows
+        self.record = {n: [0, 0] for n in range(min_n, max_n + 1)}    # match length -> [hits, tries]
+        self.paths: list[list[int]] = []          # per row: the spine tokens read this round
+        self.spine: list[list[tuple[int, int]]] = []    # per row: its (token, n) candidates along the spine
+        self.open: list[tuple[int, int] | None] = [None] * rows    # a candidate past the accepted path
+        self.top: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def admit(self, row: int, seq: Sequence) -> None:
+        self.index[row], self.open[row] = SuffixIndex(seq.ids, self.min_n, self.max_n), None
+
+    def move_row(self, src: int, dst: int) -> None:
+        self.index[dst], self.open[dst] = self.index[src], self.open[src]
+
+    def confidence(self, n: int) -> float:
+        hits, tries = self.record[n]
+        return (hits + 1) / (tries + 2)
+
+    def _count(self, candidate: tuple[int, int], truth: int) -> None:
+        token, n = candidate
+        self.record[n][0] += token == truth
+        self.record[n][1] += 1
+
+    def begin(self, seqs: list[Sequence]) -> None:
+        """Index the tokens accepted since the last round; the newest one decides last round's open candidate."""
+        for b, seq in enumerate(seqs):
+            index = self.index[b]
+            index.extend(seq.tokens[len(index.tokens) - len(seq.ids):])
+            if self.open[b] is not None:
+                self._count(self.open[b], seq.last)
+                self.open[b] = None
+        self.paths, self.spine = [[] for _ in seqs], [[] for _ in seqs]
+
+    def read_root(self, seqs: list[Sequence]) -> None:
+        self.top = self._lookup([[[]] for _ in seqs])
+
+    def read_level(self, seqs: list[Sequence], pairs: list[tuple[int, int]]) -> None:
+        """pairs[b]: (the token row b continues, its own candidate)."""
+        for path, (go_on, _) in zip(self.paths, pairs):
+            path.append(go_on)
+        self.top = self._lookup([[path, path[:-1] + [own]] for path, (_, own) in zip(self.paths, pairs)])
+
+    def _lookup(self, reads: list[list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row, the candidate after each path read (the first: the spine's): probabilities and tokens
+        [B, k]; probability 0 where the lookup found nothing (or the spine found nothing at a level before)."""
+        B, k = len(reads), len(reads[0])
+        probs, tokens = torch.zeros(B, k), torch.zeros(B, k, dtype=torch.long)
+        for b, paths in enumerate(reads):
+            for i, path in enumerate(paths):
+                lost = i == 0 and len(self.spine[b]) < len(self.paths[b])
+                found = None if lost else self.index[b].next_after(path)
+                if found is not None:
+                    tokens[b, i], probs[b, i] = found[0], self.confidence(found[1])
+                    if i == 0:
+                        self.spine[b].append(found)
+        return probs, tokens
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.top
+
+    def finish(self, row: int, accepted: list[int]) -> None:
+        """Count the spine candidates the verifier decided; the one just past the accepted path waits for the
+        target's token (the next round's newest)."""
+        spine, path = self.spine[row], self.paths[row]
+        for i, candidate in enumerate(spine):
+            if i > len(accepted) or path[:i] != accepted[:i]:
+                break
+            if i == len(accepted):
+                self.open[row] = candidate
+            else:
+                self._count(candidate, accepted[i])
