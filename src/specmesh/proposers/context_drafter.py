@@ -9,7 +9,7 @@ counts where the verifier decided it: along the accepted path, and at the first 
 target's own token). Code repeats its context, so long matches earn a high confidence and short ones a low
 one, and the fused spine follows the lookup where it has been right.
 
-Being free, it is not routed: it joins every round beside the routed drafters (FusedDrafters.free).
+Being free, it is not routed: it joins every round beside the routed drafters (its `free` flag).
 """
 from __future__ import annotations
 
