@@ -57,6 +57,7 @@ def test_the_context_drafter_joins_every_round_and_drafts_past_the_depth():
     cos.admit(0, s)
     tree = cos.propose([s], [1])[0]                  # depth 1: the model drafter reads the root only
     assert cos.rounds[0].drafters == [0, 1] and model.reads == 1
+    assert cos.levels == 1                           # model forwards one after another: the simulator prices these
     # the fused 8 and the model's own 42 beside it; the lookup's chain goes on below the depth, to the budget
     assert sorted(tree.tokens[1:3]) == [8, 42]
     chain = [tree.tokens[n] for n in tree.path_to(len(tree) - 1)]
@@ -71,7 +72,7 @@ def test_a_sure_context_drafter_drafts_alone_and_learns_its_precision():
     cos.admit(0, s)
     tree = cos.propose([s], [3])[0]
     assert context.confidence(3) >= fused_drafters.SOLO and cos.rounds[0].drafters == [1]
-    assert model.reads == 0 and 42 not in tree.tokens
+    assert model.reads == 0 and cos.levels == 0 and 42 not in tree.tokens
     # the verifier accepted 8 9 and then chose 3: the first two candidates were right; the third (1) waits
     # for the target's token, which the next round's newest token decides (3: a miss)
     context.finish(0, [8, 9])

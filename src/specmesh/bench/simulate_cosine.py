@@ -2,8 +2,9 @@
 drafters on nodes of their own around a verification server, larger than this machine.
 
 The real methods run here (greedy) on N requests decoding together in one engine, so every step's batch,
-tree sizes and draft levels are the real algorithm's (`Speculative.trace`: rows, tokens verified, levels
-drafted, per step). Only time is modelled, per step, from the profile:
+tree sizes and draft levels are the real algorithm's (`Speculative.trace`: rows, tokens verified, draft
+forwards one after another, per step: a chain that stopped early and cosine's context drafter, which runs no
+forward, cost no level). Only time is modelled, per step, from the profile:
 
 * cosine: each draft level costs a drafter forward on its node (the drafters work at the same time) and a
   round trip to the central node (the fused token out, the candidates back); then the batch's trees go to

@@ -74,7 +74,8 @@ class Speculative(AR):
     def __init__(self, runner: Runner, proposer: Proposer, depth: DraftDepth):
         super().__init__(runner)
         self.proposer, self.policy = proposer, depth
-        self.trace: list[tuple[int, int, int]] | None = None    # if a list: per step (rows, tokens verified, levels)
+        # if a list: per step (rows, tokens verified, draft forwards one after another)
+        self.trace: list[tuple[int, int, int]] | None = None
 
     def admit(self, seq: Sequence, row: int) -> list[int]:
         tokens = super().admit(seq, row)
@@ -93,7 +94,7 @@ class Speculative(AR):
         tokens = sum(len(t) for t in trees)
         self.policy.observe(drafted - start, verified - drafted, tokens)
         if self.trace is not None:
-            self.trace.append((len(seqs), tokens, max(budgets)))
+            self.trace.append((len(seqs), tokens, getattr(self.proposer, "levels", max(budgets))))
         verdicts = []
         for b, (seq, tree) in enumerate(zip(seqs, trees)):
             seq.stats.draft_s += drafted - start

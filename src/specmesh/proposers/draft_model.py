@@ -46,6 +46,7 @@ class DraftModel:
         self.pending: list[list[int]] = [[] for _ in range(rows)]     # per row: unread tokens, oldest first
         self.slots: dict[int, int] = {}         # tree node -> speculative slot (the same in every row)
         self.read_together = 2                  # unread tokens a row reads in the root's batched forward
+        self.levels = 0                         # draft forwards one after another in the last proposal
 
     # -- rows -----------------------------------------------------------------------------------
     def admit(self, row: int, seq: Sequence) -> None:
@@ -62,13 +63,13 @@ class DraftModel:
         for b, seq in enumerate(seqs):
             self.pending[b].append(seq.last)
         trees = [TokenTree.root(seq.last) for seq in seqs]
-        self.slots = {}
+        self.slots, self.levels = {}, 0
         depth = max(budgets)
         if depth == 0:
             return trees
         self._catch_up(seqs)
         logits = self._read_pending(seqs)                       # [B, V] at each root
-        level, budgets = [0], list(budgets)
+        level, budgets, self.levels = [0], list(budgets), 1
         for d in range(depth):
             level = self._grow(seqs, trees, level, logits, [d < budget for budget in budgets])
             if self.chain and self.stop_below:      # unsure: the next token would likely be rejected anyway
@@ -77,6 +78,7 @@ class DraftModel:
             if d + 1 >= max(budgets):
                 break
             logits = self._forward_level(seqs, trees, level)     # [B, width, V]
+            self.levels += 1
         return [tree.truncate(budget) for tree, budget in zip(trees, budgets)]
 
     def _forward(self, seqs: list[Sequence], tokens: list[list[int]], reading: bool, **tree) -> torch.Tensor:

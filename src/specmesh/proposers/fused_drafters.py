@@ -168,6 +168,7 @@ class FusedDrafters:
         self.last: list[int | None] = [None] * rows                   # each row's last accepted length
         self.rngs = [random.Random(row) for row in range(rows)]
         self.rounds: list[Round] = []
+        self.levels = 0                 # the last proposal's model-drafter forwards one after another (free ones cost none)
 
     # -- rows -----------------------------------------------------------------------------------
     def admit(self, row: int, seq: Sequence) -> None:
@@ -208,6 +209,7 @@ class FusedDrafters:
         trees = [TokenTree.root(seq.last) for seq in seqs]
         self._each(lambda n, d: d.begin(seqs))
         active = sorted({n for r in self.rounds for n in r.drafters})
+        self.levels = 0
         if depth == 0 or not active:
             return trees
         # a free drafter goes on alone past the depth while it finds tokens: the tree budget bounds its chain
@@ -222,7 +224,7 @@ class FusedDrafters:
         rest = [n for n in active if n not in free and any(n in r.drafters for r in self.rounds)]
         self._each(lambda n, d: d.read_root(seqs), rest)
         top |= self._results(rest)
-        active = first + rest
+        active, self.levels = first + rest, int(bool(rest))
         spine = [{n: 0 for n in r.drafters} for r in self.rounds]   # per row: the node each drafter continues
         own = [{} for _ in range(B)]                                 # per row: drafter -> its own node beside
         for level in range(levels):
@@ -239,6 +241,7 @@ class FusedDrafters:
                 break
             self._each(lambda n, d: d.read_level(seqs, self._pairs(n, trees, spine, top)), active)
             top = self._results(active)
+            self.levels += any(n not in free for n in active)
         trees = [keep_best(tree, self.budget) for tree in trees]
         if self.token_budget is not None:           # adaptive speculation: the longest trees give up nodes
             trees = [keep_best(t, n) for t, n in zip(trees, trim([len(t) for t in trees], self.token_budget))]
