@@ -38,7 +38,8 @@ from specmesh import catalog, corpus
 from specmesh.instructions import instructions
 from specmesh.model.loader import HEAD_TOKENS, load_model, load_tokenizer, save_model
 from specmesh.model.model import ModelConfig, Transformer
-from specmesh.train import checkpoint, distill_step, init_weights, lr_factor, optimizer, resume, set_lr
+from specmesh.train import (checkpoint, distill_step, init_weights, lr_factor, mixed_precision, optimizer, resume,
+                            set_lr)
 
 DRAFT = dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64)
 
@@ -235,7 +236,7 @@ def train(cfg: DistillConfig, teacher: Transformer, draft: Transformer, chat: np
         set_lr(opt, cfg.lr * lr_factor(step, cfg.steps, cfg.warmup))
         x = torch.cat([windows(chat, cfg.batch // 2, cfg.window, rng),
                        windows(code, cfg.batch - cfg.batch // 2, cfg.window, rng)])
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with mixed_precision():
             with torch.no_grad():
                 lt = teacher(x, head=ids).flatten(0, 1)         # [N, K]
             ld = draft(x, head=ids).flatten(0, 1)

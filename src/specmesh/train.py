@@ -9,7 +9,7 @@
   3. the draft alone distilled from the finished, frozen target (pure KL on a fresh
      shuffle): a draft that chases a moving target lags it, and agreement with the
      final target is what speculation pays for;
-  4. bfloat16 autocast (faster than float32 on CPUs with native bf16: docs/models.md), AdamW,
+  4. bfloat16 autocast where the CPU has native bf16 (faster than float32 there: docs/models.md), AdamW,
      linear warm-up then cosine decay; checkpoints in --work for resuming;
   5. the finished weights are written in HF layout, 16-bit, with held-out metrics.
 """
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from specmesh import corpus
+from specmesh.kernels.build import cpu_flags
 from specmesh.model.loader import save_model
 from specmesh.model.model import ModelConfig, Transformer
 
@@ -137,6 +138,12 @@ def windows(data: np.ndarray, total_steps: int, batch: int, seed: int) -> np.nda
     return (order * CONTEXT).reshape(total_steps, batch)
 
 
+def mixed_precision() -> torch.autocast:
+    """bfloat16 autocast where the CPU multiplies bf16 natively (AVX-512-BF16, AMX); float32 elsewhere, where
+    autocast emulates bf16: a distillation step of 4 x 1024 tokens on one Zen 3 core (AVX2) took 87 s against 8 s."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool({"avx512_bf16", "amx_bf16"} & cpu_flags()))
+
+
 def batch_at(data: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     rows = np.stack([data[s:s + CONTEXT + 1] for s in starts]).astype(np.int64)
     t = torch.from_numpy(rows)
@@ -145,7 +152,7 @@ def batch_at(data: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.
 
 def losses(target: Transformer, draft: Transformer, x: torch.Tensor, y: torch.Tensor):
     V = target.config.vocab_size
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with mixed_precision():
         lt = target(x).view(-1, V)
         ld = draft(x).view(-1, V)
     loss_t = F.cross_entropy(lt, y.reshape(-1))
@@ -232,7 +239,7 @@ def distill(cfg: TrainConfig, target: Transformer, draft: Transformer, train_ids
     for step in bar:
         set_lr(opt, cfg.lr_distill * lr_factor(step, steps, cfg.warmup))
         x, _ = batch_at(train_ids, starts[step])
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with mixed_precision():
             with torch.no_grad():
                 lt = target(x).view(-1, V)
             ld = draft(x).view(-1, V)
