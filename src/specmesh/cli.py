@@ -284,8 +284,8 @@ def build_parser() -> Parser:
                    "about 70 minutes on 2 cores, after about 35 minutes of the teacher answering and continuing code)")
     t.add_argument("--lr", type=float, default=2e-3, help="with --teacher: peak learning rate (default: 2e-3; the "
                    "shipped draft went on from --init at 1e-3)")
-    t.add_argument("--init", metavar="DIR", help="with --teacher: go on distilling this draft (a folder) instead of a "
-                   "fresh one")
+    t.add_argument("--init", metavar="DIR", help="with --teacher or --specialise: go on distilling this draft (a "
+                   "folder) instead of a fresh one (--teacher) or the general draft (--specialise)")
     t.add_argument("--work", default=None, help="scratch folder: corpus, checkpoints (default: runs/train, or "
                    "runs/distill with --teacher)")
     t.add_argument("--out", default=None, help="where the finished models go (default: models, or "
@@ -565,7 +565,7 @@ def cmd_ngram(args, parser) -> int:
 def cmd_train(args, parser) -> int:
     if args.specialise:
         from specmesh.drafters import specialise
-        specialise(args.specialise, out=args.out or "models/drafters", work=args.work or "runs/drafters")
+        specialise(args.specialise, out=args.out or "models/drafters", work=args.work or "runs/drafters", init=args.init)
         return 0
     if args.teacher:
         from specmesh.distill import DistillConfig, run as distill

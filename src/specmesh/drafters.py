@@ -42,9 +42,10 @@ def domain_sources(domain: str) -> tuple[list[tuple[str, str]], list[tuple[str, 
 
 
 def specialise(domain: str, out: str = "models/drafters", work: str = "runs/drafters", tokens: int = 1_600_000,
-               lr: float = 6e-4, prompts: str = "prompts") -> dict:
-    """Distil the general draft on `domain`; write out/DOMAIN (bf16, with its tokenizer) and the domain's
-    held-out prompts; returns the metrics (held-out cross-entropy and agreement with the target per domain)."""
+               lr: float = 6e-4, prompts: str = "prompts", init: str | None = None) -> dict:
+    """Distil the general draft (or the draft in `init`, to go on specialising one) on `domain`; write
+    out/DOMAIN (bf16, with its tokenizer) and the domain's held-out prompts; returns the metrics (held-out
+    cross-entropy and agreement with the target per domain)."""
     from tokenizers import Tokenizer
     work_dir, out_dir = Path(work) / domain, Path(out) / domain
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -53,7 +54,7 @@ def specialise(domain: str, out: str = "models/drafters", work: str = "runs/draf
     corpus.write_jsonl(corpus.make_prompts(heldout_files, count=60), Path(prompts) / f"{domain}-heldout.jsonl")
     ids = encode_split(tok, train_files)
     target = load_model(embedded.path("target"), torch.float32, "cpu", pack=False)
-    draft = load_model(embedded.path("draft"), torch.float32, "cpu", pack=False)
+    draft = load_model(init or embedded.path("draft"), torch.float32, "cpu", pack=False)
     cfg = TrainConfig(work=str(work_dir), out=str(out_dir), distill_tokens=tokens, lr_distill=lr, warmup=50,
                       seed=zlib.crc32(domain.encode()) % 1000)
     distill(cfg, target, draft, ids)

@@ -132,10 +132,10 @@ def test_drafter_processes_and_a_killed_drafter_does_not_stop_generation(ar, tin
 
 
 def test_the_shipped_drafters_make_cosine_work_with_no_option():
-    """The embedded target ships three drafters (general, tests, lib) and takes the context drafter beside them:
+    """The embedded target ships two specialised drafters (tests, lib) and takes the context drafter beside them:
     `--method cosine` needs nothing else."""
     llm = LLM(target="embedded", method="cosine")
-    assert llm.models.drafter_names == ["specmesh-draft", "specmesh-drafter-tests", "specmesh-drafter-lib", "context"]
+    assert llm.models.drafter_names == ["specmesh-drafter-tests", "specmesh-drafter-lib", "context"]
     params = SamplingParams(max_new_tokens=24)
     ar = LLM(target="embedded", method="ar")
     assert [o.tokens for o in llm.generate(PROMPTS, params)] == [o.tokens for o in ar.generate(PROMPTS, params)]
