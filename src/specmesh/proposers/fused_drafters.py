@@ -201,11 +201,7 @@ class FusedDrafters:
         B, depth = len(seqs), max(budgets)
         live = [n for n in range(len(self.drafters)) if self.alive[n]]
         free = [n for n in live if getattr(self.drafters[n], "free", False)]    # no forward: never routed out
-        routable = [n for n in live if n not in free]
-        k = max(1, self.routed - len(free))     # `routed` drafters a request, the free ones included
-        self.rounds = [Round(sorted([routable[i] for i in route([self.scores[b][n] for n in routable], k,
-                                                                self.last[b], self.explore_below, self.rngs[b])]
-                                    + free) if self.routing else live) for b in range(B)]
+        self.rounds = [self._route(b, live, free) for b in range(B)]
         trees = [TokenTree.root(seq.last) for seq in seqs]
         self._each(lambda n, d: d.begin(seqs))
         active = sorted({n for r in self.rounds for n in r.drafters})
@@ -215,16 +211,7 @@ class FusedDrafters:
         # a free drafter goes on alone past the depth while it finds tokens: the tree budget bounds its chain
         reach = lambda n, b: (self.budget - 1 if n in free else budgets[b]) if budgets[b] else 0
         levels = max(reach(n, b) for n in active for b in range(B))
-        first = [n for n in active if n in free]
-        self._each(lambda n, d: d.read_root(seqs), first)          # each reads what it has not, up to the root
-        top = self._results(first)
-        for b, r in enumerate(self.rounds):         # a free drafter sure of its next token drafts alone
-            if any(n in top and top[n][0][b, 0] >= SOLO for n in free):
-                r.drafters = [n for n in r.drafters if n in free]
-        rest = [n for n in active if n not in free and any(n in r.drafters for r in self.rounds)]
-        self._each(lambda n, d: d.read_root(seqs), rest)
-        top |= self._results(rest)
-        active, self.levels = first + rest, int(bool(rest))
+        top, active = self._read_roots(seqs, active, free)
         spine = [{n: 0 for n in r.drafters} for r in self.rounds]   # per row: the node each drafter continues
         own = [{} for _ in range(B)]                                 # per row: drafter -> its own node beside
         for level in range(levels):
@@ -246,6 +233,29 @@ class FusedDrafters:
         if self.token_budget is not None:           # adaptive speculation: the longest trees give up nodes
             trees = [keep_best(t, n) for t, n in zip(trees, trim([len(t) for t in trees], self.token_budget))]
         return trees
+
+    def _route(self, b: int, live: list[int], free: list[int]) -> Round:
+        """Row b's drafters this round: the free ones, and the others' pick by the router (`routed` in all)."""
+        if not self.routing:
+            return Round(live)
+        routable = [n for n in live if n not in free]
+        picks = route([self.scores[b][n] for n in routable], max(1, self.routed - len(free)), self.last[b],
+                      self.explore_below, self.rngs[b])
+        return Round(sorted([routable[i] for i in picks] + free))
+
+    def _read_roots(self, seqs: list[Sequence], active: list[int], free: list[int]) -> tuple[dict, list[int]]:
+        """Each active drafter reads up to the root, the free ones first: in a row where one of them is sure of
+        the next token (>= SOLO) the others sit the round out. The candidates by drafter, and who drafts on."""
+        first = [n for n in active if n in free]
+        self._each(lambda n, d: d.read_root(seqs), first)          # each reads what it has not, up to the root
+        top = self._results(first)
+        for b, r in enumerate(self.rounds):
+            if any(n in top and top[n][0][b, 0] >= SOLO for n in free):
+                r.drafters = [n for n in r.drafters if n in free]
+        rest = [n for n in active if n not in free and any(n in r.drafters for r in self.rounds)]
+        self._each(lambda n, d: d.read_root(seqs), rest)
+        self.levels = int(bool(rest))
+        return top | self._results(rest), first + rest
 
     @staticmethod
     def _pairs(n: int, trees: list[TokenTree], spine: list[dict], top: dict) -> list[tuple[int, int]]:
