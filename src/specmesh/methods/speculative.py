@@ -21,8 +21,8 @@ from specmesh.engine.sequence import Sequence
 from specmesh.methods.ar import AR
 from specmesh.methods.base import Configured, MethodSpec
 from specmesh.proposers import Proposer
-from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.context_drafter import ContextDrafter
+from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.fused_drafters import Drafter, FusedDrafters
 from specmesh.proposers.fuzzy_draft import FuzzyDraft, layer_groups
 from specmesh.proposers.lookup import LookupFirst
