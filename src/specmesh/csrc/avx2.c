@@ -511,20 +511,70 @@ static inline float load1f(const void *p, int64_t i, const int BF) {
 }
 
 // Scores of query row qr against the 8 keys from element `at` of k ([8, hd], float32 or bf16 as BF; only the first
-// `live` are read, the others give 0): 8 floats at pr.
-static inline void score8(const float *qr, const void *k, int64_t at, int hd, int live, float scale, float *pr,
-                          const int BF) {
+// `live` are read, the others give 0): 8 floats at pr. Key jj's dot product: lane i sums d = i, i + 8, ... in
+// order, then hsum8's tree; with all 8 keys live, d runs outside the keys so that the 8 chains stay in registers
+// (the same operations in the same order per key: the same floats).
+static inline __attribute__((always_inline)) void score8(const float *qr, const void *k, int64_t at, int hd, int live,
+                                                         float scale, float *pr, const int BF) {
     __m256 acc[8];
-    for (int jj = 0; jj < 8; jj++) {
-        acc[jj] = _mm256_setzero_ps();
-        if (jj < live)
+    for (int jj = 0; jj < 8; jj++) acc[jj] = _mm256_setzero_ps();
+    if (live >= 8)
+        for (int d = 0; d + 8 <= hd; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(qr + d);
+            #pragma GCC unroll 8
+            for (int jj = 0; jj < 8; jj++)
+                acc[jj] = _mm256_fmadd_ps(qv, load8f(k, at + (int64_t)jj * hd + d, BF), acc[jj]);
+        }
+    else
+        for (int jj = 0; jj < live; jj++)
             for (int d = 0; d + 8 <= hd; d += 8)
                 acc[jj] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), load8f(k, at + (int64_t)jj * hd + d, BF), acc[jj]);
-    }
     _mm256_storeu_ps(pr, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
     for (int jj = 0; jj < 8 && jj < live; jj++)                   // head dims past a multiple of 8
         for (int d = hd / 8 * 8; d < hd; d++)   // explicit fmaf: contracted alike wherever this is inlined
             pr[jj] = fmaf(qr[d] * load1f(k, at + (int64_t)jj * hd + d, BF), scale, pr[jj]);
+}
+
+// -inf at pr[0, 8) for the keys j0 .. j0 + 7 that a row does not see: where its mask row mrow is 0, or without a
+// mask past key `last`; keys from kv_len on are never seen.
+static inline void hide8(float *pr, const uint8_t *mrow, int j0, int kv_len, int last) {
+    if (j0 + 8 <= kv_len) {
+        if (!mrow) {
+            if (j0 + 7 <= last) return;
+        } else {
+            __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mrow + j0)));
+            __m256 hidden = _mm256_castsi256_ps(_mm256_cmpeq_epi32(m, _mm256_setzero_si256()));
+            _mm256_storeu_ps(pr, _mm256_blendv_ps(_mm256_loadu_ps(pr), _mm256_set1_ps(-INFINITY), hidden));
+            return;
+        }
+    }
+    for (int j = j0; j < j0 + 8; j++)
+        if (!(j < kv_len && (mrow ? mrow[j] : j <= last))) pr[j - j0] = -INFINITY;
+}
+
+// LEFT_PACK[m]: the lanes set in m, in order, then the others; permuting 8 floats by it moves the lanes of m to
+// the front (AVX2 has no compress instruction)
+static int32_t LEFT_PACK[256][8];
+
+__attribute__((constructor)) static void left_pack_table(void) {
+    for (int m = 0; m < 256; m++) {
+        int n = 0;
+        for (int i = 0; i < 8; i++) if (m >> i & 1) LEFT_PACK[m][n++] = i;
+        for (int i = 0; i < 8; i++) if (!(m >> i & 1)) LEFT_PACK[m][n++] = i;
+    }
+}
+
+// The nonzero floats of pr[0, P) (P a multiple of 8) in order at packed; returns how many
+static inline int nonzeros(const float *pr, int P, float *packed) {
+    int n = 0;
+    for (int j0 = 0; j0 < P; j0 += 8) {
+        __m256 v = _mm256_loadu_ps(pr + j0);
+        int m = ~_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ)) & 0xff;
+        __m256i order = _mm256_loadu_si256((const __m256i *)LEFT_PACK[m]);
+        _mm256_storeu_ps(packed + n, _mm256_permutevar8x32_ps(v, order));   // packed has room for P + 8
+        n += __builtin_popcount(m);
+    }
+    return n;
 }
 
 // Attention of M new tokens (rotated q [M, H*hd], row stride qs) over keys/values
@@ -552,6 +602,21 @@ static inline const float *block_f32(const void *c, int64_t kv0, int j0, int j1,
     return f;
 }
 
+// o[d0, d0 + 8 NV) += pr[j] * value j's elements there, for the keys j in [b, end) of nonzero weight, in key order
+// (values of the block from b on at vb, key j's at (j - b) * hd)
+static inline __attribute__((always_inline)) void weigh_values(float *o, const float *pr, const void *vb, int b,
+                                                               int end, int hd, int d0, const int NV, const int BF) {
+    __m256 acc[8];
+    for (int c = 0; c < NV; c++) acc[c] = _mm256_loadu_ps(o + d0 + 8 * c);
+    for (int j = b; j < end; j++) {
+        if (pr[j] == 0.0f) continue;
+        __m256 w = _mm256_set1_ps(pr[j]);
+        const int64_t vj = (int64_t)(j - b) * hd + d0;
+        for (int c = 0; c < NV; c++) acc[c] = _mm256_fmadd_ps(w, load8f(vb, vj + 8 * c, BF), acc[c]);
+    }
+    for (int c = 0; c < NV; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
+}
+
 // (not inlined: GCC makes one copy per BF; inlined both into attend_head, the float32-block one ran 0.9x)
 static __attribute__((noinline)) void attend_rows(const float *q, int qs, const void *kc, const void *vc, int kv16,
                                                   int max_len, int start, int kv_len, const uint8_t *mask, int ms,
@@ -560,7 +625,7 @@ static __attribute__((noinline)) void attend_rows(const float *q, int qs, const 
     const int G = H / Hkv, R = r1 - r0, P = (kv_len + 7) / 8 * 8;  // rows; padded key count
     const float scale = 1.0f / sqrtf((float)hd);
     const int64_t kv0 = (int64_t)g * max_len * hd;           // this head's keys and values
-    float *p = malloc(sizeof(float) * (R + 1) * P);         // scores of row r0 + r at p + r * P
+    float *p = malloc(sizeof(float) * ((R + 1) * P + 8));   // scores of row r0 + r at p + r * P
     float *packed = p + (int64_t)R * P;
     float *f = BF ? NULL : malloc(sizeof(float) * KB * hd);  // a block of keys or values in float32
     #define Q_ROW(r) (q + (int64_t)((r0 + (r)) / G) * qs + (g * G + (r0 + (r)) % G) * hd)
@@ -573,8 +638,7 @@ static __attribute__((noinline)) void attend_rows(const float *q, int qs, const 
             int t = (r0 + r) / G;
             for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
                 score8(Q_ROW(r), kb, (int64_t)(j0 - b) * hd, hd, kv_len - j0, scale, pr + j0, BF);
-                for (int j = j0; j < j0 + 8; j++)
-                    if (!(j < kv_len && (mask ? mask[(int64_t)t * ms + j] : j <= start + t))) pr[j] = -INFINITY;
+                hide8(pr + j0, mask ? mask + (int64_t)t * ms : NULL, j0, kv_len, start + t);
             }
         }
     }
@@ -588,9 +652,9 @@ static __attribute__((noinline)) void attend_rows(const float *q, int qs, const 
         top = _mm256_max_ps(top, _mm256_permute_ps(top, 0xb1));   // the row's max in every lane
         for (int j0 = 0; j0 < P; j0 += 8)
             _mm256_storeu_ps(pr + j0, exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + j0), top)));
-        int n = 0;                                           // the sum runs over the nonzero numerators
-        for (int j = 0; j < P; j++)                          // compacted in key order (the i-th in lane
-            if (pr[j] != 0.0f) packed[n++] = pr[j];          // i % 8): wherever masked keys sit
+        int n = nonzeros(pr, P, packed);                     // the sum runs over the nonzero numerators
+                                                             // compacted in key order (the i-th in lane
+                                                             // i % 8): wherever masked keys sit
         for (int j = n; j < (n + 7) / 8 * 8; j++) packed[j] = 0.0f;
         for (int j0 = 0; j0 < n; j0 += 8) sum = _mm256_add_ps(sum, _mm256_loadu_ps(packed + j0));
         inv[r] = 1.0f / hsum(sum);
@@ -604,18 +668,9 @@ static __attribute__((noinline)) void attend_rows(const float *q, int qs, const 
         for (int r = 0; r < R; r++) {
             const float *pr = p + (int64_t)r * P;
             float *o = OUT_ROW(r);
-            for (int d0 = 0; d0 < HV; d0 += 64) {
-                int n = (HV - d0 < 64 ? HV - d0 : 64) / 8;
-                __m256 acc[8];
-                for (int c = 0; c < n; c++) acc[c] = _mm256_loadu_ps(o + d0 + 8 * c);
-                for (int j = b; j < end; j++) {
-                    if (pr[j] == 0.0f) continue;
-                    __m256 w = _mm256_set1_ps(pr[j]);
-                    const int64_t vj = (int64_t)(j - b) * hd + d0;
-                    for (int c = 0; c < n; c++) acc[c] = _mm256_fmadd_ps(w, load8f(vb, vj + 8 * c, BF), acc[c]);
-                }
-                for (int c = 0; c < n; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
-            }
+            for (int d0 = 0; d0 < HV; d0 += 64)
+                if (HV - d0 >= 64) weigh_values(o, pr, vb, b, end, hd, d0, 8, BF);   // 8 accumulators in registers
+                else weigh_values(o, pr, vb, b, end, hd, d0, (HV - d0) / 8, BF);
             for (int j = b; j < end; j++)
                 for (int d = HV; d < hd; d++) o[d] = fmaf(pr[j], load1f(vb, (int64_t)(j - b) * hd + d, BF), o[d]);
         }
