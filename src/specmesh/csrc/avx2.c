@@ -56,6 +56,7 @@ static const int WBYTES[] = {2, 1, 4, 2, 2, 1, 1, 1, 2};   // float32 scale; AMX
 // switches the AVX-512 attention and int8 products on (use_avx512) only where the CPU has AVX-512
 static int avx512 = 0, vnni = 0;
 void use_avx512(int on) { avx512 = on; }
+int avx512_attention(void) { return avx512; }   // attend() runs csrc/avx512.c's attend512_head
 void use_vnni(int on) { vnni = on; }         // the quantized products on AVX512-VNNI (else AVX2's, the same values)
 void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y)
     __attribute__((weak));
@@ -628,15 +629,20 @@ static __attribute__((noinline)) void attend_rows(const float *q, int qs, const 
     float *p = malloc(sizeof(float) * ((R + 1) * P + 8));   // scores of row r0 + r at p + r * P
     float *packed = p + (int64_t)R * P;
     float *f = BF ? NULL : malloc(sizeof(float) * KB * hd);  // a block of keys or values in float32
+    int *span = malloc(sizeof(int) * R);     // row r's keys [0, span[r]) (a multiple of 8): those past it unseen
     #define Q_ROW(r) (q + (int64_t)((r0 + (r)) / G) * qs + (g * G + (r0 + (r)) % G) * hd)
     #define OUT_ROW(r) (out + (int64_t)((r0 + (r)) / G) * H * hd + (g * G + (r0 + (r)) % G) * hd)
+    for (int r = 0; r < R; r++) {            // causal without a mask: a prefill's rows skip the keys after them
+        const int last = start + (r0 + r) / G, seen = mask || last + 1 > kv_len ? kv_len : last + 1;
+        span[r] = (seen + 7) / 8 * 8;
+    }
     for (int b = 0; b < P; b += KB) {                        // scores, -inf where not seen
         const void *kb = BF ? (const void *)((const uint16_t *)kc + kv0 + (int64_t)b * hd)
                             : block_f32(kc, kv0, b, b + KB < kv_len ? b + KB : kv_len, hd, f, kv16);
         for (int r = 0; r < R; r++) {
             float *pr = p + (int64_t)r * P;
             int t = (r0 + r) / G;
-            for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
+            for (int j0 = b; j0 < b + KB && j0 < span[r]; j0 += 8) {
                 score8(Q_ROW(r), kb, (int64_t)(j0 - b) * hd, hd, kv_len - j0, scale, pr + j0, BF);
                 hide8(pr + j0, mask ? mask + (int64_t)t * ms : NULL, j0, kv_len, start + t);
             }
@@ -646,13 +652,13 @@ static __attribute__((noinline)) void attend_rows(const float *q, int qs, const 
     for (int r = 0; r < R; r++) {                            // softmax numerators; out = 0
         float *pr = p + (int64_t)r * P;
         __m256 top = _mm256_set1_ps(-INFINITY), sum = _mm256_setzero_ps();
-        for (int j0 = 0; j0 < P; j0 += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(pr + j0));
+        for (int j0 = 0; j0 < span[r]; j0 += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(pr + j0));
         top = _mm256_max_ps(top, _mm256_permute2f128_ps(top, top, 1));
         top = _mm256_max_ps(top, _mm256_permute_ps(top, 0x4e));
         top = _mm256_max_ps(top, _mm256_permute_ps(top, 0xb1));   // the row's max in every lane
-        for (int j0 = 0; j0 < P; j0 += 8)
+        for (int j0 = 0; j0 < span[r]; j0 += 8)
             _mm256_storeu_ps(pr + j0, exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + j0), top)));
-        int n = nonzeros(pr, P, packed);                     // the sum runs over the nonzero numerators
+        int n = nonzeros(pr, span[r], packed);               // the sum runs over the nonzero numerators
                                                              // compacted in key order (the i-th in lane
                                                              // i % 8): wherever masked keys sit
         for (int j = n; j < (n + 7) / 8 * 8; j++) packed[j] = 0.0f;
@@ -667,11 +673,12 @@ static __attribute__((noinline)) void attend_rows(const float *q, int qs, const 
                             : block_f32(vc, kv0, b, end, hd, f, kv16);                 // (j - b) * hd
         for (int r = 0; r < R; r++) {
             const float *pr = p + (int64_t)r * P;
+            const int stop = end < span[r] ? end : span[r];  // the row's unseen keys weigh 0: skipped
             float *o = OUT_ROW(r);
             for (int d0 = 0; d0 < HV; d0 += 64)
-                if (HV - d0 >= 64) weigh_values(o, pr, vb, b, end, hd, d0, 8, BF);   // 8 accumulators in registers
-                else weigh_values(o, pr, vb, b, end, hd, d0, (HV - d0) / 8, BF);
-            for (int j = b; j < end; j++)
+                if (HV - d0 >= 64) weigh_values(o, pr, vb, b, stop, hd, d0, 8, BF);   // 8 accumulators in registers
+                else weigh_values(o, pr, vb, b, stop, hd, d0, (HV - d0) / 8, BF);
+            for (int j = b; j < stop; j++)
                 for (int d = HV; d < hd; d++) o[d] = fmaf(pr[j], load1f(vb, (int64_t)(j - b) * hd + d, BF), o[d]);
         }
     }
@@ -679,6 +686,7 @@ static __attribute__((noinline)) void attend_rows(const float *q, int qs, const 
         for (int d = 0; d < hd; d++) OUT_ROW(r)[d] *= inv[r];
     #undef Q_ROW
     #undef OUT_ROW
+    free(span);
     free(inv);
     free(f);
     free(p);

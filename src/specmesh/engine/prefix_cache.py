@@ -5,12 +5,13 @@ tokens [0, BLOCK (i + 1)) (a chain: each block's digest covers its predecessor's
 pool evicts the least recently used block.
 
 Exact, not approximate. A block is reused only where computing it again would give the same
-bits: on the tile-unit path (kernels.CForward with AMX, a bf16 cache, head dim 64) a prefill
-computes every row alone (products row by row; each query's attention over its keys in a fixed
-order of key blocks from key 0), so the keys, values and logits of tokens P.. computed after P
-cached ones equal those of one prefill of the whole prompt, provided the rest takes that same
-path: at least MIN_REST tokens. Elsewhere (PyTorch's products round a row by how many rows share
-them) the cache stays off.
+bits: where a prefill runs in the C kernels (kernels.CForward: on the tile unit with AMX, a bf16 cache
+and head dim 64; or with AVX2's attention beside products that run prefills) it computes every row
+alone (products row by row; each query's attention over the keys it sees, in a fixed order from key
+0), so the keys, values and logits of tokens P.. computed after P cached ones equal those of one
+prefill of the whole prompt, provided the rest takes that same path: at least MIN_REST tokens.
+Elsewhere (PyTorch's products and attention round a row by how many rows share them) the cache
+stays off.
 
 The pool is allocated and zeroed when the server starts: resident memory does not grow as it fills.
 """
@@ -27,7 +28,7 @@ from specmesh.kernels import CForward
 from specmesh.model.model import PREFILL_TOKENS
 
 BLOCK = 16                          # tokens per block
-MIN_REST = PREFILL_TOKENS + 1       # a prompt's uncached rest attends on the tile unit, as its whole prefill does
+MIN_REST = PREFILL_TOKENS + 1       # a prompt's uncached rest attends as its whole prefill does (tiles: > 64)
 
 
 def unsupported(model) -> str | None:
@@ -35,9 +36,9 @@ def unsupported(model) -> str | None:
     if getattr(model, "tp", None) is not None:
         return "the target is split over processes (--tp): each keeps its own part of the keys and values"
     forward = getattr(model, "fast_forward", None)
-    if not isinstance(forward, CForward) or not forward.tile_attention:
-        return ("cached prefixes are bit-exact only where prefills attend on AMX tiles (an AMX CPU, bfloat16 "
-                "weights, head dim 64), which this run lacks")
+    if not isinstance(forward, CForward) or not (forward.tile_attention or forward.long and forward.c_attention):
+        return ("cached prefixes are bit-exact only where prefills run row by row in the C kernels (AMX tiles, or "
+                "AVX2's attention with products that run prefills), which this run lacks")
     return None
 
 

@@ -99,6 +99,9 @@ def avx2_lib() -> ctypes.CDLL | None:
         if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
             kernel.use_avx512(1)
             kernel.use_vnni(int(vnni_products(kernel)))
+    kernel.attend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4 + \
+        [ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+    kernel.attend.restype = None
     kernel.fma_linear.argtypes = kernel.bf16_linear.argtypes
     kernel.fma_linear.restype = None
     for product in ("q8_linear", "q4_linear", "q41_linear"):
