@@ -167,11 +167,9 @@ def vector_units() -> str:
 
 @functools.cache
 def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux), or none where they cannot be read."""
-    try:
-        return set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return set()
+    """The CPU's feature flags (Linux: "flags" on x86, "Features" on ARM), or none where they cannot be read."""
+    info = cpu_info()
+    return set(info.get("flags", info.get("Features", "")).split())
 
 
 @functools.cache
