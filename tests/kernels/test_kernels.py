@@ -534,6 +534,52 @@ def test_attention_over_several_key_blocks_matches_pytorch(attend, kv_dtype):
     assert torch.allclose(out, ref.transpose(0, 1).reshape(M, H * hd), atol=1e-5)
 
 
+@pytest.mark.parametrize("hd", [64, 40])
+@pytest.mark.parametrize("start", [0, 37])
+def test_attention_of_a_prefill_is_causal_and_matches_pytorch(start, hd):
+    """A prefill of 100 tokens after `start` cached ones through AVX2's attention (prefills attend there on CPUs
+    without AVX-512): each row scores only the keys up to its own, and gets PyTorch's causal attention."""
+    fn = attention_kernel("attend")
+    H, Hkv, M, max_len = 4, 2, 100, 160
+    kv_len = start + M
+    torch.manual_seed(hd + start)
+    q = torch.randn(M, H * hd)
+    kc, vc = (torch.randn(Hkv, max_len, hd).to(torch.bfloat16) for _ in "kv")
+    out = torch.empty(M, H * hd)
+    fn(q.data_ptr(), H * hd, kc.data_ptr(), vc.data_ptr(), 1, max_len, start, kv_len, None, 0, M, H, Hkv, hd,
+       out.data_ptr())
+    k, v = (c[:, :kv_len].float().repeat_interleave(H // Hkv, 0) for c in (kc, vc))      # [H, kv_len, hd]
+    seen = torch.arange(kv_len) <= torch.arange(start, kv_len)[:, None]                  # [M, kv_len]
+    ref = F.scaled_dot_product_attention(q.view(M, H, hd).transpose(0, 1), k, v, attn_mask=seen)
+    assert torch.allclose(out, ref.transpose(0, 1).reshape(M, H * hd), atol=1e-5)
+
+
+def test_a_prefill_attends_in_c_where_avx2_attention_runs():
+    """On AVX2 CPUs without AVX-512 a bf16 model's prefill attends through csrc/avx2.c (CForward._attend), so the
+    logits of a prompt's last token equal a prefill of all but it followed by that token's decode step."""
+    lib = kernels.avx2_lib()
+    assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
+    from conftest import tiny_config
+    from specmesh.model.cache import KVCache
+    from specmesh.model.model import Transformer
+    torch.manual_seed(5)
+    model = Transformer(tiny_config(head_dim=64, max_position_embeddings=256)).eval()
+    model = kernels.use_avx2_kernels(model.bfloat16())
+    forward = model.fast_forward
+    if lib.avx512_attention() or forward.amx is not None:
+        assert not forward.c_attention
+        return
+    assert forward.c_attention and forward.long
+    ids = torch.randint(1, 97, (1, 90))
+    with torch.inference_mode():
+        whole = KVCache.for_model(model, 1, 128)
+        expected = model(ids, whole, last_only=True)
+        split = KVCache.for_model(model, 1, 128)
+        model(ids[:, :-1], split)
+        split.commit_all()
+        assert torch.equal(model(ids[:, -1:], split), expected)
+
+
 @pytest.mark.cpu(*kernels.AMX)
 @pytest.mark.parametrize("start", [0, 37])
 def test_tile_attention_is_causal_and_matches_pytorch(start):
