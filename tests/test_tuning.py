@@ -75,8 +75,11 @@ def test_choice_is_cached_per_key_and_measured_again_on_request(tiny_checkpoint,
     LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, dtype="bfloat16")       # another key
     LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, retune=True)
     assert len(calls) == 3
+    monkeypatch.setattr(tuning, "kernel_version", lambda: "changed")                # other C kernels: measured again
+    LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
+    assert len(calls) == 4
     stored = json.loads((tmp_path / "tune.json").read_text())
-    assert len(stored) == 2 and all(e["method"] in ("ar", "sd", "tree") for e in stored.values())
+    assert len(stored) == 3 and all(e["method"] in ("ar", "sd", "tree") for e in stored.values())
 
 
 def test_auto_is_lossless_and_uses_what_it_chose(tiny_checkpoint, tiny_draft_checkpoint):

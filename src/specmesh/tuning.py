@@ -35,7 +35,7 @@ import torch
 from tqdm import tqdm
 
 from specmesh import catalog, methods
-from specmesh.kernels import cache_dir, cpu_name, vector_units
+from specmesh.kernels import cache_dir, cpu_name, kernel_version, vector_units
 from specmesh.methods.pearl import by_width
 from specmesh.model.loader import stamp
 from specmesh.spec.sampling import SamplingParams
@@ -340,7 +340,7 @@ def cache_key(llm, draft: Path | None) -> str:
     models = [m for m in (llm.models.target, llm.models.draft) if m is not None]
     parts = [cpu_name(), vector_units(), f"{torch.get_num_threads()} threads", str(llm.device), str(llm.dtype).split(".")[-1],
              f"quant {llm.models.target.quant}", stamp(llm.models.target_path), stamp(draft) if draft else "-",
-             "+".join(type(m.lm_head).__name__ for m in models), json.dumps(families(llm, draft))]
+             "+".join(type(m.lm_head).__name__ for m in models), f"kernels {kernel_version()}", json.dumps(families(llm, draft))]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:6])
 
 

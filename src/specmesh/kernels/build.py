@@ -33,6 +33,13 @@ class ModelEnds(ctypes.Structure):
 
 
 @functools.cache
+def kernel_version() -> str:
+    """A digest of the C kernels' sources: it names their build, and `--method auto`'s measurements are kept per
+    version (a change of the kernels measures again)."""
+    return hashlib.sha256(SOURCE.read_bytes() + AVX512_SOURCE.read_bytes()).hexdigest()[:16]
+
+
+@functools.cache
 def avx2_lib() -> ctypes.CDLL | None:
     """csrc/avx2.c (and csrc/avx512.c where gcc can build it) compiled for this machine (cached by
     source hash), or None where it cannot be. Where the CPU has AVX-512 its attention and int8
@@ -43,9 +50,8 @@ def avx2_lib() -> ctypes.CDLL | None:
     (torch.set_num_threads applies to it)."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("gcc") is None:
         return None
-    sources = [SOURCE.read_bytes(), AVX512_SOURCE.read_bytes()]
     cache = Path(os.environ.get("SPECMESH_CACHE", Path.home() / ".cache" / "specmesh"))
-    lib = cache / f"avx2-{hashlib.sha256(b''.join(sources)).hexdigest()[:16]}.so"
+    lib = cache / f"avx2-{kernel_version()}.so"
     if not lib.exists():
         torch_lib = Path(torch.__file__).parent / "lib"
         omp = ["-fopenmp", f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lgomp"] \
