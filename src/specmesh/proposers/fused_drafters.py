@@ -212,6 +212,7 @@ class FusedDrafters:
         reach = lambda n, b: (self.budget - 1 if n in free else budgets[b]) if budgets[b] else 0
         levels = max(reach(n, b) for n in active for b in range(B))
         top, active = self._read_roots(seqs, active, free)
+        self.levels = int(any(n not in free for n in active))     # the roots' read, where a model drafter takes part
         spine = [{n: 0 for n in r.drafters} for r in self.rounds]   # per row: the node each drafter continues
         own = [{} for _ in range(B)]                                 # per row: drafter -> its own node beside
         for level in range(levels):
@@ -254,7 +255,6 @@ class FusedDrafters:
                 r.drafters = [n for n in r.drafters if n in free]
         rest = [n for n in active if n not in free and any(n in r.drafters for r in self.rounds)]
         self._each(lambda n, d: d.read_root(seqs), rest)
-        self.levels = int(bool(rest))
         return top | self._results(rest), first + rest
 
     @staticmethod
