@@ -475,14 +475,10 @@ ATTENTION_KERNELS = ["attend", pytest.param("attend512", marks=pytest.mark.cpu(*
 
 
 def attention_kernel(name: str):
-    """The C attention `name` (attend: AVX2, attend512: AVX-512) with its argument types."""
-    import ctypes
+    """The C attention `name` (attend: AVX2, attend512: AVX-512), its argument types set by kernels.build."""
     lib = kernels.avx2_lib()
     assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
-    fn = getattr(lib, name)
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4 + \
-        [ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
-    return fn
+    return getattr(lib, name)
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])

@@ -94,7 +94,12 @@ def avx2_lib() -> ctypes.CDLL | None:
     kernel.rotary_tables.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                      ctypes.c_void_p]
     kernel.rotary_tables.restype = None
+    kernel.attend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4 + \
+        [ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
+    kernel.attend.restype = None
     if hasattr(kernel, "amx_init"):
+        kernel.attend512.argtypes = kernel.attend.argtypes        # the same call: AVX-512's attention
+        kernel.attend512.restype = None
         kernel.amx_linear.argtypes = kernel.bf16_linear.argtypes
         kernel.amx_linear.restype = None
         kernel.amx_attention.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + \
@@ -105,9 +110,6 @@ def avx2_lib() -> ctypes.CDLL | None:
         if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
             kernel.use_avx512(1)
             kernel.use_vnni(int(vnni_products(kernel)))
-    kernel.attend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4 + \
-        [ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
-    kernel.attend.restype = None
     kernel.fma_linear.argtypes = kernel.bf16_linear.argtypes
     kernel.fma_linear.restype = None
     for product in ("q8_linear", "q4_linear", "q41_linear"):
