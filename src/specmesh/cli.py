@@ -360,6 +360,18 @@ def torchrun_rank() -> int:
     return int(os.environ["RANK"]) if under_torchrun() else 0
 
 
+def check_text_prompt(target: str | None, prompt: str) -> None:
+    """The prompt's errors before the models load and `auto` measures (up to a minute the first time): empty,
+    or past the target's context, found with its tokenizer and config alone."""
+    from specmesh import catalog
+    from specmesh.engine.engine import check_prompt
+    from specmesh.model import gguf
+    from specmesh.model.loader import load_tokenizer, read_config
+    path = catalog.resolve(target)
+    config = gguf.read_config(path) if gguf.is_gguf(path) else read_config(path)
+    check_prompt(load_tokenizer(path).encode(prompt) if prompt else [], config.max_position_embeddings)
+
+
 def cmd_generate(args, parser) -> int:
     from specmesh import LLM, SamplingParams
     from specmesh.methods import METHODS
@@ -372,6 +384,7 @@ def cmd_generate(args, parser) -> int:
         if args.system is not None:
             parser.error("--system goes with --chat")
         prompt = read_prompt(args, parser)
+        check_text_prompt(args.target, prompt)
     elif args.prompt is not None or args.prompt_file is not None:
         parser.error("give exactly one of PROMPT, --prompt-file or --chat")
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,

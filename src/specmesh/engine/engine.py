@@ -34,6 +34,14 @@ def deliver_here(batch: list[tuple[Sequence, Event]]) -> None:
         seq.emit(event)
 
 
+def check_prompt(ids: list[int], context: int) -> None:
+    """A prompt needs at least one token and room for one more within the target's context."""
+    if not ids:
+        raise ValueError("prompt is empty")
+    if len(ids) >= context:
+        raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {context} tokens")
+
+
 class Engine:
     def __init__(self, models: Models, method: Configured, tokenizer: Tokenizer, rows: int, max_len: int,
                  prefix_cache: PrefixCache | None = None, prefill_chunk: int = PREFILL_CHUNK,
@@ -61,10 +69,7 @@ class Engine:
     # -- requests -------------------------------------------------------------------------------
     def sequences(self, ids: list[int], params: SamplingParams) -> list[Sequence]:
         """The n sequences of one request (sample j of a seeded request uses seed + j)."""
-        if not ids:
-            raise ValueError("prompt is empty")
-        if len(ids) >= self.context:
-            raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {self.context} tokens")
+        check_prompt(ids, self.context)
         if params.logprobs is not None and not getattr(self.method, "scores", False):
             raise InvalidParameter("logprobs", "logprobs: this method does not report the target's log-probabilities")
         if params.penalties and not getattr(self.method, "penalties", False):
