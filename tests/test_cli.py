@@ -51,6 +51,7 @@ def test_generate_streams_and_writes_json_file(tiny_checkpoint, tmp_path):
     (["generate", "x", "--method", "nope"], "unknown method 'nope'"),
     (["generate", "", "--target", "TINY"], "prompt is empty"),
     (["generate", ""], "prompt is empty"),                  # the embedded pair: before auto measures
+    (["generate", "--chat", "hi"], "this model's tokenizer has no chat template"),
     (["generate", "x = 1\n" * 600], "prompt of 2400 tokens does not fit the context of 1024 tokens"),
     (["generate", "--prompt-file", "/no/such/file", "--target", "TINY"], "prompt file not found"),
     (["bench", "--methods", "ar,nope"], "unknown method 'nope'"),

@@ -360,16 +360,22 @@ def torchrun_rank() -> int:
     return int(os.environ["RANK"]) if under_torchrun() else 0
 
 
-def check_text_prompt(target: str | None, prompt: str) -> None:
-    """The prompt's errors before the models load and `auto` measures (up to a minute the first time): empty,
-    or past the target's context, found with its tokenizer and config alone."""
+def checked_prompt(args, text: str | None) -> str:
+    """The prompt: `text`, or --chat (and --system) rendered through the target's chat template; its errors
+    (empty, past the target's context, a chat for a model without a template) come before the models load
+    and `auto` measures (up to a minute the first time): this needs the tokenizer and config alone."""
     from specmesh import catalog
     from specmesh.engine.engine import check_prompt
     from specmesh.model import gguf
     from specmesh.model.loader import load_tokenizer, read_config
-    path = catalog.resolve(target)
+    path = catalog.resolve(args.target)
+    tokenizer = load_tokenizer(path)
+    if args.chat is not None:
+        system = [{"role": "system", "content": args.system}] if args.system is not None else []
+        text = tokenizer.render_chat(system + [{"role": "user", "content": args.chat}])
     config = gguf.read_config(path) if gguf.is_gguf(path) else read_config(path)
-    check_prompt(load_tokenizer(path).encode(prompt) if prompt else [], config.max_position_embeddings)
+    check_prompt(tokenizer.encode(text) if text else [], config.max_position_embeddings)
+    return text
 
 
 def cmd_generate(args, parser) -> int:
@@ -380,13 +386,11 @@ def cmd_generate(args, parser) -> int:
         return serve_tp_rank(args)
     if spec is not None and spec.start is not None and torchrun_rank() > 0:
         return serve_torchrun_rank(args)
-    if args.chat is None:
-        if args.system is not None:
-            parser.error("--system goes with --chat")
-        prompt = read_prompt(args, parser)
-        check_text_prompt(args.target, prompt)
-    elif args.prompt is not None or args.prompt_file is not None:
+    if args.chat is None and args.system is not None:
+        parser.error("--system goes with --chat")
+    if args.chat is not None and (args.prompt is not None or args.prompt_file is not None):
         parser.error("give exactly one of PROMPT, --prompt-file or --chat")
+    prompt = checked_prompt(args, read_prompt(args, parser) if args.chat is None else None)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, seed=args.seed, n=args.n, stop=args.stop, logprobs=args.logprobs,
                             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
@@ -394,9 +398,6 @@ def cmd_generate(args, parser) -> int:
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
               quant=args.quant, tp=args.tp, **method_options(args))
     with llm:
-        if args.chat is not None:
-            system = [{"role": "system", "content": args.system}] if args.system is not None else []
-            prompt = llm.tokenizer.render_chat(system + [{"role": "user", "content": args.chat}])
         run = llm.stream(prompt, params)
         stream = args.json != "-"
         for piece in run:
