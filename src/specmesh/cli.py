@@ -374,7 +374,7 @@ def checked_prompt(args, text: str | None) -> str:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []
         text = tokenizer.render_chat(system + [{"role": "user", "content": args.chat}])
     config = gguf.read_config(path) if gguf.is_gguf(path) else read_config(path)
-    check_prompt(tokenizer.encode(text) if text else [], config.max_position_embeddings)
+    check_prompt(tokenizer.encode(text) if text else [], config.max_position_embeddings, config.vocab_size)
     return text
 
 

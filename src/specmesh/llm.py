@@ -6,6 +6,7 @@ its own parameters and seeded generator; every result equals what the prompt giv
 """
 from __future__ import annotations
 
+import numbers
 import sys
 import time
 from collections.abc import Iterator
@@ -137,6 +138,8 @@ class LLM:
             if not prompt:
                 raise ValueError("prompt is empty")
             return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)):
+            raise TypeError(f"a prompt is text or a list of token ids, got {type(prompt).__name__}")
         return list(prompt)
 
     def method_for(self, prompts: list[list[int]]) -> methods.Configured:
@@ -158,7 +161,7 @@ class LLM:
         """One prompt -> its Output; a list of prompts -> a list of Outputs, in order."""
         params = params or SamplingParams()
         params.validate()
-        batch = isinstance(prompts, list) and bool(prompts) and not isinstance(prompts[0], int)
+        batch = isinstance(prompts, list) and bool(prompts) and not isinstance(prompts[0], numbers.Integral)
         ids = [self.encode(p) for p in (prompts if batch else [prompts])]
         engine = self.engine(ids, params)
         requests = [engine.sequences(i, params) for i in ids]

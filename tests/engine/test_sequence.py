@@ -1,4 +1,5 @@
 """`ar` decoding: stopping rules, sampling, batching of n, streaming, bad inputs."""
+import numpy as np
 import pytest
 import torch
 
@@ -101,6 +102,18 @@ def test_empty_and_too_long_prompts(llm):
         llm.generate("", SamplingParams())
     with pytest.raises(ValueError, match="does not fit the context"):
         llm.generate([1] * llm.context, SamplingParams())
+
+
+@pytest.mark.parametrize("prompt, error, match", [
+    ([[10 ** 9]], ValueError, "token id 1000000000 is outside the vocabulary"),     # read past the embedding
+    ([[-1]], ValueError, "token id -1 is outside"), ([[1.5]], ValueError, "token id 1.5 is outside"),
+    (["def", 5], TypeError, "a prompt is text or a list of token ids, got int"),
+])
+def test_bad_token_ids_are_refused_before_the_model_runs(llm, prompt, error, match):
+    with pytest.raises(error, match=match):
+        llm.generate(prompt, SamplingParams(max_new_tokens=2))
+    assert llm.generate([np.int64(5), np.int64(7)], SamplingParams(max_new_tokens=2)).tokens == \
+        llm.generate([5, 7], SamplingParams(max_new_tokens=2)).tokens       # numpy ids are one prompt's ids
 
 
 def test_generation_near_the_context_end_stops_at_the_context(llm):

@@ -12,6 +12,7 @@ loop fails every sequence in flight, marks the engine failed and calls `on_failu
 """
 from __future__ import annotations
 
+import numbers
 import threading
 import time
 from collections.abc import Callable
@@ -34,10 +35,14 @@ def deliver_here(batch: list[tuple[Sequence, Event]]) -> None:
         seq.emit(event)
 
 
-def check_prompt(ids: list[int], context: int) -> None:
-    """A prompt needs at least one token and room for one more within the target's context."""
+def check_prompt(ids: list[int], context: int, vocab: int) -> None:
+    """A prompt needs at least one token, each in the target's vocabulary, and room for one more within its
+    context (a token id past the embedding would read outside it)."""
     if not ids:
         raise ValueError("prompt is empty")
+    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"token id {bad[0]!r} is outside the vocabulary (integers 0 to {vocab - 1})")
     if len(ids) >= context:
         raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {context} tokens")
 
@@ -69,7 +74,7 @@ class Engine:
     # -- requests -------------------------------------------------------------------------------
     def sequences(self, ids: list[int], params: SamplingParams) -> list[Sequence]:
         """The n sequences of one request (sample j of a seeded request uses seed + j)."""
-        check_prompt(ids, self.context)
+        check_prompt(ids, self.context, self.models.target.config.vocab_size)
         if params.logprobs is not None and not getattr(self.method, "scores", False):
             raise InvalidParameter("logprobs", "logprobs: this method does not report the target's log-probabilities")
         if params.penalties and not getattr(self.method, "penalties", False):
