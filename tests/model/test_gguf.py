@@ -60,6 +60,16 @@ def test_gguf_config_tokenizer_and_chat_template(chat_checkpoint, tmp_path):
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
+@pytest.mark.parametrize("messages, match", [
+    ([], "messages must be a non-empty list"), ("hi", "messages must be a non-empty list"),
+    ([{"content": "hi"}], r"messages\[0\] needs a string role and a string content"),
+    ([{"role": "user", "content": "hi"}, {"role": "user", "content": 5}], r"messages\[1\] needs"),
+])
+def test_malformed_chat_messages_are_named(chat_checkpoint, messages, match):
+    with pytest.raises(ValueError, match=match):            # not a template's jinja error
+        load_tokenizer(chat_checkpoint).render_chat(messages)
+
+
 def test_rope_order_round_trips():
     w = torch.randn(3 * 8, 5)
     assert torch.equal(unpermute_rope(permute_rope(w, 3), 3), w)

@@ -30,6 +30,11 @@ class Tokenizer:
         the special tokens as variables)."""
         if not self.chat_template:
             raise ValueError("this model's tokenizer has no chat template")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list of {\"role\": ..., \"content\": ...}")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ValueError(f"messages[{i}] needs a string role and a string content, got {m!r:.80}")
         return chat_environment().from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens())
 
