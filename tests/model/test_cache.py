@@ -1,4 +1,5 @@
 """Tree attention over the KV cache: commit, prune, rollback, batched rows."""
+import os
 import random
 
 import pytest
@@ -108,3 +109,18 @@ def test_overflow_and_bad_indices(tiny_model):
         tiny_model(torch.zeros(1, 9, dtype=torch.long), cache)
     with pytest.raises(IndexError):
         cache.commit(0, [0])
+
+
+def test_a_cpu_cache_costs_memory_only_where_it_is_written():
+    """A server sizes its cache for full contexts (GBs for a real model); allocating it writes nothing, and a
+    row written costs that row's pages."""
+    def rss_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    before = rss_mb()
+    cache = KVCache(num_layers=4, batch=16, max_len=8192, num_kv_heads=4, head_dim=64, dtype=torch.float32,
+                    device="cpu")                                     # 2 GiB of keys and values
+    assert rss_mb() - before < 64
+    assert not cache.k[3][15].any() and not cache.v[0][0].any()         # zeros, as torch.zeros gave
+    cache.k[0][0].fill_(1.0)                                           # one row of one layer: 8 MiB
+    assert 8 <= rss_mb() - before < 72 and cache.k[0][0].dtype == torch.float32
