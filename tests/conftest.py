@@ -179,3 +179,9 @@ def fail_rank_mid_stream(llm, rank: int, message: str, max_new_tokens: int, with
             pass
     assert time.monotonic() - start < within_s
     return pid
+
+
+def rss_mb() -> float:
+    """This process's resident memory in MB (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20

@@ -1,5 +1,4 @@
 """Tree attention over the KV cache: commit, prune, rollback, batched rows."""
-import os
 import random
 
 import pytest
@@ -114,9 +113,7 @@ def test_overflow_and_bad_indices(tiny_model):
 def test_a_cpu_cache_costs_memory_only_where_it_is_written():
     """A server sizes its cache for full contexts (GBs for a real model); allocating it writes nothing, and a
     row written costs that row's pages."""
-    def rss_mb() -> float:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    from conftest import rss_mb
     before = rss_mb()
     cache = KVCache(num_layers=4, batch=16, max_len=8192, num_kv_heads=4, head_dim=64, dtype=torch.float32,
                     device="cpu")                                     # 2 GiB of keys and values
