@@ -118,8 +118,8 @@ def pair_options(draft: Path | None) -> dict[str, dict]:
 
 def drafters_for(target: Path, spec: str = "") -> tuple[list[Path], bool]:
     """cosine's drafters: those named in `spec` (comma-separated names or folders, and `context` for the
-    context n-gram drafter), else the target's shipped ones; at least two. Returns the checkpoints and
-    whether the context drafter is one of them."""
+    context n-gram drafter), else the target's shipped ones, else its draft and the context drafter; at least
+    two. Returns the checkpoints and whether the context drafter is one of them."""
     if spec:
         names = [name.strip() for name in spec.split(",") if name.strip()]
         paths = [resolve(name, "draft") for name in names if name != CONTEXT]
@@ -127,6 +127,8 @@ def drafters_for(target: Path, spec: str = "") -> tuple[list[Path], bool]:
         models, m = known(), entry(target)
         names = list(m.drafters if m is not None else ())
         paths = [models[name].path for name in names if name in models]
+        if not paths and (draft := draft_for(target)) is not None:      # no specialised drafters (SmolLM2)
+            paths, names = [draft], [CONTEXT]
     context = CONTEXT in names
     if len(paths) + context < 2:
         raise ValueError(f"cosine needs at least two drafters and has {len(paths) + context}: pass --drafters "

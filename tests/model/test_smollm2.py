@@ -61,6 +61,10 @@ def test_found_by_name():
     assert rows[NAME]["path"].endswith(".gguf") and rows[NAME]["parameters"] == 134_515_008
 
 
+def test_cosine_drafts_with_its_draft_and_the_context_drafter_by_default():
+    assert catalog.drafters_for(catalog.resolve(NAME)) == ([catalog.draft_for(catalog.resolve(NAME))], True)
+
+
 def test_default_target_is_smollm2_unless_set(monkeypatch):
     monkeypatch.delenv("SPECMESH_TARGET")                   # the suite's conftest pins the embedded pair
     assert catalog.default() == NAME and catalog.resolve(None) == catalog.resolve(NAME)
