@@ -131,3 +131,11 @@ def test_cluster_simulation_runs_the_real_methods_at_once(tmp_path, tiny_checkpo
     assert result["simulated"] is True and set(result["methods"]) == {"cosine pipelined", "cosine", "sd"}
     assert result["methods"]["sd"]["vs_sd"] == pytest.approx(1.0)
     assert all(0 < r["tokens"] <= 3 * 16 and r["steps"] > 0 for r in result["methods"].values())
+
+
+def test_pipedec_needs_a_draft_with_the_targets_vocabulary(tiny_checkpoint, capsys):
+    """Without --draft the target's own draft (the embedded draft served SmolLM2 before: a hit rate of 0)."""
+    for more, error in (([], "pipedec needs a draft model"), (["--draft", "specmesh-draft"], "different vocabularies")):
+        with pytest.raises(SystemExit) as exit:
+            main(["simulate", "def f():", "--method", "pipedec", "--target", str(tiny_checkpoint), *more])
+        assert exit.value.code == 2 and error in capsys.readouterr().err

@@ -120,17 +120,23 @@ class Simulator:
     """The models once, then one simulated run per prompt."""
 
     def __init__(self, cfg: SimConfig):
-        from specmesh import LLM
-        from specmesh.model.loader import load_model
+        from specmesh import LLM, catalog
+        from specmesh.llm import check_vocabularies
+        from specmesh.model.loader import load_model, load_tokenizer
         self.cfg = cfg
         if cfg.method == "stpp":
             self.llm = LLM(target=cfg.target, draft=cfg.draft, method="tree", gamma=cfg.depth,
                            tree_width=cfg.tree_width, max_children=cfg.max_children, draft_window=cfg.draft_window)
         else:
-            self.llm = LLM(target=cfg.target)
+            self.llm = LLM(target=cfg.target, method="ar")         # the target alone: nothing for auto to measure
         self.draft = None
         if cfg.method == "pipedec":
-            self.draft = load_model(Path(cfg.draft) if cfg.draft else embedded.path("draft"), torch.float32, "cpu")
+            target = catalog.resolve(cfg.target)
+            draft = catalog.resolve(cfg.draft, "draft") if cfg.draft else catalog.draft_for(target)
+            if draft is None:
+                raise ValueError(f"pipedec needs a draft model and {target} has none here: pass --draft")
+            check_vocabularies(self.llm.tokenizer, load_tokenizer(draft), target, draft)
+            self.draft = load_model(draft, torch.float32, "cpu")
         self.layers = cfg.profile.layers(cfg.method, cfg.stages, self.llm.models.target.config.num_layers,
                                          cfg.tree_width)
 
