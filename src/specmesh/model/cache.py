@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 
-
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """torch.zeros, but on a CPU from an anonymous mapping whose pages the OS maps, zeroed, on first write:
     a server's cache sized for full contexts (5.4 GB for SmolLM2's 8192 tokens x 15 rows in float32) costs
