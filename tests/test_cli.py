@@ -49,6 +49,7 @@ def test_generate_streams_and_writes_json_file(tiny_checkpoint, tmp_path):
     (["generate", "x", "--max-new-tokens", "0"], "must be a positive integer"),
     (["generate", "x", "--target", "/no/such/dir"], "checkpoint directory not found"),
     (["generate", "x", "--method", "nope"], "unknown method 'nope'"),
+    (["generate", "x", "--device", "tpu"], "unknown device 'tpu'; use cpu, cuda or cuda:N"),
     (["generate", "", "--target", "TINY"], "prompt is empty"),
     (["generate", ""], "prompt is empty"),                  # the embedded pair: before auto measures
     (["generate", "--chat", "hi"], "this model's tokenizer has no chat template"),

@@ -40,6 +40,21 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def resolve_device(device: str | torch.device) -> torch.device:
+    """cpu, cuda, cuda:N (or mps), where this PyTorch can run it."""
+    try:
+        d = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if d.type not in ("cpu", "cuda", "mps") or d.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r}: not one this PyTorch runs here; use cpu, cuda or cuda:N")
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: this PyTorch ({torch.__version__}) sees no CUDA GPU")
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return d
+
+
 class LLM:
     """A target (and, for speculative methods, a draft) ready to generate.
 
@@ -67,7 +82,7 @@ class LLM:
             raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
         self.max_batch = max_batch
         self.dtype = resolve_dtype(dtype)
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         target = catalog.resolve(target)
         self.tokenizer = load_tokenizer(target)
         self.models = Models(load_model(target, self.dtype, self.device, quant=quant,

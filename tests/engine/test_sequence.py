@@ -116,6 +116,18 @@ def test_bad_token_ids_are_refused_before_the_model_runs(llm, prompt, error, mat
         llm.generate([5, 7], SamplingParams(max_new_tokens=2)).tokens       # numpy ids are one prompt's ids
 
 
+def test_devices_this_pytorch_cannot_run_are_named(monkeypatch):
+    from specmesh.llm import resolve_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device 'cuda:1': this PyTorch \(.*\) sees no CUDA GPU"):
+        resolve_device("cuda:1")                    # was PyTorch's assertion from deep in the load
+    with pytest.raises(ValueError, match="unknown device 'tpu'; use cpu, cuda or cuda:N"):
+        resolve_device("tpu")
+    with pytest.raises(ValueError, match="device 'meta': not one this PyTorch runs here"):
+        resolve_device("meta")
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
 def test_generation_near_the_context_end_stops_at_the_context(llm):
     prompt = [5] * (llm.context - 3)
     out = llm.generate(prompt, SamplingParams(max_new_tokens=10))
