@@ -56,6 +56,7 @@ def test_generate_streams_and_writes_json_file(tiny_checkpoint, tmp_path):
     (["generate", "x = 1\n" * 600], "prompt of 2400 tokens does not fit the context of 1024 tokens"),
     (["generate", "--prompt-file", "/no/such/file", "--target", "TINY"], "prompt file not found"),
     (["bench", "--methods", "ar,nope"], "unknown method 'nope'"),
+    (["bench", "--methods", "ar,sd@0t"], "sd@0t: NAME@Nt needs N >= 1 threads"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, message, tiny_checkpoint):

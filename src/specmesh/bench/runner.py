@@ -147,10 +147,12 @@ def choose_dtype(method: str, cfg: BenchConfig, ids: list[int]) -> tuple[str, ob
 def check_methods(names: list[str], quant: str | None = None) -> list[str]:
     """ar first; `pearl` brings `sd@1t` and `sd@2t` (its two processes have one thread each)."""
     for name in names:
-        method = split_threads(name)[0]
+        method, threads = split_threads(name)
         if method not in methods.METHODS and method not in PEERS and method != "auto":
             raise ValueError(f"unknown method {name!r}; available: auto, {', '.join([*methods.METHODS, *PEERS])} "
                              f"(NAME@Nt runs NAME with N threads)")
+        if threads == 0:
+            raise ValueError(f"{name}: NAME@Nt needs N >= 1 threads")
     if "pearl" in names:
         names = names + ["sd@1t", "sd@2t"]
     if quant and any(split_threads(n)[0] in HF_PEERS for n in names):
