@@ -57,6 +57,8 @@ def test_generate_streams_and_writes_json_file(tiny_checkpoint, tmp_path):
     (["generate", "--prompt-file", "/no/such/file", "--target", "TINY"], "prompt file not found"),
     (["bench", "--methods", "ar,nope"], "unknown method 'nope'"),
     (["bench", "--methods", "ar,sd@0t"], "sd@0t: NAME@Nt needs N >= 1 threads"),
+    (["serve", "--port", "99999"], "must be a TCP port from 1 to 65535"),
+    (["serve", "--grace", "-1"], "must be 0 or more seconds"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, message, tiny_checkpoint):

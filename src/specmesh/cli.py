@@ -31,6 +31,20 @@ def natural(text: str) -> int:
     return value
 
 
+def port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port from 1 to 65535, got {text}")
+    return value
+
+
+def seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
 def probability(text: str) -> float:
     value = float(text)
     if not 0 <= value < 1:
@@ -190,7 +204,7 @@ def build_parser() -> Parser:
     v.add_argument("--method", default="auto", choices=["auto", *SERVED],
                    help="decoding method (default: auto, as in generate)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
-    v.add_argument("--port", type=positive_int, default=8000)
+    v.add_argument("--port", type=port, default=8000)
     v.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name, "
                    "e.g. specmesh-target or smollm2-135m-instruct)")
     v.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
@@ -201,7 +215,7 @@ def build_parser() -> Parser:
     v.add_argument("--max-kv-mb", type=float, metavar="MB",
                    help="bound on the KV cache of the running requests (default: a quarter of the memory available "
                         "at start); a --max-batch past it is refused")
-    v.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+    v.add_argument("--grace", type=seconds, default=30.0, metavar="SECONDS",
                    help="on SIGTERM, how long running requests may take to finish (default: 30)")
     v.add_argument("--prefix-cache-mb", type=float, default=256.0, metavar="MB",
                    help="memory for the keys and values of prompt prefixes served before, reused exactly "

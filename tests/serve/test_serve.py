@@ -302,6 +302,18 @@ def test_sigterm_drains_running_requests_and_refuses_new_ones():
             os.kill(proc.pid, signal.SIGKILL)
 
 
+def test_a_port_in_use_fails_the_server_with_exit_status_1():
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        out = subprocess.run([sys.executable, "-m", "specmesh.cli", "serve", "--method", "ar", "--port",
+                              str(taken.getsockname()[1])], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "could not serve on 127.0.0.1" in out.stderr     # uvicorn's error had exited 0
+
+
 @pytest.mark.parametrize("how", ["second-sigterm", "deadline"])
 def test_a_second_sigterm_or_the_drain_deadline_cancels_what_is_left(how):
     import os

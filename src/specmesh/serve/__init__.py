@@ -112,7 +112,7 @@ def make_prefix_cache(cfg: ServeConfig, llm):
 def run(cfg: ServeConfig) -> int:
     """Serve until SIGINT, SIGTERM (drain: new requests get 503, running ones may finish within
     the grace period; then, or at a second SIGTERM, the ones left are cancelled: an error event, and
-    exit 0) or an engine failure (exit status 1).
+    exit 0), an engine failure or an address it cannot listen on (exit status 1).
 
     The engine loop runs in the main thread (where the models were loaded) and HTTP in a thread
     of its own. The reason is OpenMP: each thread that runs parallel kernels gets a team of
@@ -152,6 +152,9 @@ def run(cfg: ServeConfig) -> int:
         try:
             web.run()
         finally:
+            if not web.started:             # it could not listen (uvicorn said why): exit 1, not 0
+                failed.set()
+                print(f"specmesh serve: could not serve on {cfg.host}:{cfg.port}", file=sys.stderr)
             server.engine.stop()            # ends engine.run() in the main thread
 
     server.engine.on_failure = on_failure
