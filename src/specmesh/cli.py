@@ -519,7 +519,7 @@ def cmd_loadtest(args, parser) -> int:
         print(f"error: {message}", file=sys.stderr)
     if args.json:
         write_json(summary, args.json)
-    return 0
+    return 1 if summary["requests"] and summary["errors"] == summary["requests"] else 0     # none got through
 
 
 def cmd_simulate(args, parser) -> int:

@@ -273,11 +273,20 @@ def test_loadtest_reports_throughput_and_latency_percentiles(live, tmp_path, mod
         assert set(p) == {"p50", "p90", "p99"} and 0 < p["p50"] <= p["p90"] <= p["p99"]
 
 
-def test_loadtest_counts_errors(tmp_path):
+def test_loadtest_counts_errors_and_fails_when_none_got_through(live):
     from specmesh.bench.loadtest import LoadConfig, run
-    summary, errors = run(LoadConfig(url=f"http://127.0.0.1:{free_port()}", concurrency=1, duration=0.3,
-                                     prompts=["x"]))
-    assert summary["requests"] >= 1 and summary["errors"] == summary["requests"] and errors
+    from specmesh.cli import main
+    summary, errors = run(LoadConfig(url=live.url, concurrency=1, duration=0.3, prompts=["x"], model="nope"))
+    assert summary["requests"] >= 1 and summary["errors"] == summary["requests"] and "nope" in errors[0]
+    assert main(["loadtest", "--url", live.url, "--concurrency", "1", "--duration", "0.3", "--model", "nope"]) == 1
+
+
+def test_loadtest_against_no_server_fails_at_once():
+    from specmesh.bench.loadtest import LoadConfig, run
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"no server answers at http://127.0.0.1:\d+/health"):
+        run(LoadConfig(url=f"http://127.0.0.1:{free_port()}", concurrency=1, duration=30, prompts=["x"]))
+    assert time.monotonic() - start < 10                # not the 30 s of errors it had reported
 
 
 def test_sigterm_drains_running_requests_and_refuses_new_ones():

@@ -137,11 +137,24 @@ def event_loop_runner():
         return asyncio.run
 
 
+def check_server(url: str) -> None:
+    """A load against nothing would report nothing but errors for its whole duration: ask /health first."""
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=10) as answer:
+            answer.read()
+    except (urllib.error.URLError, ValueError, OSError) as e:
+        raise ValueError(f"no server answers at {url}/health ({getattr(e, 'reason', e)}); start one with "
+                         f"`specmesh serve` and pass its root, e.g. http://127.0.0.1:8000") from None
+
+
 def run(cfg: LoadConfig) -> tuple[dict, list[str]]:
     """Run the load; returns the summary and the distinct error messages."""
     from tqdm import tqdm
     if not cfg.prompts:
         raise ValueError("no prompts")
+    check_server(cfg.url)
     bar = tqdm(desc="requests", unit="req")
     samples, wall = event_loop_runner()(run_async(cfg, lambda s: bar.update()))
     bar.close()
