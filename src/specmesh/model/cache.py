@@ -26,16 +26,21 @@ import numpy as np
 import torch
 
 
+LAZY_BYTES = 16 << 20      # CPU caches from this size on are mapped lazily (zeros)
+
+
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """torch.zeros, but on a CPU from an anonymous mapping whose pages the OS maps, zeroed, on first write:
-    a server's cache sized for full contexts (5.4 GB for SmolLM2's 8192 tokens x 15 rows in float32) costs
-    memory only where requests write, and allocating it writes nothing (torch.zeros wrote it all, 10 s on
-    the first request). Page-aligned, so every kernel's loads are aligned as before."""
-    if torch.device(device).type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
+    """torch.zeros, but a large one on a CPU from an anonymous mapping whose pages the OS maps, zeroed, on first
+    write: a server's cache sized for full contexts (5.4 GB for SmolLM2's 8192 tokens x 15 rows in float32)
+    costs memory only where requests write, and allocating it writes nothing (torch.zeros wrote it all, 10 s
+    on the first request). Page-aligned, so every kernel's loads are aligned as before. A small one (a
+    request's own cache) stays torch.zeros: the heap hands back pages already mapped, where fresh ones
+    fault on first write (the embedded pair's 378-token prefills took 10-20 ms longer)."""
     nbytes = math.prod(shape) * dtype.itemsize
-    pages = torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=torch.uint8)   # holds its mapping
-    return pages[:nbytes].view(dtype).view(shape)
+    if torch.device(device).type != "cpu" or nbytes < LAZY_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    pages = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)         # holds its mapping
+    return pages.view(dtype).view(shape)
 
 
 class ContextOverflowError(ValueError):
