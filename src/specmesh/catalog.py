@@ -100,6 +100,14 @@ def draft_for(target: Path) -> Path | None:
     return models[m.draft].path if m is not None and m.draft in models else None
 
 
+def required_draft(target: Path, draft: str | None, method: str) -> Path:
+    """`draft` (a name, folder or file) or the draft made for `target`; an error naming `method` where neither is."""
+    path = resolve(draft, "draft") if draft else draft_for(target)
+    if path is None:
+        raise ValueError(f"{method} needs a draft model and {target} has none here: pass --draft")
+    return path
+
+
 def pair_options(draft: Path | None) -> dict[str, dict]:
     """Method options measured best for a draft and its target, shipped beside the draft as options.json
     ({"sd": {"gamma": 6, ...}}): the defaults of those methods with this draft (a caller's options still

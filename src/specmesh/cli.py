@@ -342,10 +342,7 @@ def serve_torchrun_rank(args) -> int:
     timeout = args.timeout or METHODS[args.method].defaults["timeout"]
     torch.set_num_threads(1)
     if args.method == "pearl":
-        target = catalog.resolve(args.target)
-        draft = catalog.resolve(args.draft, "draft") if args.draft else catalog.draft_for(target)
-        if draft is None:
-            raise ValueError(f"pearl needs a draft model and {target} has none here: pass --draft")
+        draft = catalog.required_draft(catalog.resolve(args.target), args.draft, "pearl")
         config = {"draft": str(draft), "dtype": args.dtype, "quant": args.quant, "device": device}
         remote_chain.DraftServer(config).run(join_env(remote_chain.ROLES, timeout))
         return 0
@@ -380,14 +377,13 @@ def checked_prompt(args, text: str | None) -> str:
     and `auto` measures (up to a minute the first time): this needs the tokenizer and config alone."""
     from specmesh import catalog
     from specmesh.engine.engine import check_prompt
-    from specmesh.model import gguf
     from specmesh.model.loader import load_tokenizer, read_config
     path = catalog.resolve(args.target)
     tokenizer = load_tokenizer(path)
     if args.chat is not None:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []
         text = tokenizer.render_chat(system + [{"role": "user", "content": args.chat}])
-    config = gguf.read_config(path) if gguf.is_gguf(path) else read_config(path)
+    config = read_config(path)                              # a folder's or a GGUF file's
     check_prompt(tokenizer.encode(text) if text else [], config.max_position_embeddings, config.vocab_size)
     return text
 

@@ -132,9 +132,7 @@ class Simulator:
         self.draft = None
         if cfg.method == "pipedec":
             target = catalog.resolve(cfg.target)
-            draft = catalog.resolve(cfg.draft, "draft") if cfg.draft else catalog.draft_for(target)
-            if draft is None:
-                raise ValueError(f"pipedec needs a draft model and {target} has none here: pass --draft")
+            draft = catalog.required_draft(target, cfg.draft, "pipedec")
             check_vocabularies(self.llm.tokenizer, load_tokenizer(draft), target, draft)
             self.draft = load_model(draft, torch.float32, "cpu")
         self.layers = cfg.profile.layers(cfg.method, cfg.stages, self.llm.models.target.config.num_layers,
