@@ -70,3 +70,21 @@ def test_a_client_that_leaves_mid_prefill_stops_it(llm):
         e.step()
     assert e.idle and e.runner.staged is None and e.stats.target_forwards == 2
     assert e.stats.running == 0 and e.stats.waiting == 0 and not any(s.tokens for s in long)
+
+
+@pytest.mark.parametrize("chunk", [10_000, CHUNK])
+def test_a_prefill_returns_the_logits_after_the_prompts_last_tokens(llm, chunk):
+    """Runner.prompt_tail = n: the prefill's logits after the prompt's last n tokens (cosine's router compares its
+    drafters with them), as a plain forward over the whole prompt gives them; chunked, the last chunk's."""
+    e = engine(llm, chunk=chunk)
+    e.runner.prompt_tail = 8
+    ids = llm.encode(LONG)
+    seq = e.sequences(ids, SamplingParams(max_new_tokens=1))[0]
+    with torch.inference_mode():
+        if chunk < len(ids):
+            while not e.runner.prefill_chunk(seq):
+                pass
+        logits = e.runner.prefill(seq, 0)
+        whole = llm.models.target(torch.tensor([ids]))[0]
+    assert logits.shape == (8, whole.shape[-1])
+    torch.testing.assert_close(logits, whole[-8:], atol=1e-4, rtol=1e-4)

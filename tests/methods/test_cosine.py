@@ -1,14 +1,17 @@
 """`cosine`: routing score, explore/exploit, fusion, the tree budget; lossless through the one verifier."""
+import math
 import random
 
 import pytest
+import torch
 from conftest import assert_same_distribution, sampled_pairs
 
 from specmesh import LLM, SamplingParams
-from specmesh.proposers.fused_drafters import FusedDrafters, Round, keep_best, round_score, route
+from specmesh.proposers.fused_drafters import FusedDrafters, Round, cross_entropy, keep_best, round_score, route
 from specmesh.spec.token_tree import TokenTree
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n"]
+LONG = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
 
 
 def test_the_routing_score_on_hand_worked_numbers():
@@ -62,6 +65,13 @@ def test_the_budget_keeps_the_most_confident_nodes_and_their_ancestors():
     assert keep_best(tree, 10) is tree
 
 
+def test_the_prompts_cross_entropy_on_hand_worked_numbers():
+    # q = softmax([0, ln 3]) = [1/4, 3/4]; the target's top tokens 1 (p 0.9) and 0 (p 0.1): -(0.9 ln 3/4 + 0.1 ln 1/4)
+    logits = torch.tensor([[0.0, math.log(3)]])
+    want = -(0.9 * math.log(0.75) + 0.1 * math.log(0.25))
+    assert cross_entropy(logits, torch.tensor([[1, 0]]), torch.tensor([[0.9, 0.1]])) == pytest.approx(want)
+
+
 @pytest.fixture(scope="module")
 def ar(tiny_checkpoint):
     return LLM(target=tiny_checkpoint)
@@ -90,6 +100,17 @@ def test_the_router_learns_which_drafter_serves(tiny_checkpoint, tiny_draft_chec
     assert info["drafters"] == [tiny_draft_checkpoint.name, tiny_checkpoint.name, tiny_draft_checkpoint.name]
     assert max(range(3), key=lambda n: info["scores"][n]) == 1 and info["rounds"][1] > info["rounds"][0]
     assert info["accepted"][1] > 0.8 * info["drafted"][1]
+
+
+def test_the_prompt_starts_the_router_on_the_drafter_closest_to_the_target(tiny_checkpoint, tiny_draft_checkpoint):
+    """Each model drafter reads the prompt's window and is compared with the target's predictions there: drafter 1,
+    the target itself, is routed first (the others start unproven), where ties at the start would route drafter 0."""
+    llm = LLM(target=tiny_checkpoint, method="cosine", routed=1,
+              drafters=f"{tiny_draft_checkpoint},{tiny_checkpoint},{tiny_draft_checkpoint}")
+    assert len(llm.encode(LONG)) > 24
+    out = llm.generate(LONG, SamplingParams(max_new_tokens=3, ignore_eos=True))     # one round after the first token
+    assert out.stats.info["rounds"] == [0, 1, 0]
+    assert out.stats.info["scores"][0] < out.stats.info["scores"][1]
 
 
 def test_sampling_draws_from_the_target(ar, tiny_checkpoint, tiny_draft_checkpoint):
@@ -128,6 +149,7 @@ def test_drafter_processes_and_a_killed_drafter_does_not_stop_generation(ar, tin
             pass
     assert run.output.tokens == want.tokens
     assert llm.generate("class Point:", params).tokens == ar.generate("class Point:", params).tokens
+    assert llm.generate(LONG, params).tokens == ar.generate(LONG, params).tokens    # the prompt routed through a process
     llm.close()
 
 

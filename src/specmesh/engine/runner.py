@@ -39,6 +39,7 @@ class Runner:
         self._cache: KVCache | None = None
         self._staging: KVCache | None = None
         self.staged: Prompt | None = None       # the long prompt in the staging row
+        self.prompt_tail = 1                    # a prefill's logits: after the prompt's last this many tokens
 
     @property
     def cache(self) -> KVCache:
@@ -66,7 +67,7 @@ class Runner:
         rest = len(seq.ids) - done
         take = rest if rest < self.chunk + self.min_chunk else self.chunk
         ids = torch.tensor([seq.ids[done:done + take]], device=self.device)
-        logits = self.model(ids, cache, last_only=True)[:, -1]
+        logits = self.model(ids, cache, last_only=self.prompt_tail)[0]
         cache.commit_all()
         seq.stats.target_forwards += 1
         self.stats.target_forwards += 1
@@ -84,7 +85,8 @@ class Runner:
         self.staged, self.stats.prefill_pending = None, 0
 
     def prefill(self, seq: Sequence, row: int) -> torch.Tensor:
-        """Put seq's prompt into `row` (empty) as committed tokens; returns the logits after it [1, V].
+        """Put seq's prompt into `row` (empty) as committed tokens; returns the logits after its last tokens
+        [n, V] (n = `prompt_tail`, or fewer where the prefix cache or the chunks held the others).
         The first of a prompt's sequences computes it (after what the prefix cache holds of it); the
         others copy its keys and values."""
         prompt = seq.prompt
@@ -105,7 +107,7 @@ class Runner:
         view.rollback(0, 0)
         cached = self.prefix_cache.load(seq.ids, self.cache, row) if self.prefix_cache else 0
         ids = torch.tensor([seq.ids[cached:]], device=self.device)
-        logits = self.model(ids, view, last_only=True)[:, -1]
+        logits = self.model(ids, view, last_only=self.prompt_tail)[0]
         view.commit_all()
         if self.prefix_cache:
             self.prefix_cache.store(seq.ids, self.cache, row)

@@ -26,11 +26,11 @@ from specmesh.spec.sampling import SamplingParams
 class Prompt:
     """A prompt shared by the n sequences of one request: one prefill serves them all. While some
     of them wait for a cache row, `kv` keeps the prompt's keys and values and `logits` the
-    distribution after it."""
+    distributions after its last tokens (Runner.prompt_tail)."""
     ids: list[int]
     waiting: int = 1                            # sequences not yet prefilled
     kv: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-    logits: torch.Tensor | None = None           # [1, V]
+    logits: torch.Tensor | None = None           # [n, V], n <= Runner.prompt_tail
 
 
 @dataclass

@@ -76,7 +76,7 @@ class CForward:
         # rows skip the keys after them, 1.8x faster than PyTorch's for 390 tokens (docs/kernels.md)
         self.c_attention = self.amx is None and not kernel.avx512_attention()
 
-    def __call__(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool,
+    def __call__(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool | int,
                  groups: list[range] | None = None):
         B, T = x.shape[:2]
         if cache is None or x.device.type != "cpu":
@@ -91,7 +91,7 @@ class CForward:
         vc = (ctypes.c_void_p * n)(*(cache.v[i - first].data_ptr() for i in layers))
         h = self._hidden(x, layers)
         sizes = None if groups is None else torch.tensor([len(g) for g in groups], dtype=torch.int32)   # layer_parallel
-        tail = 0 if layers.stop < L else 1 if last_only else T
+        tail = 0 if layers.stop < L else min(int(last_only), T) if last_only else T
         logits = torch.empty(B, tail, self.ends.V)
         self.kernel.model_forward(ctypes.byref(self.ends), weights, n, _ptr(x.contiguous() if layers.start == 0 else None),
                                   h.data_ptr(), B, T, positions.ctypes.data, kc, vc, cache.k[0].dtype == torch.bfloat16,
@@ -100,7 +100,7 @@ class CForward:
         cache.advance(T)
         return self.model.expand(logits) if tail else h
 
-    def _long(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool):
+    def _long(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool | int):
         B, T = x.shape[:2]
         cfg, first = self.model.config, cache.first_layer
         H, Q, hd = cfg.num_heads, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.head_dim
@@ -136,7 +136,7 @@ class CForward:
         cache.advance(T)
         if layers.stop < cfg.num_layers:
             return h
-        return self.model.expand(self.model.lm_head(self.model.norm(h[:, -1:] if last_only else h)).float())
+        return self.model.expand(self.model.lm_head(self.model.norm(h[:, -int(last_only):] if last_only else h)).float())
 
     def _attend(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, cache, mask) -> torch.Tensor:
         """Each row's attention [B, T, H*hd] through csrc/avx2.c's attend, as model_forward's attention (the same

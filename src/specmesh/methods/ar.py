@@ -27,7 +27,11 @@ class AR:
         self.runner = runner
 
     def admit(self, seq: Sequence, row: int) -> list[int]:
-        logits = self.runner.prefill(seq, row)
+        return self.first_token(seq, self.runner.prefill(seq, row)[-1:])
+
+    @staticmethod
+    def first_token(seq: Sequence, logits: torch.Tensor) -> list[int]:
+        """The token after the prompt, from the prefill's logits [1, V]."""
         seq.score(logits)
         return [target_token(logits, seq)]
 

@@ -78,8 +78,12 @@ class Speculative(AR):
         self.trace: list[tuple[int, int, int]] | None = None
 
     def admit(self, seq: Sequence, row: int) -> list[int]:
-        tokens = super().admit(seq, row)
-        self.proposer.admit(row, seq)
+        logits = self.runner.prefill(seq, row)          # [n, V]: after the prompt's last n tokens
+        tokens = self.first_token(seq, logits[-1:])
+        if self.runner.prompt_tail > 1:                  # cosine's router compares its drafters with the target there
+            self.proposer.admit(row, seq, prompt_logits=logits)
+        else:
+            self.proposer.admit(row, seq)
         if row == 0:
             self.policy.idle()
         return tokens
@@ -153,6 +157,8 @@ def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
                              o["explore_below"], o["tree_budget"], routing=not o["no_routing"],
                              fusion=not o["no_fusion"], token_budget=None if o["no_adaptive"] else o["token_budget"],
                              names=models.drafter_names)
+    if proposer.routing and len(proposer.drafters) > 1:
+        runner.prompt_tail = o["draft_window"]             # the router compares the drafters with the target there
     policy = DraftDepth(o["gamma"]) if o["no_scheduler"] else \
         Scheduled(o["gamma"], o["tree_budget"], o["lam"], o["token_budget"], o["max_step_ms"] or float("inf"))
     return Speculative(runner, proposer, policy)
@@ -179,7 +185,7 @@ EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with 
                       slack=lambda o: o["gamma"] * o["tree_width"] + 1, spread_draft=True)
 COSINE = MethodSpec("cosine", "CoSine: several drafters, routed per request by their record, their tokens fused "
                     "into one tree by confidence, batches and draft sizes scheduled for the verifier",
-                    {"gamma": 5, "draft_window": 64, "drafters": "", "routed": 2, "explore_below": 2,
+                    {"gamma": 5, "draft_window": 256, "drafters": "", "routed": 2, "explore_below": 1,
                      "tree_budget": 16, "token_budget": 64, "lam": 0.05, "max_step_ms": 0,
                      "drafter_processes": False, "timeout": 30, "no_routing": False, "no_fusion": False,
                      "no_scheduler": False, "no_adaptive": False}, False, build_cosine,

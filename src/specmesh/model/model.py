@@ -311,7 +311,7 @@ class Transformer(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, *, depths: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, layers: range | None = None,
-                last_only: bool = False, head: torch.Tensor | None = None,
+                last_only: bool | int = False, head: torch.Tensor | None = None,
                 groups: list[range] | None = None) -> torch.Tensor:
         """Run `layers` (default: all) over new tokens.
 
@@ -323,7 +323,7 @@ class Transformer(nn.Module):
           says which speculative slots (S already held + the T new) each token sees.
           Both default to a chain continuing the held speculative slots.
         Returns logits [B,T,V] (float32) when the range ends at the last layer, else hidden states.
-        last_only: compute logits for the last position only ([B,1,V]).
+        last_only: compute logits for the last position only ([B,1,V]); an int n: for the last n ([B,n,V]).
         head: token ids [K]: logits [B,T,K] of those tokens only, from the LM head's rows (distilling a
           draft whose head will be restricted to them: gradients reach the tied embedding).
         groups: consecutive layer ranges covering `layers`, each run layer-parallel (`layer_parallel`:
@@ -354,7 +354,7 @@ class Transformer(nn.Module):
         if layers.stop < self.config.num_layers:
             return h
         if last_only:
-            h = h[:, -1:]
+            h = h[:, -int(last_only):]
         if head is not None:
             return F.linear(self.norm(h), self.lm_head.weight[head]).float()
         return self.expand(self.lm_head(self.norm(h)).float())

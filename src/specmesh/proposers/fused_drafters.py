@@ -1,8 +1,10 @@
 """CoSine's cooperative drafting (Yang et al. 2025, §4.2): several drafters, a router per request, and
 confidence-based token fusion into one tree. docs/cosine.md says how each loose point of the paper is read.
 
-Per request (an engine row) the router keeps a score per drafter, M[n] in [0, 1], and picks `routed`
-drafters each round: `top` of them by score, the rest at random among the others. `top` follows the
+Per request (an engine row) the router keeps a score per drafter, M[n] in [0, 1]. It starts from the prompt:
+each model drafter reads the prompt's window, and the one whose predictions there are closest to the target's
+(cross-entropy against the target's top tokens, from the prefill) starts at START, the others at 0. Each round
+it picks `routed` drafters: `top` of them by score, the rest at random among the others. `top` follows the
 paper's Explore/Exploit with the coefficients as its text means them: after a round whose accepted length
 fell below `explore_below` (τ) it explores (top = round(β k), β = EXPLORE), else it exploits
 (top = round(α k), α = EXPLOIT).
@@ -41,9 +43,12 @@ from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict
 
 EXPLOIT, EXPLORE = 1.0, 0.5         # α, β: the share of routed drafters picked by score (the rest at random)
-ETA = 0.5                           # the weight of a round's score in the running one
+ETA = 0.2                           # the weight of a round's score in the running one
 START = 0.5                         # a drafter's score before it was routed
 SOLO = 0.9                          # a free drafter this confident at the root drafts the round alone
+PROMPT_TOP = 32                     # the prompt's routing: the target's most likely tokens compared, per position
+PROMPT_SKIP = 16                    # ... past the first tokens of a drafter's window (too little context before)
+PROMPT_GAP = START                  # the others' start below the drafter the prompt favours: unproven, at 0
 
 
 def round_score(confidence: list[float], similarity: list[float], accepted: int) -> float:
@@ -88,6 +93,12 @@ class Round:
     confidence: dict[int, list[float]] = field(default_factory=dict)
 
 
+def cross_entropy(logits: torch.Tensor, top_ids: torch.Tensor, top_p: torch.Tensor) -> float:
+    """-Σ p·log q over the target's top tokens, averaged over positions: logits [m, V] (q), top_* [m, K] (p)."""
+    logq = F.log_softmax(logits.float(), -1)
+    return float(-(top_p * logq.gather(-1, top_ids)).sum(-1).mean())
+
+
 def most_likely(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The most likely token after each node and its probability: logits [B, k, V] -> probs, tokens [B, k]."""
     top = F.softmax(logits.float(), -1).max(-1)
@@ -116,6 +127,7 @@ class Drafter:
 
     def __init__(self, draft: DraftModel):
         self.draft, self.views, self.continued, self.top = draft, [], [], None
+        self.ce: float | None = None            # the last read_prompt's cross-entropy
 
     def admit(self, row: int, seq: Sequence) -> None:
         self.draft.admit(row, seq)
@@ -142,6 +154,20 @@ class Drafter:
             level = [view.add(go_on, self.continued[b])] + ([view.add(own, self.continued[b])] if both else [])
             self.continued[b] = level[0]
         self.top = most_likely(self.draft._forward_level(seqs, self.views, level))
+
+    def read_prompt(self, row: int, top_ids: torch.Tensor, top_p: torch.Tensor) -> None:
+        """Read the row's prompt window whole (a fresh row), comparing its predictions with the target's top tokens
+        after the prompt's last m tokens (top_* [m, K]) past the window's first PROMPT_SKIP: `prompt_ce()`."""
+        draft = self.draft
+        read, draft.pending[row] = draft.pending[row], []
+        m = min(len(top_ids), len(read) - PROMPT_SKIP)
+        view = draft.cache.view(row, row + 1)
+        logits = draft._run(torch.tensor([read], device=draft.model.device), view, True, last_only=max(m, 1))[0]
+        view.commit_all()
+        self.ce = cross_entropy(logits.cpu(), top_ids[-m:], top_p[-m:]) if m > 0 else None
+
+    def prompt_ce(self) -> float | None:
+        return self.ce
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.top
@@ -171,10 +197,28 @@ class FusedDrafters:
         self.levels = 0                 # the last proposal's model-drafter forwards one after another (free ones cost none)
 
     # -- rows -----------------------------------------------------------------------------------
-    def admit(self, row: int, seq: Sequence) -> None:
+    def admit(self, row: int, seq: Sequence, prompt_logits: torch.Tensor | None = None) -> None:
+        """A new sequence in `row`; prompt_logits [n, V], the target's after the prompt's last n tokens, start its
+        router on the model drafter closest to the target there."""
         self._each(lambda n, d: d.admit(row, seq))
         self.scores[row], self.last[row] = [START] * len(self.drafters), None
         self.rngs[row] = random.Random(seq.params.seed if seq.params.seed is not None else row)
+        if prompt_logits is not None and self.routing:
+            self._route_by_prompt(row, prompt_logits)
+
+    def _route_by_prompt(self, row: int, logits: torch.Tensor) -> None:
+        """Each model drafter reads the prompt's window now and is compared with the target there (the cross-entropy
+        of its predictions against the target's top tokens); the others start PROMPT_GAP below the closest."""
+        top = F.softmax(logits.float(), -1).topk(PROMPT_TOP, -1)
+        models = [n for n in range(len(self.drafters)) if not getattr(self.drafters[n], "free", False)]
+        ce = {}
+        self._each(lambda n, d: d.read_prompt(row, top.indices.cpu(), top.values.cpu()), models)
+        self._each(lambda n, d: ce.__setitem__(n, d.prompt_ce()), models)
+        ce = {n: x for n, x in ce.items() if x is not None}
+        if ce:
+            best = min(ce, key=lambda n: (ce[n], n))
+            self.scores[row] = [START if n == best or n not in ce else START - PROMPT_GAP
+                                for n in range(len(self.drafters))]
 
     def move_row(self, src: int, dst: int) -> None:
         self._each(lambda n, d: d.move_row(src, dst))

@@ -64,6 +64,9 @@ class DrafterServer:
                     drafter.begin(rows[:len(m["last"])])
                 elif op == "finish":
                     drafter.finish(m["row"], m["accepted"])
+                elif op == "prompt":
+                    drafter.read_prompt(m["row"], torch.tensor(m["ids"]), torch.tensor(m["probs"]))
+                    link.send_json({"ce": drafter.prompt_ce()}, 0)
                 else:                                       # a read: answer it
                     seqs = rows[:m["rows"]]
                     before = [s.stats.draft_forwards for s in seqs]
@@ -116,6 +119,13 @@ class RemoteDrafter:
 
     def finish(self, row: int, accepted: list[int]) -> None:
         self._send({"op": "finish", "row": row, "accepted": accepted})
+
+    def read_prompt(self, row: int, top_ids: torch.Tensor, top_p: torch.Tensor) -> None:
+        self._send({"op": "prompt", "row": row, "ids": top_ids.tolist(),
+                    "probs": [[round(p, 5) for p in ps] for ps in top_p.tolist()]})
+
+    def prompt_ce(self) -> float | None:
+        return self.link.recv_json(self.rank)["ce"]
 
 
 class DrafterPool:
