@@ -47,7 +47,8 @@ ETA = 0.2                           # the weight of a round's score in the runni
 START = 0.5                         # a drafter's score before it was routed
 SOLO = 0.9                          # a free drafter this confident at the root drafts the round alone
 PROMPT_TOP = 32                     # the prompt's routing: the target's most likely tokens compared, per position
-PROMPT_SKIP = 16                    # ... past the first tokens of a drafter's window (too little context before)
+PROMPT_SKIP = 16                    # ... past the first tokens of a drafter's window (too little context before),
+                                    # and at least as many positions (fewer, as after a prefix-cache hit: no start)
 PROMPT_GAP = START                  # the others' start below the drafter the prompt favours: unproven, at 0
 
 
@@ -164,7 +165,7 @@ class Drafter:
         view = draft.cache.view(row, row + 1)
         logits = draft._run(torch.tensor([read], device=draft.model.device), view, True, last_only=max(m, 1))[0]
         view.commit_all()
-        self.ce = cross_entropy(logits.cpu(), top_ids[-m:], top_p[-m:]) if m > 0 else None
+        self.ce = cross_entropy(logits.cpu(), top_ids[-m:], top_p[-m:]) if m >= PROMPT_SKIP else None
 
     def prompt_ce(self) -> float | None:
         return self.ce
