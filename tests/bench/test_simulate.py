@@ -119,18 +119,22 @@ def test_cluster_clock_arithmetic():
     assert p.step_ms("cosine", 150, 5, pipelined=True) == pytest.approx(2 * max(5 * 7 + 0.5, 30))   # halves overlap
 
 
-def test_cluster_simulation_runs_the_real_methods_at_once(tmp_path, tiny_checkpoint, tiny_draft_checkpoint):
+def test_cluster_simulation_runs_the_real_methods_concurrency_at_a_time(tmp_path, tiny_checkpoint,
+                                                                         tiny_draft_checkpoint):
+    """Three prompts, two at a time: the third takes the row of the first to finish."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def add(a, b):", "class P:", "x = 1\n")))
     out = tmp_path / "sim.json"
-    assert main(["simulate", "--prompts", str(prompts), "--method", "cosine", "--concurrency", "3", "--target",
+    assert main(["simulate", "--prompts", str(prompts), "--method", "cosine", "--concurrency", "2", "--target",
                  str(tiny_checkpoint), "--draft", str(tiny_checkpoint),
                  "--drafters", f"{tiny_checkpoint},{tiny_draft_checkpoint}", "--max-new-tokens", "16",
                  "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["simulated"] is True and set(result["methods"]) == {"cosine pipelined", "cosine", "sd"}
     assert result["methods"]["sd"]["vs_sd"] == pytest.approx(1.0)
-    assert all(0 < r["tokens"] <= 3 * 16 and r["steps"] > 0 for r in result["methods"].values())
+    assert result["requests"] == 3 and result["concurrency"] == 2
+    for r in result["methods"].values():
+        assert 2 * 16 < r["tokens"] <= 3 * 16 and r["steps"] > 0 and r["most_rows"] == 2
 
 
 def test_pipedec_needs_a_draft_with_the_targets_vocabulary(tiny_checkpoint, capsys):

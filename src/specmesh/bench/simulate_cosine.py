@@ -1,7 +1,8 @@
 """`specmesh simulate --method cosine|sd|tree --concurrency N`: CoSine's cluster on a virtual clock (simulated):
 drafters on nodes of their own around a verification server, larger than this machine.
 
-The real methods run here (greedy) on N requests decoding together in one engine, so every step's batch,
+The real methods run here (greedy) on the prompts given, N at a time in one engine of N rows (a request that
+finishes hands its row to the next prompt, as N clients in a closed loop would), so every step's batch,
 tree sizes and draft levels are the real algorithm's (`Speculative.trace`: rows, tokens verified, draft
 forwards one after another, per step: a chain that stopped early and cosine's context drafter, which runs no
 forward, cost no level). Only time is modelled, per step, from the profile:
@@ -63,9 +64,10 @@ class ClusterProfile:
         return draft + self.verify_ms(tokens)
 
 
-def run_traced(method: str, prompts: list[str], max_new_tokens: int, profile: ClusterProfile,
+def run_traced(method: str, prompts: list[str], concurrency: int, max_new_tokens: int, profile: ClusterProfile,
                target: str | None, draft: str | None = None, drafters: str | None = None) -> dict:
-    """The real method on all prompts at once (one engine, one batch): its per-step trace and token counts.
+    """The real method on the prompts, `concurrency` at a time (one engine of that many rows): its per-step trace
+    and token counts.
     sd drafts SD_GAMMA tokens whatever the batch (as the paper's Vanilla; specmesh's default stops drafting in a
     wide batch, a rule measured on CPUs); cosine's scheduler plans on the profile's costs, not this machine's,
     with the server's flat_tokens as its token budget Γ_max."""
@@ -77,7 +79,7 @@ def run_traced(method: str, prompts: list[str], max_new_tokens: int, profile: Cl
     llm = LLM(target=target, method=method, **options)
     params = SamplingParams(max_new_tokens=max_new_tokens)
     ids = [llm.encode(p) for p in prompts]
-    engine = llm.engine(ids, params, rows=len(ids))
+    engine = llm.engine(ids, params, rows=concurrency)
     engine.method.trace = []
     if hasattr(engine.method.policy, "costs"):             # cosine's scheduler
         levels = engine.method.policy.depth
@@ -94,27 +96,30 @@ def run_traced(method: str, prompts: list[str], max_new_tokens: int, profile: Cl
 def simulate_cluster(methods: list[str], concurrency: int, profile: ClusterProfile, prompts: list[str],
                      max_new_tokens: int, target: str | None = None, draft: str | None = None,
                      drafters: str | None = None) -> dict:
-    """Each method's simulated throughput for `concurrency` requests at once, and ratios to sd's."""
+    """Each method's simulated throughput with `concurrency` requests in flight (all the prompts, each admitted as a
+    row frees), and ratios to sd's."""
     if len(prompts) < concurrency:
         raise ValueError(f"--concurrency {concurrency} needs as many prompts, got {len(prompts)}")
     rows = {}
     for method in methods:
-        run = run_traced(method, prompts[:concurrency], max_new_tokens, profile, target, draft, drafters)
+        run = run_traced(method, prompts, concurrency, max_new_tokens, profile, target, draft, drafters)
         steps = len(run["trace"])
         for label, pipelined in ([(f"{method} pipelined", True)] if method == "cosine" else []) + [(method, False)]:
             ms = sum(profile.step_ms(method, tokens, levels, pipelined) for _, tokens, levels in run["trace"])
             rows[label] = {"tokens": run["tokens"], "steps": steps, "ms": ms,
                            "tokens_per_s": 1000 * run["tokens"] / ms,
-                           "tokens_per_step": run["tokens"] / steps if steps else None}
+                           "tokens_per_step": run["tokens"] / steps if steps else None,
+                           "most_rows": max((n for n, _, _ in run["trace"]), default=0)}
     if "sd" in rows:
         for row in rows.values():
             row["vs_sd"] = row["tokens_per_s"] / rows["sd"]["tokens_per_s"]
-    return {"simulated": True, "profile": profile.name, "concurrency": concurrency, "max_new_tokens": max_new_tokens,
-            "methods": rows}
+    return {"simulated": True, "profile": profile.name, "concurrency": concurrency, "requests": len(prompts),
+            "max_new_tokens": max_new_tokens, "methods": rows}
 
 
 def print_cluster(result: dict, file) -> None:
-    print(f"[simulated, profile {result['profile']}] {result['concurrency']} requests at once", file=file)
+    print(f"[simulated, profile {result['profile']}] {result['requests']} requests, {result['concurrency']} at once",
+          file=file)
     for method, row in result["methods"].items():
         ratio = f", {row['vs_sd']:.2f}x sd" if "vs_sd" in row else ""
         print(f"  {method:17} {row['tokens_per_s']:8.1f} tokens/s ({row['tokens_per_step']:.2f} tokens a step, "
