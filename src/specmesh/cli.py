@@ -250,8 +250,8 @@ def build_parser() -> Parser:
                     help="pipedec, pp, stpp: pipeline stages (--stages); easyspec, tree: a split target (--tp); "
                          "cosine, sd, tree with --concurrency: drafter nodes around a verification server")
     sm.add_argument("--concurrency", type=positive_int, metavar="N",
-                    help="cosine / sd / tree: the prompts N at a time (a finished one's row goes to the next) on CoSine's "
-                         "cluster, each method shown with sd's")
+                    help="cosine / sd / tree: the prompts N at a time (a finished one's row goes to the next) on "
+                         "CoSine's cluster, each method shown with sd's")
     sm.add_argument("--stages", type=positive_int, default=14, help="pipeline stages to simulate (default: 14)")
     sm.add_argument("--tp", type=device_counts, default=[2, 4, 8], metavar="N[,N...]",
                     help="easyspec / tree: devices the target is split over (default: 2,4,8); easyspec is shown next "
