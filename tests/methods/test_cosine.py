@@ -113,6 +113,18 @@ def test_the_prompt_starts_the_router_on_the_drafter_closest_to_the_target(tiny_
     assert out.stats.info["scores"][0] < out.stats.info["scores"][1]
 
 
+def test_the_prompt_is_compared_only_where_two_model_drafters_compete(tiny_checkpoint):
+    """The comparison costs the target's head over the prompt's window: not spent with one model drafter (the
+    context drafter is not routed), nor with routing off."""
+    params = SamplingParams(max_new_tokens=4)
+    def tail(**options):
+        llm = LLM(target=tiny_checkpoint, method="cosine", **options)
+        return llm.engine([llm.encode(LONG)], params).runner.prompt_tail
+    two = f"{tiny_checkpoint},{tiny_checkpoint},context"
+    assert tail(drafters=two) == 256 and tail(drafters=two, draft_window=64) == 64
+    assert tail(drafters=f"{tiny_checkpoint},context") == 1 and tail(drafters=two, no_routing=True) == 1
+
+
 def test_sampling_draws_from_the_target(ar, tiny_checkpoint, tiny_draft_checkpoint):
     llm = LLM(target=tiny_checkpoint, method="cosine", drafters=f"{tiny_checkpoint},{tiny_draft_checkpoint},context",
               routed=3)
