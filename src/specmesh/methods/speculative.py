@@ -157,7 +157,7 @@ def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
                              o["explore_below"], o["tree_budget"], routing=not o["no_routing"],
                              fusion=not o["no_fusion"], token_budget=None if o["no_adaptive"] else o["token_budget"],
                              names=models.drafter_names)
-    if proposer.routing and sum(not getattr(d, "free", False) for d in drafters) > 1:
+    if proposer.compares_prompt:
         runner.prompt_tail = o["draft_window"]         # the router compares its model drafters with the target there
     policy = DraftDepth(o["gamma"]) if o["no_scheduler"] else \
         Scheduled(o["gamma"], o["tree_budget"], o["lam"], o["token_budget"], o["max_step_ms"] or float("inf"))

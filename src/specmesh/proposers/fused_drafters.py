@@ -191,6 +191,9 @@ class FusedDrafters:
         self.names = names or [f"drafter{n}" for n in range(len(drafters))]
         self.routing, self.fusion = routing, fusion
         self.alive = [not getattr(d, "dead", False) for d in drafters]    # a drafter whose process died: not routed
+        self.free = {n for n, d in enumerate(drafters) if getattr(d, "free", False)}  # no forward: never routed out
+        # the router starts from the prompt where model drafters compete (build_cosine asks the prefill for it)
+        self.compares_prompt = routing and len(drafters) - len(self.free) > 1
         self.scores = [[START] * len(drafters) for _ in range(rows)]
         self.last: list[int | None] = [None] * rows                   # each row's last accepted length
         self.rngs = [random.Random(row) for row in range(rows)]
@@ -204,14 +207,14 @@ class FusedDrafters:
         self._each(lambda n, d: d.admit(row, seq))
         self.scores[row], self.last[row] = [START] * len(self.drafters), None
         self.rngs[row] = random.Random(seq.params.seed if seq.params.seed is not None else row)
-        if prompt_logits is not None and self.routing:
+        if prompt_logits is not None:
             self._route_by_prompt(row, prompt_logits)
 
     def _route_by_prompt(self, row: int, logits: torch.Tensor) -> None:
         """Each model drafter reads the prompt's window now and is compared with the target there (the cross-entropy
         of its predictions against the target's top tokens); the others start PROMPT_GAP below the closest."""
         top = F.softmax(logits.float(), -1).topk(PROMPT_TOP, -1)
-        models = [n for n in range(len(self.drafters)) if not getattr(self.drafters[n], "free", False)]
+        models = [n for n in range(len(self.drafters)) if n not in self.free]
         ce = {}
         self._each(lambda n, d: d.read_prompt(row, top.indices.cpu(), top.values.cpu()), models)
         self._each(lambda n, d: ce.__setitem__(n, d.prompt_ce()), models)
@@ -245,7 +248,7 @@ class FusedDrafters:
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
         B, depth = len(seqs), max(budgets)
         live = [n for n in range(len(self.drafters)) if self.alive[n]]
-        free = [n for n in live if getattr(self.drafters[n], "free", False)]    # no forward: never routed out
+        free = [n for n in live if n in self.free]
         self.rounds = [self._route(b, live, free) for b in range(B)]
         trees = [TokenTree.root(seq.last) for seq in seqs]
         self._each(lambda n, d: d.begin(seqs))
