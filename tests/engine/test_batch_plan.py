@@ -71,10 +71,63 @@ def test_the_scheduled_policy_plans_on_measured_costs():
     policy = Scheduled(depth=5, tree_tokens=8, lam=0.0, max_tokens=20, max_ms=float("inf"))
     seq = SimpleNamespace(remaining=100)
     assert policy.budgets([seq] * 4) == [5] * 4            # nothing measured yet
-    for tokens in (4, 8, 16, 32):
-        policy.observe(0.004, (10 + tokens) / 1000, tokens)
+    for rows in (1, 2, 3, 4):                               # every drafted token accepted: the full depth pays
+        policy.observe(0.004, (10 + 8 * rows) / 1000, [(5, 8, 5)] * rows)
     assert policy.verify_fit() == pytest.approx((10.0, 1.0))
     budgets = policy.budgets([seq] * 4)
     assert sorted(budgets) == [0, 0, 5, 5] and sum(8 if b else 1 for b in budgets) <= 20
     assert policy.budgets([seq]) == [5]
     assert policy.budgets([SimpleNamespace(remaining=3)]) == [2]
+
+
+def test_the_scheduled_policy_drafts_as_deep_as_the_costs_pay():
+    """Depth 5 measured: rows accept 1 draft token on average, with α = 1/2 (2 levels accepted, 2 rejections).
+    The geometric model shifts that to other depths: accepted(1) = 1 - (1/4 + 1/8 + 1/16 + 1/32) = 0.53125.
+    On a cluster's costs (verification flat at 30 ms, a level 7 ms on the drafter nodes) two rows make
+    2 (1 + accepted(d)) / (7 d + 30) tokens a ms: d = 1 (3.0625 / 37) beats d = 2 (3.5625 / 44) and d = 5 (4 / 65).
+    Once depth 5's record is old and every level is accepted, with a level of 1 ms, all five."""
+    from types import SimpleNamespace
+    from specmesh.engine.batch_plan import Scheduled
+    policy = Scheduled(depth=5, tree_tokens=16, lam=0.0, max_tokens=128, max_ms=float("inf"))
+    policy.costs = (30.0, 0.0, 7.0)
+    rows = [SimpleNamespace(remaining=100)] * 2
+    assert policy.budgets(rows) == [5, 5]                   # nothing measured: the full depth
+    policy.observe(0.035, 0.030, [(5, 16, 0), (5, 16, 2)])
+    assert policy.alpha() == pytest.approx(0.5) and policy.accepted(1) == pytest.approx(0.53125)
+    assert policy.accepted(5) == pytest.approx(1.0) and policy.tokens(1) == 16
+    assert policy.budgets(rows) == [1, 1] and policy.current == 1
+    policy.observe(0.007, 0.030, [(1, 3, 1), (1, 3, 1)])   # depth 1 measured: its own record, α higher
+    assert policy.record[1].accepted == 1.0 and policy.record[5].accepted == 1.0
+    assert policy.accepted(2) == pytest.approx(1.0 + policy.alpha() ** 2)      # shifted from depth 1, the nearest
+    for _ in range(Scheduled.WINDOW - 1):                  # depth 5's record, not renewed, is dropped
+        policy.observe(0.007, 0.030, [(1, 3, 1), (1, 3, 1)])
+    assert list(policy.record) == [1] and policy.alpha() > 0.99
+    policy.costs = (30.0, 0.0, 1.0)
+    assert policy.best_depth(2, 30.0, 0.0) == 5
+    policy.costs = (30.0, 0.0, 1000.0)                      # a level far dearer than its token
+    assert policy.budgets(rows) == [1, 1]
+    policy.choose_depth = False                             # a depth the user gave (--gamma)
+    assert policy.budgets(rows) == [5, 5]
+
+
+def test_the_scheduled_policy_judges_a_depth_by_what_it_measured():
+    """Measured costs, as on a CPU where verification costs 1 ms a token (10 ms + 1 ms a token, fitted). Depth 5
+    drafted in 10 ms, a row accepting 1 token (α = 1/2) of a 16-token tree. A shallower tree is assumed as large,
+    so only drafting (proportional to depth while one is measured) is saved: (1 + accepted(d)) / (2 d + 26) is
+    highest at d = 3 (1.906 / 32), which is tried. Measured there, its record decides: no token accepted, so
+    1 / 32; depth 4, predicted from depth 5 (the nearer of equals is the deeper), wins at 1.985 / 34 (α now 0.433);
+    drafting is a line through the two depths measured: 2 ms a level."""
+    from types import SimpleNamespace
+    from specmesh.engine.batch_plan import Scheduled
+    policy = Scheduled(depth=5, tree_tokens=16, lam=0.0, max_tokens=128, max_ms=float("inf"))
+    row = [SimpleNamespace(remaining=100)]
+    for rows in (1, 2, 1):
+        policy.observe(0.010, (10 + 16 * rows) / 1000, [(5, 16, 1)] * rows)
+    assert policy.verify_fit() == pytest.approx((10.0, 1.0)) and policy.alpha() == pytest.approx(0.5)
+    assert policy.draft_ms(3) == pytest.approx(6.0) and policy.tokens(3) == 16
+    assert policy.budgets(row) == [3]
+    policy.observe(0.006, 0.026, [(3, 16, 0)])
+    assert policy.alpha() == pytest.approx(3.249 / 7.498) and policy.accepted(3) == 0.0
+    assert policy.accepted(4) == pytest.approx(1 - policy.alpha() ** 5)
+    assert policy.draft_ms(4) == pytest.approx(8.0) and policy.draft_ms(1) == pytest.approx(2.0)
+    assert policy.budgets(row) == [4]

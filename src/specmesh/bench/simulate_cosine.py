@@ -81,10 +81,9 @@ def run_traced(method: str, prompts: list[str], concurrency: int, max_new_tokens
     ids = [llm.encode(p) for p in prompts]
     engine = llm.engine(ids, params, rows=concurrency)
     engine.method.trace = []
-    if hasattr(engine.method.policy, "costs"):             # cosine's scheduler
-        levels = engine.method.policy.depth
+    if hasattr(engine.method.policy, "costs"):             # cosine's scheduler: a level on the drafter nodes
         engine.method.policy.costs = (profile.verify_base_ms, profile.verify_per_token_ms,
-                                      levels * (profile.drafter_ms + 2 * profile.hop_ms))
+                                      profile.drafter_ms + 2 * profile.hop_ms)
     seqs = [s for i in ids for s in engine.sequences(i, params)]
     engine.submit(seqs)
     while not engine.idle:

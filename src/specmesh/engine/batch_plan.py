@@ -13,12 +13,13 @@ searched exhaustively instead (the same optimum, and what the tests compare agai
 request left out decodes plainly this step (one token, no draft).
 
 Adaptive speculation: where no batch fits Γ_max, one token is taken from the longest draft until the
-budget holds (`trim`).
+budget holds (`trim`). How deep to draft is chosen before the batch, on the same measured costs (`Scheduled`):
+an extension, the paper fixes the draft length.
 """
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import numpy as np
 
@@ -125,38 +126,116 @@ def trim(sizes: list[int], budget: int, floor: int = 1) -> list[int]:
     return sizes
 
 
-class Scheduled:
-    """cosine's speculation policy (the engine's DraftDepth interface): each step, `plan` picks the running
-    requests that speculate (`depth` levels, a tree of about `tree_tokens`); the others decode plainly this
-    step. Costs are measured: drafting as the last steps' mean, verification fitted as base + per token
-    over the last WINDOW steps. One request alone always speculates (nothing to choose)."""
-    WINDOW = 64
+@dataclass
+class DepthRecord:
+    """What the steps that drafted to one depth measured, as running means (the newest step weighs ETA)."""
+    accepted: float             # draft tokens a speculating row accepted
+    tokens: float               # tokens a speculating row sent to verification (its tree, root included)
+    draft_ms: float             # the step's drafting
 
-    def __init__(self, depth: int, tree_tokens: int, lam: float, max_tokens: int, max_ms: float):
-        self.depth, self.tree_tokens = depth, tree_tokens
+    def blend(self, step: "DepthRecord", eta: float) -> "DepthRecord":
+        return DepthRecord(*((1 - eta) * old + eta * new for old, new in zip(astuple(self), astuple(step))))
+
+
+class Scheduled:
+    """cosine's speculation policy (the engine's DraftDepth interface). Each step it picks the draft depth d that
+    maximises the expected committed tokens per ms of the running rows,
+
+        rows (1 + accepted(d)) / (draft_ms(d) + base + per_token rows tokens(d)),
+
+    then `plan` picks the requests that speculate to d (the others decode plainly this step). Costs are
+    measured: verification fitted as base + per token over the last WINDOW steps; accepted, tokens and
+    draft_ms as running means per depth drafted (`DepthRecord`). A depth not drafted yet is predicted from the
+    measured one nearest to it: acceptance shifted by the geometric model (a level accepted with probability
+    α given the one before, α measured over every verdict), so accepted(d) = accepted(D) + α^(D+1) + ... (or
+    minus α^(d+1) + ... + α^D below D); the tree's tokens taken as D's (a conservative guess: a shallower tree
+    would cost less); drafting by a line through the depths measured (proportional to d while one is). So a
+    depth is only tried where the model says it pays, and judged by what it then measures; a record not
+    renewed for WINDOW steps is dropped (acceptance drifts as requests come and go). With `choose_depth` off (a
+    depth the user gave), every step drafts `depth`."""
+    WINDOW = 64
+    ETA = 0.1
+
+    def __init__(self, depth: int, tree_tokens: int, lam: float, max_tokens: int, max_ms: float,
+                 choose_depth: bool = True):
+        self.depth, self.tree_tokens, self.choose_depth = depth, tree_tokens, choose_depth     # False: always `depth`
         self.lam, self.max_tokens, self.max_ms = lam, max_tokens, max_ms
-        self.draft_ms: list[float] = []
         self.verified: list[tuple[int, float]] = []        # (tokens, ms) of recent verifications
+        self.record: dict[int, DepthRecord] = {}           # depth drafted -> what its steps measured
+        self.renewed: dict[int, int] = {}                  # depth -> the step its record was last renewed
+        self.steps = 0
+        self.levels = [0.0, 0.0]                           # levels accepted, levels rejected (running sums)
+        self.current = depth                               # the depth of the last plan
         self.chosen: list[int] = []                        # the last plan (for stats and tests)
-        self.costs: tuple[float, float, float] | None = None   # given (base, per-token, draft ms): not measured
+        self.costs: tuple[float, float, float] | None = None   # given (base, per token, a level's ms): not measured
 
     def idle(self) -> None:
         pass
 
     def budgets(self, seqs) -> list[int]:
-        depths = [max(0, min(self.depth, s.remaining - 1)) for s in seqs]
-        if len(seqs) == 1 or (self.costs is None and len(self.verified) < 2):
-            return depths
+        self.current = self.depth
+        if self.costs is None and (len(self.verified) < 2 or not self.record):
+            return [max(0, min(self.depth, s.remaining - 1)) for s in seqs]
         base, per_token = self.verify_fit() if self.costs is None else self.costs[:2]
-        draft = sum(self.draft_ms) / len(self.draft_ms) if self.costs is None else self.costs[2]
-        pool = [Candidate(self.tree_tokens if d else 1, draft if d else 0.0) for d in depths]
+        self.current = depth = self.best_depth(len(seqs), base, per_token) if self.choose_depth else self.depth
+        depths = [max(0, min(depth, s.remaining - 1)) for s in seqs]
+        if len(seqs) == 1:
+            return depths
+        pool = [Candidate(round(self.tokens(d)) if d else 1, self.draft_ms(d) if d else 0.0) for d in depths]
         self.chosen = plan(pool, Bounds(base, per_token, self.lam, self.max_tokens, self.max_ms))
         chosen = set(self.chosen)
         return [d if i in chosen else 0 for i, d in enumerate(depths)]
 
-    def observe(self, draft_s: float, verify_s: float, tokens: int) -> None:
-        self.draft_ms = (self.draft_ms + [draft_s * 1e3])[-self.WINDOW:]
-        self.verified = (self.verified + [(tokens, verify_s * 1e3)])[-self.WINDOW:]
+    def best_depth(self, rows: int, base: float, per_token: float) -> int:
+        rate = lambda d: rows * (1 + self.accepted(d)) / (self.draft_ms(d) + base + per_token * rows * self.tokens(d))
+        return max(range(1, self.depth + 1), key=lambda d: (rate(d), d))      # ties: the deeper
+
+    def nearest(self, depth: int) -> int:
+        return min(self.record, key=lambda d: (abs(d - depth), -d))
+
+    def alpha(self) -> float:
+        accepted, rejected = self.levels
+        return accepted / (accepted + rejected) if accepted + rejected else 0.0
+
+    def accepted(self, depth: int) -> float:
+        if not self.record:
+            return float(depth)
+        known, alpha = self.nearest(depth), self.alpha()
+        lo, hi, sign = (known, depth, 1) if depth > known else (depth, known, -1)
+        return max(0.0, self.record[known].accepted + sign * sum(alpha ** k for k in range(lo + 1, hi + 1)))
+
+    def tokens(self, depth: int) -> float:
+        return self.record[self.nearest(depth)].tokens if self.record else float(self.tree_tokens)
+
+    def draft_ms(self, depth: int) -> float:
+        if self.costs is not None:
+            return depth * self.costs[2]
+        if depth in self.record:
+            return self.record[depth].draft_ms
+        if len(self.record) == 1:
+            (known, record), = self.record.items()
+            return record.draft_ms * depth / known
+        level, fixed = np.polyfit(list(self.record), [r.draft_ms for r in self.record.values()], 1)
+        return max(0.0, fixed + level * depth)
+
+    def observe(self, draft_s: float, verify_s: float, trees: list[tuple[int, int, int]]) -> None:
+        """A step: its drafting, its verification, and each row's (depth drafted, tree tokens, draft tokens
+        accepted)."""
+        self.verified = (self.verified + [(sum(t for _, t, _ in trees), verify_s * 1e3)])[-self.WINDOW:]
+        drafted = [(d, t, a) for d, t, a in trees if d]
+        if not drafted:
+            return
+        # a row's chain of levels: min(a, d) accepted, then one rejected where a < d
+        self.levels = [(1 - self.ETA) * self.levels[0] + sum(min(a, d) for d, _, a in drafted),
+                       (1 - self.ETA) * self.levels[1] + sum(a < d for d, _, a in drafted)]
+        n = len(drafted)
+        step = DepthRecord(sum(a for *_, a in drafted) / n, sum(t for _, t, _ in drafted) / n, draft_s * 1e3)
+        old = self.record.get(self.current)
+        self.record[self.current] = step if old is None else old.blend(step, self.ETA)
+        self.steps += 1
+        self.renewed[self.current] = self.steps
+        for depth in [d for d, renewed in self.renewed.items() if renewed <= self.steps - self.WINDOW]:
+            del self.record[depth], self.renewed[depth]
 
     def verify_fit(self) -> tuple[float, float]:
         """Least squares ms = base + per_token * tokens over the recent verifications (per_token >= 0)."""

@@ -60,7 +60,7 @@ class Option:
 
 OPTIONS = {
     "gamma": Option("draft length / tree depth (sd without it in a batch: by batch size; pearl without it: "
-                    "by gamma_rule)"),
+                    "by gamma_rule; cosine without it: chosen each step up to its default by the scheduler)"),
     "gamma_rule": Option("pearl's γ when gamma is not given: measured (each round, the γ with the most expected "
                          "tokens per second from the measured draft step, target forward by width and acceptance "
                          "so far) or c (round(c), the paper's rule)", str, "RULE"),

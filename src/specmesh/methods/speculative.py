@@ -65,9 +65,9 @@ class DraftDepth:
         depth = self.depth(len(seqs))
         return [max(0, min(depth, s.remaining - 1)) for s in seqs]
 
-    def observe(self, draft_s: float, verify_s: float, tokens: int) -> None:
-        """What a step cost: its drafting, and its verification of `tokens` tokens (batch_plan.Scheduled fits
-        its costs on these)."""
+    def observe(self, draft_s: float, verify_s: float, trees: list[tuple[int, int, int]]) -> None:
+        """What a step cost and gave: its drafting, its verification, and each row's (depth drafted, tree tokens,
+        draft tokens accepted) (batch_plan.Scheduled plans on these)."""
 
 
 class Speculative(AR):
@@ -95,10 +95,8 @@ class Speculative(AR):
         drafted = time.perf_counter()
         logits = self.runner.forward_trees(trees)                                  # [B, N, V]
         verified = time.perf_counter()
-        tokens = sum(len(t) for t in trees)
-        self.policy.observe(drafted - start, verified - drafted, tokens)
         if self.trace is not None:
-            self.trace.append((len(seqs), tokens, getattr(self.proposer, "levels", max(budgets))))
+            self.trace.append((len(seqs), sum(len(t) for t in trees), getattr(self.proposer, "levels", max(budgets))))
         verdicts = []
         for b, (seq, tree) in enumerate(zip(seqs, trees)):
             seq.stats.draft_s += drafted - start
@@ -112,6 +110,8 @@ class Speculative(AR):
             s.drafted_tokens += len(tree) - 1
             s.accepted_tokens += verdict.accepted
             verdicts.append(verdict)
+        self.policy.observe(drafted - start, verified - drafted,
+                            [(d, len(t), v.accepted) for d, t, v in zip(budgets, trees, verdicts)])
         self.proposer.accept(seqs, trees, verdicts, logits)
         return [v.tokens for v in verdicts]
 
@@ -160,7 +160,8 @@ def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
     if proposer.compares_prompt:
         runner.prompt_tail = o["draft_window"]         # the router compares its model drafters with the target there
     policy = DraftDepth(o["gamma"]) if o["no_scheduler"] else \
-        Scheduled(o["gamma"], o["tree_budget"], o["lam"], o["token_budget"], o["max_step_ms"] or float("inf"))
+        Scheduled(o["gamma"], o["tree_budget"], o["lam"], o["token_budget"], o["max_step_ms"] or float("inf"),
+                  choose_depth="gamma" not in method.given)
     return Speculative(runner, proposer, policy)
 
 
