@@ -90,9 +90,9 @@ def test_the_context_drafter_is_silent_after_a_miss_on_the_spine():
     context.begin([s])
     context.read_root([s])
     probs, tokens = context.result()
-    assert int(tokens[0, 0]) == 8 and float(probs[0, 0]) == 0.5      # no record yet: (0 + 1) / (0 + 2)
+    assert tokens[0][0] == 8 and probs[0][0] == 0.5      # no record yet: (0 + 1) / (0 + 2)
     context.read_level([s], [(3, 8)])                # the spine took 3 (no match after it); its own 8 goes on
     probs, tokens = context.result()
-    assert float(probs[0, 0]) == 0 and int(tokens[0, 1]) == 9
+    assert probs[0][0] == 0 and tokens[0][1] == 9
     context.read_level([s], [(8, 8)])                # silent for the rest of the round's spine
-    assert float(context.result()[0][0, 0]) == 0
+    assert context.result()[0][0][0] == 0

@@ -13,9 +13,8 @@ Being free, it is not routed: it joins every round beside the routed drafters (i
 """
 from __future__ import annotations
 
-import torch
-
 from specmesh.engine.sequence import Sequence
+from specmesh.proposers.fused_drafters import Candidates
 from specmesh.proposers.ngram import SuffixIndex
 
 MIN_N, MAX_N = 2, 6
@@ -31,7 +30,7 @@ class ContextDrafter:
         self.paths: list[list[int]] = []          # per row: the spine tokens read this round
         self.spine: list[list[tuple[int, int]]] = []    # per row: its (token, n) candidates along the spine
         self.open: list[tuple[int, int] | None] = [None] * rows    # a candidate past the accepted path
-        self.top: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.top: Candidates | None = None
 
     def admit(self, row: int, seq: Sequence) -> None:
         self.index[row], self.open[row] = SuffixIndex(seq.ids, self.min_n, self.max_n), None
@@ -67,22 +66,21 @@ class ContextDrafter:
             path.append(go_on)
         self.top = self._lookup([[path, path[:-1] + [own]] for path, (_, own) in zip(self.paths, pairs)])
 
-    def _lookup(self, reads: list[list[list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _lookup(self, reads: list[list[list[int]]]) -> Candidates:
         """Per row, the candidate after each path read (the first: the spine's): probabilities and tokens
-        [B, k]; probability 0 where the lookup found nothing (or the spine found nothing at a level before)."""
-        B, k = len(reads), len(reads[0])
-        probs, tokens = torch.zeros(B, k), torch.zeros(B, k, dtype=torch.long)
+        [B][k]; probability 0 where the lookup found nothing (or the spine found nothing at a level before)."""
+        probs, tokens = [[0.0] * len(paths) for paths in reads], [[0] * len(paths) for paths in reads]
         for b, paths in enumerate(reads):
             for i, path in enumerate(paths):
                 lost = i == 0 and len(self.spine[b]) < len(self.paths[b])
                 found = None if lost else self.index[b].next_after(path)
                 if found is not None:
-                    tokens[b, i], probs[b, i] = found[0], self.confidence(found[1])
+                    tokens[b][i], probs[b][i] = found[0], self.confidence(found[1])
                     if i == 0:
                         self.spine[b].append(found)
         return probs, tokens
 
-    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def result(self) -> Candidates:
         return self.top
 
     def finish(self, row: int, accepted: list[int]) -> None:

@@ -100,10 +100,14 @@ def cross_entropy(logits: torch.Tensor, top_ids: torch.Tensor, top_p: torch.Tens
     return float(-(top_p * logq.gather(-1, top_ids)).sum(-1).mean())
 
 
-def most_likely(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The most likely token after each node and its probability: logits [B, k, V] -> probs, tokens [B, k]."""
+Candidates = tuple[list[list[float]], list[list[int]]]     # a drafter's answer to a read: probs, tokens [B][k]
+
+
+def most_likely(logits: torch.Tensor) -> Candidates:
+    """The most likely token after each node and its probability: logits [B, k, V] -> probs, tokens [B][k] (lists:
+    the fusion reads them one by one, which costs microseconds a tensor element)."""
     top = F.softmax(logits.float(), -1).max(-1)
-    return top.values.cpu(), top.indices.cpu()
+    return top.values.tolist(), top.indices.tolist()
 
 
 def view_path(view: TokenTree, tokens: list[int]) -> list[int]:
@@ -170,7 +174,7 @@ class Drafter:
     def prompt_ce(self) -> float | None:
         return self.ce
 
-    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def result(self) -> Candidates:
         return self.top
 
     def finish(self, row: int, accepted: list[int]) -> None:
@@ -265,14 +269,16 @@ class FusedDrafters:
         own = [{} for _ in range(B)]                                 # per row: drafter -> its own node beside
         for level in range(levels):
             for b, (tree, r) in enumerate(zip(trees, self.rounds)):
-                cand = {n: (float(top[n][0][b, 0]), int(top[n][1][b, 0])) for n in r.drafters
-                        if n in top and level < reach(n, b) and top[n][0][b, 0] > 0}   # 0: nothing found
-                own_child = {n: (float(top[n][0][b, 1]), int(top[n][1][b, 1])) for n in own[b]
-                             if n in top and top[n][0].shape[1] > 1 and top[n][0][b, 1] > 0}
+                cand = {n: (top[n][0][b][0], top[n][1][b][0]) for n in r.drafters
+                        if n in top and level < reach(n, b) and top[n][0][b][0] > 0}   # 0: nothing found
+                own_child = {n: (top[n][0][b][1], top[n][1][b][1]) for n in own[b]
+                             if n in top and len(top[n][0][b]) > 1 and top[n][0][b][1] > 0}
                 if cand:
                     self._grow(tree, r, cand, own_child, spine[b], own[b])
-            active = [n for n in active if n in top and self.alive[n] and any(level + 1 < reach(n, b)
-                                                                              for b in range(B))]
+            # a drafter that found nothing in any row is done: the context drafter's spine, once lost, stays
+            # lost (a model drafter always proposes)
+            active = [n for n in active if n in top and self.alive[n] and any(p[0] > 0 for p in top[n][0])
+                      and any(level + 1 < reach(n, b) for b in range(B))]
             if not active:
                 break
             self._each(lambda n, d: d.read_level(seqs, self._pairs(n, trees, spine, top)), active)
@@ -299,7 +305,7 @@ class FusedDrafters:
         self._each(lambda n, d: d.read_root(seqs), first)          # each reads what it has not, up to the root
         top = self._results(first)
         for b, r in enumerate(self.rounds):
-            if any(n in top and top[n][0][b, 0] >= SOLO for n in free):
+            if any(n in top and top[n][0][b][0] >= SOLO for n in free):
                 r.drafters = [n for n in r.drafters if n in free]
         rest = [n for n in active if n not in free and any(n in r.drafters for r in self.rounds)]
         self._each(lambda n, d: d.read_root(seqs), rest)
@@ -311,7 +317,7 @@ class FusedDrafters:
         its own) and its own candidate."""
         pairs = []
         for b, tree in enumerate(trees):
-            own = int(top[n][1][b, 0])
+            own = top[n][1][b][0]
             pairs.append((tree.tokens[spine[b][n]] if n in spine[b] else own, own))
         return pairs
 

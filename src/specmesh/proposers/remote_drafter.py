@@ -20,7 +20,7 @@ import torch
 from specmesh.engine.stats import Stats
 from specmesh.model.loader import DTYPES, load_model
 from specmesh.proposers.draft_model import DraftModel
-from specmesh.proposers.fused_drafters import Drafter
+from specmesh.proposers.fused_drafters import Candidates, Drafter
 from specmesh.runtime.link import Link, PeerError, connect
 from specmesh.timing import share_of_cores
 
@@ -75,7 +75,7 @@ class DrafterServer:
                     else:
                         drafter.read_level(seqs, [tuple(p) for p in m["pairs"]])
                     probs, tokens = drafter.result()
-                    link.send_json({"probs": probs.tolist(), "tokens": tokens.tolist(),
+                    link.send_json({"probs": probs, "tokens": tokens,
                                     "forwards": [s.stats.draft_forwards - b for s, b in zip(seqs, before)]}, 0)
 
 
@@ -111,11 +111,11 @@ class RemoteDrafter:
         self.seqs = seqs
         self._send({"op": "level", "rows": len(seqs), "pairs": [list(p) for p in pairs]})
 
-    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def result(self) -> Candidates:
         reply = self.link.recv_json(self.rank)
         for seq, n in zip(self.seqs, reply["forwards"]):
             seq.stats.draft_forwards += n
-        return torch.tensor(reply["probs"]), torch.tensor(reply["tokens"])
+        return reply["probs"], reply["tokens"]
 
     def finish(self, row: int, accepted: list[int]) -> None:
         self._send({"op": "finish", "row": row, "accepted": accepted})
