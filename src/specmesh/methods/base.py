@@ -92,7 +92,7 @@ OPTIONS = {
     "lam": Option("cosine: λ, the scheduler's weight of verification tokens against time per request", float, "L"),
     "max_step_ms": Option("cosine: T_max, the scheduler's bound on a step's drafting plus verification in ms "
                           "(default 0: none)", metavar="MS"),
-    "no_scheduler": Option("cosine: every request speculates every step (ablation)", bool),
+    "no_scheduler": Option("cosine: every request speculates every step, to the full depth (ablation)", bool),
     "no_adaptive": Option("cosine: no trimming of trees to the token budget (ablation)", bool),
     "drafter_processes": Option("cosine: each drafter in a process of its own, drafting at the same time as the "
                                 "others (one thread each)", bool),
