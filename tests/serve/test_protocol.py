@@ -185,3 +185,32 @@ def test_bodies_too_large_or_too_deep_are_refused(live):
     assert deep.status_code == 400 and "nested" in deep.json()["error"]["message"]
     assert big.status_code == 413 and big.json()["error"]["code"] == "body_too_large"
     assert complete(live, "x", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_a_stream_reports_the_logprobs_of_the_tokens_its_events_speak_for():
+    """The engine thread appends tokens and logprobs while an event waits for the event loop: a chunk reports the
+    logprobs up to its events' token count, and the next chunk the rest (none lost, none twice). Before, it took
+    the list's length after building the chunk, dropping the entries appended meanwhile."""
+    from types import SimpleNamespace
+    from specmesh.engine.sequence import Event
+    from specmesh.serve.api import Choices, completion_logprobs, stream
+
+    seq = SimpleNamespace(params=SamplingParams(logprobs=0), tokens=[5, 6], logprobs=[(-0.5, []), (-0.25, [])])
+    server = SimpleNamespace(tokenizer=SimpleNamespace(token_bytes=[b"t%d" % t for t in range(10)]),
+                             abort_unfinished=lambda choices, done: None)
+    choices = Choices(asyncio.Queue(), [seq])
+    chunk = lambda i, text, reason, start, end: {"text": text, "finish_reason": reason,
+                                                 "logprobs": completion_logprobs(server, choices, i, start, end)}
+
+    async def run():
+        choices.events.put_nowait((0, Event("t5t6", tokens=2)))
+        seq.tokens.append(7)                                 # the engine ran on before the loop woke
+        seq.logprobs.append((-0.125, []))
+        body = stream(None, server, choices, {}, False, chunk).body_iterator
+        first = await body.__anext__()
+        choices.events.put_nowait((0, Event("t7", "length", tokens=3)))
+        return first, [part async for part in body]
+
+    first, rest = asyncio.run(run())
+    assert '"token_logprobs": [-0.5, -0.25]' in first and '"text_offset": [0, 2]' in first
+    assert '"token_logprobs": [-0.125]' in rest[0] and '"text_offset": [4]' in rest[0]

@@ -186,9 +186,9 @@ class Engine:
         piece = seq.stream_piece()
         if seq.finish:
             seq.finished_at = now
-            self._outbox.append((seq, Event(piece, seq.finish_reason)))
+            self._outbox.append((seq, Event(piece, seq.finish_reason, tokens=len(seq.tokens))))
         elif piece:
-            self._outbox.append((seq, Event(piece)))
+            self._outbox.append((seq, Event(piece, tokens=len(seq.tokens))))
 
     def _flush(self) -> None:
         if self._outbox:

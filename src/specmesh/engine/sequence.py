@@ -39,6 +39,8 @@ class Event:
     text: str = ""
     finish_reason: str | None = None    # "stop" | "length" once done (OpenAI's names)
     error: str | None = None            # the engine failed
+    tokens: int = 0                     # the sequence's tokens after the step: what a stream may report on (the
+                                        # engine thread appends more while the event waits to go out)
 
 
 class Sequence:

@@ -146,12 +146,13 @@ def token_text(tokenizer, token: int) -> tuple[str, bytes]:
     return raw.decode("utf-8", "replace"), raw
 
 
-def completion_logprobs(server: Server, choices: Choices, i: int, start: int) -> dict | None:
-    """The legacy completions shape for choice i's tokens from `start` on, or None when not asked for."""
+def completion_logprobs(server: Server, choices: Choices, i: int, start: int, end: int | None = None) -> dict | None:
+    """The legacy completions shape for choice i's tokens start..end (None: to the last), or None when not asked
+    for."""
     seq = choices.seqs[i]
     if seq.params.logprobs is None:
         return None
-    entries, tokens = seq.logprobs[start:], seq.tokens[start:]
+    entries, tokens = seq.logprobs[start:end], seq.tokens[start:end]
     text = lambda t: token_text(server.tokenizer, t)[0]          # noqa: E731
     offsets, at = [], choices.offsets.pop((i, start), 0)         # where the chunk before left off
     for t in tokens[:len(entries)]:
@@ -162,8 +163,8 @@ def completion_logprobs(server: Server, choices: Choices, i: int, start: int) ->
             "top_logprobs": [{text(a): v for a, v in top} for _, top in entries], "text_offset": offsets}
 
 
-def chat_logprobs(server: Server, choices: Choices, i: int, start: int) -> dict | None:
-    """The chat shape for choice i's tokens from `start` on, or None when not asked for."""
+def chat_logprobs(server: Server, choices: Choices, i: int, start: int, end: int | None = None) -> dict | None:
+    """The chat shape for choice i's tokens start..end (None: to the last), or None when not asked for."""
     seq = choices.seqs[i]
     if seq.params.logprobs is None:
         return None
@@ -173,7 +174,7 @@ def chat_logprobs(server: Server, choices: Choices, i: int, start: int) -> dict 
         return {"token": text, "logprob": logprob, "bytes": list(raw)}
 
     return {"content": [entry(t, lp) | {"top_logprobs": [entry(a, v) for a, v in top]}
-                        for t, (lp, top) in zip(seq.tokens[start:], seq.logprobs[start:])]}
+                        for t, (lp, top) in zip(seq.tokens[start:end], seq.logprobs[start:end])]}
 
 
 def usage(choices: Choices) -> dict:
@@ -223,8 +224,9 @@ def create_app(server: Server) -> FastAPI:
                 "model": server.model_name}
         if streamed:
             return stream(http, server, choices, head, include_usage,
-                          lambda i, text, reason, start: {"text": text, "index": i, "finish_reason": reason,
-                                                          "logprobs": completion_logprobs(server, choices, i, start)})
+                          lambda i, text, reason, start, end: {"text": text, "index": i, "finish_reason": reason,
+                                                               "logprobs": completion_logprobs(server, choices, i,
+                                                                                               start, end)})
         results = await server.collect(http, choices)
         return head | {"choices": [{"text": t, "index": i, "logprobs": completion_logprobs(server, choices, i, 0),
                                     "finish_reason": r} for i, (t, r) in enumerate(results)], "usage": usage(choices)}
@@ -240,9 +242,9 @@ def create_app(server: Server) -> FastAPI:
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": server.model_name}
         if streamed:
             return stream(http, server, choices, head | {"object": "chat.completion.chunk"}, include_usage,
-                          lambda i, text, reason, start: {"index": i, "delta": {"content": text} if text or not reason
-                                                          else {}, "finish_reason": reason,
-                                                          "logprobs": chat_logprobs(server, choices, i, start)},
+                          lambda i, text, reason, start, end: {"index": i, "delta": {"content": text} if text or
+                                                               not reason else {}, "finish_reason": reason,
+                                                               "logprobs": chat_logprobs(server, choices, i, start, end)},
                           first=lambda i: {"index": i, "delta": {"role": "assistant", "content": ""},
                                            "finish_reason": None})
         results = await server.collect(http, choices)
@@ -268,16 +270,18 @@ def stream(http: HTTPRequest, server: Server, choices: Choices, head: dict, incl
                 while not choices.events.empty():
                     batch.append(choices.events.get_nowait())
                 texts: dict[int, str] = {}
-                for i, event in batch:
+                ends: dict[int, int] = {}                        # the tokens the events speak for (the engine
+                for i, event in batch:                           # thread may have appended more since)
                     if event.error:
                         yield sse(error_body(event.error, "server_error", code="engine_failed")) + "data: [DONE]\n\n"
                         return
                     texts[i] = texts.get(i, "") + event.text
+                    ends[i] = max(ends.get(i, reported[i]), event.tokens)
                     done[i] = event.finish_reason
                 chunks = []
                 for i, text in texts.items():
-                    chunks.append(sse(head | {"choices": [choice(i, text, done[i], reported[i])]}))
-                    reported[i] = len(choices.seqs[i].logprobs)
+                    chunks.append(sse(head | {"choices": [choice(i, text, done[i], reported[i], ends[i])]}))
+                    reported[i] = ends[i]
                 yield "".join(chunks)
             if include_usage:
                 yield sse(head | {"choices": [], "usage": usage(choices)})
