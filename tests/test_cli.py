@@ -43,6 +43,8 @@ def test_generate_streams_and_writes_json_file(tiny_checkpoint, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["generate"], "exactly one of PROMPT, --prompt-file or --chat"),
     (["generate", "x", "--chat", "y"], "exactly one of PROMPT, --prompt-file or --chat"),
+    (["generate", "--json", "import os"], "(--json took 'import os' as its PATH: put the prompt before --json)"),
+    (["simulate", "--json", "def f():"], "(--json took 'def f():' as its PATH: put the prompt before --json)"),
     (["generate", "--system", "be brief", "x"], "--system goes with --chat"),
     (["generate", "x", "--temperature", "-1"], "temperature must be >= 0"),
     (["generate", "x", "--top-p", "0"], "top_p must be in (0, 1]"),

@@ -86,6 +86,12 @@ def add_json(p: argparse.ArgumentParser) -> None:
                    help="write JSON to PATH, or to stdout when no PATH is given")
 
 
+def json_took_prompt(args) -> str:
+    """A hint for a missing prompt: `--json "text"` reads the text as its PATH."""
+    path = getattr(args, "json", None)
+    return "" if path in (None, "-") else f" (--json took {path!r} as its PATH: put the prompt before --json)"
+
+
 def add_model_args(p: argparse.ArgumentParser, tp: bool = False) -> None:
     from specmesh.model.quant import QUANTS
     p.add_argument("--target", metavar="MODEL", help="target: a name from `specmesh models`, a HuggingFace folder "
@@ -316,7 +322,8 @@ def build_parser() -> Parser:
 
 def read_prompt(args, parser) -> str:
     if (args.prompt is None) == (args.prompt_file is None):
-        parser.error("give exactly one of PROMPT, --prompt-file" + (" or --chat" if hasattr(args, "chat") else ""))
+        parser.error("give exactly one of PROMPT, --prompt-file" + (" or --chat" if hasattr(args, "chat") else "")
+                     + (json_took_prompt(args) if args.prompt is None else ""))
     if args.prompt_file is None:
         return args.prompt
     if args.prompt_file == "-":
@@ -529,7 +536,8 @@ def cmd_simulate(args, parser) -> int:
               f"hop {profile['hop_ms']:.3f} ms", file=sys.stderr)
         return 0
     if (args.prompt is None) == (args.prompts is None):
-        parser.error("give exactly one of PROMPT or --prompts FILE")
+        parser.error("give exactly one of PROMPT or --prompts FILE" + (json_took_prompt(args) if args.prompt is None
+                                                                        else ""))
     prompts = [args.prompt] if args.prompt is not None else load_prompts(args.prompts, args.limit)
     if args.method in ("cosine", "sd") or args.concurrency:
         from specmesh.bench.simulate_cosine import ClusterProfile, print_cluster, simulate_cluster
