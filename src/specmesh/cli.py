@@ -87,9 +87,11 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 
 def json_took_prompt(args) -> str:
-    """A hint for a missing prompt: `--json "text"` reads the text as its PATH."""
+    """A hint where no PROMPT came: `--json "text"` reads the text as its PATH."""
     path = getattr(args, "json", None)
-    return "" if path in (None, "-") else f" (--json took {path!r} as its PATH: put the prompt before --json)"
+    if args.prompt is not None or path in (None, "-"):
+        return ""
+    return f" (--json took {path!r} as its PATH: put the prompt before --json)"
 
 
 def add_model_args(p: argparse.ArgumentParser, tp: bool = False) -> None:
@@ -323,7 +325,7 @@ def build_parser() -> Parser:
 def read_prompt(args, parser) -> str:
     if (args.prompt is None) == (args.prompt_file is None):
         parser.error("give exactly one of PROMPT, --prompt-file" + (" or --chat" if hasattr(args, "chat") else "")
-                     + (json_took_prompt(args) if args.prompt is None else ""))
+                     + json_took_prompt(args))
     if args.prompt_file is None:
         return args.prompt
     if args.prompt_file == "-":
@@ -536,8 +538,7 @@ def cmd_simulate(args, parser) -> int:
               f"hop {profile['hop_ms']:.3f} ms", file=sys.stderr)
         return 0
     if (args.prompt is None) == (args.prompts is None):
-        parser.error("give exactly one of PROMPT or --prompts FILE" + (json_took_prompt(args) if args.prompt is None
-                                                                        else ""))
+        parser.error("give exactly one of PROMPT or --prompts FILE" + json_took_prompt(args))
     prompts = [args.prompt] if args.prompt is not None else load_prompts(args.prompts, args.limit)
     if args.method in ("cosine", "sd") or args.concurrency:
         from specmesh.bench.simulate_cosine import ClusterProfile, print_cluster, simulate_cluster
