@@ -189,8 +189,9 @@ def families(llm, draft: Path | None = None) -> list[tuple[str, dict]]:
     """The candidates' calibration configurations: what the loaded models allow. `sd` is calibrated at
     γ = 6 (where its τ says most about α) and extrapolated, with prompt lookup (LOOKUP), and with lookup and
     chains that stop where the draft is unsure (STOP_BELOW), and at the draft's own options (options.json)
-    where those differ; `tree` and `selfdraft` run at their defaults and at a narrower tree / one more n-gram
-    candidate (a wide forward costs more on some CPUs than others)."""
+    where those differ; `tree` at its defaults (with the draft's own options: lookup, unlikely nodes left out)
+    and as the full static tree (a wide forward costs little on some CPUs), `selfdraft` at its defaults and with
+    one more n-gram candidate."""
     out = [("ar", {})]
     if llm.models.draft is not None:
         sd = [{"gamma": 6, "lookup": 0}, {"gamma": 6, "lookup": LOOKUP},
@@ -198,7 +199,7 @@ def families(llm, draft: Path | None = None) -> list[tuple[str, dict]]:
         own = pair_sd(draft)
         if own and all(methods.get("sd", o).options != methods.get("sd", own).options for o in sd):
             sd.append(own)
-        out += [("sd", o) for o in sd] + [("tree", {}), ("tree", {"gamma": 4, "tree_width": 2})]
+        out += [("sd", o) for o in sd] + [("tree", {}), ("tree", {"min_prob": 0.0, "lookup": 0})]
     if has_ngram_table(llm):
         out += [("selfdraft", {}), ("selfdraft", {"max_candidates": 2})]
     return out
@@ -246,8 +247,8 @@ def trial(name: str, given: dict, runs: list[tuple]) -> Trial:
         sums["target_tokens"] += steps + full.drafted_tokens - first.drafted_tokens
         sums["draft_forwards"] += full.draft_forwards - first.draft_forwards
         sums["ms"] += (full.elapsed_s - first.elapsed_s) * 1e3
-    keep = {k: given[k] for k in ("gamma", "stop_below", "lookup", "tree_width", "max_children", "branches",
-                                  "branch_len", "max_candidates")
+    keep = {k: given[k] for k in ("gamma", "stop_below", "lookup", "min_prob", "tree_width", "max_children",
+                                  "branches", "branch_len", "max_candidates")
             if k in given and name != "ar"}
     return Trial(name, keep, draft_width=keep.get("tree_width", 1), **sums)
 

@@ -34,7 +34,7 @@ def draft_dir(request, tiny_checkpoint, tiny_draft_checkpoint, restricted_draft)
 
 
 VARIANTS = {"sd": ("sd", {}), "sd-stop": ("sd", {"stop_below": 0.3}), "sd-lookup": ("sd", {"lookup": 1}),
-            "tree": ("tree", {})}
+            "tree": ("tree", {}), "tree-pruned": ("tree", {"min_prob": 0.1, "lookup": 1})}
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -49,6 +49,11 @@ def test_greedy_equals_ar(ar, spec, max_new):
     for prompt in PROMPTS:
         params = SamplingParams(max_new_tokens=max_new)
         assert spec.generate(prompt, params).tokens == ar.generate(prompt, params).tokens, prompt
+
+
+def test_greedy_equals_ar_in_a_batch(ar, spec):
+    params = SamplingParams(max_new_tokens=24)
+    assert [o.tokens for o in spec.generate(PROMPTS, params)] == [o.tokens for o in ar.generate(PROMPTS, params)]
 
 
 def test_perfect_draft_accepts_everything(tiny_checkpoint):
@@ -124,7 +129,8 @@ def test_seeded_sampling_reproducible(tiny_checkpoint, tiny_draft_checkpoint):
 @pytest.mark.parametrize("method, draft, options, kw", [
     ("sd", "random", {}, {}), ("sd", "random", {}, {"top_k": 4}), ("sd", "random", {"stop_below": 0.5}, {}),
     ("sd", "random", {"lookup": 1}, {}),
-    ("sd", "restricted", {}, {}), ("tree", "random", {}, {"top_p": 0.9})])
+    ("sd", "restricted", {}, {}), ("tree", "random", {}, {"top_p": 0.9}),
+    ("tree", "restricted", {"min_prob": 0.05, "lookup": 1}, {})])
 def test_sampling_two_sample_test_against_ar(tiny_checkpoint, tiny_draft_checkpoint, restricted_draft, method, draft,
                                              options, kw):
     ar = LLM(target=tiny_checkpoint)

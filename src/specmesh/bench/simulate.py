@@ -126,7 +126,8 @@ class Simulator:
         self.cfg = cfg
         if cfg.method == "stpp":
             self.llm = LLM(target=cfg.target, draft=cfg.draft, method="tree", gamma=cfg.depth,
-                           tree_width=cfg.tree_width, max_children=cfg.max_children, draft_window=cfg.draft_window)
+                           tree_width=cfg.tree_width, max_children=cfg.max_children, draft_window=cfg.draft_window,
+                           min_prob=0.0, lookup=0)                # STPP's static tree, whatever the draft's options
         else:
             self.llm = LLM(target=cfg.target, method="ar")         # the target alone: nothing for auto to measure
         self.draft = None

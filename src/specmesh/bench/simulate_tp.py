@@ -36,7 +36,7 @@ from specmesh.proposers.fuzzy_draft import default_groups
 TP_CLUSTER = {"name": "gpu-cluster", "target_layers": 80, "target_layer_ms": 1.49, "flat_tokens": 64,
               "all_reduce_ms": {"1": 0.0, "2": 0.108, "4": 0.286, "8": 0.379},
               "draft_layers": 32, "draft_attention_ms": 0.39, "draft_mlp_ms": 0.46}
-TREE = {"gamma": 5, "tree_width": 3, "max_children": 2}        # easyspec's defaults, for both methods
+TREE = {"gamma": 5, "tree_width": 3, "max_children": 2, "min_prob": 0.0, "lookup": 0}   # easyspec's tree, for both
 
 
 def profile_fields(spec: str, cluster: dict) -> dict:

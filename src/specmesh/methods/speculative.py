@@ -132,7 +132,9 @@ def build_sd(models, method: Configured, runner: Runner) -> Speculative:
 def build_tree(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
     draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"], o["tree_width"],
-                       o["max_children"])
+                       o["max_children"], min_prob=o["min_prob"])
+    if o["lookup"]:
+        draft = LookupFirst(draft, runner.rows, o["lookup"])
     return Speculative(runner, draft, DraftDepth(o["gamma"]))
 
 
@@ -177,7 +179,8 @@ SD = MethodSpec("sd", "a draft model proposes a chain of γ tokens, the target v
                 slack=lambda o: o["gamma"] + 1)
 TREE = MethodSpec("tree", "the draft grows a top-k tree (the best `tree_width` per level), the target verifies it "
                   "in one forward with tree attention (SpecInfer-style)",
-                  {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64}, True, build_tree,
+                  {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64, "min_prob": 0.0, "lookup": 0},
+                  True, build_tree,
                   slack=lambda o: o["gamma"] * o["tree_width"] + 1)
 EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with its layers in layer-parallel "
                       "groups (fuzzy), and bonus calibration reads the accepted tokens again exactly",

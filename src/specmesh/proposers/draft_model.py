@@ -11,8 +11,12 @@ A proposal of depth d: rows with more than one pending token besides the root re
 last of them alone (the prompt's window, shared by a request's samples); then one batched forward
 reads each row's last pending token and root (rows with one token fewer get a padding slot that
 nothing sees); then d - 1 batched forwards, one per tree level. Each level keeps the `width` best
-of the top-`max_children` children of the level before, by cumulative log-probability; a
-sampling chain draws each token from q instead (unless `deterministic`: a verifier without q rows).
+of the top-`max_children` children of the level before, by cumulative log-probability, and with
+`min_prob` only those whose path probability (the product of the draft's probabilities from the root)
+is at least that: a node less likely is worth less than the wider verification and the draft forward it
+costs, and a level with none ends the tree (every row keeps as many as the row with the most, so that
+all rows keep one shape). A sampling chain draws each token from q instead (unless `deterministic`: a
+verifier without q rows).
 A chain ends early after a token the draft gave less than `stop_below` (sd's option): its next tokens would
 likely be rejected, and a draft forward and a wider verification are saved. A request's penalties apply to
 the draft's logits as to the target's (the draft then guesses the
@@ -23,6 +27,8 @@ long prompt's draft prefill (and the longer attention of every draft step) cost 
 acceptances they buy (docs/methods.md).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -37,9 +43,10 @@ from specmesh.spec.verify import Verdict
 
 class DraftModel:
     def __init__(self, model: Transformer, rows: int, max_len: int, window: int, width: int = 1,
-                 max_children: int = 1, deterministic: bool = False, stop_below: float = 0.0):
+                 max_children: int = 1, deterministic: bool = False, stop_below: float = 0.0, min_prob: float = 0.0):
         self.model, self.window, self.width, self.max_children = model, window, width, max_children
         self.stop_below = stop_below            # a chain ends after a token the draft gives less probability
+        self.min_log_prob = math.log(min_prob) if min_prob > 0 else -math.inf   # a tree's nodes: path probability
         self.chain = width == 1 and max_children == 1
         self.deterministic = deterministic
         self.cache = KVCache.for_model(model, rows, max_len)
@@ -72,6 +79,8 @@ class DraftModel:
         level, budgets, self.levels = [0], list(budgets), 1
         for d in range(depth):
             level = self._grow(seqs, trees, level, logits, [d < budget for budget in budgets])
+            if not level:                           # no node was likely enough (min_prob)
+                break
             if self.chain and self.stop_below:      # unsure: the next token would likely be rejected anyway
                 budgets = [d + 1 if budget > d + 1 and tree.prob[-1] < self.stop_below else budget
                            for tree, budget in zip(trees, budgets)]
@@ -155,18 +164,22 @@ class DraftModel:
                     tree.sampled, tree.q[level[0]] = True, q
                     tree.add(x, level[0], float(q[x]))
             return [len(trees[0]) - 1]
-        new = [self._expand(seq, tree, level, logits[b]) for b, (seq, tree) in enumerate(zip(seqs, trees))]
-        return new[0]
+        ranked = [self._rank(seq, tree, level, logits[b]) for b, (seq, tree) in enumerate(zip(seqs, trees))]
+        # as many nodes in every row (one shape): the most that pass min_prob in any row, at most `width`
+        kept = max(sum(score >= self.min_log_prob for score, *_ in row[:self.width]) for row in ranked)
+        k = self.max_children
+        return [[tree.add(x, level[i // k], p) for _, i, x, p in sorted(row[:kept], key=lambda c: c[1])]
+                for tree, row in zip(trees, ranked)][0]
 
-    def _expand(self, seq: Sequence, tree: TokenTree, level: list[int], logits: torch.Tensor) -> list[int]:
-        """The `width` best of the top-`max_children` children of each node of `level` (logits [n, V])."""
+    def _rank(self, seq: Sequence, tree: TokenTree, level: list[int], logits: torch.Tensor) -> list[tuple]:
+        """The top-`max_children` children of each node of `level` (logits [n, V]) as (path log-probability, i,
+        token, probability), i = the parent's place in `level` * max_children + the child's rank; best path first."""
         logits = penalise(seq.penalty, logits, tree, level)
         q = logits.float().softmax(-1) if seq.params.greedy else probs_from_logits(logits, seq.params)
         top_p, top_x = q.topk(self.max_children, dim=-1)                    # [n, k]
         scores = torch.tensor([tree.logp[n] for n in level])[:, None] + top_p.log().cpu()
-        best = scores.flatten().topk(min(self.width, scores.numel())).indices.sort().values.tolist()
-        top_p, top_x, k = top_p.flatten().tolist(), top_x.flatten().tolist(), self.max_children
-        return [tree.add(top_x[i], level[i // k], top_p[i]) for i in best]
+        return sorted(zip(scores.flatten().tolist(), range(scores.numel()), top_x.flatten().tolist(),
+                          top_p.flatten().tolist()), key=lambda c: (-c[0], c[1]))
 
     def _forward_level(self, seqs: list[Sequence], trees: list[TokenTree], level: list[int]) -> torch.Tensor:
         """Run the draft over a new level in every row; each node sees its drafted ancestors (the root
