@@ -114,18 +114,29 @@ def cpu_has_avx512() -> bool:
     return kernels.AVX512 <= set(flags)
 
 
-def test_a_draft_holds_int8_weights_only_where_neither_bf16_product_is(tiny_checkpoint):
-    """A draft's int8 weights halve one row's bytes; on AVX512-BF16's dot product (DPLinear) or on FMA over the same
-    layout (FMALinear) its products of 3-8 rows (tree levels, catch-up reads) cost less (docs/kernels.md)."""
+def test_a_drafts_weights_by_cpu_kind(tiny_checkpoint):
+    """A bf16 draft: Q4_0 blocks (Q8Linear) where its bf16 products would run on FMA (AVX2 alone: a draft's forward
+    streams its weights); on AVX512-BF16's dot product (DPLinear) bf16, whose products of 3-8 rows (tree levels,
+    catch-up reads) cost less than int8 widened (docs/kernels.md); int8 where neither bf16 product builds. A target,
+    and a draft the caller quantizes, are held as asked."""
     from specmesh.model.loader import load_model
+    linears = (kernels.Int8Linear, kernels.DPLinear, kernels.AMXLinear, kernels.BF16Linear, kernels.PackedLinear,
+               kernels.FMALinear, kernels.Q8Linear)
+    kinds = lambda model: {type(m) for m in model.modules() if isinstance(m, linears)}
     draft = load_model(tiny_checkpoint, torch.bfloat16, draft=True)
-    kinds = {type(m) for m in draft.modules() if isinstance(m, (kernels.Int8Linear, kernels.DPLinear, kernels.AMXLinear,
-                                                                 kernels.BF16Linear, kernels.PackedLinear))}
     if kernels.avx2_lib() is None:
-        assert kernels.Int8Linear not in kinds
+        assert kernels.Int8Linear not in kinds(draft) and draft.quant is None
+    elif kernels.dp_lib():
+        assert kinds(draft) == {kernels.DPLinear} and draft.quant is None
+    elif kernels.fma_lib() and kernels.amx_lib() is None:
+        assert kinds(draft) == {kernels.Q8Linear} and draft.quant == "int4"
+        assert kinds(load_model(tiny_checkpoint, torch.bfloat16)) == {kernels.FMALinear}
+        assert load_model(tiny_checkpoint, torch.bfloat16, draft=True, quant="int8").quant == "int8"
+    elif kernels.fma_lib():
+        assert kinds(draft) == {kernels.FMALinear} and draft.quant is None
     else:
-        bf16 = kernels.DPLinear if kernels.dp_lib() else kernels.FMALinear if kernels.fma_lib() else None
-        assert kinds == {bf16 or kernels.Int8Linear}, kinds
+        assert kinds(draft) == {kernels.Int8Linear}
+    assert load_model(tiny_checkpoint, torch.float32, draft=True).quant is None     # float32: exact kernels
 
 
 def test_amx_kernels_apply_where_the_cpu_has_them():

@@ -24,6 +24,15 @@ def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
     return use_avx2_kernels(model, int8=draft and dp_lib() is None and fma_lib() is None)
 
 
+def draft_quant(dtype: torch.dtype, device: torch.device | str) -> str | None:
+    """How a draft is held on this machine where the caller quantizes nothing: in Q4_0 blocks (`--quant int4`,
+    Q8Linear's products) where its bf16 products would run on FMA (AVX2 without a bf16 dot product or AMX). A
+    draft's forward there streams its weights, so a quarter of the bytes cut `sd`'s drafting by a third for the
+    same τ (docs/kernels.md); a draft's guesses need not be exact. Elsewhere (not measured) as loaded."""
+    fma_only = fma_lib() is not None and dp_lib() is None and amx_lib() is None and q8_lib() is not None
+    return "int4" if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and fma_only else None
+
+
 def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.Module:
     """bf16 linear weights (int8 with `int8`: draft models), float32 everywhere else, C norms
     and blocks where they build (in place); without AMX, products on the AVX512-BF16 dot product where the

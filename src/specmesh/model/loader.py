@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specmesh.kernels import q8_lib, select_kernels
+from specmesh.kernels import draft_quant, q8_lib, select_kernels
 from specmesh.model import gguf
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
 from specmesh.model.quant import keep_blocks, quantize_model
@@ -97,14 +97,16 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
                pack: bool = True, draft: bool = False, quant: str | None = None,
                part: tuple[int, int] | None = None) -> Transformer:
     """Load a checkpoint for inference; `pack` puts this CPU's kernels in place (kernels.select_kernels: the
-    one place they are chosen, for `LLM` and the server alike), which for a bf16 `draft` model hold its
-    weights in int8 where csrc/avx2.c builds and the CPU has no bf16 dot product. `quant="int8"` / `"int4"`: the
+    one place they are chosen, for `LLM` and the server alike); a bf16 `draft` is held in Q4_0 blocks where its
+    products would run on FMA (kernels.draft_quant), unless `quant` says otherwise. `quant="int8"` / `"int4"`: the
     linears quantized (model/quant.py); the model as loaded is the quantized one, `model.quant` says so. A GGUF
     file's quantized matrices run as they are where the kernels multiply them (runs_blocks), else dequantized. A
     `draft` whose folder has HEAD_TOKENS computes logits for those tokens only (Transformer.restrict_head). `part=(rank, world)`: only that
     tensor-parallel rank's shard (model/shard.py), cut before quantization and kernels."""
     path = Path(path)
     blocks = quant is None and part is None and pack and runs_blocks(path, dtype, device)
+    if draft and quant is None and not (part is None and runs_blocks(path, dtype, device)):   # as on every TP rank
+        quant = draft_quant(dtype, device)      # a draft's guesses need not be exact: fewer bytes where that pays
     kept = {}
     if gguf.is_gguf(path):
         checkpoint = gguf.read_gguf(path, blocks)
