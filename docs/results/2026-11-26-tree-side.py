@@ -1,8 +1,9 @@
 """Configurations side by side in one process, prompt by prompt in rotating order, as `specmesh bench` counts
-(prompt time included, greedy). usage: python THIS.py PROMPTS.jsonl N TOKENS 'label:method=sd' 'label:method=tree;min_prob=0.05' ...
+(prompt time included, greedy). usage: [TARGET=NAME] python THIS.py PROMPTS.jsonl N TOKENS 'label:method=sd' 'label:method=tree;min_prob=0.05' ...
 Prints tok/s, the ratio to the first arm, tokens per target forward, draft and verify ms per step, and how many
 outputs equal the first arm's."""
 import json
+import os
 import sys
 import time
 
@@ -20,7 +21,8 @@ def parse(spec: str) -> tuple[str, dict]:
 
 
 def side_by_side(arms: list[tuple[str, dict]], prompts: list[str], tokens: int) -> dict:
-    llms = {name: LLM("embedded", dtype="bfloat16", **opts) for name, opts in arms}
+    target = os.environ.get("TARGET", "embedded")
+    llms = {name: LLM(target, dtype="bfloat16", **opts) for name, opts in arms}
     sums = {name: dict(s=0.0, tokens=0, forwards=0, draft_s=0.0, verify_s=0.0, same=0) for name in llms}
     for i, prompt in enumerate(prompts):
         order = list(llms)[i % len(llms):] + list(llms)[:i % len(llms)]
@@ -47,4 +49,9 @@ def side_by_side(arms: list[tuple[str, dict]], prompts: list[str], tokens: int) 
 if __name__ == "__main__":
     torch.set_num_threads(2)
     rows = [json.loads(line) for line in open(sys.argv[1])][:int(sys.argv[2])]
+    if any("turns" in r for r in rows):         # chat requests: through the target's chat template
+        from specmesh import catalog
+        from specmesh.model.loader import load_tokenizer
+        tok = load_tokenizer(catalog.resolve(os.environ.get("TARGET", "embedded")))
+        rows = [{"prompt": tok.render_chat([{"role": "user", "content": r["turns"][0]}])} for r in rows]
     side_by_side([parse(a) for a in sys.argv[4:]], [r["prompt"] for r in rows], int(sys.argv[3]))
