@@ -159,6 +159,11 @@ def test_the_drafts_own_sd_options_are_one_more_candidate(tiny_checkpoint, tiny_
     assert tuning.families(llm, draft) == plain[:4] + [("sd", {"gamma": 3, "stop_below": 0.0, "lookup": 2})] + plain[4:]
     (draft / catalog.PAIR_OPTIONS).write_text(json.dumps({"methods": {"sd": {"gamma": 6, "lookup": 2}}}))
     assert tuning.families(llm, draft) == plain                 # already a candidate
+    tree = {"lookup": 2, "min_prob": 0.1}                       # the full tree, and the draft's own
+    (draft / catalog.PAIR_OPTIONS).write_text(json.dumps({"methods": {"tree": tree}}))
+    assert tuning.families(llm, draft) == plain[:5] + [("tree", tree)] + plain[5:]
+    trial = tuning.trial("tree", tree, [])
+    assert trial.options == tree                                # the choice carries them (no pair options in auto)
 
 
 def test_a_winner_extrapolated_to_another_gamma_is_measured_before_it_is_chosen(tiny_checkpoint, tiny_draft_checkpoint,

@@ -189,9 +189,9 @@ def families(llm, draft: Path | None = None) -> list[tuple[str, dict]]:
     """The candidates' calibration configurations: what the loaded models allow. `sd` is calibrated at
     γ = 6 (where its τ says most about α) and extrapolated, with prompt lookup (LOOKUP), and with lookup and
     chains that stop where the draft is unsure (STOP_BELOW), and at the draft's own options (options.json)
-    where those differ; `tree` at its defaults (with the draft's own options: lookup, unlikely nodes left out)
-    and as the full static tree (a wide forward costs little on some CPUs), `selfdraft` at its defaults and with
-    one more n-gram candidate."""
+    where those differ; `tree` at its defaults (the full static tree: a wide forward costs little on some CPUs)
+    and at the draft's own options (lookup, unlikely nodes left out), `selfdraft` at its defaults and with one
+    more n-gram candidate."""
     out = [("ar", {})]
     if llm.models.draft is not None:
         sd = [{"gamma": 6, "lookup": 0}, {"gamma": 6, "lookup": LOOKUP},
@@ -199,7 +199,8 @@ def families(llm, draft: Path | None = None) -> list[tuple[str, dict]]:
         own = pair_sd(draft)
         if own and all(methods.get("sd", o).options != methods.get("sd", own).options for o in sd):
             sd.append(own)
-        out += [("sd", o) for o in sd] + [("tree", {}), ("tree", {"min_prob": 0.0, "lookup": 0})]
+        own_tree = catalog.pair_options(draft).get("tree")
+        out += [("sd", o) for o in sd] + [("tree", {})] + [("tree", own_tree)] * bool(own_tree)
     if has_ngram_table(llm):
         out += [("selfdraft", {}), ("selfdraft", {"max_candidates": 2})]
     return out
