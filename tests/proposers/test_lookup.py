@@ -26,5 +26,24 @@ def test_lookup_skips_the_draft_on_repeated_text_and_stays_lossless(tiny_checkpo
                      for n in (0, 2))
     assert [o.tokens for o in looked.generate(prompts, params)] == want       # one batch: rows look up or draft
     assert [looked.generate(p, params).tokens for p in prompts] == want
-    drafts = lambda llm: llm.generate(prompts[0], params).stats.draft_forwards
+    drafts = lambda llm: sum(llm.generate(p, params).stats.draft_forwards for p in prompts)   # a random model loops
     assert drafts(looked) < drafts(plain)
+
+
+def test_the_lookup_reads_every_committed_token_the_first_included():
+    """The first token is committed after the proposer admits the sequence: the first lookup must see it."""
+    from types import SimpleNamespace
+    from specmesh.proposers.lookup import LookupFirst
+    from specmesh.spec.token_tree import TokenTree
+    draft = SimpleNamespace(admit=lambda row, seq: None, propose=lambda seqs, budgets: [TokenTree.root(s.last) for s in seqs])
+    seq = SimpleNamespace(ids=[1, 2, 3, 9, 8, 1, 2], tokens=[])
+    lookup = LookupFirst(draft, 1, min_n=2)
+    lookup.admit(0, seq)
+    seq.tokens.append(3)                                # the token after the prompt, from its prefill
+    seq.last = 3
+    tree, = lookup.propose([seq], [3])
+    assert tree.tokens == [3, 9, 8, 1]                  # (1, 2, 3) was followed by 9 8 1; not (1, 2) -> 3 9 8
+    seq.tokens += [9, 8]                                # committed by a verification
+    seq.last = 8
+    tree, = lookup.propose([seq], [2])
+    assert tree.tokens == [8, 1, 2]

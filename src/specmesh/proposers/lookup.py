@@ -32,7 +32,8 @@ class LookupFirst:
         self.index[dst] = self.index[src]
 
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
-        found = [self.index[b].lookup(budget) if budget else [] for b, budget in enumerate(budgets)]
+        found = [caught_up(self.index[b], seq).lookup(budget) if budget else []
+                 for b, (seq, budget) in enumerate(zip(seqs, budgets))]
         self.looked = [bool(f) for f in found]
         trees = self.draft.propose(seqs, [0 if f else budget for f, budget in zip(found, budgets)])
         return [TokenTree.chain(seq.last, f) if f else tree for seq, f, tree in zip(seqs, found, trees)]
@@ -44,4 +45,10 @@ class LookupFirst:
                 self.draft.queue(b, [tree.tokens[n] for n in verdict.path[1:]])
             else:
                 self.draft.keep(b, tree, verdict.path[1:])
-            self.index[b].extend(verdict.tokens)
+
+
+def caught_up(index: SuffixIndex, seq: Sequence) -> SuffixIndex:
+    """`index`, which holds the prompt and some of the tokens after it, extended to every token committed so far,
+    the newest included (the first is committed after the proposer admits the sequence)."""
+    index.extend(seq.tokens[len(index.tokens) - len(seq.ids):])
+    return index
