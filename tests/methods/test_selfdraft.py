@@ -66,28 +66,13 @@ PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(", "class Point:\n    de
 
 
 @pytest.mark.parametrize("options", [{}, {"branches": 6, "branch_len": 6, "gram": 4, "max_candidates": 6},
-                                     {"branches": 1, "branch_len": 2, "gram": 2, "max_candidates": 1},
-                                     {"lookup": 2}, {"lookup": 1, "max_candidates": 2}])
+                                     {"branches": 1, "branch_len": 2, "gram": 2, "max_candidates": 1}])
 @pytest.mark.parametrize("max_new", [1, 3, 25])
 def test_greedy_equals_ar(tiny_checkpoint, options, max_new):
     ar, sd = LLM(target=tiny_checkpoint), LLM(target=tiny_checkpoint, method="selfdraft", **options)
     for prompt in PROMPTS:
         params = SamplingParams(max_new_tokens=max_new)
         assert sd.generate(prompt, params).tokens == ar.generate(prompt, params).tokens, prompt
-
-
-def test_lookup_proposes_the_longest_match_first(tiny_checkpoint):
-    from types import SimpleNamespace
-    from specmesh.proposers.multibranch import MultiBranch
-    def first_tree(lookup: int) -> list[int]:
-        seq = SimpleNamespace(ids=[1, 2, 3, 9, 8, 5, 3, 7, 7, 1, 2], tokens=[], params=SamplingParams(max_new_tokens=8))
-        proposer = MultiBranch(1, 0, 1, 4, 1, None, lookup=lookup)
-        proposer.admit(0, seq)
-        seq.tokens.append(3)                            # the first token, committed after the admission
-        seq.last = 3
-        return proposer.propose([seq], [3])[0].tokens
-    assert first_tree(0) == [3, 7, 7, 1]                # the context cache: the latest n-gram after a 3
-    assert first_tree(2) == [3, 9, 8, 5]                # the longest match, (1, 2, 3), was followed by 9 8 5
 
 
 def test_candidates_come_from_the_context_then_the_corpus():
@@ -100,10 +85,9 @@ def test_candidates_come_from_the_context_then_the_corpus():
     assert candidates(5, [3, 5], context, None, k=2, room=0) == []
 
 
-@pytest.mark.parametrize("options", [{}, {"lookup": 1}])
-def test_sampling_two_sample_test_against_ar(tiny_checkpoint, options):
+def test_sampling_two_sample_test_against_ar(tiny_checkpoint):
     from scipy.stats import chi2_contingency
-    ar, sd = LLM(target=tiny_checkpoint), LLM(target=tiny_checkpoint, method="selfdraft", **options)
+    ar, sd = LLM(target=tiny_checkpoint), LLM(target=tiny_checkpoint, method="selfdraft")
     prompt = "class Point:\n    def __init__(self, x, y):\n        self.x = x\n"
     counts = [Counter(tuple(s.tokens) for s in llm.generate(
         prompt, SamplingParams(max_new_tokens=2, temperature=1.0, seed=seed, n=1500)).samples)

@@ -170,8 +170,7 @@ def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
 def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
     corpus = corpus_cache(models.target_path, o["ngram_cache"])
-    proposer = MultiBranch(runner.rows, o["branches"], o["branch_len"], o["gram"], o["max_candidates"], corpus,
-                           o["lookup"])
+    proposer = MultiBranch(runner.rows, o["branches"], o["branch_len"], o["gram"], o["max_candidates"], corpus)
     return Speculative(runner, proposer, DraftDepth(o["gram"] - 1))
 
 
@@ -197,7 +196,6 @@ COSINE = MethodSpec("cosine", "CoSine: several drafters, routed per request by t
                     slack=lambda o: o["tree_budget"] + 1, needs_drafters=True)
 SELFDRAFT = MethodSpec("selfdraft", "Multi-Branch Self-Drafting: no draft model; n-gram candidates and N draft "
                        "branches in one target forward",
-                       {"branches": 1, "branch_len": 1, "gram": 6, "max_candidates": 1, "ngram_cache": "", "lookup": 0},
-                       False,
+                       {"branches": 1, "branch_len": 1, "gram": 6, "max_candidates": 1, "ngram_cache": ""}, False,
                        build_selfdraft,
                        slack=lambda o: 1 + o["max_candidates"] * (o["gram"] - 1) + o["branches"] * o["branch_len"])

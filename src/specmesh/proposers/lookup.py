@@ -12,7 +12,7 @@ import torch
 
 from specmesh.engine.sequence import Sequence
 from specmesh.proposers.draft_model import DraftModel
-from specmesh.proposers.ngram import SuffixIndex, caught_up
+from specmesh.proposers.ngram import SuffixIndex
 from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict
 
@@ -46,3 +46,9 @@ class LookupFirst:
             else:
                 self.draft.keep(b, tree, verdict.path[1:])
 
+
+def caught_up(index: SuffixIndex, seq: Sequence) -> SuffixIndex:
+    """`index`, which holds the prompt and some of the tokens after it, extended to every token committed so far,
+    the newest included (the first is committed after the proposer admits the sequence)."""
+    index.extend(seq.tokens[len(index.tokens) - len(seq.ids):])
+    return index

@@ -7,10 +7,6 @@ branches, each a path of the same tree (a branch token sees the root and the bra
 tokens, as in the paper). The target's one forward verifies the tree (branch tokens are
 deterministic proposals like the candidates, so sampling stays lossless) and predicts the token
 after each branch position: those predictions grow the branches and become contextual n-grams.
-
-With `lookup` N (specmesh's addition, as `sd --lookup`): the first candidate is what followed the latest earlier
-occurrence of the sequence's longest suffix of N or more tokens (ngram.SuffixIndex), where there is one; the
-context cache keys its n-grams by one token only.
 """
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ import torch
 from specmesh import catalog
 from specmesh.engine.sequence import Sequence
 from specmesh.proposers.branches import Branches
-from specmesh.proposers.ngram import ContextCache, CorpusCache, SuffixIndex, caught_up
+from specmesh.proposers.ngram import ContextCache, CorpusCache
 from specmesh.spec.sampling import argmax
 from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict
@@ -58,23 +54,20 @@ def tail(seq: Sequence, n: int) -> list[int]:
 class RowState:
     context: ContextCache
     branches: Branches
-    index: SuffixIndex | None = None    # `lookup`: the sequence's n-grams by their longest suffix
     grown: bool = False             # this step's tree holds every branch whole (its predictions count)
 
 
 class MultiBranch:
     def __init__(self, rows: int, branches: int, branch_len: int, gram: int, max_candidates: int,
-                 corpus: CorpusCache | None, lookup: int = 0):
+                 corpus: CorpusCache | None):
         self.count, self.length, self.gram, self.k, self.corpus = branches, branch_len, gram, max_candidates, corpus
-        self.lookup = lookup
         self.rows: list[RowState | None] = [None] * rows
 
     def admit(self, row: int, seq: Sequence) -> None:
         context = ContextCache(self.gram)
         context.add_sequence(seq.ids)
         seed = seq.params.seed or 0
-        self.rows[row] = RowState(context, Branches(self.count, self.length, self.gram, seq.ids, seed=seed),
-                                  SuffixIndex(seq.ids, self.lookup) if self.lookup else None)
+        self.rows[row] = RowState(context, Branches(self.count, self.length, self.gram, seq.ids, seed=seed))
 
     def move_row(self, src: int, dst: int) -> None:
         self.rows[dst] = self.rows[src]
@@ -84,9 +77,6 @@ class MultiBranch:
         for b, (seq, budget) in enumerate(zip(seqs, budgets)):
             state = self.rows[b]
             paths = candidates(seq.last, tail(seq, 8), state.context, self.corpus, self.k, budget)
-            found = caught_up(state.index, seq).lookup(budget) if state.index and budget else []
-            if found:                       # the longest match first
-                paths = [found] + [p for p in paths if p != found][:self.k - 1]
             branches = [branch[:budget] for branch in state.branches.tokens]
             state.grown = all(len(a) == len(b) for a, b in zip(branches, state.branches.tokens))
             trees.append(TokenTree.from_paths(seq.last, paths + [br for br in branches if br]))

@@ -56,14 +56,6 @@ class SuffixIndex:
         return None
 
 
-def caught_up(index: SuffixIndex, seq) -> SuffixIndex:
-    """`index`, which holds a sequence's prompt and some of the tokens after it, extended to every token `seq` (an
-    engine Sequence: prompt `ids`, committed `tokens`) has committed, the newest included (the first is committed
-    after the proposer admits the sequence)."""
-    index.extend(seq.tokens[len(index.tokens) - len(seq.ids):])
-    return index
-
-
 class ContextCache:
     def __init__(self, gram: int = 4, per_key: int = 10):
         self.gram, self.per_key = gram, per_key
