@@ -104,8 +104,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     `draft` whose folder has HEAD_TOKENS computes logits for those tokens only (Transformer.restrict_head). `part=(rank, world)`: only that
     tensor-parallel rank's shard (model/shard.py), cut before quantization and kernels."""
     path = Path(path)
-    blocks = quant is None and part is None and pack and runs_blocks(path, dtype, device)
-    if draft and quant is None and not (part is None and runs_blocks(path, dtype, device)):   # as on every TP rank
+    has_blocks = quant is None and part is None and runs_blocks(path, dtype, device)
+    blocks = has_blocks and pack
+    if draft and quant is None and not has_blocks:  # as on every TP rank (they load unpacked)
         quant = draft_quant(dtype, device)      # a draft's guesses need not be exact: fewer bytes where that pays
     kept = {}
     if gguf.is_gguf(path):
