@@ -561,9 +561,10 @@ def test_attention_of_a_prefill_is_causal_and_matches_pytorch(start, hd):
     assert torch.allclose(out, ref.transpose(0, 1).reshape(M, H * hd), atol=1e-5)
 
 
-def test_a_prefill_attends_in_c_where_avx2_attention_runs():
-    """On AVX2 CPUs without AVX-512 a bf16 model's prefill attends through csrc/avx2.c (CForward._attend), so the
-    logits of a prompt's last token equal a prefill of all but it followed by that token's decode step."""
+def test_a_prefill_attends_as_decoding_steps_do_without_amx():
+    """Without AMX a bf16 model's prefill attends through the C attention of a decoding step (CForward._attend:
+    AVX2's, or AVX-512's for head dim 64), so the logits of a prompt's last token equal a prefill of all but it
+    followed by that token's decode step."""
     lib = kernels.avx2_lib()
     assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
     from conftest import tiny_config
@@ -573,7 +574,7 @@ def test_a_prefill_attends_in_c_where_avx2_attention_runs():
     model = Transformer(tiny_config(head_dim=64, max_position_embeddings=256)).eval()
     model = kernels.use_avx2_kernels(model.bfloat16())
     forward = model.fast_forward
-    if lib.avx512_attention() or forward.amx is not None:
+    if forward.amx is not None:
         assert not forward.c_attention
         return
     assert forward.c_attention and forward.long

@@ -714,11 +714,22 @@ static AttendHead attend_head_for(int hd) {
     return avx512 && (hd == 64 || hd == 128) ? attend512_head : attend_head;
 }
 
+// Each kv head's query rows are split in up to ATTN_SPLIT parts, a task each: a few kv heads (SmolLM2 has 3)
+// then spread evenly over the threads (3 heads on 2 threads kept one idle a third of the time); each part
+// widens the keys and values it reads itself, so a part should keep several rows.
+#define ATTN_SPLIT 4
+
+// The attention of M new tokens (the contract above) with this CPU's kernel (attend_head_for), as a decoding step's
+// (attention_half): a prefill's tokens attend as they would one by one. Each kv head's rows in ATTN_SPLIT tasks.
 void attend(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start, int kv_len,
             const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
-    #pragma omp parallel for schedule(static)
-    for (int g = 0; g < Hkv; g++) attend_head(q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, H, Hkv, hd, out, g, 0,
-                                              M * (H / Hkv));
+    AttendHead head = attend_head_for(hd);
+    const int R = M * (H / Hkv), S = R < ATTN_SPLIT ? R : ATTN_SPLIT;
+    #pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int g = 0; g < Hkv; g++)
+        for (int part = 0; part < S; part++)
+            head(q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, H, Hkv, hd, out, g, part * R / S,
+                 (part + 1) * R / S);
 }
 
 // act[M, I] = silu(gate) * up for gu[M, 2I] = [gate | up], with exp8 (the same for every row)
@@ -803,10 +814,6 @@ void block_out(const Layer *L, float *h, int M, const float *att) {
     free(x); free(act);
 }
 
-// Each kv head's query rows are split in up to ATTN_SPLIT parts, a task each: a few kv heads (SmolLM2 has 3)
-// then spread evenly over the threads (3 heads on 2 threads kept one idle a third of the time); each part
-// widens the keys and values it reads itself, so a part should keep several rows.
-#define ATTN_SPLIT 4
 
 // att[B*T, H*hd] <- a layer's attention over h[B*T, D]: block_qkv, then each row's attention (token t of
 // row b sees key j where mask[(b * T + t) * ms + j] or, without a mask, j <= starts[b] + t). The products

@@ -215,11 +215,29 @@ static inline const float *block_f32(const void *c, int64_t kv0, int j0, int j1,
     return f;
 }
 
+// -inf at pr[0, 8) for the keys j0 .. j0 + 7 that token t does not see: where its mask row mrow is 0, or
+// without a mask past key `last`; keys from kv_len on are never seen
+static inline void hide8(float *pr, const uint8_t *mrow, int j0, int kv_len, int last) {
+    if (j0 + 8 <= kv_len) {
+        if (!mrow) {
+            if (j0 + 7 <= last) return;
+        } else {
+            __mmask8 hidden = _mm_cmpeq_epi16_mask(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(mrow + j0))),
+                                                   _mm_setzero_si128());
+            _mm256_mask_storeu_ps(pr, hidden, _mm256_set1_ps(-INFINITY));
+            return;
+        }
+    }
+    for (int j = j0; j < j0 + 8; j++)
+        if (!(j < kv_len && (mrow ? mrow[j] : j <= last))) pr[j - j0] = -INFINITY;
+}
+
 // One kv head g of attend512 (below); HV = hd / 16 and KV16 (bf16 keys and values) are constants at
 // each call site, so the query row and the accumulators stay in registers. Query rows r0 .. r1 of the
 // kv head (row r = t * H/Hkv + i: token t, query head g * H/Hkv + i). A block of KB keys (then values) is
 // widened to float32 once (block_f32), then each of the rows goes through it: a row costs its products,
-// not a conversion of every key it reads.
+// not a conversion of every key it reads. Without a mask a row scores only the keys up to its own (a
+// prefill's rows skip the keys after them): those past it would weigh exactly 0, so the result is the same.
 static inline __attribute__((always_inline)) void attend_head(
         const float *q, int qs, const void *kc, const void *vc, int max_len, int start, int kv_len,
         const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1, const int HV,
@@ -230,16 +248,22 @@ static inline __attribute__((always_inline)) void attend_head(
     float *p = aligned_alloc(64, sizeof(float) * (R + 1) * P);    // scores of row r0 + r at p + r * P
     float *f = aligned_alloc(64, sizeof(float) * KB * hd);        // a block of keys or values in float32
     float *inv = malloc(sizeof(float) * R);
+    int *span = malloc(sizeof(int) * R), most = 0;   // row r sees keys [0, span[r]) (a multiple of 16); most: any row
     #define Q_ROW(r) (q + (int64_t)((r0 + (r)) / G) * qs + (g * G + (r0 + (r)) % G) * hd)
     #define OUT_ROW(r) (out + (int64_t)((r0 + (r)) / G) * H * hd + (g * G + (r0 + (r)) % G) * hd)
-    for (int b = 0; b < P; b += KB) {                            // scores, -inf where not seen
+    for (int r = 0; r < R; r++) {
+        const int last = start + (r0 + r) / G, seen = mask || last + 1 > kv_len ? kv_len : last + 1;
+        span[r] = (seen + 15) / 16 * 16;
+        if (span[r] > most) most = span[r];
+    }
+    for (int b = 0; b < most; b += KB) {                         // scores, -inf where not seen
         const float *kb = block_f32(kc, kv0, b, b + KB < kv_len ? b + KB : kv_len, hd, f, KV16);
         for (int r = 0; r < R; r++) {
             float *pr = p + (int64_t)r * P;
             int t = (r0 + r) / G;
             __m512 qv[MAX_HV], acc[8];
             for (int c = 0; c < HV; c++) qv[c] = _mm512_loadu_ps(Q_ROW(r) + 16 * c);
-            for (int j0 = b; j0 < b + KB && j0 < P; j0 += 8) {
+            for (int j0 = b; j0 < b + KB && j0 < span[r]; j0 += 8) {
                 for (int jj = 0; jj < 8; jj++) {
                     acc[jj] = _mm512_setzero_ps();
                     if (j0 + jj < kv_len)
@@ -248,24 +272,24 @@ static inline __attribute__((always_inline)) void attend_head(
                                                       acc[jj]);
                 }
                 _mm256_store_ps(pr + j0, _mm256_mul_ps(hsum8x16(acc), _mm256_set1_ps(scale)));
-                for (int j = j0; j < j0 + 8; j++)
-                    if (!(j < kv_len && (mask ? mask[(int64_t)t * ms + j] : j <= start + t))) pr[j] = -INFINITY;
+                hide8(pr + j0, mask ? mask + (int64_t)t * ms : NULL, j0, kv_len, start + t);
             }
         }
     }
     for (int r = 0; r < R; r++) {
-        inv[r] = softmax_row(p + (int64_t)r * P, P, p + (int64_t)R * P);
+        inv[r] = softmax_row(p + (int64_t)r * P, span[r], p + (int64_t)R * P);
         for (int c = 0; c < HV; c++) _mm512_storeu_ps(OUT_ROW(r) + 16 * c, _mm512_setzero_ps());
     }
-    for (int b = 0; b < kv_len; b += KB) {                       // out += weights . values, in key order,
+    for (int b = 0; b < kv_len && b < most; b += KB) {           // out += weights . values, in key order,
         int end = b + KB < kv_len ? b + KB : kv_len;             // skipping masked keys (weight exactly 0)
         const float *vb = block_f32(vc, kv0, b, end, hd, f, KV16);
         for (int r = 0; r < R; r++) {
             const float *pr = p + (int64_t)r * P;
+            const int stop = end < span[r] ? end : span[r];      // the row's unseen keys weigh 0: skipped
             float *o = OUT_ROW(r);
             __m512 acc[MAX_HV];
             for (int c = 0; c < HV; c++) acc[c] = _mm512_loadu_ps(o + 16 * c);
-            for (int j = b; j < end; j++) {
+            for (int j = b; j < stop; j++) {
                 if (pr[j] == 0.0f) continue;
                 __m512 w = _mm512_set1_ps(pr[j]);
                 for (int c = 0; c < HV; c++)
@@ -277,6 +301,7 @@ static inline __attribute__((always_inline)) void attend_head(
     for (int r = 0; r < R; r++)
         for (int c = 0; c < HV; c++)
             _mm512_storeu_ps(OUT_ROW(r) + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(OUT_ROW(r) + 16 * c), _mm512_set1_ps(inv[r])));
+    free(span);
     free(inv);
     free(f);
     free(p);

@@ -72,9 +72,9 @@ class CForward:
         # prefills (no tree) attend on the tile unit too, for head dim 64 and a bf16 cache
         self.tile_attention = self.amx is not None and model.config.head_dim == 64 \
             and model.cache_dtype == torch.bfloat16
-        # elsewhere AVX2's attention, where it runs (not AVX-512's: that one scores a prefill's unseen keys too):
-        # rows skip the keys after them, 1.8x faster than PyTorch's for 390 tokens (docs/kernels.md)
-        self.c_attention = self.amx is None and not kernel.avx512_attention()
+        # elsewhere the C attention a decoding step uses (AVX2's, or AVX-512's for head dims 64 and 128): rows skip
+        # the keys after them, faster than PyTorch's for prompts of up to ~700 tokens, and row by row (docs/kernels.md)
+        self.c_attention = self.amx is None
 
     def __call__(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool | int,
                  groups: list[range] | None = None):
@@ -141,7 +141,7 @@ class CForward:
 
     def _attend(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, cache, mask) -> torch.Tensor:
         """Each row's attention [B, T, H*hd] through csrc/avx2.c's attend, as model_forward's attention (the same
-        kernel: a token attends alike in both): the queries qkv [B, T, Q] over the cache kc/vc [B, Hkv, max_len, hd]
+        kernel, AVX2's or AVX-512's: a token attends alike in both): the queries qkv [B, T, Q] over the cache kc/vc [B, Hkv, max_len, hd]
         up to the row's new tokens; token t sees the keys up to its own slot, or where mask [B, 1, T, kv_len] says."""
         B, T, Q = qkv.shape
         cfg = self.model.config
