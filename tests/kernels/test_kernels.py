@@ -115,10 +115,9 @@ def cpu_has_avx512() -> bool:
 
 
 def test_a_drafts_weights_by_cpu_kind(tiny_checkpoint):
-    """A bf16 draft: Q4_0 blocks (Q8Linear) where its bf16 products would run on FMA (AVX2 alone: a draft's forward
-    streams its weights); on AVX512-BF16's dot product (DPLinear) bf16, whose products of 3-8 rows (tree levels,
-    catch-up reads) cost less than int8 widened (docs/kernels.md); int8 where neither bf16 product builds. A target,
-    and a draft the caller quantizes, are held as asked."""
+    """A bf16 draft: Q4_0 blocks (Q8Linear) on CPUs without AMX, whose bf16 products run on the dot product or FMA (a
+    draft's forward streams its weights: docs/kernels.md); with AMX int8, or bf16 on FMA where the other products do
+    not build. A target, and a draft the caller quantizes, are held as asked."""
     from specmesh.model.loader import load_model
     linears = (kernels.Int8Linear, kernels.DPLinear, kernels.AMXLinear, kernels.BF16Linear, kernels.PackedLinear,
                kernels.FMALinear, kernels.Q8Linear)
@@ -126,11 +125,10 @@ def test_a_drafts_weights_by_cpu_kind(tiny_checkpoint):
     draft = load_model(tiny_checkpoint, torch.bfloat16, draft=True)
     if kernels.avx2_lib() is None:
         assert kernels.Int8Linear not in kinds(draft) and draft.quant is None
-    elif kernels.dp_lib():
-        assert kinds(draft) == {kernels.DPLinear} and draft.quant is None
-    elif kernels.fma_lib() and kernels.amx_lib() is None:
+    elif kernels.q8_lib() and (kernels.dp_lib() or kernels.fma_lib()):
         assert kinds(draft) == {kernels.Q8Linear} and draft.quant == "int4"
-        assert kinds(load_model(tiny_checkpoint, torch.bfloat16)) == {kernels.FMALinear}
+        target = kernels.DPLinear if kernels.dp_lib() else kernels.FMALinear
+        assert kinds(load_model(tiny_checkpoint, torch.bfloat16)) == {target}
         assert load_model(tiny_checkpoint, torch.bfloat16, draft=True, quant="int8").quant == "int8"
     elif kernels.fma_lib():
         assert kinds(draft) == {kernels.FMALinear} and draft.quant is None

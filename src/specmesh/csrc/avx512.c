@@ -215,6 +215,12 @@ static inline const float *block_f32(const void *c, int64_t kv0, int j0, int j1,
     return f;
 }
 
+// 16 elements from element i of a block of keys or values: float32 where it is (a float32 cache, or a bf16 one
+// widened into a buffer), or bf16 widened in registers where BF (the same floats)
+static inline __m512 load_at(const void *base, int64_t i, const int BF) {
+    return BF ? load_kv16(base, i, 1) : _mm512_loadu_ps((const float *)base + i);
+}
+
 // -inf at pr[0, 8) for the keys j0 .. j0 + 7 that token t does not see: where its mask row mrow is 0, or
 // without a mask past key `last`; keys from kv_len on are never seen
 static inline void hide8(float *pr, const uint8_t *mrow, int j0, int kv_len, int last) {
@@ -241,12 +247,12 @@ static inline void hide8(float *pr, const uint8_t *mrow, int j0, int kv_len, int
 static inline __attribute__((always_inline)) void attend_head(
         const float *q, int qs, const void *kc, const void *vc, int max_len, int start, int kv_len,
         const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1, const int HV,
-        const int KV16) {
+        const int KV16, const int BF) {
     const int G = H / Hkv, R = r1 - r0, P = (kv_len + 15) / 16 * 16;
     const float scale = 1.0f / sqrtf((float)hd);
     const int64_t kv0 = (int64_t)g * max_len * hd;               // this head's keys and values
     float *p = aligned_alloc(64, sizeof(float) * (R + 1) * P);    // scores of row r0 + r at p + r * P
-    float *f = aligned_alloc(64, sizeof(float) * KB * hd);        // a block of keys or values in float32
+    float *f = BF ? NULL : aligned_alloc(64, sizeof(float) * KB * hd);   // a block of keys or values in float32
     float *inv = malloc(sizeof(float) * R);
     int *span = malloc(sizeof(int) * R), most = 0;   // row r sees keys [0, span[r]) (a multiple of 16); most: any row
     #define Q_ROW(r) (q + (int64_t)((r0 + (r)) / G) * qs + (g * G + (r0 + (r)) % G) * hd)
@@ -257,7 +263,8 @@ static inline __attribute__((always_inline)) void attend_head(
         if (span[r] > most) most = span[r];
     }
     for (int b = 0; b < most; b += KB) {                         // scores, -inf where not seen
-        const float *kb = block_f32(kc, kv0, b, b + KB < kv_len ? b + KB : kv_len, hd, f, KV16);
+        const void *kb = BF ? (const void *)((const uint16_t *)kc + kv0 + (int64_t)b * hd)   // key j at (j - b) * hd
+                            : block_f32(kc, kv0, b, b + KB < kv_len ? b + KB : kv_len, hd, f, KV16);
         for (int r = 0; r < R; r++) {
             float *pr = p + (int64_t)r * P;
             int t = (r0 + r) / G;
@@ -268,7 +275,7 @@ static inline __attribute__((always_inline)) void attend_head(
                     acc[jj] = _mm512_setzero_ps();
                     if (j0 + jj < kv_len)
                         for (int c = 0; c < HV; c++)
-                            acc[jj] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kb + (int64_t)(j0 + jj - b) * hd + 16 * c),
+                            acc[jj] = _mm512_fmadd_ps(qv[c], load_at(kb, (int64_t)(j0 + jj - b) * hd + 16 * c, BF),
                                                       acc[jj]);
                 }
                 _mm256_store_ps(pr + j0, _mm256_mul_ps(hsum8x16(acc), _mm256_set1_ps(scale)));
@@ -282,7 +289,8 @@ static inline __attribute__((always_inline)) void attend_head(
     }
     for (int b = 0; b < kv_len && b < most; b += KB) {           // out += weights . values, in key order,
         int end = b + KB < kv_len ? b + KB : kv_len;             // skipping masked keys (weight exactly 0)
-        const float *vb = block_f32(vc, kv0, b, end, hd, f, KV16);
+        const void *vb = BF ? (const void *)((const uint16_t *)vc + kv0 + (int64_t)b * hd)
+                            : block_f32(vc, kv0, b, end, hd, f, KV16);
         for (int r = 0; r < R; r++) {
             const float *pr = p + (int64_t)r * P;
             const int stop = end < span[r] ? end : span[r];      // the row's unseen keys weigh 0: skipped
@@ -293,7 +301,7 @@ static inline __attribute__((always_inline)) void attend_head(
                 if (pr[j] == 0.0f) continue;
                 __m512 w = _mm512_set1_ps(pr[j]);
                 for (int c = 0; c < HV; c++)
-                    acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vb + (int64_t)(j - b) * hd + 16 * c), acc[c]);
+                    acc[c] = _mm512_fmadd_ps(w, load_at(vb, (int64_t)(j - b) * hd + 16 * c, BF), acc[c]);
             }
             for (int c = 0; c < HV; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
         }
@@ -315,12 +323,18 @@ static inline __attribute__((always_inline)) void attend_head(
 // while all M x H/Hkv query rows that use them go through, each row's q in registers. A query's
 // result does not depend on M or kv_len: key j's score is summed by the same tree wherever it sits,
 // masked keys weigh exactly 0 (and are skipped), and weighted values are summed in key order.
-// attend512_head computes kv head g's query heads; attend512 all of them.
+// attend512_head computes kv head g's query rows r0 .. r1; attend512 all of them. A task of at most DIRECT_ROWS rows
+// (decoding: one or two) reads a bf16 cache where it is, widening each key and value in registers: widening every
+// block into a buffer first cost more than so few rows' products. More rows share one widening. The same floats
+// in the same order either way: the same results.
+#define DIRECT_ROWS 2
 void attend512_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
                     int kv_len, const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1) {
-    #define HEAD(HV, KV16) attend_head(q, qs, kc, vc, max_len, start, kv_len, mask, ms, H, Hkv, hd, out, g, r0, r1, HV, KV16)
-    if (hd == 64) { if (kv16) HEAD(4, 1); else HEAD(4, 0); }
-    else { if (kv16) HEAD(8, 1); else HEAD(8, 0); }
+    #define HEAD(HV, KV16, BF) attend_head(q, qs, kc, vc, max_len, start, kv_len, mask, ms, H, Hkv, hd, out, g, r0, r1, \
+                                         HV, KV16, BF)
+    const int direct = kv16 && r1 - r0 <= DIRECT_ROWS;
+    if (hd == 64) { if (direct) HEAD(4, 1, 1); else if (kv16) HEAD(4, 1, 0); else HEAD(4, 0, 0); }
+    else { if (direct) HEAD(8, 1, 1); else if (kv16) HEAD(8, 1, 0); else HEAD(8, 0, 0); }
     #undef HEAD
 }
 

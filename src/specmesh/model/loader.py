@@ -97,8 +97,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
                pack: bool = True, draft: bool = False, quant: str | None = None,
                part: tuple[int, int] | None = None) -> Transformer:
     """Load a checkpoint for inference; `pack` puts this CPU's kernels in place (kernels.select_kernels: the
-    one place they are chosen, for `LLM` and the server alike); a bf16 `draft` is held in Q4_0 blocks where its
-    products would run on FMA (kernels.draft_quant), unless `quant` says otherwise. `quant="int8"` / `"int4"`: the
+    one place they are chosen, for `LLM` and the server alike); a bf16 `draft` is held in Q4_0 blocks on CPUs
+    without AMX (kernels.draft_quant), unless `quant` says otherwise. `quant="int8"` / `"int4"`: the
     linears quantized (model/quant.py); the model as loaded is the quantized one, `model.quant` says so. A GGUF
     file's quantized matrices run as they are where the kernels multiply them (runs_blocks), else dequantized. A
     `draft` whose folder has HEAD_TOKENS computes logits for those tokens only (Transformer.restrict_head). `part=(rank, world)`: only that
