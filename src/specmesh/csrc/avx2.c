@@ -716,15 +716,18 @@ static AttendHead attend_head_for(int hd) {
 
 // Each kv head's query rows are split in up to ATTN_SPLIT parts, a task each: a few kv heads (SmolLM2 has 3)
 // then spread evenly over the threads (3 heads on 2 threads kept one idle a third of the time); each part
-// widens the keys and values it reads itself, so a part should keep several rows.
+// reads the keys and values itself, so a part keeps two rows or more where there are (AVX-512's attention
+// takes rows in pairs, each key loaded once for both).
 #define ATTN_SPLIT 4
+
+static inline int attention_tasks(int R) { return (R + 1) / 2 < ATTN_SPLIT ? (R + 1) / 2 : ATTN_SPLIT; }
 
 // The attention of M new tokens (the contract above) with this CPU's kernel (attend_head_for), as a decoding step's
 // (attention_half): a prefill's tokens attend as they would one by one. Each kv head's rows in ATTN_SPLIT tasks.
 void attend(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start, int kv_len,
             const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
     AttendHead head = attend_head_for(hd);
-    const int R = M * (H / Hkv), S = R < ATTN_SPLIT ? R : ATTN_SPLIT;
+    const int R = M * (H / Hkv), S = attention_tasks(R);
     #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int g = 0; g < Hkv; g++)
         for (int part = 0; part < S; part++)
@@ -827,7 +830,7 @@ static void attention_half(const Layer *L, const float *h, int B, int T, const f
     block_qkv(L, h, B, T, cos, sin, kc, vc, kv16, rs, max_len, starts, qkv);
     AttendHead head = attend_head_for(hd);
     const int es = kv16 ? 2 : 4;                                 // bytes per cached element
-    const int R = T * (H / Hkv), S = R < ATTN_SPLIT ? R : ATTN_SPLIT;   // a kv head's query rows, in S parts
+    const int R = T * (H / Hkv), S = attention_tasks(R);          // a kv head's query rows, in S parts
     #pragma omp parallel for collapse(3) schedule(dynamic)      // one parallel region for the batch
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)

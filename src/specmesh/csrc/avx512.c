@@ -238,12 +238,57 @@ static inline void hide8(float *pr, const uint8_t *mrow, int j0, int kv_len, int
         if (!(j < kv_len && (mrow ? mrow[j] : j <= last))) pr[j - j0] = -INFINITY;
 }
 
+// Scores of N query rows (1 or 2; their q at qv[n * HV + c]) against the 8 keys from element `at` of kb (only the
+// first `live` are read, the others give 0): 8 floats per row at pr[n]. Each key's vectors are loaded once for the
+// N rows; a row's dot product per key runs over c in order, then hsum8x16's tree, as it would alone.
+static inline __attribute__((always_inline)) void score_rows(const __m512 *qv, const void *kb, int64_t at, int hd,
+                                                             int live, float scale, float *const *pr, const int N,
+                                                             const int HV, const int BF) {
+    __m512 acc[2][8];
+    for (int jj = 0; jj < 8; jj++) {
+        for (int n = 0; n < N; n++) acc[n][jj] = _mm512_setzero_ps();
+        if (jj < live)
+            for (int c = 0; c < HV; c++) {
+                const __m512 k = load_at(kb, at + (int64_t)jj * hd + 16 * c, BF);
+                for (int n = 0; n < N; n++) acc[n][jj] = _mm512_fmadd_ps(qv[n * HV + c], k, acc[n][jj]);
+            }
+    }
+    for (int n = 0; n < N; n++) _mm256_store_ps(pr[n], _mm256_mul_ps(hsum8x16(acc[n]), _mm256_set1_ps(scale)));
+}
+
+// o[n] += pr[n][j] * value j for the keys j in [b, stop[n]) of nonzero weight, in key order, for N rows (1 or 2):
+// each value's vectors are loaded once for the rows that weigh it (values of the block from b on at vb)
+static inline __attribute__((always_inline)) void weigh_rows(float *const *o, const float *const *pr, const int *stop,
+                                                             const void *vb, int b, int hd, const int N, const int HV,
+                                                             const int BF) {
+    __m512 acc[2][MAX_HV];
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < HV; c++) acc[n][c] = _mm512_loadu_ps(o[n] + 16 * c);
+    const int end = N == 2 && stop[1] > stop[0] ? stop[1] : stop[0];
+    for (int j = b; j < end; j++) {
+        float w[2] = {0.0f, 0.0f};
+        for (int n = 0; n < N; n++) w[n] = j < stop[n] ? pr[n][j] : 0.0f;
+        if (w[0] == 0.0f && w[1] == 0.0f) continue;
+        __m512 v[MAX_HV];
+        for (int c = 0; c < HV; c++) v[c] = load_at(vb, (int64_t)(j - b) * hd + 16 * c, BF);
+        for (int n = 0; n < N; n++)
+            if (w[n] != 0.0f) {
+                const __m512 wn = _mm512_set1_ps(w[n]);
+                for (int c = 0; c < HV; c++) acc[n][c] = _mm512_fmadd_ps(wn, v[c], acc[n][c]);
+            }
+    }
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < HV; c++) _mm512_storeu_ps(o[n] + 16 * c, acc[n][c]);
+}
+
 // One kv head g of attend512 (below); HV = hd / 16 and KV16 (bf16 keys and values) are constants at
-// each call site, so the query row and the accumulators stay in registers. Query rows r0 .. r1 of the
+// each call site, so the query rows and the accumulators stay in registers. Query rows r0 .. r1 of the
 // kv head (row r = t * H/Hkv + i: token t, query head g * H/Hkv + i). A block of KB keys (then values) is
-// widened to float32 once (block_f32), then each of the rows goes through it: a row costs its products,
-// not a conversion of every key it reads. Without a mask a row scores only the keys up to its own (a
-// prefill's rows skip the keys after them): those past it would weigh exactly 0, so the result is the same.
+// widened to float32 once (block_f32), then each of the rows goes through it: a row costs its products, not
+// a conversion of every key it reads. A task of DIRECT_ROWS rows or fewer (BF) widens each key in registers
+// instead, two rows at a time where HV is 4 (each key widened once for both; both rows' registers fit;
+// buffered rows in pairs measured 0.8x, single ones). Without a mask a row scores only the keys up to its own (a prefill's rows skip the keys after
+// them): those past it would weigh exactly 0, so the result is the same.
 static inline __attribute__((always_inline)) void attend_head(
         const float *q, int qs, const void *kc, const void *vc, int max_len, int start, int kv_len,
         const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1, const int HV,
@@ -254,32 +299,30 @@ static inline __attribute__((always_inline)) void attend_head(
     float *p = aligned_alloc(64, sizeof(float) * (R + 1) * P);    // scores of row r0 + r at p + r * P
     float *f = BF ? NULL : aligned_alloc(64, sizeof(float) * KB * hd);   // a block of keys or values in float32
     float *inv = malloc(sizeof(float) * R);
-    int *span = malloc(sizeof(int) * R), most = 0;   // row r sees keys [0, span[r]) (a multiple of 16); most: any row
+    int *span = malloc(sizeof(int) * (R + 1)), most = 0;   // row r sees keys [0, span[r]) (a multiple of 16); most: any row
     #define Q_ROW(r) (q + (int64_t)((r0 + (r)) / G) * qs + (g * G + (r0 + (r)) % G) * hd)
     #define OUT_ROW(r) (out + (int64_t)((r0 + (r)) / G) * H * hd + (g * G + (r0 + (r)) % G) * hd)
+    #define PAIR(r) (BF && HV == 4 && (r) + 1 < R)              // rows r and r + 1 together
     for (int r = 0; r < R; r++) {
         const int last = start + (r0 + r) / G, seen = mask || last + 1 > kv_len ? kv_len : last + 1;
         span[r] = (seen + 15) / 16 * 16;
         if (span[r] > most) most = span[r];
     }
+    span[R] = 0;
     for (int b = 0; b < most; b += KB) {                         // scores, -inf where not seen
         const void *kb = BF ? (const void *)((const uint16_t *)kc + kv0 + (int64_t)b * hd)   // key j at (j - b) * hd
                             : block_f32(kc, kv0, b, b + KB < kv_len ? b + KB : kv_len, hd, f, KV16);
-        for (int r = 0; r < R; r++) {
-            float *pr = p + (int64_t)r * P;
-            int t = (r0 + r) / G;
-            __m512 qv[MAX_HV], acc[8];
-            for (int c = 0; c < HV; c++) qv[c] = _mm512_loadu_ps(Q_ROW(r) + 16 * c);
-            for (int j0 = b; j0 < b + KB && j0 < span[r]; j0 += 8) {
-                for (int jj = 0; jj < 8; jj++) {
-                    acc[jj] = _mm512_setzero_ps();
-                    if (j0 + jj < kv_len)
-                        for (int c = 0; c < HV; c++)
-                            acc[jj] = _mm512_fmadd_ps(qv[c], load_at(kb, (int64_t)(j0 + jj - b) * hd + 16 * c, BF),
-                                                      acc[jj]);
-                }
-                _mm256_store_ps(pr + j0, _mm256_mul_ps(hsum8x16(acc), _mm256_set1_ps(scale)));
-                hide8(pr + j0, mask ? mask + (int64_t)t * ms : NULL, j0, kv_len, start + t);
+        for (int r = 0; r < R; r += 1 + PAIR(r)) {
+            const int N = 1 + PAIR(r), t[2] = {(r0 + r) / G, (r0 + r + N - 1) / G};
+            const int stop = span[r + N - 1] > span[r] ? span[r + N - 1] : span[r];
+            __m512 qv[2 * MAX_HV];
+            for (int n = 0; n < N; n++)
+                for (int c = 0; c < HV; c++) qv[n * HV + c] = _mm512_loadu_ps(Q_ROW(r + n) + 16 * c);
+            for (int j0 = b; j0 < b + KB && j0 < stop; j0 += 8) {
+                float *pr[2] = {p + (int64_t)r * P + j0, p + (int64_t)(r + N - 1) * P + j0};
+                if (N == 2) score_rows(qv, kb, (int64_t)(j0 - b) * hd, hd, kv_len - j0, scale, pr, 2, HV, BF);
+                else score_rows(qv, kb, (int64_t)(j0 - b) * hd, hd, kv_len - j0, scale, pr, 1, HV, BF);
+                for (int n = 0; n < N; n++) hide8(pr[n], mask ? mask + (int64_t)t[n] * ms : NULL, j0, kv_len, start + t[n]);
             }
         }
     }
@@ -291,19 +334,14 @@ static inline __attribute__((always_inline)) void attend_head(
         int end = b + KB < kv_len ? b + KB : kv_len;             // skipping masked keys (weight exactly 0)
         const void *vb = BF ? (const void *)((const uint16_t *)vc + kv0 + (int64_t)b * hd)
                             : block_f32(vc, kv0, b, end, hd, f, KV16);
-        for (int r = 0; r < R; r++) {
-            const float *pr = p + (int64_t)r * P;
-            const int stop = end < span[r] ? end : span[r];      // the row's unseen keys weigh 0: skipped
-            float *o = OUT_ROW(r);
-            __m512 acc[MAX_HV];
-            for (int c = 0; c < HV; c++) acc[c] = _mm512_loadu_ps(o + 16 * c);
-            for (int j = b; j < stop; j++) {
-                if (pr[j] == 0.0f) continue;
-                __m512 w = _mm512_set1_ps(pr[j]);
-                for (int c = 0; c < HV; c++)
-                    acc[c] = _mm512_fmadd_ps(w, load_at(vb, (int64_t)(j - b) * hd + 16 * c, BF), acc[c]);
-            }
-            for (int c = 0; c < HV; c++) _mm512_storeu_ps(o + 16 * c, acc[c]);
+        for (int r = 0; r < R; r += 1 + PAIR(r)) {
+            const int N = 1 + PAIR(r);
+            float *o[2] = {OUT_ROW(r), OUT_ROW(r + N - 1)};
+            const float *pr[2] = {p + (int64_t)r * P, p + (int64_t)(r + N - 1) * P};
+            int stop[2];                                         // each row's unseen keys weigh 0: skipped
+            for (int n = 0; n < 2; n++) stop[n] = end < span[r + n] ? end : span[r + n];
+            if (N == 2) weigh_rows(o, pr, stop, vb, b, hd, 2, HV, BF);
+            else weigh_rows(o, pr, stop, vb, b, hd, 1, HV, BF);
         }
     }
     for (int r = 0; r < R; r++)
@@ -313,6 +351,7 @@ static inline __attribute__((always_inline)) void attend_head(
     free(inv);
     free(f);
     free(p);
+    #undef PAIR
     #undef Q_ROW
     #undef OUT_ROW
 }
