@@ -11,6 +11,9 @@
 //   block_qkv and block_out are its halves around the attention, for prefills (kernels.py).
 // KV caches hold float32, or bf16 (kv16): rounded to nearest even when written, widened exactly when read.
 // All compute each row the same way whatever M is, so results do not depend on batching.
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -714,20 +717,31 @@ static AttendHead attend_head_for(int hd) {
     return avx512 && (hd == 64 || hd == 128) ? attend512_head : attend_head;
 }
 
-// Each kv head's query rows are split in up to ATTN_SPLIT parts, a task each: a few kv heads (SmolLM2 has 3)
-// then spread evenly over the threads (3 heads on 2 threads kept one idle a third of the time); each part
-// reads the keys and values itself, so a part keeps two rows or more where there are (AVX-512's attention
-// takes rows in pairs, each key loaded once for both).
+// Each kv head's R query rows are split in S parts, a task each, so that the Hkv x S tasks give every thread two or
+// more: a few kv heads (SmolLM2 has 3) then spread evenly over the threads (3 heads on 2 threads kept one idle a
+// third of the time). No more parts than that: each part widens the keys and values it reads itself (4 parts of a
+// 16-token verification's rows widened every key 4 times), and a part keeps two rows or more where there are
+// (AVX-512's attention takes a direct task's rows in pairs). At most ATTN_SPLIT parts.
 #define ATTN_SPLIT 4
 
-static inline int attention_tasks(int R) { return (R + 1) / 2 < ATTN_SPLIT ? (R + 1) / 2 : ATTN_SPLIT; }
+static inline int attention_tasks(int R, int Hkv) {
+#ifdef _OPENMP
+    const int threads = omp_get_max_threads();
+#else
+    const int threads = 1;
+#endif
+    int S = (2 * threads + Hkv - 1) / Hkv;
+    if (S > (R + 1) / 2) S = (R + 1) / 2;
+    if (S > ATTN_SPLIT) S = ATTN_SPLIT;
+    return S < 1 ? 1 : S;
+}
 
 // The attention of M new tokens (the contract above) with this CPU's kernel (attend_head_for), as a decoding step's
 // (attention_half): a prefill's tokens attend as they would one by one. Each kv head's rows in ATTN_SPLIT tasks.
 void attend(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start, int kv_len,
             const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
     AttendHead head = attend_head_for(hd);
-    const int R = M * (H / Hkv), S = attention_tasks(R);
+    const int R = M * (H / Hkv), S = attention_tasks(R, Hkv);
     #pragma omp parallel for collapse(2) schedule(dynamic)
     for (int g = 0; g < Hkv; g++)
         for (int part = 0; part < S; part++)
@@ -830,7 +844,7 @@ static void attention_half(const Layer *L, const float *h, int B, int T, const f
     block_qkv(L, h, B, T, cos, sin, kc, vc, kv16, rs, max_len, starts, qkv);
     AttendHead head = attend_head_for(hd);
     const int es = kv16 ? 2 : 4;                                 // bytes per cached element
-    const int R = T * (H / Hkv), S = attention_tasks(R);          // a kv head's query rows, in S parts
+    const int R = T * (H / Hkv), S = attention_tasks(R, Hkv);          // a kv head's query rows, in S parts
     #pragma omp parallel for collapse(3) schedule(dynamic)      // one parallel region for the batch
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)

@@ -185,7 +185,9 @@ static inline float softmax_row(float *pr, int P, float *packed) {
         __m512 w = exp16(_mm512_sub_ps(_mm512_load_ps(pr + j0), mx));
         _mm512_store_ps(pr + j0, w);
         __mmask16 live = _mm512_cmp_ps_mask(w, _mm512_setzero_ps(), _CMP_NEQ_UQ);
-        _mm512_mask_compressstoreu_ps(packed + n, live, w);
+        // compressed in a register, then stored whole (the lanes past the live ones are 0, and the next store or
+        // the tail below covers them): a compressing store to memory is microcoded on Zen 4, ~40% of attention
+        _mm512_storeu_ps(packed + n, _mm512_maskz_compress_ps(live, w));
         n += __builtin_popcount(live);
     }
     for (int j = n; j < (n + 15) / 16 * 16; j++) packed[j] = 0.0f;
@@ -240,19 +242,28 @@ static inline void hide8(float *pr, const uint8_t *mrow, int j0, int kv_len, int
 
 // Scores of N query rows (1 or 2; their q at qv[n * HV + c]) against the 8 keys from element `at` of kb (only the
 // first `live` are read, the others give 0): 8 floats per row at pr[n]. Each key's vectors are loaded once for the
-// N rows; a row's dot product per key runs over c in order, then hsum8x16's tree, as it would alone.
+// N rows; a row's dot product per key runs over c in order, then hsum8x16's tree, as it would alone. (With c inside
+// the keys each key's chain of HV dependent products ran alone: latency-bound, 3x slower.)
 static inline __attribute__((always_inline)) void score_rows(const __m512 *qv, const void *kb, int64_t at, int hd,
                                                              int live, float scale, float *const *pr, const int N,
                                                              const int HV, const int BF) {
     __m512 acc[2][8];
-    for (int jj = 0; jj < 8; jj++) {
-        for (int n = 0; n < N; n++) acc[n][jj] = _mm512_setzero_ps();
-        if (jj < live)
+    for (int n = 0; n < N; n++)
+        for (int jj = 0; jj < 8; jj++) acc[n][jj] = _mm512_setzero_ps();
+    if (live >= 8)                       // c outside the keys: the 8 keys' chains interleave, in registers
+        for (int c = 0; c < HV; c++) {
+            #pragma GCC unroll 8
+            for (int jj = 0; jj < 8; jj++) {
+                const __m512 k = load_at(kb, at + (int64_t)jj * hd + 16 * c, BF);
+                for (int n = 0; n < N; n++) acc[n][jj] = _mm512_fmadd_ps(qv[n * HV + c], k, acc[n][jj]);
+            }
+        }
+    else
+        for (int jj = 0; jj < live; jj++)
             for (int c = 0; c < HV; c++) {
                 const __m512 k = load_at(kb, at + (int64_t)jj * hd + 16 * c, BF);
                 for (int n = 0; n < N; n++) acc[n][jj] = _mm512_fmadd_ps(qv[n * HV + c], k, acc[n][jj]);
             }
-    }
     for (int n = 0; n < N; n++) _mm256_store_ps(pr[n], _mm256_mul_ps(hsum8x16(acc[n]), _mm256_set1_ps(scale)));
 }
 
