@@ -208,3 +208,19 @@ def test_the_pairs_own_options_win_unless_clearly_beaten():
     assert tuning.pick(near, pair=own).options == own                       # within 10% of the fastest
     far = [cand("sd", {"gamma": 2}, 4.0), cand("sd", own, 4.6), cand("ar", {}, 6.0)]
     assert tuning.pick(far, pair=own).options == {"gamma": 2}
+
+
+def test_a_kinds_own_choice_must_clearly_beat_the_overall_one():
+    """A kind's winner on its few calibration prompts replaces the overall choice for that kind only where it is
+    PAIR_MARGIN faster there; the kind's measurements stay."""
+    def cand(method, options, ms):
+        return tuning.Candidate(method, options, ms, "..., measured")
+    sd = {"gamma": 6, "lookup": 2}
+    overall = tuning.Choice("sd", sd, [cand("sd", sd, 4.3), cand("ar", {}, 6.0)])
+    close = tuning.Choice("ar", {}, [cand("sd", sd, 7.69), cand("ar", {}, 7.75)])      # ar chosen: sd not 3% faster
+    kept = tuning.for_kind(close, overall)
+    assert (kept.method, kept.options, kept.won().ms_per_token) == ("sd", sd, 7.69) and kept.candidates == close.candidates
+    clear = tuning.Choice("ar", {}, [cand("sd", sd, 9.0), cand("ar", {}, 7.75)])
+    assert tuning.for_kind(clear, overall) is clear
+    other = tuning.Choice("tree", {"gamma": 5}, [cand("tree", {"gamma": 5}, 3.0), cand("ar", {}, 6.0)])
+    assert tuning.for_kind(other, overall) is other                  # the overall choice was not a candidate here
