@@ -522,11 +522,13 @@ def test_attention_depends_only_on_the_keys_a_query_sees(attend, kv_dtype):
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("attend", ATTENTION_KERNELS)
-def test_attention_over_several_key_blocks_matches_pytorch(attend, kv_dtype):
-    """5 new tokens over 150 cached keys (three blocks of 64, each widened to float32 once for all rows;
-    grouped query heads): the causal attention PyTorch computes, in float32 from the same keys."""
+@pytest.mark.parametrize("M, hd", [(5, 64), (1, 64), (1, 128), (5, 128)])
+def test_attention_over_several_key_blocks_matches_pytorch(attend, kv_dtype, M, hd):
+    """M new tokens over 150 cached keys (three blocks of 64; grouped query heads; one token: rows that read a bf16
+    cache in place, two at a time for head dim 64): the causal attention PyTorch computes, in float32 from the same
+    keys."""
     fn = attention_kernel(attend)
-    H, Hkv, hd, M, kv_len, max_len = 6, 2, 64, 5, 150, 160
+    H, Hkv, kv_len, max_len = 6, 2, 150, 160
     torch.manual_seed(0)
     q = torch.randn(M, H * hd)
     kc, vc = (torch.randn(Hkv, max_len, hd).to(kv_dtype) for _ in "kv")
