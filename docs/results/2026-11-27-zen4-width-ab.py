@@ -1,7 +1,7 @@
 """The target's forward by width, two builds of the kernels in one process, alternating forward by forward: usage
-python THIS.py OLD_CSRC_DIR [CTX]; the first model runs this checkout's csrc/, the second OLD_CSRC_DIR's (avx2.c,
-avx512.c). Median of 40 rounds per width; both models' logits compared bit for bit."""
-import statistics, sys, time
+[QUANT=int8|int4] python THIS.py OLD_CSRC_DIR [CTX]; the first model runs this checkout's csrc/, the second
+OLD_CSRC_DIR's (avx2.c, avx512.c). Median of 40 rounds per width; both models' logits compared bit for bit."""
+import os, statistics, sys, time
 from pathlib import Path
 import torch
 torch.set_num_threads(2)
@@ -10,7 +10,7 @@ from specmesh.model.cache import KVCache
 from specmesh.model.loader import load_model
 
 def load() -> torch.nn.Module:
-    return load_model("models/target", torch.bfloat16)
+    return load_model("models/target", torch.bfloat16, quant=os.environ.get("QUANT"))
 
 models = {"new": load()}
 build.SOURCE, build.AVX512_SOURCE = Path(sys.argv[1]) / "avx2.c", Path(sys.argv[1]) / "avx512.c"
