@@ -59,7 +59,6 @@ static const int WBYTES[] = {2, 1, 4, 2, 2, 1, 1, 1, 2};   // float32 scale; AMX
 // switches the AVX-512 attention and int8 products on (use_avx512) only where the CPU has AVX-512
 static int avx512 = 0, vnni = 0;
 void use_avx512(int on) { avx512 = on; }
-int avx512_attention(void) { return avx512; }   // attend() runs csrc/avx512.c's attend512_head
 void use_vnni(int on) { vnni = on; }         // the quantized products on AVX512-VNNI (else AVX2's, the same values)
 void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y)
     __attribute__((weak));
@@ -737,7 +736,7 @@ static inline int attention_tasks(int R, int Hkv) {
 }
 
 // The attention of M new tokens (the contract above) with this CPU's kernel (attend_head_for), as a decoding step's
-// (attention_half): a prefill's tokens attend as they would one by one. Each kv head's rows in ATTN_SPLIT tasks.
+// (attention_half): a prefill's tokens attend as they would one by one. Each kv head's rows in attention_tasks.
 void attend(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start, int kv_len,
             const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
     AttendHead head = attend_head_for(hd);

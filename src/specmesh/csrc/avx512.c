@@ -298,8 +298,9 @@ static inline __attribute__((always_inline)) void weigh_rows(float *const *o, co
 // widened to float32 once (block_f32), then each of the rows goes through it: a row costs its products, not
 // a conversion of every key it reads. A task of DIRECT_ROWS rows or fewer (BF) widens each key in registers
 // instead, two rows at a time where HV is 4 (each key widened once for both; both rows' registers fit;
-// buffered rows in pairs measured 0.8x, single ones). Without a mask a row scores only the keys up to its own (a prefill's rows skip the keys after
-// them): those past it would weigh exactly 0, so the result is the same.
+// buffered rows in pairs measured 0.8x, so those go one by one). Without a mask a row scores only the keys up
+// to its own (a prefill's rows skip the keys after them): those past it would weigh exactly 0, so the result is
+// the same.
 static inline __attribute__((always_inline)) void attend_head(
         const float *q, int qs, const void *kc, const void *vc, int max_len, int start, int kv_len,
         const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1, const int HV,
