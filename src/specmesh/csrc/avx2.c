@@ -720,8 +720,10 @@ static AttendHead attend_head_for(int hd) {
 // more: a few kv heads (SmolLM2 has 3) then spread evenly over the threads (3 heads on 2 threads kept one idle a
 // third of the time). No more parts than that: each part widens the keys and values it reads itself (4 parts of a
 // 16-token verification's rows widened every key 4 times), and a part keeps two rows or more where there are
-// (AVX-512's attention takes a direct task's rows in pairs). At most ATTN_SPLIT parts.
+// (AVX-512's attention takes a direct task's rows in pairs). At most ATTN_SPLIT parts, unless a part would hold more
+// than PART_ROWS rows: a task's scores take its rows x the keys in floats (a long pipeline prefill's rows and keys).
 #define ATTN_SPLIT 4
+#define PART_ROWS 512
 
 static inline int attention_tasks(int R, int Hkv) {
 #ifdef _OPENMP
@@ -732,7 +734,8 @@ static inline int attention_tasks(int R, int Hkv) {
     int S = (2 * threads + Hkv - 1) / Hkv;
     if (S > (R + 1) / 2) S = (R + 1) / 2;
     if (S > ATTN_SPLIT) S = ATTN_SPLIT;
-    return S < 1 ? 1 : S;
+    if (S < 1) S = 1;
+    return (R + S - 1) / S > PART_ROWS ? (R + PART_ROWS - 1) / PART_ROWS : S;
 }
 
 // The attention of M new tokens (the contract above) with this CPU's kernel (attend_head_for), as a decoding step's
