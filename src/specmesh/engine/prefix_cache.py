@@ -6,7 +6,8 @@ pool evicts the least recently used block.
 
 Exact, not approximate. A block is reused only where computing it again would give the same
 bits: where a prefill runs in the C kernels (kernels.CForward: on the tile unit with AMX, a bf16 cache
-and head dim 64; or with AVX2's attention beside products that run prefills) it computes every row
+and head dim 64; or, without AMX, with a decoding step's attention (AVX2's or AVX-512's) beside products that
+run prefills) it computes every row
 alone (products row by row; each query's attention over the keys it sees, in a fixed order from key
 0), so the keys, values and logits of tokens P.. computed after P cached ones equal those of one
 prefill of the whole prompt, provided the rest takes that same path: at least MIN_REST tokens.
@@ -38,7 +39,7 @@ def unsupported(model) -> str | None:
     forward = getattr(model, "fast_forward", None)
     if not isinstance(forward, CForward) or not (forward.tile_attention or forward.long and forward.c_attention):
         return ("cached prefixes are bit-exact only where prefills run row by row in the C kernels (AMX tiles, or "
-                "AVX2's attention with products that run prefills), which this run lacks")
+                "the C attention with products that run prefills: bf16 or --quant on x86), which this run lacks")
     return None
 
 
