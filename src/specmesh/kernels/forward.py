@@ -141,8 +141,9 @@ class CForward:
 
     def _attend(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, cache, mask) -> torch.Tensor:
         """Each row's attention [B, T, H*hd] through csrc/avx2.c's attend, as model_forward's attention (the same
-        kernel, AVX2's or AVX-512's: a token attends alike in both): the queries qkv [B, T, Q] over the cache kc/vc [B, Hkv, max_len, hd]
-        up to the row's new tokens; token t sees the keys up to its own slot, or where mask [B, 1, T, kv_len] says."""
+        kernel, AVX2's or AVX-512's: a token attends alike in both): the queries qkv [B, T, Q] over the cache kc/vc
+        [B, Hkv, max_len, hd] up to the row's new tokens; token t sees the keys up to its own slot, or where mask
+        [B, 1, T, kv_len] says."""
         B, T, Q = qkv.shape
         cfg = self.model.config
         H, hd = cfg.num_heads, cfg.head_dim
