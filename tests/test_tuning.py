@@ -187,6 +187,27 @@ def test_a_winner_extrapolated_to_another_gamma_is_measured_before_it_is_chosen(
     assert llm.choice.won().reason.endswith("measured")
 
 
+def test_an_extrapolation_crowned_by_a_measurement_is_measured_in_turn(tiny_checkpoint, tiny_draft_checkpoint,
+                                                                       monkeypatch):
+    """γ = 2 and 3 predicted fastest by far: the first measured leaves the other the predicted winner, which is
+    measured too (one round of measuring left it chosen unmeasured, or ar chosen beside a faster prediction)."""
+    real = tuning.predict
+
+    def favour_gammas_2_and_3(costs, trials):
+        out = real(costs, trials)
+        for c in out:
+            if c.method == "sd" and c.options.get("gamma") in (2, 3) and c.reason.endswith("predicted"):
+                c.ms_per_token = 1e-3
+        return sorted(out, key=lambda c: c.ms_per_token)
+
+    monkeypatch.setattr(tuning, "predict", favour_gammas_2_and_3)
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, retune=["def f(x):\n"])
+    plain = [c for c in llm.choice.candidates if c.method == "sd" and c.options["gamma"] in (2, 3)
+             and not c.options["lookup"] and not c.options["stop_below"]]
+    assert len(plain) == 2 and all(c.reason.endswith("measured") for c in plain)
+    assert llm.choice.won().reason.endswith("measured")
+
+
 @pytest.mark.parametrize("target_ms, expected", [(0.5, (5, 2)), (5.5, (4, 1)), (23.0, (2, 1))])
 def test_calibration_covers_more_prompts_before_a_second_round(target_ms, expected, monkeypatch):
     """9 families, 5 calibration prompts, a 30 s budget: a fast pair runs every prompt twice; SmolLM2 in bf16 (5.5

@@ -47,6 +47,7 @@ ROUNDS = 2              # calibration runs per family and prompt, interleaved; t
 TARGET_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 DRAFT_WIDTHS = (1, 2, 4, 8)
 MAX_SD_GAMMA = 8
+GUESSES = 3             # rounds of measuring extrapolated winners (each measured γ may crown another extrapolation)
 STOP_BELOW = 0.3        # sd's calibrated early stop (a weak draft's chains end where it is unsure)
 LOOKUP = 2              # sd's calibrated prompt lookup: proposes what followed the last 2+ tokens where they recur
 BUDGET_S = 30.0         # calibration time aimed at (plan; $SPECMESH_TUNE_BUDGET_S overrides it)
@@ -103,7 +104,8 @@ class Choice:
             return f"auto: {self.label()}: no draft and no n-gram table to speculate with"
         won = self.won()
         other = next((c for c in self.candidates if c is not won), None)
-        versus = f"; next {other.method} {other.ms_per_token:.2f} ms/token" if other else ""
+        guess = " (predicted, not measured)" if other and other.reason.endswith("predicted") else ""
+        versus = f"; next {other.method} {other.ms_per_token:.2f} ms/token{guess}" if other else ""
         kinds = "".join(f"; {kind} prompts: {c.label()} {c.won().ms_per_token:.2f} ms/token"
                         for kind, c in self.kinds.items())
         return f"auto: {self.label()}: {won.ms_per_token:.2f} ms/token, {won.reason}{versus}{kinds}"
@@ -277,6 +279,13 @@ def plan(costs: Costs, families: int, prompts: int) -> tuple[int, int]:
     return min(prompts, max(2, fit(rounds))), rounds
 
 
+def guessed_winners(choice: Choice) -> list[Candidate]:
+    """The choice's winners (overall and per kind of prompt) that were extrapolated, not measured, once each."""
+    winners = [ch.won() for ch in (choice, *choice.kinds.values())]
+    guessed = {json.dumps(c.options, sort_keys=True): c for c in winners if c.reason.endswith("predicted")}
+    return list(guessed.values())
+
+
 def measure(llm, prompts: list[str] | None = None, progress: bool = True,
             draft: Path | None = None) -> Choice:
     """Measure this machine and pair, and choose. `llm` must have its draft loaded (if any). The families'
@@ -325,13 +334,17 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True,
                       file=sys.stderr, disable=not progress, leave=False) as bar:
                 run(range(len(configs)), bar)
                 choice = choose()
-                # a winner extrapolated from another γ's acceptance is measured before it is chosen
-                winners = [ch.won() for ch in (choice, *choice.kinds.values())]
-                guessed = {json.dumps(c.options, sort_keys=True): c for c in winners if c.reason.endswith("predicted")}
-                if guessed:
-                    configs += [methods.get(c.method, c.options) for c in guessed.values()]
+                # a winner extrapolated from another γ's acceptance is measured before it is chosen; what it measures
+                # may crown another extrapolation (SmolLM2 in float32: γ = 1 predicted fastest, measured slower than
+                # ar, then γ = 2 predicted 6% faster than ar), which is measured in turn
+                for _ in range(GUESSES):
+                    if not (guessed := guessed_winners(choice)):
+                        break
+                    configs += [methods.get(c.method, c.options) for c in guessed]
                     bar.total += rounds * len(guessed) * len(ids)
                     run(range(len(configs) - len(guessed), len(configs)), bar)
+                    choice = choose()
+                if guessed_winners(choice):
                     choice = choose(measured=True)
     finally:
         llm.method = chosen
@@ -348,11 +361,13 @@ def cache_path() -> Path:
 
 def cache_key(llm, draft: Path | None) -> str:
     """Machine (CPU model, vector units, threads, device), model pair, dtype and quantization, the kernels they
-    run on, and the candidates (a new version's kernels or calibration families measure again)."""
+    run on, the candidates and the rounds of measuring guesses (a new version's kernels, calibration families or
+    rule measure again)."""
     models = [m for m in (llm.models.target, llm.models.draft) if m is not None]
     parts = [cpu_name(), vector_units(), f"{torch.get_num_threads()} threads", str(llm.device), str(llm.dtype).split(".")[-1],
              f"quant {llm.models.target.quant}", stamp(llm.models.target_path), stamp(draft) if draft else "-",
-             "+".join(type(m.lm_head).__name__ for m in models), f"kernels {kernel_version()}", json.dumps(families(llm, draft))]
+             "+".join(type(m.lm_head).__name__ for m in models), f"kernels {kernel_version()}", json.dumps(families(llm, draft)),
+             f"guesses {GUESSES}"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:6])
 
 
