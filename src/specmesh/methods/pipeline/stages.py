@@ -89,9 +89,13 @@ class StageServer:
         others = [r for r in range(len(stage.link.roles)) if r != stage.link.rank]
 
         def tell(decision: Decision) -> list:
-            """S (rank 0) waits for it: the decision is on its way before this rank computes on."""
+            """The decision to every other rank (returns the sends' waits). S (rank 0) waits for it: through gloo
+            it is on its way before this rank computes on; a mailbox holds it whole once put, and waiting for S to
+            take it would hold this rank's forward until S's own work ends (docs/pipelines.md)."""
             message = decision.encode(size)
             sending = [stage.link.send(message, r, wait=False) for r in others]
+            if 0 in stage.link.outbox:
+                return sending
             sending[0]()
             return sending[1:]
 
