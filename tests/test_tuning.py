@@ -15,6 +15,23 @@ def ar_trial(ms_per_token=2.0):
                  ms=100 * ms_per_token)
 
 
+def cand(method, options, ms, how="measured"):
+    return tuning.Candidate(method, options, ms, f"..., {how}")
+
+
+def favouring(*gammas):
+    """tuning.predict, with sd's predictions (not measurements) at these γ fastest by far."""
+    real = tuning.predict
+
+    def predict(costs, trials):
+        out = real(costs, trials)
+        for c in out:
+            if c.method == "sd" and c.options.get("gamma") in gammas and c.reason.endswith("predicted"):
+                c.ms_per_token = 1e-3
+        return sorted(out, key=lambda c: c.ms_per_token)
+    return predict
+
+
 def sd_trial(tau=3.0, gamma=6, step_ms=4.0):
     return Trial("sd", {"gamma": gamma}, tokens=int(30 * tau), steps=30, target_tokens=30 * (gamma + 1),
                  draft_forwards=30 * gamma, draft_width=1, ms=30 * step_ms)
@@ -170,16 +187,7 @@ def test_a_winner_extrapolated_to_another_gamma_is_measured_before_it_is_chosen(
                                                                                  monkeypatch):
     """An sd γ predicted from γ = 6's acceptance that would win is run itself; the choice rests on what it measured
     (predict drops the prediction for a γ measured)."""
-    real = tuning.predict
-
-    def favour_gamma_2(costs, trials):             # as if γ = 2 were predicted fastest by far
-        out = real(costs, trials)
-        for c in out:
-            if c.method == "sd" and c.options.get("gamma") == 2 and c.reason.endswith("predicted"):
-                c.ms_per_token = 1e-3
-        return sorted(out, key=lambda c: c.ms_per_token)
-
-    monkeypatch.setattr(tuning, "predict", favour_gamma_2)
+    monkeypatch.setattr(tuning, "predict", favouring(2))   # as if γ = 2 were predicted fastest by far
     llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, retune=["def f(x):\n"])
     gamma_2 = [c for c in llm.choice.candidates if c.method == "sd" and c.options["gamma"] == 2
                and not c.options["lookup"] and not c.options["stop_below"]]
@@ -191,16 +199,7 @@ def test_an_extrapolation_crowned_by_a_measurement_is_measured_in_turn(tiny_chec
                                                                        monkeypatch):
     """γ = 2 and 3 predicted fastest by far: the first measured leaves the other the predicted winner, which is
     measured too (one round of measuring left it chosen unmeasured, or ar chosen beside a faster prediction)."""
-    real = tuning.predict
-
-    def favour_gammas_2_and_3(costs, trials):
-        out = real(costs, trials)
-        for c in out:
-            if c.method == "sd" and c.options.get("gamma") in (2, 3) and c.reason.endswith("predicted"):
-                c.ms_per_token = 1e-3
-        return sorted(out, key=lambda c: c.ms_per_token)
-
-    monkeypatch.setattr(tuning, "predict", favour_gammas_2_and_3)
+    monkeypatch.setattr(tuning, "predict", favouring(2, 3))
     llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, retune=["def f(x):\n"])
     plain = [c for c in llm.choice.candidates if c.method == "sd" and c.options["gamma"] in (2, 3)
              and not c.options["lookup"] and not c.options["stop_below"]]
@@ -219,8 +218,6 @@ def test_calibration_covers_more_prompts_before_a_second_round(target_ms, expect
 def test_the_pairs_own_options_win_unless_clearly_beaten():
     """options.json was measured on held-out prompt sets: a few calibration prompts must beat it by PAIR_MARGIN;
     predictions count only where `measured` is not asked."""
-    def cand(method, options, ms, how="measured"):
-        return tuning.Candidate(method, options, ms, f"..., {how}")
     own = {"gamma": 6, "stop_below": 0.3, "lookup": 2}
     near = [cand("sd", {"gamma": 3}, 4.3, "predicted"), cand("sd", {"gamma": 2}, 4.4), cand("sd", own, 4.6),
             cand("ar", {}, 6.0)]
@@ -234,8 +231,6 @@ def test_the_pairs_own_options_win_unless_clearly_beaten():
 def test_a_kinds_own_choice_must_clearly_beat_the_overall_one():
     """A kind's winner on its few calibration prompts replaces the overall choice for that kind only where it is
     PAIR_MARGIN faster there; the kind's measurements stay."""
-    def cand(method, options, ms):
-        return tuning.Candidate(method, options, ms, "..., measured")
     sd = {"gamma": 6, "lookup": 2}
     overall = tuning.Choice("sd", sd, [cand("sd", sd, 4.3), cand("ar", {}, 6.0)])
     close = tuning.Choice("ar", {}, [cand("sd", sd, 7.69), cand("ar", {}, 7.75)])      # ar chosen: sd not 3% faster

@@ -364,10 +364,10 @@ def cache_key(llm, draft: Path | None) -> str:
     run on, the candidates and the rounds of measuring guesses (a new version's kernels, calibration families or
     rule measure again)."""
     models = [m for m in (llm.models.target, llm.models.draft) if m is not None]
-    parts = [cpu_name(), vector_units(), f"{torch.get_num_threads()} threads", str(llm.device), str(llm.dtype).split(".")[-1],
-             f"quant {llm.models.target.quant}", stamp(llm.models.target_path), stamp(draft) if draft else "-",
-             "+".join(type(m.lm_head).__name__ for m in models), f"kernels {kernel_version()}", json.dumps(families(llm, draft)),
-             f"guesses {GUESSES}"]
+    parts = [cpu_name(), vector_units(), f"{torch.get_num_threads()} threads", str(llm.device),
+             str(llm.dtype).split(".")[-1], f"quant {llm.models.target.quant}", stamp(llm.models.target_path),
+             stamp(draft) if draft else "-", "+".join(type(m.lm_head).__name__ for m in models),
+             f"kernels {kernel_version()}", json.dumps(families(llm, draft)), f"guesses {GUESSES}"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:6])
 
 

@@ -8,8 +8,8 @@ Exact, not approximate. A block is reused only where computing it again would gi
 bits: where a prefill runs in the C kernels (kernels.CForward: on the tile unit with AMX, a bf16 cache
 and head dim 64; or, without AMX, with a decoding step's attention (AVX2's or AVX-512's) beside products
 that run prefills) it computes every row alone (products row by row; each query's attention over the keys
-it sees, in a fixed order from key 0), so the keys, values and logits of tokens P.. computed after P cached ones equal those of one
-prefill of the whole prompt, provided the rest takes that same path: at least MIN_REST tokens.
+it sees, in a fixed order from key 0), so the keys, values and logits of tokens P.. computed after P cached
+ones equal those of one prefill of the whole prompt, provided the rest takes that same path: at least MIN_REST tokens.
 Elsewhere (PyTorch's products and attention round a row by how many rows share them) the cache
 stays off.
 

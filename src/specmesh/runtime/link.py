@@ -175,13 +175,17 @@ class Link:
         return f"rank {rank} ({self.roles[rank]}, pid {self.pids[rank]})"
 
     # -- tensors ------------------------------------------------------------------------------
+    def by_mailbox(self, peer: int, nbytes: int) -> bool:
+        """Whether a message of `nbytes` to or from `peer` goes through a mailbox (whole once put) rather than gloo."""
+        return peer in self.outbox and nbytes <= MAILBOX_BYTES
+
     def send(self, tensor: torch.Tensor, dst: int, wait: bool = True, mailbox: bool = True
              ) -> Callable[[], None] | None:
         """Send `tensor` to `dst`. It completes once the receiver has taken it; with `wait=False`
         this returns at once with a function that waits for that (keeping the tensor alive).
         `mailbox=False`: through gloo whatever the size (job messages, for which a rank waits idle)."""
         tensor = tensor.contiguous()
-        if mailbox and dst in self.outbox and tensor.nbytes <= MAILBOX_BYTES:
+        if mailbox and self.by_mailbox(dst, tensor.nbytes):
             box, data = self.outbox[dst], as_bytes(tensor)
             seq = self._poll(lambda: box.put(data), dst, self.timeout_s, box, READ)
             done = functools.partial(self._poll, lambda: box.taken(seq), dst, self.timeout_s, box, READ)
@@ -197,7 +201,7 @@ class Link:
         """Fill `tensor` from `src`, waiting at most the link's timeout (`idle`: as long as it takes,
         for a rank waiting for its next job; a peer's death still ends the wait at once).
         `mailbox` as in `send`: both ends must agree."""
-        if mailbox and src in self.inbox and tensor.nbytes <= MAILBOX_BYTES:
+        if mailbox and self.by_mailbox(src, tensor.nbytes):
             box, out = self.inbox[src], as_bytes(tensor)
             self._poll(lambda: box.get(out), src, math.inf if idle else self.timeout_s, box, WRITTEN)
             return tensor

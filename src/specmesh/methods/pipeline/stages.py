@@ -94,7 +94,7 @@ class StageServer:
             take it would hold this rank's forward until S's own work ends (docs/pipelines.md)."""
             message = decision.encode(size)
             sending = [stage.link.send(message, r, wait=False) for r in others]
-            if 0 in stage.link.outbox:
+            if stage.link.by_mailbox(0, message.nbytes):
                 return sending
             sending[0]()
             return sending[1:]
