@@ -144,6 +144,7 @@ def method_options(args) -> dict:
 
 def build_parser() -> Parser:
     from specmesh.methods import METHODS
+    from specmesh.proposers.fuzzy_draft import POLICIES
     from specmesh.serve import SERVED
     parser = Parser(prog="specmesh", description="Lossless speculative decoding for Llama-family models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -264,6 +265,9 @@ def build_parser() -> Parser:
     sm.add_argument("--tp", type=device_counts, default=[2, 4, 8], metavar="N[,N...]",
                     help="easyspec / tree: devices the target is split over (default: 2,4,8); easyspec is shown next "
                          "to exact drafting of the same tree")
+    sm.add_argument("--calibration", choices=POLICIES, default="round",
+                    help="easyspec: its calibration policy in the real runs; the clock prices the exact reads each "
+                         "policy makes (default: round, the method's)")
     sm.add_argument("--profile", default="gpu-cluster",
                     help="gpu-cluster (the paper's setting), local (measured here), or a profile JSON file")
     sm.add_argument("--max-new-tokens", type=positive_int, default=128)
@@ -552,7 +556,7 @@ def cmd_simulate(args, parser) -> int:
     if args.method in ("easyspec", "tree"):
         from specmesh.bench.simulate_tp import TPProfile, print_tp, simulate_tp
         result = simulate_tp(args.method, args.tp, TPProfile.load(args.profile), prompts, args.max_new_tokens,
-                             args.target, args.draft)
+                             args.target, args.draft, args.calibration)
         print_tp(result, sys.stderr if args.json == "-" else sys.stdout)
         if args.json:
             write_json(result, args.json)

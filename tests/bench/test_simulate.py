@@ -89,10 +89,12 @@ def test_tp_clock_arithmetic():
     # 8 layers in groups of up to 2: 1, 2, 2, 2, 1 -> 5 attentions, 8 MLPs, 3 all-gathers over 2
     assert p.fuzzy_draft_ms(2) == pytest.approx(5 * 0.5 + 8 * 1.0 + 3 * 0.1)
     assert p.fuzzy_draft_ms(1) == pytest.approx(p.exact_draft_ms())
-    counts = {"tokens": 30, "rounds": 10, "draft_forwards": 40, "drafted": 90, "accepted": 20}
+    counts = {"tokens": 30, "rounds": 10, "draft_forwards": 40, "drafted": 90, "accepted": 20, "exact_reads": 10}
     tree, es = clock("tree", counts, p, 2), clock("easyspec", counts, p, 2)
     assert tree["draft_ms_per_round"] == pytest.approx(4 * 12.0)
     assert es["draft_ms_per_round"] == pytest.approx(12.0 + 3 * p.fuzzy_draft_ms(2))     # the first read is exact
+    some = clock("easyspec", counts | {"exact_reads": 4}, p, 2)      # 4 of 10 rounds calibrated (mismatch)
+    assert some["draft_ms_per_round"] == pytest.approx(0.4 * 12.0 + 3.6 * p.fuzzy_draft_ms(2))
     assert tree["ms_per_token"] == pytest.approx(10 * (48.0 + p.target_ms(2, 10)) / 30)
     assert tree["speedup_vs_tp"] == pytest.approx(30 * p.target_ms(2, 1) / (10 * (48.0 + p.target_ms(2, 10))))
 
@@ -105,6 +107,7 @@ def test_tp_simulation_runs_the_real_methods(tmp_path, tiny_checkpoint):
     assert one["easyspec"]["layer_groups"] == "1,1,1"          # one device: no group, exact drafting
     assert one["draft_speedup_vs_tree"] == pytest.approx(1.0)
     assert two["tree"]["tokens_per_round"] > 1 and two["easyspec"]["acceptance"] is not None
+    assert two["easyspec"]["exact_forwards_per_round"] >= 1        # round: every round's first read, the prompt's
     with pytest.raises(SystemExit):
         main(["simulate", "x", "--method", "tree", "--tp", "0"])
 

@@ -58,6 +58,11 @@ def layer_groups(spec: str, layers: int) -> list[range]:
     return [range(s, s + n) for s, n in zip(starts, sizes)]
 
 
+def count_exact(seq: Sequence, forwards: int) -> None:
+    """Draft forwards that read exactly (what a simulated clock prices as exact ones)."""
+    seq.stats.info["exact_reads"] = seq.stats.info.get("exact_reads", 0) + forwards
+
+
 class FuzzyDraft(DraftModel):
     def __init__(self, model: Transformer, rows: int, max_len: int, window: int, groups: list[range],
                  calibration: str, depth: int, width: int = 1, max_children: int = 1):
@@ -84,12 +89,18 @@ class FuzzyDraft(DraftModel):
 
     def _catch_up(self, seqs: list[Sequence]) -> None:
         self.exact = self.calibration != "never"             # a prompt (or a long queue): exact unless never
+        before = [seq.stats.draft_forwards for seq in seqs]
         super()._catch_up(seqs)
+        if self.exact:
+            for seq, n in zip(seqs, before):
+                count_exact(seq, seq.stats.draft_forwards - n)
 
     def _read_pending(self, seqs: list[Sequence]) -> torch.Tensor:
         self.exact = any(self.due[:len(seqs)])
-        for b in range(len(seqs)):
+        for b, seq in enumerate(seqs):
             self.due[b] = False
+            if self.exact:
+                count_exact(seq, 1)
         return super()._read_pending(seqs)
 
     def accept(self, seqs: list[Sequence], trees: list[TokenTree], verdicts: list[Verdict],
