@@ -107,7 +107,10 @@ def test_tp_simulation_runs_the_real_methods(tmp_path, tiny_checkpoint):
     assert one["easyspec"]["layer_groups"] == "1,1,1"          # one device: no group, exact drafting
     assert one["draft_speedup_vs_tree"] == pytest.approx(1.0)
     assert two["tree"]["tokens_per_round"] > 1 and two["easyspec"]["acceptance"] is not None
-    assert two["easyspec"]["exact_forwards_per_round"] >= 1        # round: every round's first read, the prompt's
+    assert result["calibration"] == "round" and two["easyspec"]["exact_forwards_per_round"] >= 1   # every round's first
+    never = simulate(tmp_path, "def add(a, b):", "--method", "easyspec", "--tp", "2", "--calibration", "never",
+                     "--target", str(tiny_checkpoint), "--draft", str(tiny_checkpoint))
+    assert never["rows"][0]["easyspec"]["exact_forwards_per_round"] == 0      # never: every draft forward fuzzy
     with pytest.raises(SystemExit):
         main(["simulate", "x", "--method", "tree", "--tp", "0"])
 
