@@ -139,6 +139,8 @@ def test_bad_drafters_are_refused(tiny_checkpoint):
         LLM(target=tiny_checkpoint, method="cosine", drafters="context")
     with pytest.raises(ValueError, match="cosine needs at least two drafters and has 0"):
         LLM(target=tiny_checkpoint, method="cosine")
+    with pytest.raises(FileNotFoundError, match="not found: /nonexistent/drafter"):    # named before it is counted
+        LLM(target=tiny_checkpoint, method="cosine", drafters="/nonexistent/drafter")
 
 
 def test_drafter_processes_and_a_killed_drafter_does_not_stop_generation(ar, tiny_checkpoint, tiny_draft_checkpoint):
