@@ -18,8 +18,9 @@ python -c "from specmesh.kernels import cpu_model; print(cpu_model())" | tee -a 
 git log --oneline -1 | tee -a "$out/cpu.txt"
 
 echo "== the target's forward by width over 128 and 400 cached tokens (issue 20: 8 rows <= 1.5x, 16 <= 2.5x one)"
-python "$here/2026-11-27-zen4-width.py" models/target 128 | tee "$out/width.txt"
-python "$here/2026-11-27-zen4-width.py" models/target 400 | tee -a "$out/width.txt"
+for ctx in 128 400; do
+    echo "over $ctx cached tokens: $(python "$here/2026-11-27-zen4-width.py" models/target $ctx)" | tee -a "$out/width.txt"
+done
 
 echo "== single-process methods and llama.cpp (issue 20: sd >= 1.7x ar, tree >= 1.1x sd, selfdraft >= 1.4x ar,"
 echo "   best >= 1.3x llama.cpp's best, ar >= 1.0x llama.cpp, auto within 5% of the best)"
