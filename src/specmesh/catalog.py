@@ -138,7 +138,7 @@ def drafters_for(target: Path, spec: str = "") -> tuple[list[Path], bool]:
         if not paths and (draft := draft_for(target)) is not None:      # no specialised drafters (SmolLM2)
             paths, names = [draft], [CONTEXT]
     context = CONTEXT in names
-    if missing := [str(path) for path in paths if not Path(path).exists()]:
+    if missing := [str(path) for path in paths if not path.exists()]:
         raise FileNotFoundError(f"checkpoint directory not found: {', '.join(missing)} (in --drafters)")
     if len(paths) + context < 2:
         raise ValueError(f"cosine needs at least two drafters and has {len(paths) + context}: pass --drafters "
