@@ -118,6 +118,18 @@ def test_greedy_equals_ar(ar, tiny_checkpoint, tiny_draft_checkpoint, calibratio
     assert [o.tokens for o in batch] == [ar.generate(p, params).tokens for p in PROMPTS]
 
 
+def test_greedy_equals_ar_on_the_pytorch_path(ar, tiny_checkpoint, monkeypatch):
+    """Without this CPU's kernels (the path a GPU runs) the draft holds its groups' caches stacked and runs each
+    group as one attention: still `ar`'s tokens, alone and in a batch."""
+    import specmesh.model.loader as loader
+    monkeypatch.setattr(loader, "select_kernels", lambda model, draft=False: model)
+    params = SamplingParams(max_new_tokens=30)
+    llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", gamma=3, layer_groups="2,1",
+              tree_width=3, max_children=2)
+    assert llm.models.draft.fast_forward is None and llm.generate(PROMPTS[0], params).stats.mean_accepted_length > 1
+    assert [o.tokens for o in llm.generate(PROMPTS, params)] == [ar.generate(p, params).tokens for p in PROMPTS]
+
+
 def test_the_fuzzy_draft_is_still_accepted_often(tiny_checkpoint):
     """The target as its own draft: exact drafting is always accepted, fuzzy drafting mostly."""
     params = SamplingParams(max_new_tokens=40)
@@ -151,21 +163,24 @@ def test_layer_similarity_table(tiny_checkpoint):
     assert same[2]["hidden"] == pytest.approx(1, abs=1e-5) and same[3]["hidden"] == pytest.approx(1, abs=1e-5)
 
 
-def test_a_group_attends_in_one_batch_as_its_layers_do_one_by_one(tiny_checkpoint):
-    """group_attention (one batched product per projection over the group's stacked weights, one attention
-    over g*B rows) gives each layer's attention output and cache entries as computing them one by one does,
-    with a cache, two rows at different offsets and a tree mask."""
+@pytest.mark.parametrize("stacked", [False, True])
+def test_a_group_attends_in_one_batch_as_its_layers_do_one_by_one(tiny_checkpoint, stacked):
+    """group_attention (one attention with the group's heads: one product for every layer's q, k and v, norm
+    weights folded in) gives each layer's attention output and cache entries as computing them one by one does,
+    with a cache, two rows at different offsets and a tree mask; the group's caches held apart (joined for the
+    attention) or stacked (one tensor, as a fuzzy draft on the PyTorch path holds them)."""
     model = load_model(tiny_checkpoint, pack=False)
     parts = list(model.layers[:2])
     torch.manual_seed(0)
     h = torch.randn(2, 3, model.config.hidden_size)
     caches = []
-    for _ in range(2):
-        cache = KVCache.for_model(model, 2, 32)
+    for groups in ([range(0, 2)] if stacked else [], []):
+        cache = KVCache.for_model(model, 2, 32, groups=groups)
         with torch.no_grad():
             model(torch.tensor([[5, 17, 42, 7], [9, 3, 8, 1]]), cache)
         cache.commit(0, [0, 1, 2, 3]), cache.commit(1, [0, 1])          # rows at different lengths
         caches.append(cache)
+    assert (range(0, 2) in caches[0].stacks) == stacked
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     outs = []
     for cache, run in zip(caches, ("batched", "one by one")):

@@ -121,3 +121,30 @@ def test_a_cpu_cache_costs_memory_only_where_it_is_written():
     assert not cache.k[3][15].any() and not cache.v[0][0].any()         # zeros, as torch.zeros gave
     cache.k[0][0].fill_(1.0)                                           # one row of one layer: 8 MiB
     assert 8 <= rss_mb() - before < 72 and cache.k[0][0].dtype == torch.float32
+
+
+def test_stacked_layers_are_views_of_one_tensor_and_behave_as_apart():
+    """Layers stacked for a layer-parallel group live in one [B, g*Hkv, L, hd] tensor, layer-major, each layer's
+    cache a view of its heads; writing the group at once, committing, moving rows and taking row views give
+    what a cache with the layers apart gives."""
+    torch.manual_seed(0)
+    caches = [KVCache(3, 2, 16, 2, 4, torch.float32, "cpu", stacked=stacked) for stacked in ([range(1, 3)], [])]
+    stacked, apart = caches
+    k_stack, _ = stacked.stacks[range(1, 3)]
+    assert k_stack.shape == (2, 4, 16, 4) and stacked.k[2].data_ptr() == k_stack[:, 2:].data_ptr()
+    for step in range(3):
+        k, v = torch.randn(2, 4, 2, 4), torch.randn(2, 4, 2, 4)         # layers 1 and 2, 2 heads each
+        for cache in caches:
+            cache.slots(2)
+            cache.write(0, k[:, :2], v[:, :2])
+            got = cache.write_group(range(1, 3), k, v)
+            assert got[0].shape == (2, 4, cache.kv_len, 4)
+            cache.advance(2)
+            cache.commit(0, [1]) if step else cache.commit_all()
+        assert all(torch.equal(a, b) for a, b in zip(stacked.k + stacked.v, apart.k + apart.v))
+    for cache in caches:
+        cache.move_row(0, 1)
+        cache.view(1, 2).rollback(0, 2)
+    assert all(torch.equal(a, b) for a, b in zip(stacked.k + stacked.v, apart.k + apart.v))
+    assert stacked.lengths.tolist() == apart.lengths.tolist() == [4, 2]
+    assert torch.equal(stacked.view(1, 2).stacks[range(1, 3)][0], k_stack[1:])

@@ -15,6 +15,10 @@ branches and batched serving all use this one mechanism.
 `view(start, stop)` is a cache over a contiguous range of rows that shares this one's
 memory and counters: the server keeps its running requests in rows [0, B) and runs
 each step on `view(0, B)`, and prefills a new request alone in its own row.
+
+`stacked`: layer ranges whose caches are held as one tensor [B, g*Hkv, max_len, hd] (layer-major heads),
+each layer's cache a view of its heads, so that a layer-parallel group (model.group_attention) writes and
+attends over its g layers' entries in one go.
 """
 from __future__ import annotations
 
@@ -49,11 +53,20 @@ class ContextOverflowError(ValueError):
 
 class KVCache:
     def __init__(self, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str, first_layer: int = 0):
-        shape = (batch, num_kv_heads, max_len, head_dim)
-        self.k = [zeros(shape, dtype, device) for _ in range(num_layers)]
-        self.v = [zeros(shape, dtype, device) for _ in range(num_layers)]
+                 dtype: torch.dtype, device: torch.device | str, first_layer: int = 0,
+                 stacked: Sequence[range] = ()):
         self.first_layer = first_layer
+        self.stacks: dict[range, tuple[torch.Tensor, torch.Tensor]] = {}     # layers -> their k, v storage
+        self.k: list[torch.Tensor] = []                                      # per layer [B, Hkv, max_len, hd]
+        self.v: list[torch.Tensor] = []
+        layers = range(first_layer, first_layer + num_layers)
+        alone = [range(i, i + 1) for i in layers if not any(i in r for r in stacked)]
+        for r in sorted([*stacked, *alone], key=lambda r: r.start):
+            shape = (batch, len(r) * num_kv_heads, max_len, head_dim)
+            self.stacks[r] = zeros(shape, dtype, device), zeros(shape, dtype, device)
+            for j in range(len(r)):                      # layer r.start + j: heads [j*Hkv, (j+1)*Hkv)
+                self.k.append(self.stacks[r][0][:, j * num_kv_heads:(j + 1) * num_kv_heads])
+                self.v.append(self.stacks[r][1][:, j * num_kv_heads:(j + 1) * num_kv_heads])
         self.row0 = 0                                    # a view's first row in the cache it views
         self.max_len = max_len
         self.lengths = np.zeros(batch, dtype=np.int64)   # committed tokens per row
@@ -68,6 +81,7 @@ class KVCache:
         if (start, stop) not in self.views:
             view = type(self).__new__(type(self))
             view.k, view.v = [k[start:stop] for k in self.k], [v[start:stop] for v in self.v]
+            view.stacks = {r: (k[start:stop], v[start:stop]) for r, (k, v) in self.stacks.items()}
             view.first_layer, view.max_len, view.row0 = self.first_layer, self.max_len, self.row0 + start
             view.lengths, view.spec = self.lengths[start:stop], self.spec[start:stop]     # numpy views
             view.starts, view.kv_len, view.views = [], 0, {}
@@ -83,14 +97,17 @@ class KVCache:
         self.lengths[dst], self.spec[dst] = self.lengths[src], self.spec[src]
 
     @classmethod
-    def for_model(cls, model, batch: int, max_len: int, layers: range | None = None) -> "KVCache":
+    def for_model(cls, model, batch: int, max_len: int, layers: range | None = None,
+                  groups: Sequence[range] = ()) -> "KVCache":
+        """A cache for `model`'s `layers`; `groups` (layer-parallel groups) stacked where the model's PyTorch
+        path runs them (the kernels' one-call forward reads every layer's cache at one row stride)."""
         if getattr(model, "tp", None) is not None:    # rank 0 of a tensor-parallel target: every rank keeps one
             return model.tp.cache(batch, max_len, layers)
         cfg = model.config
         layers = layers or range(cfg.num_layers)
+        stacked = [g for g in groups if len(g) > 1] if model.fast_forward is None else []
         return cls(len(layers), batch, max_len, cfg.num_kv_heads, cfg.head_dim,
-                   model.cache_dtype, model.device,
-                   first_layer=layers.start)
+                   model.cache_dtype, model.device, first_layer=layers.start, stacked=stacked)
 
     @property
     def batch(self) -> int:
@@ -124,20 +141,32 @@ class KVCache:
         return positions, self.mask(T, tree_mask)
 
     def mask(self, T: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
-        """The attention mask [B,1,T,K] of a forward whose slots were just claimed (True = attend)."""
-        tree_mask = None if tree_mask is None else tree_mask.to(self.device)
-        mask = torch.zeros(self.batch, 1, T, self.kv_len, dtype=torch.bool, device=self.device)
+        """The attention mask [B,1,T,K] of a forward whose slots were just claimed (True = attend); made on the
+        host (a tree mask is best passed there too) and copied to the cache's device once."""
+        tree = None if tree_mask is None else tree_mask.cpu().numpy()
+        mask = np.zeros((self.batch, 1, T, self.kv_len), dtype=bool)
         for b, (L, s) in enumerate(zip(self.lengths.tolist(), self.spec.tolist())):
             mask[b, :, :, :L] = True
-            if tree_mask is None:       # chain continuing the held speculative slots
-                mask[b, 0, :, L:L + s + T] = torch.ones(T, s + T, dtype=torch.bool, device=self.device).tril(s)
+            if tree is None:            # chain continuing the held speculative slots
+                mask[b, 0, :, L:L + s + T] = np.tri(T, s + T, s, dtype=bool)
             else:
-                mask[b, 0, :, L:L + s + T] = tree_mask if tree_mask.dim() == 2 else tree_mask[b]
-        return mask
+                mask[b, 0, :, L:L + s + T] = tree if tree.ndim == 2 else tree[b]
+        return torch.from_numpy(mask).to(self.device)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v [B,Hkv,T,hd] at each row's write offset; return keys/values [B,Hkv,K,hd]."""
-        kc, vc = self.k[layer - self.first_layer], self.v[layer - self.first_layer]
+        return self._store(self.k[layer - self.first_layer], self.v[layer - self.first_layer], k, v)
+
+    def write_group(self, layers: range, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store a group's k, v [B,g*Hkv,T,hd] (layer-major heads); return its keys/values [B,g*Hkv,K,hd]:
+        in one go where the group is stacked, else layer by layer and joined."""
+        if layers in self.stacks:
+            return self._store(*self.stacks[layers], k, v)
+        kv = [self.write(i, kj, vj) for i, kj, vj in zip(layers, k.chunk(len(layers), 1), v.chunk(len(layers), 1))]
+        return torch.cat([kc for kc, _ in kv], 1), torch.cat([vc for _, vc in kv], 1)
+
+    def _store(self, kc: torch.Tensor, vc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         T = k.shape[2]
         if len(set(self.starts)) == 1:
             s = self.starts[0]

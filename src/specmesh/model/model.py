@@ -241,40 +241,45 @@ def layer_parallel(blocks: list[nn.Module], h: torch.Tensor, cos, sin, cache: KV
 
 def group_attention(parts: list[Block], h: torch.Tensor, cos, sin, cache: KVCache | None,
                     mask: torch.Tensor | None) -> list[torch.Tensor]:
-    """The g attentions of a layer-parallel group computed together, as g [B,T,D] outputs: they all read h, so
-    their norms share one normalisation, their projections are one batched product each over the group's
-    stacked weights ([g,D,N]), and rotary and attention run once over the g layers as a batch of g*B rows;
-    one launch where exact drafting makes g (EasySpec's one-device gain)."""
+    """The g attentions of a layer-parallel group computed together, as g [B,T,D] outputs. They all read h, so
+    they are one attention with g times the heads: one normalisation (each layer's norm weight folded into its
+    projection), one product for every layer's q, k and v, rotary, cache write and attention once, the heads
+    layer-major (query head l*H + j reads key head l*Hkv + j // (H/Hkv), its own layer's), and one batched
+    product for the g output projections. Where exact drafting makes g of each launch, this makes one
+    (EasySpec's one-device gain: a small draft on a GPU is bound by its launches)."""
     a0, g, (B, T, D) = parts[0].attn, len(parts), h.shape
-    norm_w, qkv_w, qkv_b, o_w, o_b = stacked_attention(parts)
-    x = norm_w * rms_normalized(h, parts[0].attn_norm.eps)                      # [g, B, T, D]
-    qkv = torch.bmm(x.view(g, B * T, D), qkv_w)                                  # [g, B*T, (H+2Hkv)*hd]
-    qkv = (qkv if qkv_b is None else qkv + qkv_b).view(g * B, T, a0.h + 2 * a0.hkv, a0.hd)
-    cos, sin = cos.repeat(g, 1, 1, 1), sin.repeat(g, 1, 1, 1)
-    qk = rotate(qkv[:, :, :a0.h + a0.hkv], cos, sin).transpose(1, 2)
-    q, k, v = qk[:, :a0.h], qk[:, a0.h:], qkv[:, :, a0.h + a0.hkv:].transpose(1, 2)  # [g*B, heads, T, hd]
-    if cache is not None:           # each layer's entries into its own cache; then its keys [B,Hkv,S,hd] again
-        kv = [cache.write(p.attn.layer, k[i * B:(i + 1) * B], v[i * B:(i + 1) * B]) for i, p in enumerate(parts)]
-        k, v = torch.cat([kc for kc, _ in kv]), torch.cat([vc for _, vc in kv])
-        mask = None if mask is None else mask.repeat(g, 1, 1, 1)
-    out = torch.bmm(attention(q, k, v, mask, a0.prefill_dtype).view(g, B * T, -1), o_w)   # [g, B*T, D]
+    H, Hkv = g * a0.h, g * a0.hkv                               # the group's heads
+    qkv_w, qkv_b, o_w, o_b = stacked_attention(parts)
+    qkv = torch.mm(rms_normalized(h, parts[0].attn_norm.eps).view(B * T, D), qkv_w)
+    qkv = (qkv if qkv_b is None else qkv + qkv_b).view(B, T, H + 2 * Hkv, a0.hd)   # every q, then every k, v
+    qk = rotate(qkv[:, :, :H + Hkv], cos, sin).transpose(1, 2)
+    q, k, v = qk[:, :H], qk[:, H:], qkv[:, :, H + Hkv:].transpose(1, 2)           # [B, heads, T, hd]
+    if cache is not None:                               # each layer's entries; keys [B, Hkv, S, hd] again
+        k, v = cache.write_group(range(a0.layer, a0.layer + g), k, v)
+    out = attention(q, k, v, mask, a0.prefill_dtype).view(B * T, g, -1).transpose(0, 1)   # [g, B*T, H/g*hd]
+    out = torch.bmm(out, o_w)                                                           # [g, B*T, D]
     return list((out if o_b is None else out + o_b).view(g, B, T, D))
 
 
 def stacked_attention(parts: list[Block]) -> tuple[torch.Tensor | None, ...]:
-    """The group's attention weights stacked for group_attention: norm [g,1,1,D], qkv [g,D,N] and its bias
-    [g,1,N], o [g,HD,D] and its bias [g,1,D] (None without biases); made once, and again when a weight
-    changes (training) or is replaced (its storage or version counter differs)."""
+    """The group's attention weights as group_attention multiplies them: qkv [D, g*N] (each layer's norm
+    weight folded in, W diag(w), computed in float32; columns every layer's q, then every k, then every v)
+    and its bias [g*N], o [g, H*hd, D] and its bias [g, 1, D] (None without biases); made once, and again when
+    a weight changes (training) or is replaced (its storage or version counter differs)."""
     weights = [(p.attn_norm.weight, p.attn.qkv.weight, p.attn.qkv.bias, p.attn.o.weight, p.attn.o.bias)
                for p in parts]
     key = tuple((w.data_ptr(), w._version) for ws in weights for w in ws if w is not None)
     held = parts[0].__dict__.get("_stacked")
     if held is None or held[0] != key:
+        a0 = parts[0].attn
+        split = [a0.h * a0.hd, a0.hkv * a0.hd, a0.hkv * a0.hd]            # q, k, v rows of a layer's qkv
+        by_kind = lambda ts: torch.cat([t for kind in zip(*(t.split(split) for t in ts)) for t in kind])
         norm, qkv_w, qkv_b, o_w, o_b = zip(*weights)
         with torch.no_grad():
-            bias = (lambda bs: None if bs[0] is None else torch.stack(bs)[:, None])
-            held = key, (torch.stack(norm)[:, None, None], torch.stack(qkv_w).transpose(1, 2).contiguous(),
-                         bias(qkv_b), torch.stack(o_w).transpose(1, 2).contiguous(), bias(o_b))
+            folded = [(w.float() * n.float()).to(w.dtype) for w, n in zip(qkv_w, norm)]     # [N, D] each
+            held = key, (by_kind(folded).t().contiguous(), None if qkv_b[0] is None else by_kind(qkv_b),
+                         torch.stack(o_w).transpose(1, 2).contiguous(),
+                         None if o_b[0] is None else torch.stack(o_b)[:, None])
         parts[0].__dict__["_stacked"] = held
     return held[1]
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from specmesh.engine.sequence import Sequence
@@ -43,13 +44,14 @@ from specmesh.spec.verify import Verdict
 
 class DraftModel:
     def __init__(self, model: Transformer, rows: int, max_len: int, window: int, width: int = 1,
-                 max_children: int = 1, deterministic: bool = False, stop_below: float = 0.0, min_prob: float = 0.0):
+                 max_children: int = 1, deterministic: bool = False, stop_below: float = 0.0, min_prob: float = 0.0,
+                 groups: list[range] = ()):
         self.model, self.window, self.width, self.max_children = model, window, width, max_children
         self.stop_below = stop_below            # a chain ends after a token the draft gives less probability
         self.min_log_prob = math.log(min_prob) if min_prob > 0 else -math.inf   # a tree's nodes: path probability
         self.chain = width == 1 and max_children == 1
         self.deterministic = deterministic
-        self.cache = KVCache.for_model(model, rows, max_len)
+        self.cache = KVCache.for_model(model, rows, max_len, groups=groups)     # groups: a fuzzy draft's
         self.pending: list[list[int]] = [[] for _ in range(rows)]     # per row: unread tokens, oldest first
         self.slots: dict[int, int] = {}         # tree node -> speculative slot (the same in every row)
         self.read_together = 2                  # unread tokens a row reads in the root's batched forward
@@ -137,8 +139,7 @@ class DraftModel:
                 pad = T - len(p)
                 mask[b, pad:, pad:] = torch.ones(len(p), len(p), dtype=torch.bool).tril()
                 mask[b, :pad, :pad] = torch.eye(pad, dtype=torch.bool)
-            dev = self.model.device
-            logits = self._forward(seqs, tokens, True, depths=depths.to(dev), tree_mask=mask.to(dev))[:, -1]
+            logits = self._forward(seqs, tokens, True, depths=depths, tree_mask=mask)[:, -1]
             for b, p in enumerate(rows):
                 self.cache.commit(b, range(T - len(p), T))
         for b in range(B):
@@ -176,8 +177,8 @@ class DraftModel:
         token, probability), i = the parent's place in `level` * max_children + the child's rank; best path first."""
         logits = penalise(seq.penalty, logits, tree, level)
         q = logits.float().softmax(-1) if seq.params.greedy else probs_from_logits(logits, seq.params)
-        top_p, top_x = q.topk(self.max_children, dim=-1)                    # [n, k]
-        scores = torch.tensor([tree.logp[n] for n in level])[:, None] + top_p.log().cpu()
+        top_p, top_x = (t.cpu() for t in q.topk(self.max_children, dim=-1))  # [n, k]
+        scores = torch.tensor([tree.logp[n] for n in level])[:, None] + top_p.log()
         return sorted(zip(scores.flatten().tolist(), range(scores.numel()), top_x.flatten().tolist(),
                           top_p.flatten().tolist()), key=lambda c: (-c[0], c[1]))
 
@@ -190,15 +191,13 @@ class DraftModel:
         tokens = [[tree.tokens[n] for n in level] for tree in trees]
         if self.chain:                                      # a chain so far: the cache's default mask
             return self._forward(seqs, tokens, False)
-        mask = torch.zeros(len(trees), len(level), held + len(level), dtype=torch.bool)
-        for b, tree in enumerate(trees):
+        mask = np.zeros((len(trees), len(level), held + len(level)), dtype=bool)     # on the host: the cache
+        for b, tree in enumerate(trees):                                               # copies it over once
             for i, node in enumerate(level):
-                for anc in tree.path_to(tree.parents[node])[1:]:
-                    mask[b, i, self.slots[anc]] = True
+                mask[b, i, [self.slots[anc] for anc in tree.path_to(tree.parents[node])[1:]]] = True
                 mask[b, i, held + i] = True
         depths = torch.full((len(level),), trees[0].depths[level[0]] - 1)
-        dev = self.model.device
-        return self._forward(seqs, tokens, False, depths=depths.to(dev), tree_mask=mask.to(dev))
+        return self._forward(seqs, tokens, False, depths=depths, tree_mask=torch.from_numpy(mask))
 
     # -- learning the verdicts --------------------------------------------------------------------
     def accept(self, seqs: list[Sequence], trees: list[TokenTree], verdicts: list[Verdict],

@@ -68,7 +68,7 @@ class FuzzyDraft(DraftModel):
                  calibration: str, depth: int, width: int = 1, max_children: int = 1):
         if calibration not in POLICIES:
             raise ValueError(f"easyspec: calibration must be one of {', '.join(POLICIES)}, got {calibration!r}")
-        super().__init__(model, rows, max_len, window, width, max_children)
+        super().__init__(model, rows, max_len, window, width, max_children, groups=groups)
         self.groups, self.calibration = groups, calibration
         self.read_together = depth + 1          # a calibration's accepted tokens and the bonus, in one forward
         self.due = [False] * rows               # per row: its next root read must be exact
