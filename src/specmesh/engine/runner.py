@@ -13,6 +13,7 @@ or in a batch (docs/serving.md).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specmesh.engine.prefix_cache import MIN_REST, PrefixCache
@@ -137,14 +138,14 @@ class Runner:
         B, N = len(trees), max(len(t) for t in trees)
         if all(len(t) == N for t in trees) and all(t.is_chain() for t in trees):
             return self.forward(torch.tensor([t.tokens for t in trees], device=self.device))
-        tokens = torch.zeros(B, N, dtype=torch.long)
-        depths = torch.zeros(B, N, dtype=torch.long)
-        mask = torch.eye(N, dtype=torch.bool).repeat(B, 1, 1)
+        tokens, depths = np.zeros((B, N), dtype=np.int64), np.zeros((B, N), dtype=np.int64)
+        mask = np.tile(np.eye(N, dtype=bool), (B, 1, 1))
         for b, tree in enumerate(trees):
             n = len(tree)
-            tokens[b, :n], depths[b, :n] = torch.tensor(tree.tokens), torch.tensor(tree.depths)
-            mask[b, :n, :n] = tree.ancestor_mask()
-        return self.forward(tokens.to(self.device), depths.to(self.device), mask.to(self.device))
+            tokens[b, :n], depths[b, :n] = tree.tokens, tree.depths
+            mask[b, :n, :n] = tree.ancestor_mask().numpy()
+        # depths and mask stay on the host, where the cache reads them (KVCache.prepare)
+        return self.forward(torch.from_numpy(tokens).to(self.device), torch.from_numpy(depths), torch.from_numpy(mask))
 
     def move_row(self, src: int, dst: int) -> None:
         self.cache.move_row(src, dst)

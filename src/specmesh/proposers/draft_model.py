@@ -51,7 +51,7 @@ class DraftModel:
         self.min_log_prob = math.log(min_prob) if min_prob > 0 else -math.inf   # a tree's nodes: path probability
         self.chain = width == 1 and max_children == 1
         self.deterministic = deterministic
-        self.cache = KVCache.for_model(model, rows, max_len, groups=groups)     # groups: a fuzzy draft's
+        self.cache = KVCache.for_model(model, rows, max_len, groups=groups)  # a fuzzy draft: its layer groups
         self.pending: list[list[int]] = [[] for _ in range(rows)]     # per row: unread tokens, oldest first
         self.slots: dict[int, int] = {}         # tree node -> speculative slot (the same in every row)
         self.read_together = 2                  # unread tokens a row reads in the root's batched forward

@@ -171,8 +171,7 @@ class Stage:
             if mask.shape[1] != S + packet.size:
                 raise RuntimeError(f"stage {self.index} is out of step: a tree packet over {mask.shape[1]} slots "
                                    f"arrived while it holds {S} + {packet.size}")
-            dev = self.model.device
-            tree = {"depths": packet.meta[:, 1].to(dev), "tree_mask": mask.to(dev)}
+            tree = {"depths": packet.meta[:, 1], "tree_mask": mask}      # on the host, where the cache reads them
         out = self.model(packet.x.to(self.model.device), self.cache, layers=self.layers,
                          last_only=self.last and not tree, **tree)
         if tree:

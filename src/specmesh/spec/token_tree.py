@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -85,12 +86,12 @@ class TokenTree:
     def ancestor_mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """M [N, N] bool: M[i, j] = j is an ancestor of i or i itself."""
         n = len(self)
-        mask = torch.zeros(n, n, dtype=torch.bool)
+        mask = np.zeros((n, n), dtype=bool)         # numpy: a row copy per node costs a tensor op each in torch
         for i, p in enumerate(self.parents):
             if p >= 0:
                 mask[i] = mask[p]
             mask[i, i] = True
-        return mask.to(device)
+        return torch.from_numpy(mask).to(device)
 
     def node(self, tokens: list[int]) -> int:
         """The node reached from the root by following `tokens`."""
