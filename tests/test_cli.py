@@ -111,7 +111,7 @@ def test_bench_methods_and_peers_json_and_plot(tiny_checkpoint, tiny_draft_check
     assert set(out) == {"machine", "date", "methods", "per_prompt", "memory_bound"}
     assert set(out["memory_bound"]) == {"copy_gb_s", "target_weight_mb", "ar_tokens_per_s_bound"}
     assert out["memory_bound"]["copy_gb_s"] > 0 and "ar's memory bound" in r.stdout
-    fields = {"dtype", "threads", "tokens_per_s", "speedup_vs_ar", "tokens_per_forward", "acceptance_rate",
+    fields = {"dtype", "threads", "tokens_per_s", "speedup_vs_ar", "speedup_ci95", "tokens_per_forward", "acceptance_rate",
               "mean_accepted_length", "draft_ms_per_step", "verify_ms_per_step", "greedy_equal_to_ar",
               "near_tie_divergences", "prompts", "peak_rss_mb"}
     assert list(out["methods"]) == methods
@@ -120,6 +120,7 @@ def test_bench_methods_and_peers_json_and_plot(tiny_checkpoint, tiny_draft_check
         assert fields <= set(m)
         assert m["greedy_equal_to_ar"] == 2 and m["near_tie_divergences"] == 0 and m["prompts"] == 2
     assert out["methods"]["ar"]["speedup_vs_ar"] == 1.0
+    assert out["methods"]["sd"]["speedup_ci95"] is None          # two prompts: too few for an interval
     assert out["methods"]["sd"]["acceptance_rate"] is not None and out["methods"]["ar"]["acceptance_rate"] is None
     assert out["methods"]["easyspec"]["draft_ms_per_step"] > 0 and out["methods"]["ar"]["verify_ms_per_step"] is None
     assert len(out["per_prompt"]) == 2 * len(methods)

@@ -4,11 +4,11 @@ from __future__ import annotations
 import sys
 
 COLUMNS = [("method", "{}"), ("dtype", "{}"), ("threads", "{}"), ("tokens_per_s", "{:.1f}"),
-           ("speedup_vs_ar", "{:.2f}x"), ("tokens_per_forward", "{:.2f}"), ("acceptance_rate", "{:.2f}"),
+           ("speedup_vs_ar", "{:.2f}x"), ("speedup_ci95", "{}"), ("tokens_per_forward", "{:.2f}"), ("acceptance_rate", "{:.2f}"),
            ("mean_accepted_length", "{:.2f}"), ("draft_ms_per_step", "{:.2f}"),
            ("verify_ms_per_step", "{:.2f}"), ("mat", "{:.2f}"), ("tokens_per_timestep", "{:.2f}"),
            ("hit_rate", "{:.2f}"), ("greedy_equal_to_ar", "{}"), ("near_tie_divergences", "{}"), ("peak_rss_mb", "{:.0f}")]
-HEADERS = ["method", "dtype", "thr", "tok/s", "vs ar", "tok/fwd", "accept", "acc.len", "draft ms", "verify ms", "mat",
+HEADERS = ["method", "dtype", "thr", "tok/s", "vs ar", "95% CI", "tok/fwd", "accept", "acc.len", "draft ms", "verify ms", "mat",
            "tok/step", "hit", "= ar", "near-tie", "RSS MB"]
 
 
@@ -18,10 +18,14 @@ def print_table(result: dict, file=sys.stdout) -> None:
         m = m | {"method": name}
         rows.append(["-" if m.get(k) is None else fmt.format(m[k]) for k, fmt in COLUMNS])
         rows[-1][HEADERS.index("= ar")] = f"{m['greedy_equal_to_ar']}/{m['prompts']}"
+        ci = m.get("speedup_ci95")
+        rows[-1][HEADERS.index("95% CI")] = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci and name != "ar" else "-"
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS)]
     print(f"{result['machine']}  {result['date']}", file=file)
     for line in [HEADERS, *rows]:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)), file=file)
+    print("95% CI: a paired bootstrap over the prompts of the speed ratio to ar (prompts drawn with replacement)",
+          file=file)
     if bound := result.get("memory_bound"):
         ar = result["methods"]["ar"]["tokens_per_s"]
         print(f"ar's memory bound: {bound['target_weight_mb']:.0f} MB of target weights per token at "

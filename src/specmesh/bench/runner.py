@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -227,6 +228,22 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
         | ({"hit_rate": sum(s.hits for s in stats) / decisions} if decisions else {})
 
 
+def speedup_interval(runs: list[Stats], base: list[Stats], level: float = 0.95, resamples: int = 2000
+                     ) -> list[float] | None:
+    """A paired bootstrap interval for (tokens / time of `runs`) / (tokens / time of `base`), the same prompts in
+    the same order: prompts drawn with replacement, each draw's ratio of sums, the central `level` of them. It
+    shows how much of a ratio is the prompts' spread and the machine's drift (None under 3 prompts)."""
+    if len(runs) < 3:
+        return None
+    columns = [[s.generated_tokens for s in runs], [s.elapsed_s for s in runs],
+               [s.generated_tokens for s in base], [s.elapsed_s for s in base]]
+    tokens, seconds, base_tokens, base_seconds = np.array(columns, dtype=np.float64)
+    draws = np.random.default_rng(0).integers(len(runs), size=(resamples, len(runs)))      # [R, n] prompt indices
+    ratios = tokens[draws].sum(1) / seconds[draws].sum(1) * base_seconds[draws].sum(1) / base_tokens[draws].sum(1)
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return [round(float(lo), 4), round(float(hi), 4)]
+
+
 def memory_bound(target: torch.nn.Module) -> dict:
     """What memory bandwidth allows `ar`: the target's weight bytes per token against a copy bandwidth measured
     on the target's device."""
@@ -301,6 +318,7 @@ def bench(cfg: BenchConfig) -> dict:
     for runner in runners.values():
         close(runner)
     ar_speed = result["methods"]["ar"]["tokens_per_s"]
-    for m in result["methods"].values():
+    for name, m in result["methods"].items():
         m["speedup_vs_ar"] = m["tokens_per_s"] / ar_speed
+        m["speedup_ci95"] = speedup_interval([s for _, s in runs[name]], [s for _, s in runs["ar"]])
     return result
