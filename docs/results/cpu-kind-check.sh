@@ -28,10 +28,12 @@ python -m specmesh.bench.llamacpp build > "$out/llamacpp-build.txt" 2>&1 || echo
 specmesh bench --target embedded --dtype bfloat16 --limit "$n" \
     --methods ar,sd,tree,selfdraft,auto,llama.cpp,llama.cpp-spec,llama.cpp-lookup --json "$out/bench.json" \
     | tee "$out/bench.txt"
+python -m specmesh.bench.report "$out/bench.json" sd/ar tree/sd selfdraft/ar auto/sd | tee -a "$out/bench.txt"
 
 echo "== multi-process methods, default settings (issue 20: pp >= 0.8x ar, pipedec >= 1.15x pp, pearl >= 1.15x sd@1t)"
 specmesh bench --target embedded --dtype bfloat16 --limit "$multi" --methods ar,sd@1t,pearl,pp,pipedec \
     --json "$out/multiprocess.json" | tee "$out/multiprocess.txt"
+python -m specmesh.bench.report "$out/multiprocess.json" pp/ar pipedec/pp pearl/sd@1t | tee -a "$out/multiprocess.txt"
 
 echo "== cosine at one client (issue 23: time per output token <= 0.9x sd's), $mixed mixed-domain prompts"
 python - "$out/mixed40.jsonl" <<'EOF'

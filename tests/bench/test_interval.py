@@ -1,26 +1,24 @@
 """bench's paired bootstrap interval of a speed ratio."""
+import json
+
 import pytest
 
+from specmesh.bench.report import main, ratio
 from specmesh.bench.runner import speedup_interval
-from specmesh.engine.stats import Stats
-
-
-def runs(tokens_and_seconds):
-    return [Stats(generated_tokens=t, elapsed_s=s) for t, s in tokens_and_seconds]
 
 
 def test_a_ratio_the_same_on_every_prompt_has_no_spread():
-    base = runs([(100, 1.0), (50, 0.4), (128, 2.0), (80, 0.7)])
+    base = ([(100, 1.0), (50, 0.4), (128, 2.0), (80, 0.7)])
     assert speedup_interval(base, base) == [1.0, 1.0]
-    twice = runs([(100, 0.5), (50, 0.2), (128, 1.0), (80, 0.35)])
+    twice = ([(100, 0.5), (50, 0.2), (128, 1.0), (80, 0.35)])
     assert speedup_interval(twice, base) == pytest.approx([2.0, 2.0])
 
 
 def test_the_interval_holds_the_ratio_and_widens_with_the_spread():
-    base = runs([(100, 1.0)] * 8)
-    steady = runs([(100, 0.5), (100, 0.55)] * 4)
-    spread = runs([(100, 0.3), (100, 0.9)] * 4)
-    point = lambda r: sum(s.generated_tokens for s in r) / sum(s.elapsed_s for s in r) / 100   # noqa: E731
+    base = ([(100, 1.0)] * 8)
+    steady = ([(100, 0.5), (100, 0.55)] * 4)
+    spread = ([(100, 0.3), (100, 0.9)] * 4)
+    point = lambda r: sum(t for t, _ in r) / sum(s for _, s in r) / 100   # noqa: E731
     for r in (steady, spread):
         lo, hi = speedup_interval(r, base)
         assert lo < point(r) < hi
@@ -29,5 +27,35 @@ def test_the_interval_holds_the_ratio_and_widens_with_the_spread():
 
 
 def test_too_few_prompts_give_no_interval():
-    base = runs([(100, 1.0), (100, 1.0)])
+    base = ([(100, 1.0), (100, 1.0)])
     assert speedup_interval(base, base) is None
+
+
+def bench_result(seconds: dict[str, list[float]], tokens: int = 100) -> dict:
+    return {"per_prompt": [{"method": name, "prompt": i, "new_tokens": tokens, "elapsed_s": s,
+                            "tokens_per_s": tokens / s}
+                           for name, times in seconds.items() for i, s in enumerate(times)]}
+
+
+def test_a_ratio_between_two_methods_of_a_bench_file(tmp_path, capsys):
+    result = bench_result({"ar": [1.0, 1.0, 1.0, 1.0], "sd": [0.5, 0.5, 0.5, 0.5], "tree": [0.5, 0.6, 0.4, 0.5]})
+    value, ci, n = ratio(result, "tree", "sd")
+    assert value == pytest.approx(1.0) and n == 4 and ci[0] < 1.0 < ci[1]
+    assert ratio(result, "sd", "ar")[:2] == (pytest.approx(2.0), pytest.approx([2.0, 2.0]))
+    for row in result["per_prompt"]:           # files written before elapsed_s: from tokens and tokens per second
+        del row["elapsed_s"]
+    assert ratio(result, "sd", "ar")[0] == pytest.approx(2.0)
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(result))
+    main([str(path), "sd/ar"])
+    assert capsys.readouterr().out == "sd vs ar: 2.000x (95% CI 2.00-2.00), 4 prompts\n"
+
+
+@pytest.mark.parametrize("pair, message", [("sd/xx", "no method 'xx' in this bench (it ran ar, sd)"),
+                                           ("sdar", "a pair is two method names with a slash")])
+def test_a_bad_pair_is_named(tmp_path, capsys, pair, message):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench_result({"ar": [1.0] * 3, "sd": [0.5] * 3})))
+    with pytest.raises(SystemExit) as exit_:
+        main([str(path), pair])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -1,7 +1,12 @@
-"""Bench results as a terminal table."""
+"""Bench results as a terminal table, a plot, and ratios between any two methods of a bench's JSON:
+`python -m specmesh.bench.report BENCH.json tree/sd pipedec/pp` prints each ratio with its 95% interval."""
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+
+from specmesh.bench.runner import speedup_interval
 
 COLUMNS = [("method", "{}"), ("dtype", "{}"), ("threads", "{}"), ("tokens_per_s", "{:.1f}"),
            ("speedup_vs_ar", "{:.2f}x"), ("speedup_ci95", "{}"), ("tokens_per_forward", "{:.2f}"), ("acceptance_rate", "{:.2f}"),
@@ -63,3 +68,42 @@ def plot(result: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def ratio(result: dict, a: str, b: str) -> tuple[float, list[float] | None, int]:
+    """Method a's speed over method b's on the prompts both ran (per_prompt): the ratio, its 95% interval
+    (runner.speedup_interval) and the prompt count."""
+    runs: dict[str, dict[int, tuple[int, float]]] = {}
+    for r in result["per_prompt"]:                     # older files have no elapsed_s: tokens / (tokens / s)
+        seconds = r.get("elapsed_s") or r["new_tokens"] / r["tokens_per_s"]
+        runs.setdefault(r["method"], {})[r["prompt"]] = (r["new_tokens"], seconds)
+    for name in (a, b):
+        if name not in runs:
+            raise ValueError(f"no method {name!r} in this bench (it ran {', '.join(runs)})")
+    prompts = sorted(set(runs[a]) & set(runs[b]))
+    pairs = [[runs[name][p] for p in prompts] for name in (a, b)]
+    speed = [sum(t for t, _ in runs_) / sum(s for _, s in runs_) for runs_ in pairs]
+    return speed[0] / speed[1], speedup_interval(*pairs), len(prompts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m specmesh.bench.report",
+                                     description="ratios between methods of a `specmesh bench --json` file")
+    parser.add_argument("bench", help="the bench's JSON file")
+    parser.add_argument("pairs", nargs="+", metavar="A/B", help="method A's speed over method B's, e.g. tree/sd")
+    args = parser.parse_args(argv)
+    try:
+        result = json.loads(open(args.bench).read())
+        for pair in args.pairs:
+            a, slash, b = pair.partition("/")
+            if not slash or not a or not b:
+                raise ValueError(f"{pair!r}: a pair is two method names with a slash, e.g. tree/sd")
+            value, ci, n = ratio(result, a, b)
+            interval = f" (95% CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else ""
+            print(f"{a} vs {b}: {value:.3f}x{interval}, {n} prompts")
+    except (OSError, ValueError, KeyError) as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+
+
+if __name__ == "__main__":
+    main()

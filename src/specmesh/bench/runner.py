@@ -228,20 +228,22 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
         | ({"hit_rate": sum(s.hits for s in stats) / decisions} if decisions else {})
 
 
-def speedup_interval(runs: list[Stats], base: list[Stats], level: float = 0.95, resamples: int = 2000
-                     ) -> list[float] | None:
-    """A paired bootstrap interval for (tokens / time of `runs`) / (tokens / time of `base`), the same prompts in
-    the same order: prompts drawn with replacement, each draw's ratio of sums, the central `level` of them. It
-    shows how much of a ratio is the prompts' spread and the machine's drift (None under 3 prompts)."""
+def speedup_interval(runs: list[tuple[int, float]], base: list[tuple[int, float]], level: float = 0.95,
+                     resamples: int = 2000) -> list[float] | None:
+    """A paired bootstrap interval for (tokens / seconds of `runs`) / (tokens / seconds of `base`), (tokens, seconds)
+    per prompt, the same prompts in the same order: prompts drawn with replacement, each draw's ratio of sums, the
+    central `level` of them. How far the ratio could move with other prompts like these (None under 3 prompts)."""
     if len(runs) < 3:
         return None
-    columns = [[s.generated_tokens for s in runs], [s.elapsed_s for s in runs],
-               [s.generated_tokens for s in base], [s.elapsed_s for s in base]]
-    tokens, seconds, base_tokens, base_seconds = np.array(columns, dtype=np.float64)
+    (tokens, seconds), (base_tokens, base_seconds) = np.array(runs, dtype=np.float64).T, np.array(base).T
     draws = np.random.default_rng(0).integers(len(runs), size=(resamples, len(runs)))      # [R, n] prompt indices
     ratios = tokens[draws].sum(1) / seconds[draws].sum(1) * base_seconds[draws].sum(1) / base_tokens[draws].sum(1)
     lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
     return [round(float(lo), 4), round(float(hi), 4)]
+
+
+def timed(runs: list[tuple[list[int], Stats]]) -> list[tuple[int, float]]:
+    return [(s.generated_tokens, s.elapsed_s) for _, s in runs]
 
 
 def memory_bound(target: torch.nn.Module) -> dict:
@@ -301,7 +303,8 @@ def bench(cfg: BenchConfig) -> dict:
                 is_near_tie(ref_runner.llm.models.target, ids[i] + ref[:div])
             near += tie
             result["per_prompt"].append({
-                "method": name, "prompt": i, "new_tokens": len(tokens), "tokens_per_s": stats.tokens_per_s,
+                "method": name, "prompt": i, "new_tokens": len(tokens), "elapsed_s": stats.elapsed_s,
+                "tokens_per_s": stats.tokens_per_s,
                 "target_forwards": stats.target_forwards, "equal_to_ar": div is None,
                 "first_divergence": div, "near_tie": tie})
         result["methods"][name] = summarize(dtype, threads_used(name, cfg.options), runs[name], refs, near, rss[name])
@@ -320,5 +323,5 @@ def bench(cfg: BenchConfig) -> dict:
     ar_speed = result["methods"]["ar"]["tokens_per_s"]
     for name, m in result["methods"].items():
         m["speedup_vs_ar"] = m["tokens_per_s"] / ar_speed
-        m["speedup_ci95"] = speedup_interval([s for _, s in runs[name]], [s for _, s in runs["ar"]])
+        m["speedup_ci95"] = speedup_interval(*(timed(runs[n]) for n in (name, "ar")))
     return result
