@@ -99,6 +99,15 @@ def tiny_draft_checkpoint(tiny_checkpoint, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny_draft_copy(tiny_draft_checkpoint, tmp_path_factory):
+    """The tiny draft again under another folder: a third drafter for cosine (--drafters refuses one twice)."""
+    import shutil
+    path = tmp_path_factory.mktemp("tiny-draft-copy") / "copy"
+    shutil.copytree(tiny_draft_checkpoint, path)
+    return path
+
+
 def run_measured(cmd: list[str], timeout: float = 600) -> tuple[int, float]:
     """Run cmd (its output discarded) under a parent of its own; its exit status and peak resident memory
     in MiB (RUSAGE_CHILDREN of a fresh parent: this process's other children do not count)."""

@@ -4,6 +4,7 @@ that installed packages carry. `specmesh models` lists them; `--target` / `--dra
 """
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
 import os
@@ -130,7 +131,8 @@ def drafters_for(target: Path, spec: str = "") -> tuple[list[Path], bool]:
     two. Returns the checkpoints and whether the context drafter is one of them."""
     if spec:
         names = [name.strip() for name in spec.split(",") if name.strip()]
-        paths = [resolve(name, "draft") for name in names if name != CONTEXT]
+        paths = [named_drafter(name) for name in names if name != CONTEXT]
+        check_once(names, paths)
     else:
         models, m = known(), entry(target)
         names = list(m.drafters if m is not None else ())
@@ -145,6 +147,32 @@ def drafters_for(target: Path, spec: str = "") -> tuple[list[Path], bool]:
                          f"DIR,DIR (draft checkpoints with the target's tokenizer, or {CONTEXT} for the context "
                          f"n-gram drafter)")
     return paths, context
+
+
+def named_drafter(name: str) -> Path:
+    """A --drafters entry as a checkpoint: an error naming it (and a close known name) where it is none."""
+    try:
+        path = resolve(name, "draft")
+    except FileNotFoundError:
+        close = difflib.get_close_matches(name, [CONTEXT, *known()], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f" ({CONTEXT!r} names the context n-gram drafter)"
+        raise FileNotFoundError(f"--drafters: no model named {name!r} here and no such file or folder{hint}") \
+            from None
+    if path.is_file() and path.suffix != ".gguf":
+        raise ValueError(f"--drafters: {name} is a file, not a draft checkpoint (a folder, or a .gguf file)")
+    if path.is_dir() and not (path / "config.json").exists():
+        raise ValueError(f"--drafters: {name} is not a draft checkpoint (no config.json in it)")
+    return path
+
+
+def check_once(names: list[str], paths: list[Path]) -> None:
+    """Each drafter once: the same checkpoint twice would be routed as two drafters of one record."""
+    if twice := next((name for name in names if names.count(name) > 1), None):
+        raise ValueError(f"--drafters names {twice!r} twice: name each drafter once")
+    first: dict[Path, str] = {}
+    for name, path in zip([n for n in names if n != CONTEXT], paths):
+        if (other := first.setdefault(path.resolve(), name)) != name:
+            raise ValueError(f"--drafters names one checkpoint twice, as {other!r} and {name!r}: name each drafter once")
 
 
 def ngram_for(target: Path | None) -> Path | None:

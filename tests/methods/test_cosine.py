@@ -79,8 +79,8 @@ def ar(tiny_checkpoint):
 
 @pytest.mark.parametrize("options", [{}, {"no_fusion": True}, {"no_routing": True}, {"tree_budget": 4},
                                      {"context": True}, {"context": True, "no_fusion": True}])
-def test_greedy_equals_ar(ar, tiny_checkpoint, tiny_draft_checkpoint, options):
-    drafters = f"{tiny_checkpoint},{tiny_draft_checkpoint},{tiny_draft_checkpoint}"
+def test_greedy_equals_ar(ar, tiny_checkpoint, tiny_draft_checkpoint, tiny_draft_copy, options):
+    drafters = f"{tiny_checkpoint},{tiny_draft_checkpoint},{tiny_draft_copy}"
     if options.pop("context", False):
         drafters += ",context"
     llm = LLM(target=tiny_checkpoint, method="cosine", drafters=drafters, **options)
@@ -89,39 +89,40 @@ def test_greedy_equals_ar(ar, tiny_checkpoint, tiny_draft_checkpoint, options):
     assert [o.tokens for o in out] == [o.tokens for o in ar.generate(PROMPTS, params)]
 
 
-def test_the_router_learns_which_drafter_serves(tiny_checkpoint, tiny_draft_checkpoint):
+def test_the_router_learns_which_drafter_serves(tiny_checkpoint, tiny_draft_checkpoint, tiny_draft_copy):
     """Drafter 1 is the target itself (always right), 0 and 2 a random model: after a few rounds the router's
     best score is drafter 1's, and the trees accept much more than random routing would (at five levels: the
     scheduler would choose fewer, the tiny target's verification costing no more than a drafter's level)."""
     llm = LLM(target=tiny_checkpoint, method="cosine", routed=1, gamma=5,
-              drafters=f"{tiny_draft_checkpoint},{tiny_checkpoint},{tiny_draft_checkpoint}")
+              drafters=f"{tiny_draft_checkpoint},{tiny_checkpoint},{tiny_draft_copy}")
     out = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=60, ignore_eos=True))
     assert out.stats.tokens_per_forward > 4      # routing at random would give about 2.5
     info = out.stats.info                           # the per-drafter record (the server's drafter metrics)
-    assert info["drafters"] == [tiny_draft_checkpoint.name, tiny_checkpoint.name, tiny_draft_checkpoint.name]
+    assert info["drafters"] == [tiny_draft_checkpoint.name, tiny_checkpoint.name, tiny_draft_copy.name]
     assert max(range(3), key=lambda n: info["scores"][n]) == 1 and info["rounds"][1] > info["rounds"][0]
     assert info["accepted"][1] > 0.8 * info["drafted"][1]
 
 
-def test_the_prompt_starts_the_router_on_the_drafter_closest_to_the_target(tiny_checkpoint, tiny_draft_checkpoint):
+def test_the_prompt_starts_the_router_on_the_drafter_closest_to_the_target(tiny_checkpoint, tiny_draft_checkpoint,
+                                                                         tiny_draft_copy):
     """Each model drafter reads the prompt's window and is compared with the target's predictions there: drafter 1,
     the target itself, is routed first (the others start unproven), where ties at the start would route drafter 0."""
     llm = LLM(target=tiny_checkpoint, method="cosine", routed=1,
-              drafters=f"{tiny_draft_checkpoint},{tiny_checkpoint},{tiny_draft_checkpoint}")
+              drafters=f"{tiny_draft_checkpoint},{tiny_checkpoint},{tiny_draft_copy}")
     assert len(llm.encode(LONG)) > 24
     out = llm.generate(LONG, SamplingParams(max_new_tokens=3, ignore_eos=True))     # one round after the first token
     assert out.stats.info["rounds"] == [0, 1, 0]
     assert out.stats.info["scores"][0] < out.stats.info["scores"][1]
 
 
-def test_the_prompt_is_compared_only_where_two_model_drafters_compete(tiny_checkpoint):
+def test_the_prompt_is_compared_only_where_two_model_drafters_compete(tiny_checkpoint, tiny_draft_checkpoint):
     """The comparison costs the target's head over the prompt's window: not spent with one model drafter (the
     context drafter is not routed), nor with routing off."""
     params = SamplingParams(max_new_tokens=4)
     def tail(**options):
         llm = LLM(target=tiny_checkpoint, method="cosine", **options)
         return llm.engine([llm.encode(LONG)], params).runner.prompt_tail
-    two = f"{tiny_checkpoint},{tiny_checkpoint},context"
+    two = f"{tiny_checkpoint},{tiny_draft_checkpoint},context"
     assert tail(drafters=two) == 256 and tail(drafters=two, draft_window=64) == 64
     assert tail(drafters=f"{tiny_checkpoint},context") == 1 and tail(drafters=two, no_routing=True) == 1
 
@@ -143,12 +144,28 @@ def test_bad_drafters_are_refused(tiny_checkpoint):
         LLM(target=tiny_checkpoint, method="cosine", drafters="/nonexistent/drafter")
 
 
-def test_drafter_processes_and_a_killed_drafter_does_not_stop_generation(ar, tiny_checkpoint, tiny_draft_checkpoint):
+@pytest.mark.parametrize("drafters, error", [
+    ("{draft},{draft},context", "--drafters names '{draft}' twice: name each drafter once"),
+    ("{draft},{draft}/,context", "--drafters names one checkpoint twice, as '{draft}' and '{draft}/'"),
+    ("{draft},context,context", "--drafters names 'context' twice"),
+    ("{draft}/tokenizer.json,context", "--drafters: {draft}/tokenizer.json is a file, not a draft checkpoint"),
+    ("{draft}/..,context", r"--drafters: {draft}/\.\. is not a draft checkpoint \(no config.json in it\)"),
+    ("{draft},contxt", "--drafters: no model named 'contxt' here and no such file or folder; did you mean 'context'?"),
+])
+def test_a_drafter_named_twice_or_not_a_checkpoint_is_refused_by_name(tiny_checkpoint, tiny_draft_checkpoint,
+                                                                       drafters, error):
+    draft = str(tiny_draft_checkpoint)
+    with pytest.raises((ValueError, FileNotFoundError), match=error.format(draft=draft)):
+        LLM(target=tiny_checkpoint, method="cosine", drafters=drafters.format(draft=draft))
+
+
+def test_drafter_processes_and_a_killed_drafter_does_not_stop_generation(ar, tiny_checkpoint, tiny_draft_checkpoint,
+                                                                        tiny_draft_copy):
     """--drafter-processes: each drafter in a process of its own, drafting at the same time; killing one mid-run
     drops it from routing with a warning and the output is still ar's."""
     import os
     import signal
-    drafters = f"{tiny_checkpoint},{tiny_draft_checkpoint},{tiny_checkpoint}"
+    drafters = f"{tiny_checkpoint},{tiny_draft_checkpoint},{tiny_draft_copy}"
     llm = LLM(target=tiny_checkpoint, method="cosine", drafters=drafters, drafter_processes=True, timeout=5)
     assert llm.models.remote.link.roles == ["verifier", "drafter0", "drafter1", "drafter2"]
     params = SamplingParams(max_new_tokens=60, ignore_eos=True)

@@ -409,12 +409,13 @@ def test_the_batch_is_bounded_by_the_kv_cache_memory():
             batch_rows(cfg, row_mb=8.0)
 
 
-def test_cosine_server_with_a_drafter_process_killed_mid_run(live, tiny_checkpoint, tiny_draft_checkpoint):
+def test_cosine_server_with_a_drafter_process_killed_mid_run(live, tiny_checkpoint, tiny_draft_checkpoint,
+                                                              tiny_draft_copy):
     """`specmesh serve --method cosine --drafter-processes`: concurrent clients get ar's text before and after a
     drafter process is killed mid-run (it is routed no more); /metrics says what each drafter did."""
     import os
     import signal
-    drafters = f"{tiny_checkpoint},{tiny_draft_checkpoint},{tiny_checkpoint}"
+    drafters = f"{tiny_checkpoint},{tiny_draft_checkpoint},{tiny_draft_copy}"
     cos = LiveServer(tiny_checkpoint, method="cosine",
                      options={"drafters": drafters, "drafter_processes": True, "timeout": 5})
     try:
