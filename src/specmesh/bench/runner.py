@@ -211,6 +211,7 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
     accepted = sum(s.accepted_tokens for s in stats)
     phases = sum(s.phases for s in stats)
     timesteps, decisions = sum(s.timesteps for s in stats), sum(s.decisions for s in stats)
+    timed = verifications and any(s.verify_s for s in stats)    # the shared speculative step times its two parts
     return {
         "dtype": dtype, "threads": threads,
         "tokens_per_s": tokens / sum(s.elapsed_s for s in stats),
@@ -218,8 +219,8 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
         "tokens_per_forward": tokens / forwards if (forwards := sum(s.target_forwards for s in stats)) else None,
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_accepted_length": accepted / verifications if verifications else None,
-        "draft_ms_per_step": 1e3 * sum(s.draft_s for s in stats) / verifications if verifications else None,
-        "verify_ms_per_step": 1e3 * sum(s.verify_s for s in stats) / verifications if verifications else None,
+        "draft_ms_per_step": 1e3 * sum(s.draft_s for s in stats) / verifications if timed else None,
+        "verify_ms_per_step": 1e3 * sum(s.verify_s for s in stats) / verifications if timed else None,
         "greedy_equal_to_ar": sum(t == r for (t, _), r in zip(runs, refs)),
         "near_tie_divergences": near_ties,
         "prompts": len(runs), "peak_rss_mb": rss,

@@ -1,10 +1,11 @@
-"""bench's paired bootstrap interval of a speed ratio."""
+"""bench's summary of a method's runs, and the paired bootstrap interval of a speed ratio."""
 import json
 
 import pytest
 
 from specmesh.bench.report import main, ratio
-from specmesh.bench.runner import speedup_interval
+from specmesh.bench.runner import speedup_interval, summarize
+from specmesh.engine.stats import Stats
 
 
 def test_a_ratio_the_same_on_every_prompt_has_no_spread():
@@ -59,3 +60,13 @@ def test_a_bad_pair_is_named(tmp_path, capsys, pair, message):
     with pytest.raises(SystemExit) as exit_:
         main([str(path), pair])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_step_times_are_null_where_the_method_does_not_time_them():
+    """pearl and the pipelines verify in loops of their own: no draft and verify split (null, as for ar), where the
+    shared speculative step's are averaged per verification."""
+    loop = Stats(generated_tokens=10, elapsed_s=1.0, target_forwards=4, verifications=4)
+    step = Stats(generated_tokens=10, elapsed_s=1.0, target_forwards=4, verifications=4, draft_s=0.004, verify_s=0.008)
+    summary = lambda stats: summarize("float32", 1, [([1], stats)], [[1]], 0, None)     # noqa: E731
+    assert summary(loop)["draft_ms_per_step"] is None and summary(loop)["verify_ms_per_step"] is None
+    assert summary(step)["draft_ms_per_step"] == pytest.approx(1.0) and summary(step)["verify_ms_per_step"] == 2.0
