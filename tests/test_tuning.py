@@ -240,3 +240,19 @@ def test_a_kinds_own_choice_must_clearly_beat_the_overall_one():
     assert tuning.for_kind(clear, overall) is clear
     other = tuning.Choice("tree", {"gamma": 5}, [cand("tree", {"gamma": 5}, 3.0), cand("ar", {}, 6.0)])
     assert tuning.for_kind(other, overall) is other                  # the overall choice was not a candidate here
+
+
+def test_the_reason_says_why_a_faster_runner_up_lost():
+    """The summary names the runner-up with its options, and the rule that kept the choice where the runner-up
+    measured faster (a predicted one is only said to be predicted)."""
+    from specmesh.tuning import Candidate, Choice
+    own, faster = {"gamma": 4, "lookup": 2}, {"gamma": 6, "stop_below": 0.3}
+    kept = Choice("sd", own, [Candidate("sd", faster, 2.50, "measured"), Candidate("sd", own, 2.56, "measured")])
+    assert kept.summary().endswith("next sd (gamma=6, stop_below=0.3) 2.50 ms/token (the draft's own options stay "
+                                   "unless another is 10% faster)")
+    ar = Choice("ar", {}, [Candidate("sd", faster, 3.95, "measured"), Candidate("ar", {}, 4.0, "measured")])
+    assert ar.summary().endswith("(ar stays unless another is 3% faster)")
+    guess = Choice("sd", own, [Candidate("tree", {}, 2.0, "predicted"), Candidate("sd", own, 2.56, "measured")])
+    assert guess.summary().endswith("next tree 2.00 ms/token (predicted, not measured)")
+    slower = Choice("sd", own, [Candidate("sd", own, 2.56, "measured"), Candidate("ar", {}, 4.0, "measured")])
+    assert slower.summary().endswith("next ar 4.00 ms/token")

@@ -105,14 +105,17 @@ class Choice:
         won = self.won()
         other = next((c for c in self.candidates if c is not won), None)
         guess = " (predicted, not measured)" if other and other.reason.endswith("predicted") else ""
-        versus = f"; next {other.method} {other.ms_per_token:.2f} ms/token{guess}" if other else ""
+        versus = f"; next {label(other.method, other.options)} {other.ms_per_token:.2f} ms/token{guess}" \
+            if other else ""
+        if other and not guess and other.ms_per_token < won.ms_per_token:       # a faster runner-up: why it lost
+            versus += f" (ar stays unless another is {MARGIN:.0%} faster)" if won.method == "ar" else \
+                f" (the draft's own options stay unless another is {PAIR_MARGIN:.0%} faster)"
         kinds = "".join(f"; {kind} prompts: {c.label()} {c.won().ms_per_token:.2f} ms/token"
                         for kind, c in self.kinds.items())
         return f"auto: {self.label()}: {won.ms_per_token:.2f} ms/token, {won.reason}{versus}{kinds}"
 
     def label(self) -> str:
-        opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
-        return f"{self.method}{f' ({opts})' if opts else ''}"
+        return label(self.method, self.options)
 
     def won(self) -> Candidate:
         return next(c for c in self.candidates if c.method == self.method and c.options == self.options)
@@ -124,6 +127,11 @@ class Choice:
     def from_json(cls, entry: dict) -> "Choice":
         return cls(**entry | {"candidates": [Candidate(**c) for c in entry.get("candidates", [])],
                               "kinds": {k: cls.from_json(c) for k, c in entry.get("kinds", {}).items()}})
+
+
+def label(method: str, options: dict) -> str:
+    opts = ", ".join(f"{k}={v}" for k, v in options.items())
+    return f"{method}{f' ({opts})' if opts else ''}"
 
 
 def prompt_kind(tokenizer, ids: list[int]) -> str:
