@@ -82,16 +82,18 @@ def test_help_for_every_subcommand(capsys):
 
 def test_tune_measures_prints_candidates_and_caches(tiny_checkpoint, tiny_draft_checkpoint, tmp_path):
     env = ENV | {"SPECMESH_CACHE_DIR": str(tmp_path)}
-    args = ["tune", "--target", tiny_checkpoint, "--draft", tiny_draft_checkpoint, "--json", "-"]
+    args = ["tune", "--target", tiny_checkpoint, "--draft", tiny_draft_checkpoint, "--threads", 1, "--json", "-"]
     r = subprocess.run([sys.executable, "-m", "specmesh.cli", *map(str, args)], capture_output=True, text=True,
                        env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert {c["method"] for c in out["candidates"]} == {"ar", "sd", "tree"} and out["method"] in ("ar", "sd", "tree")
     assert out["reason"].startswith(f"auto: {out['method']}") and "ms/token" in r.stderr
+    assert "1 threads" in out["key"]                    # measured for the threads asked (the key names them)
     assert list(json.loads((tmp_path / "tune.json").read_text()).values())[0]["method"] == out["method"]
     r = subprocess.run([sys.executable, "-m", "specmesh.cli", "generate", "def f():", "--target", str(tiny_checkpoint),
-                        "--draft", str(tiny_draft_checkpoint), "--max-new-tokens", "4", "--json", "-"],
+                        "--draft", str(tiny_draft_checkpoint), "--max-new-tokens", "4", "--threads", "1",
+                        "--json", "-"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["auto"]["method"] == out["method"] and "calibrating" not in r.stderr   # cached

@@ -101,6 +101,8 @@ def add_model_args(p: argparse.ArgumentParser, tp: bool = False) -> None:
     p.add_argument("--draft", metavar="MODEL", help="draft, as --target (default: the draft made for the target, "
                    "when the method needs one)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads in this process (default: all cores; a multi-process method: its share)")
     p.add_argument("--quant", choices=list(QUANTS), default=None,
                    help="int8 / int4: target and draft weights quantized at load, a scale per 32 (like GGUF's Q8_0 / "
                         "Q4_0); every method stays lossless against the quantized model (docs/quantization.md)")
@@ -200,7 +202,6 @@ def build_parser() -> Parser:
     b.add_argument("--max-new-tokens", type=positive_int, default=128)
     b.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: each method in its fastest dtype, measured at start-up")
-    b.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
     add_model_args(b, tp=True)
     add_method_options(b)
     add_json(b)
@@ -627,6 +628,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser._subparsers._group_actions[0].choices[args.command]
     from specmesh.runtime.link import PeerError
     try:
+        if args.command in ("generate", "tune", "serve") and args.threads:     # bench keeps it per method
+            from specmesh.timing import chosen_threads
+            with chosen_threads(args.threads):
+                return COMMANDS[args.command](args, sub)
         return COMMANDS[args.command](args, sub)
     except (ValueError, FileNotFoundError) as e:
         sub.exit(EXIT_USAGE, f"{sub.prog}: error: {e}\n")

@@ -428,6 +428,8 @@ def test_cosine_server_with_a_drafter_process_killed_mid_run(live, tiny_checkpoi
             assert list(later) == expected
         assert list(map(ask, PROMPTS[:4])) == expected[:4]
         assert metric(cos, f'specmesh_drafter_rounds_total{{drafter="{tiny_checkpoint.name}"}}') > 0
+        assert metric(cos, f'specmesh_drafter_alive{{drafter="{tiny_checkpoint.name}"}}') == 0      # the killed one
+        assert metric(cos, f'specmesh_drafter_alive{{drafter="{tiny_draft_checkpoint.name}"}}') == 1
         assert httpx.get(cos.url + "/health").status_code == 200
     finally:
         cos.close()

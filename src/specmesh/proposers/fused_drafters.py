@@ -368,12 +368,13 @@ class FusedDrafters:
                 info["drafted"][n] += len(own)
                 info["accepted"][n] += matched
             info["scores"] = [round(x, 4) for x in self.scores[b]]
+            info["alive"] = [int(a) for a in self.alive]
             self.last[b] = verdict.accepted
             self._each(lambda n, d: d.finish(b, accepted))
 
     def _info(self, seq: Sequence) -> dict:
         """The sequence's per-drafter record (Stats.info): rounds routed, tokens drafted along the fused spine,
-        of those the accepted prefix, and the router's scores."""
+        of those the accepted prefix, the router's scores, and which drafters are still routed (alive)."""
         info = seq.stats.info
         if "drafters" not in info:
             zeros = [0] * len(self.drafters)

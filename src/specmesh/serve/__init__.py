@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
 from specmesh import catalog
@@ -158,6 +159,7 @@ def run(cfg: ServeConfig) -> int:
             server.engine.stop()            # ends engine.run() in the main thread
 
     server.engine.on_failure = on_failure
+    warnings.showwarning = lambda message, *_, **__: print(f"specmesh serve: warning: {message}", file=sys.stderr)
     e = server.engine
     print(f"specmesh serve: {cfg.method} on {e.scheduler.rows} rows of {e.runner.max_len} tokens "
           f"({e.scheduler.rows * kv_mb_per_row(e.models, e.runner.max_len):.0f} MB of KV cache), "

@@ -39,6 +39,8 @@ class Metrics:
                                         ["drafter"], registry=r)
         self.drafter_score = Gauge("specmesh_drafter_score", "The router's score of a drafter at the end of the "
                                    "last finished request it served", ["drafter"], registry=r)
+        self.drafter_alive = Gauge("specmesh_drafter_alive", "1 while a drafter is routed, 0 once its process died",
+                                   ["drafter"], registry=r)
 
     def finish(self, seq) -> None:
         """Called by the engine when a sequence leaves the batch."""
@@ -49,6 +51,7 @@ class Metrics:
             self.drafter_accepted.labels(name).inc(info["accepted"][n])
             if info["rounds"][n]:
                 self.drafter_score.labels(name).set(info["scores"][n])
+            self.drafter_alive.labels(name).set(info["alive"][n])
         self.finished.labels("aborted" if seq.aborted else (seq.finish or "length")).inc()
         if seq.first_token_at is not None:
             self.ttft.observe(seq.first_token_at - seq.arrival)
