@@ -9,12 +9,12 @@ import sys
 from specmesh.bench.runner import speedup_interval
 
 COLUMNS = [("method", "{}"), ("dtype", "{}"), ("threads", "{}"), ("tokens_per_s", "{:.1f}"),
-           ("speedup_vs_ar", "{:.2f}x"), ("speedup_ci95", "{}"), ("tokens_per_forward", "{:.2f}"), ("acceptance_rate", "{:.2f}"),
-           ("mean_accepted_length", "{:.2f}"), ("draft_ms_per_step", "{:.2f}"),
+           ("speedup_vs_ar", "{:.2f}x"), ("speedup_ci95", "{}"), ("tokens_per_forward", "{:.2f}"),
+           ("acceptance_rate", "{:.2f}"), ("mean_accepted_length", "{:.2f}"), ("draft_ms_per_step", "{:.2f}"),
            ("verify_ms_per_step", "{:.2f}"), ("mat", "{:.2f}"), ("tokens_per_timestep", "{:.2f}"),
            ("hit_rate", "{:.2f}"), ("greedy_equal_to_ar", "{}"), ("near_tie_divergences", "{}"), ("peak_rss_mb", "{:.0f}")]
-HEADERS = ["method", "dtype", "thr", "tok/s", "vs ar", "95% CI", "tok/fwd", "accept", "acc.len", "draft ms", "verify ms", "mat",
-           "tok/step", "hit", "= ar", "near-tie", "RSS MB"]
+HEADERS = ["method", "dtype", "thr", "tok/s", "vs ar", "95% CI", "tok/fwd", "accept", "acc.len", "draft ms", "verify ms",
+           "mat", "tok/step", "hit", "= ar", "near-tie", "RSS MB"]
 
 
 def print_table(result: dict, file=sys.stdout) -> None:
@@ -81,9 +81,9 @@ def ratio(result: dict, a: str, b: str) -> tuple[float, list[float] | None, int]
         if name not in runs:
             raise ValueError(f"no method {name!r} in this bench (it ran {', '.join(runs)})")
     prompts = sorted(set(runs[a]) & set(runs[b]))
-    pairs = [[runs[name][p] for p in prompts] for name in (a, b)]
-    speed = [sum(t for t, _ in runs_) / sum(s for _, s in runs_) for runs_ in pairs]
-    return speed[0] / speed[1], speedup_interval(*pairs), len(prompts)
+    ours, theirs = ([runs[name][p] for p in prompts] for name in (a, b))
+    speed = lambda done: sum(t for t, _ in done) / sum(s for _, s in done)      # noqa: E731
+    return speed(ours) / speed(theirs), speedup_interval(ours, theirs), len(prompts)
 
 
 def main(argv: list[str] | None = None) -> None:

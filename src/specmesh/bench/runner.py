@@ -243,7 +243,7 @@ def speedup_interval(runs: list[tuple[int, float]], base: list[tuple[int, float]
     return [round(float(lo), 4), round(float(hi), 4)]
 
 
-def timed(runs: list[tuple[list[int], Stats]]) -> list[tuple[int, float]]:
+def tokens_and_seconds(runs: list[tuple[list[int], Stats]]) -> list[tuple[int, float]]:
     return [(s.generated_tokens, s.elapsed_s) for _, s in runs]
 
 
@@ -324,5 +324,5 @@ def bench(cfg: BenchConfig) -> dict:
     ar_speed = result["methods"]["ar"]["tokens_per_s"]
     for name, m in result["methods"].items():
         m["speedup_vs_ar"] = m["tokens_per_s"] / ar_speed
-        m["speedup_ci95"] = speedup_interval(*(timed(runs[n]) for n in (name, "ar")))
+        m["speedup_ci95"] = speedup_interval(*(tokens_and_seconds(runs[n]) for n in (name, "ar")))
     return result
