@@ -1,5 +1,6 @@
 """bench's summary of a method's runs, and the paired bootstrap interval of a speed ratio."""
 import json
+import warnings
 
 import pytest
 
@@ -70,3 +71,14 @@ def test_step_times_are_null_where_the_method_does_not_time_them():
     summary = lambda stats: summarize("float32", 1, [([1], stats)], [[1]], 0, None)     # noqa: E731
     assert summary(loop)["draft_ms_per_step"] is None and summary(loop)["verify_ms_per_step"] is None
     assert summary(step)["draft_ms_per_step"] == pytest.approx(1.0) and summary(step)["verify_ms_per_step"] == 2.0
+
+
+def test_more_threads_than_cores_are_warned_of():
+    import os
+    from specmesh.bench.runner import check_methods
+    cores = len(os.sched_getaffinity(0))
+    with pytest.warns(UserWarning, match=f"sd@{cores + 1}t: {cores + 1} threads oversubscribe"):
+        assert check_methods([f"sd@{cores + 1}t"]) == ["ar", f"sd@{cores + 1}t"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_methods([f"sd@{cores}t"])

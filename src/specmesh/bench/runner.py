@@ -16,6 +16,7 @@ import gc
 import os
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,6 +155,9 @@ def check_methods(names: list[str], quant: str | None = None) -> list[str]:
                              f"(NAME@Nt runs NAME with N threads)")
         if threads == 0:
             raise ValueError(f"{name}: NAME@Nt needs N >= 1 threads")
+        if threads and threads > len(os.sched_getaffinity(0)):
+            warnings.warn(f"{name}: {threads} threads oversubscribe this process's {len(os.sched_getaffinity(0))} "
+                          f"cores: its threads will wait for each other's cores")
     if "pearl" in names:
         names = names + ["sd@1t", "sd@2t"]
     if quant and any(split_threads(n)[0] in HF_PEERS for n in names):
