@@ -46,12 +46,17 @@ BAD = [  # (body, the field the 400 must name)
     ({"prompt": "x", "made_up": True}, "made_up"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
+    ({"prompt": "x", "seed": 2 ** 64}, "seed"),
+    ({"prompt": "x", "stop": ""}, "stop"),
+    (json.dumps({"prompt": "def f():\n" * 300_000}).encode(), "prompt"),           # 2.7 MB: never tokenized
+    (json.dumps({"prompt": "x", "logit_bias": {str(i): 1 for i in range(150_000)}}).encode(), "logit_bias"),
 ]
 
 
-def stream(url, prompt, retries: int = 3) -> tuple[str, float]:
-    """A well-behaved streaming client: its text and time per output token (first to last chunk). Like the
-    official `openai` client, it retries a 429 (a burst filled the queue) after the Retry-After it names."""
+def stream(url, prompt, retries: int = 3) -> tuple[str, float, float]:
+    """A well-behaved streaming client: its text, time per output token (first to last chunk) and longest wait
+    between chunks. Like the official `openai` client, it retries a 429 (a burst filled the queue) after the
+    Retry-After it names."""
     body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     text, times, usage = [], [], None
@@ -71,10 +76,10 @@ def stream(url, prompt, retries: int = 3) -> tuple[str, float]:
             usage = chunk.get("usage") or usage
     tokens = usage["completion_tokens"]
     assert tokens > 8, "too short to time"
-    return "".join(text), (times[-1] - times[0]) / (tokens - 1)
+    return "".join(text), (times[-1] - times[0]) / (tokens - 1), max(b - a for a, b in zip(times, times[1:]))
 
 
-def good_clients(url) -> list[tuple[str, float]]:
+def good_clients(url) -> list[tuple[str, float, float]]:
     with ThreadPoolExecutor(len(GOOD)) as pool:
         return list(pool.map(lambda p: stream(url, p), GOOD))
 
@@ -144,14 +149,16 @@ def test_well_behaved_clients_keep_their_outputs_and_pace_under_abuse(server):
         stop.set()
         wrong, times = report.get(timeout=60)
         abuser.join(timeout=10)
-    assert [text for text, _ in calm] == solo and [text for text, _ in abused] == solo
+    assert [text for text, *_ in calm] == solo and [text for text, *_ in abused] == solo
     assert not wrong, f"answered otherwise than expected: {wrong[:3]}"
     during = sum(start <= t <= end for t in times)
     assert during >= 10, f"only {during} bad requests were answered while the good clients streamed"
-    calm_tpot = statistics.median(t for _, t in calm)
-    abused_tpot = statistics.median(t for _, t in abused)
+    calm_tpot = statistics.median(t for _, t, _ in calm)
+    abused_tpot = statistics.median(t for _, t, _ in abused)
     assert abused_tpot <= 2 * calm_tpot, f"time per token {abused_tpot * 1e3:.1f} ms under abuse, " \
                                          f"{calm_tpot * 1e3:.1f} ms without"
+    stall = max(gap for *_, gap in abused)             # no request holds every stream (a big body, say)
+    assert stall < 1.5, f"a stream waited {stall:.2f} s between two chunks under abuse"
     deadline = time.monotonic() + 10                    # everything the abuser left behind is dropped
     while True:
         metrics = httpx.get(server + "/metrics").text

@@ -214,3 +214,45 @@ def test_a_stream_reports_the_logprobs_of_the_tokens_its_events_speak_for():
     first, rest = asyncio.run(run())
     assert '"token_logprobs": [-0.5, -0.25]' in first and '"text_offset": [0, 2]' in first
     assert '"token_logprobs": [-0.125]' in rest[0] and '"text_offset": [4]' in rest[0]
+
+
+def test_a_temperature_too_small_to_divide_by_decodes_greedily(live):
+    """Below 1e-5 a temperature samples the argmax but at exact ties, and dividing the logits by it overflows
+    them (1e-300 is 0 in float32): it decodes greedily, and the server carries on."""
+    assert SamplingParams(temperature=1e-300).greedy and SamplingParams(temperature=1e-6).greedy
+    assert not SamplingParams(temperature=1e-4).greedy
+    greedy = complete(live, "def add(a, b):", max_tokens=8, temperature=0).choices[0].text
+    assert complete(live, "def add(a, b):", max_tokens=8, temperature=1e-300).choices[0].text == greedy
+    assert httpx.get(live.url + "/health").json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"prompt": "x", "seed": 2 ** 64}, "seed must be an integer in [-2**63, 2**63), got 18446744073709551616"),
+    ({"prompt": "x", "stop": ""}, "stop must be a non-empty string or a list of them, got ['']"),
+    ({"prompt": "x", "logit_bias": {"5": 1e9}}, "logit_bias[5] must be a number in [-100, 100], got 1000000000.0"),
+    ({"prompt": "x", "logit_bias": {"5": "high"}}, "logit_bias[5] must be a number in [-100, 100], got 'high'"),
+    ({"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias keys must be token ids (digits), got 'a'"),
+    ({"prompt": "x", "logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias must map at most 300 token ids, got 301"),
+])
+def test_the_400_says_what_is_wrong_with_the_value(live, body, message):
+    r = post(live, body)
+    assert r.status_code == 400 and r.json()["error"]["message"] == message, r.text
+
+
+def test_unknown_paths_and_methods_and_big_bodies_answer_in_openai_shape(live):
+    for r, status in ((httpx.get(live.url + "/v1/nothing"), 404), (httpx.get(live.url + "/v1/completions"), 405),
+                      (httpx.post(live.url + "/v1/completions", content=b" " * (5 * 2 ** 20), timeout=30), 413)):
+        assert r.status_code == status and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert "GET /v1/nothing" in httpx.get(live.url + "/v1/nothing").json()["error"]["message"]
+
+
+def test_a_prompt_whose_bytes_exceed_the_context_is_refused_before_it_is_tokenized(live):
+    """Each token stands for at most max_token_bytes bytes: a text with more than context x that many bytes cannot
+    fit, and is refused without the second that tokenizing a megabyte takes."""
+    tokenizer = live.server.engine.tokenizer
+    size = live.server.engine.context * tokenizer.max_token_bytes
+    r = post(live, {"prompt": "a" * size})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    assert f"({size} bytes)" in r.json()["error"]["message"]
+    over = post(live, {"prompt": "x", "max_tokens": live.server.engine.context})
+    assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"

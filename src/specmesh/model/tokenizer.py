@@ -10,6 +10,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
+LONG_TEXT = 16384            # characters from which encode lets go of the GIL (encode_batch)
+
 
 class Tokenizer:
     def __init__(self, inner: HFTokenizer, config: dict | None = None):
@@ -62,7 +64,20 @@ class Tokenizer:
         return self.inner.token_to_id(token)
 
     def encode(self, text: str) -> list[int]:
-        return self.inner.encode(text, add_special_tokens=False).ids
+        """Token ids of `text`. A long text goes through encode_batch, which lets go of Python's lock while it works
+        (about 1 s a MB): a server's other threads run on meanwhile."""
+        if len(text) < LONG_TEXT:
+            return self.inner.encode(text, add_special_tokens=False).ids
+        return self.inner.encode_batch([text], add_special_tokens=False)[0].ids
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int | None:
+        """The most bytes of text one token stands for (a byte-level BPE's, special tokens' text included), so a
+        text of b bytes has at least b / max_token_bytes tokens; None for a tokenizer of another kind."""
+        if self.token_bytes is None:
+            return None
+        special = [len(t.content.encode()) for t in self.inner.get_added_tokens_decoder().values()]
+        return max(max(map(len, self.token_bytes)), *special, 1)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specmesh.engine.engine import Engine, deliver_here
 from specmesh.engine.sequence import Sequence
@@ -193,8 +194,14 @@ def create_app(server: Server) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def api_error(_, e: APIError):
-        kind = "invalid_request_error" if e.status == 400 else "server_error"
+        kind = "invalid_request_error" if e.status in (400, 413) else "server_error"
         return JSONResponse(error_body(e.message, kind, e.param, e.code), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(http: HTTPRequest, e: StarletteHTTPException):     # an unknown path or method
+        message = f"{http.method} {http.url.path}: {e.detail}"
+        return JSONResponse(error_body(message, "invalid_request_error", code=str(e.status_code)),
+                            status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.get("/health")
     async def health():
@@ -218,7 +225,8 @@ def create_app(server: Server) -> FastAPI:
         body = await server.body(http)
         check_fields(body, COMPLETION_FIELDS)
         streamed, include_usage = streaming(body)
-        ids = completion_prompts(body, server.tokenizer, server.engine.context, server.limits)
+        # tokenized in another thread (a long text lets go of the GIL): the loop serves the other streams meanwhile
+        ids = await asyncio.to_thread(completion_prompts, body, server.tokenizer, server.engine.context, server.limits)
         choices = server.start(ids, server.params(body, ids))
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": server.model_name}
@@ -236,8 +244,8 @@ def create_app(server: Server) -> FastAPI:
         body = await server.body(http)
         check_fields(body, CHAT_FIELDS)
         streamed, include_usage = streaming(body)
-        ids = encode(chat_prompt(body.get("messages"), server.tokenizer), server.tokenizer, server.engine.context,
-                     "messages")
+        ids = await asyncio.to_thread(lambda: encode(chat_prompt(body.get("messages"), server.tokenizer),
+                                                     server.tokenizer, server.engine.context, "messages"))
         choices = server.start([ids], server.params(body, [ids]))
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": server.model_name}
         if streamed:

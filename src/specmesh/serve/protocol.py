@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specmesh.model.tokenizer import Tokenizer
-from specmesh.spec.sampling import InvalidParameter, SamplingParams
+from specmesh.spec.sampling import MAX_LOGIT_BIAS, InvalidParameter, SamplingParams
 
 OPENAI_DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}
 PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"     # one line per message, then "assistant:"
@@ -83,7 +83,7 @@ def sampling_params(body: dict, prompt_tokens: int, prompts: int, context: int, 
     given = {"max_new_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
              "logprobs": requested_logprobs(body),
              "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
-             "n": body.get("n"), "seed": body.get("seed"), "stop": body.get("stop") or None,
+             "n": body.get("n"), "seed": body.get("seed"), "stop": body.get("stop"),
              "logit_bias": logit_bias(body.get("logit_bias"))}
     given |= {name: body.get(name) for name in PENALTIES - {"logit_bias"}}
     try:
@@ -94,7 +94,7 @@ def sampling_params(body: dict, prompt_tokens: int, prompts: int, context: int, 
         raise APIError(str(e).replace(e.param, name), name) from None
     if prompt_tokens + params.max_new_tokens > context:
         raise APIError(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({params.max_new_tokens}) exceeds the "
-                       f"context of {context} tokens", "max_tokens")
+                       f"context of {context} tokens", "max_tokens", "context_length_exceeded")
     bound(params.n, limits.max_n, "n", "samples per prompt")
     bound(params.n * prompts, limits.max_sequences, "n", "sequences (prompts x n) per request")
     bound(params.max_new_tokens * params.n * prompts, limits.max_tokens_total, "max_tokens",
@@ -108,8 +108,13 @@ def logit_bias(value) -> dict | None:
     """OpenAI's logit_bias has token ids as JSON keys (strings): {"50256": -100}."""
     if value is None:
         return None
-    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isdigit() for k in value):
-        raise APIError("logit_bias must map token ids to numbers in [-100, 100]", "logit_bias")
+    if not isinstance(value, dict):
+        raise APIError(f"logit_bias must be an object mapping token ids to numbers in [-100, 100], got "
+                       f"{type(value).__name__}", "logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:                     # before looking at every entry
+        raise APIError(f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids, got {len(value)}", "logit_bias")
+    if bad := next((k for k in value if not k.isdigit()), None):
+        raise APIError(f"logit_bias keys must be token ids (digits), got {bad!r}", "logit_bias")
     return {int(k): v for k, v in value.items()}
 
 
@@ -154,6 +159,10 @@ def encode(prompt, tokenizer: Tokenizer, context: int, param: str) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise APIError(f"{param} is empty", param)
+        size, most = len(prompt.encode()), tokenizer.max_token_bytes
+        if most and size >= context * most:             # at least size / most tokens: no need to count them
+            raise APIError(f"the prompt has at least {size // most} tokens ({size} bytes); the context holds "
+                           f"{context}", param, "context_length_exceeded")
         ids = tokenizer.encode(prompt)
     elif isinstance(prompt, list) and prompt and all(is_id(t) for t in prompt):
         ids = prompt

@@ -10,6 +10,7 @@ import torch
 
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 300        # entries of logit_bias (OpenAI's bound)
+GREEDY_BELOW = 1e-5         # a temperature below it decodes greedily
 NEUTRAL_PENALTIES = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1, "logit_bias": {}}
 
 
@@ -28,7 +29,7 @@ def _number(value, integer: bool) -> bool:
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 128
-    temperature: float = 0.0        # 0 means greedy
+    temperature: float = 0.0        # 0 (below GREEDY_BELOW) means greedy
     top_k: int = 0                  # 0: no top-k filter
     top_p: float = 1.0
     seed: int | None = None         # sample j of n draws with seed + j
@@ -60,7 +61,8 @@ class SamplingParams:
              f"top_p must be in (0, 1], got {self.top_p!r}")
         need(_number(self.top_k, True) and self.top_k >= 0, "top_k", f"top_k must be an integer >= 0, got {self.top_k!r}")
         need(_number(self.n, True) and self.n >= 1, "n", f"n must be a positive integer, got {self.n!r}")
-        need(self.seed is None or _number(self.seed, True), "seed", f"seed must be an integer, got {self.seed!r}")
+        need(self.seed is None or _number(self.seed, True) and -2 ** 63 <= self.seed < 2 ** 63, "seed",
+             f"seed must be an integer in [-2**63, 2**63), got {self.seed!r}")
         need(self.logprobs is None or _number(self.logprobs, True) and 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
              f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {self.logprobs!r}")
         for name in ("frequency_penalty", "presence_penalty"):
@@ -70,15 +72,22 @@ class SamplingParams:
         need(_number(r, False) and 0 < r <= 10, "repetition_penalty",
              f"repetition_penalty must be in (0, 10], got {r!r}")
         bias = self.logit_bias
-        need(isinstance(bias, dict) and len(bias) <= MAX_LOGIT_BIAS and all(
-            _number(k, True) and k >= 0 and _number(v, False) and -100 <= v <= 100 for k, v in bias.items()),
-             "logit_bias", f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids to numbers in [-100, 100]")
+        need(isinstance(bias, dict) and len(bias) <= MAX_LOGIT_BIAS, "logit_bias",
+             f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids to biases, got "
+             f"{len(bias) if isinstance(bias, dict) else type(bias).__name__}")
+        for k, v in bias.items():
+            need(_number(k, True) and k >= 0, "logit_bias", f"logit_bias keys must be token ids (integers >= 0), "
+                 f"got {k!r}")
+            need(_number(v, False) and -100 <= v <= 100, "logit_bias", f"logit_bias[{k}] must be a number in "
+                 f"[-100, 100], got {v!r}")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop",
-             "stop must be a non-empty string or a list of them")
+             f"stop must be a non-empty string or a list of them, got {self.stop!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperature 0, or one below GREEDY_BELOW: sampling there is the argmax but at exact ties, and dividing
+        the logits by it can overflow them (vLLM's convention too)."""
+        return self.temperature < GREEDY_BELOW
 
     def job(self) -> dict:
         """What another rank samples or drafts with, as JSON (`from_job` reads it back; logit_bias as
