@@ -124,6 +124,8 @@ def test_admission_shares_the_rows_fairly_between_requests():
     scheduler.running[0].done = True
     scheduler.retire(lambda src, dst: None)
     assert next_admission().name == "big3"
+    assert [s.name for s in scheduler.retire(lambda src, dst: None)] == ["big2"]      # reported once (metrics)
+    assert scheduler.retire(lambda src, dst: None) == []
 
 
 @pytest.mark.parametrize("method", BATCHED)

@@ -57,7 +57,7 @@ class Engine:
         self.stats = EngineStats()
         rows = min(rows, method.spec.max_rows or rows)
         self.runner = Runner(models.target, rows, max_len, self.stats, prefix_cache, prefill_chunk)
-        self.method = method.spec.build(models, method, self.runner)
+        self.method, self.method_name = method.spec.build(models, method, self.runner), method.name
         self.chunked = getattr(self.method, "chunked_prefill", False)     # it prefills through the runner
         self.prefill_share = prefill_share      # of the engine's time, for prefills while others decode (None: all)
         self.busy_s = [0.0, 0.0]                # seconds of prefills, of decoding steps, since the batch was empty

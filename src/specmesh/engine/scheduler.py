@@ -21,6 +21,7 @@ class Scheduler:
         self.queues: dict[int, collections.deque[Sequence]] = {}    # id(prompt) -> its waiting sequences, by arrival
         self.waiting = 0                                            # sequences in the queues
         self.running: list[Sequence] = []                           # running[i] holds cache row i
+        self.dropped: list[Sequence] = []                           # aborted while waiting, not yet retired
 
     def add(self, seq: Sequence) -> None:
         self.queues.setdefault(id(seq.prompt), collections.deque()).append(seq)
@@ -36,6 +37,7 @@ class Scheduler:
             if not seq.aborted:
                 return seq
             self._dequeue(seq)
+            self.dropped.append(seq)
         return None
 
     def admit(self, seq: Sequence) -> int:
@@ -52,8 +54,9 @@ class Scheduler:
             del self.queues[key]
 
     def retire(self, move_row: Callable[[int, int], None]) -> list[Sequence]:
-        """Remove the done sequences; `move_row(src, dst)` moves a row's state into a freed one."""
-        done, i = [], 0
+        """Remove the done sequences (and return them with those dropped while waiting); `move_row(src, dst)`
+        moves a row's state into a freed one."""
+        done, i, self.dropped = self.dropped, 0, []
         while i < len(self.running):
             seq = self.running[i]
             if not seq.done:

@@ -161,7 +161,8 @@ def run(cfg: ServeConfig) -> int:
     server.engine.on_failure = on_failure
     warnings.showwarning = lambda message, *_, **__: print(f"specmesh serve: warning: {message}", file=sys.stderr)
     e = server.engine
-    print(f"specmesh serve: {cfg.method} on {e.scheduler.rows} rows of {e.runner.max_len} tokens "
+    chosen = f" (chose {e.method_name})" if cfg.method == "auto" else ""
+    print(f"specmesh serve: {cfg.method}{chosen} on {e.scheduler.rows} rows of {e.runner.max_len} tokens "
           f"({e.scheduler.rows * kv_mb_per_row(e.models, e.runner.max_len):.0f} MB of KV cache), "
           f"http://{cfg.host}:{cfg.port}/v1", file=sys.stderr)
     web = Uvicorn(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
