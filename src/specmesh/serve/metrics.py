@@ -9,9 +9,10 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 class Metrics:
     def __init__(self):
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("specmesh_requests", "Sequences submitted to the engine (a request's prompts times n)", registry=r)
-        self.finished = Counter("specmesh_requests_finished", "Sequences finished, or aborted (running or waiting)", ["reason"],
+        self.requests = Counter("specmesh_requests", "Sequences submitted to the engine (a request's prompts times n)",
                                 registry=r)
+        self.finished = Counter("specmesh_requests_finished", "Sequences finished, or aborted (running or waiting)",
+                                ["reason"], registry=r)
         self.generated = Counter("specmesh_generated_tokens", "Tokens generated", registry=r)
         self._generated = 0
         self.cached = Counter("specmesh_prefix_cache_hit_tokens", "Prompt tokens read from the prefix cache",
