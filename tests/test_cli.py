@@ -113,8 +113,8 @@ def test_bench_methods_and_peers_json_and_plot(tiny_checkpoint, tiny_draft_check
     assert set(out) == {"machine", "date", "methods", "per_prompt", "memory_bound"}
     assert set(out["memory_bound"]) == {"copy_gb_s", "target_weight_mb", "ar_tokens_per_s_bound"}
     assert out["memory_bound"]["copy_gb_s"] > 0 and "ar's memory bound" in r.stdout
-    fields = {"dtype", "threads", "tokens_per_s", "speedup_vs_ar", "speedup_ci95", "tokens_per_forward", "acceptance_rate",
-              "mean_accepted_length", "draft_ms_per_step", "verify_ms_per_step", "greedy_equal_to_ar",
+    fields = {"dtype", "threads", "tokens_per_s", "speedup_vs_ar", "speedup_ci95", "tokens_per_forward",
+              "acceptance_rate", "mean_accepted_length", "draft_ms_per_step", "verify_ms_per_step", "greedy_equal_to_ar",
               "near_tie_divergences", "prompts", "peak_rss_mb"}
     assert list(out["methods"]) == methods
     for name in methods:

@@ -172,7 +172,8 @@ def check_once(names: list[str], paths: list[Path]) -> None:
     first: dict[Path, str] = {}
     for name, path in zip([n for n in names if n != CONTEXT], paths):
         if (other := first.setdefault(path.resolve(), name)) != name:
-            raise ValueError(f"--drafters names one checkpoint twice, as {other!r} and {name!r}: name each drafter once")
+            raise ValueError(f"--drafters names one checkpoint twice, as {other!r} and {name!r}: name each drafter "
+                             f"once")
 
 
 def ngram_for(target: Path | None) -> Path | None:

@@ -232,7 +232,8 @@ def test_a_temperature_too_small_to_divide_by_decodes_greedily(live):
     ({"prompt": "x", "logit_bias": {"5": 1e9}}, "logit_bias[5] must be a number in [-100, 100], got 1000000000.0"),
     ({"prompt": "x", "logit_bias": {"5": "high"}}, "logit_bias[5] must be a number in [-100, 100], got 'high'"),
     ({"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias keys must be token ids (digits), got 'a'"),
-    ({"prompt": "x", "logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias must map at most 300 token ids, got 301"),
+    ({"prompt": "x", "logit_bias": {str(i): 1 for i in range(301)}},
+     "logit_bias must map at most 300 token ids, got 301"),
 ])
 def test_the_400_says_what_is_wrong_with_the_value(live, body, message):
     r = post(live, body)

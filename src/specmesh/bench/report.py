@@ -13,8 +13,8 @@ COLUMNS = [("method", "{}"), ("dtype", "{}"), ("threads", "{}"), ("tokens_per_s"
            ("acceptance_rate", "{:.2f}"), ("mean_accepted_length", "{:.2f}"), ("draft_ms_per_step", "{:.2f}"),
            ("verify_ms_per_step", "{:.2f}"), ("mat", "{:.2f}"), ("tokens_per_timestep", "{:.2f}"),
            ("hit_rate", "{:.2f}"), ("greedy_equal_to_ar", "{}"), ("near_tie_divergences", "{}"), ("peak_rss_mb", "{:.0f}")]
-HEADERS = ["method", "dtype", "thr", "tok/s", "vs ar", "95% CI", "tok/fwd", "accept", "acc.len", "draft ms", "verify ms",
-           "mat", "tok/step", "hit", "= ar", "near-tie", "RSS MB"]
+HEADERS = ["method", "dtype", "thr", "tok/s", "vs ar", "95% CI", "tok/fwd", "accept", "acc.len", "draft ms",
+           "verify ms", "mat", "tok/step", "hit", "= ar", "near-tie", "RSS MB"]
 
 
 def print_table(result: dict, file=sys.stdout) -> None:
