@@ -163,7 +163,7 @@ def build_parser() -> Parser:
     add_model_args(g, tp=True)
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--max-new-tokens", type=positive_int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 (the default), or below 1e-5: greedy")
     g.add_argument("--top-k", type=int, default=0, help="0: off")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
