@@ -36,6 +36,8 @@ def test_a_chunked_prefill_gives_the_whole_prefills_output(llm):
     run(chunked, b)
     assert [s.tokens for s in b] == [s.tokens for s in a]
     assert chunked.stats.prefills == 1 and chunked.stats.target_forwards > whole.stats.target_forwards
+    # a sequence counts its prefill as one forward, however many chunks computed it (tokens per forward stays τ)
+    assert [s.stats.target_forwards for s in b] == [s.stats.target_forwards for s in a]
 
 
 def test_running_rows_step_while_a_long_prompt_is_computed(llm):

@@ -70,11 +70,11 @@ class Runner:
         ids = torch.tensor([seq.ids[done:done + take]], device=self.device)
         logits = self.model(ids, cache, last_only=self.prompt_tail)[0]
         cache.commit_all()
-        seq.stats.target_forwards += 1
         self.stats.target_forwards += 1
         self.stats.prefill_pending = len(seq.ids) - done - ids.shape[1]
         if self.stats.prefill_pending:
             return False
+        seq.stats.target_forwards += 1          # a sequence's prefill is one forward of its own, however chunked
         if self.prefix_cache:
             self.prefix_cache.store(seq.ids, cache, 0)
         prompt.kv, prompt.logits = cache.prefix(), logits

@@ -9,7 +9,7 @@ COUNTERS = ("target_forwards", "draft_forwards", "generated_tokens", "drafted_to
 
 @dataclass
 class Stats:
-    target_forwards: int = 0        # target forwards this sequence took part in, its prefill included
+    target_forwards: int = 0        # target forwards this sequence took part in, its prefill as one (however chunked)
     draft_forwards: int = 0
     generated_tokens: int = 0
     drafted_tokens: int = 0         # draft tokens sent to the target for verification
