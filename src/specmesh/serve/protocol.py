@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specmesh.model.tokenizer import Tokenizer
-from specmesh.spec.sampling import MAX_LOGIT_BIAS, InvalidParameter, SamplingParams
+from specmesh.spec.sampling import MAX_LOGIT_BIAS, InvalidParameter, SamplingParams, logit_bias_count
 
 OPENAI_DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}
 PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"     # one line per message, then "assistant:"
@@ -112,7 +112,7 @@ def logit_bias(value) -> dict | None:
         raise APIError(f"logit_bias must be an object mapping token ids to numbers in [-100, 100], got "
                        f"{type(value).__name__}", "logit_bias")
     if len(value) > MAX_LOGIT_BIAS:                     # before looking at every entry
-        raise APIError(f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids, got {len(value)}", "logit_bias")
+        raise APIError(logit_bias_count(len(value)), "logit_bias")
     if bad := next((k for k in value if not k.isdigit()), None):
         raise APIError(f"logit_bias keys must be token ids (digits), got {bad!r}", "logit_bias")
     return {int(k): v for k, v in value.items()}

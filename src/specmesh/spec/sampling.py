@@ -72,9 +72,9 @@ class SamplingParams:
         need(_number(r, False) and 0 < r <= 10, "repetition_penalty",
              f"repetition_penalty must be in (0, 10], got {r!r}")
         bias = self.logit_bias
-        need(isinstance(bias, dict) and len(bias) <= MAX_LOGIT_BIAS, "logit_bias",
-             f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids to biases, got "
-             f"{len(bias) if isinstance(bias, dict) else type(bias).__name__}")
+        need(isinstance(bias, dict), "logit_bias", f"logit_bias must map token ids to biases, got "
+             f"{type(bias).__name__}")
+        need(len(bias) <= MAX_LOGIT_BIAS, "logit_bias", logit_bias_count(len(bias)))
         for k, v in bias.items():
             need(_number(k, True) and k >= 0, "logit_bias", f"logit_bias keys must be token ids (integers >= 0), "
                  f"got {k!r}")
@@ -104,6 +104,11 @@ class SamplingParams:
     def penalties(self) -> list[str]:
         """The fields asking for penalties or a logit bias, which change the target's logits (spec/penalties.py)."""
         return [name for name, neutral in NEUTRAL_PENALTIES.items() if getattr(self, name) != neutral]
+
+
+def logit_bias_count(n: int) -> str:
+    """The one message for a logit_bias over its bound (the server counts the entries before converting them)."""
+    return f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids, got {n}"
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
