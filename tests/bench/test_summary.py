@@ -4,8 +4,8 @@ import warnings
 
 import pytest
 
-from specmesh.bench.report import main, ratio
-from specmesh.bench.runner import speedup_interval, summarize
+from specmesh.bench.report import main, ratio, speedup_interval
+from specmesh.bench.runner import summarize
 from specmesh.engine.stats import Stats
 
 

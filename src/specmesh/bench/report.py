@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from specmesh.bench.runner import speedup_interval
+import numpy as np
 
 COLUMNS = [("method", "{}"), ("dtype", "{}"), ("threads", "{}"), ("tokens_per_s", "{:.1f}"),
            ("speedup_vs_ar", "{:.2f}x"), ("speedup_ci95", "{}"), ("tokens_per_forward", "{:.2f}"),
@@ -70,9 +70,23 @@ def plot(result: dict, path: str) -> None:
     plt.close(fig)
 
 
+def speedup_interval(runs: list[tuple[int, float]], base: list[tuple[int, float]], level: float = 0.95,
+                     resamples: int = 2000) -> list[float] | None:
+    """A paired bootstrap interval for (tokens / seconds of `runs`) / (tokens / seconds of `base`), (tokens, seconds)
+    per prompt, the same prompts in the same order: prompts drawn with replacement, each draw's ratio of sums, the
+    central `level` of them. How far the ratio could move with other prompts like these (None under 3 prompts)."""
+    if len(runs) < 3:
+        return None
+    (tokens, seconds), (base_tokens, base_seconds) = np.array(runs, dtype=np.float64).T, np.array(base).T
+    draws = np.random.default_rng(0).integers(len(runs), size=(resamples, len(runs)))      # [R, n] prompt indices
+    ratios = tokens[draws].sum(1) / seconds[draws].sum(1) * base_seconds[draws].sum(1) / base_tokens[draws].sum(1)
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return [round(float(lo), 4), round(float(hi), 4)]
+
+
 def ratio(result: dict, a: str, b: str) -> tuple[float, list[float] | None, int]:
     """Method a's speed over method b's on the prompts both ran (per_prompt): the ratio, its 95% interval
-    (runner.speedup_interval) and the prompt count."""
+    (speedup_interval) and the prompt count."""
     runs: dict[str, dict[int, tuple[int, float]]] = {}
     for r in result["per_prompt"]:                     # older files have no elapsed_s: tokens / (tokens / s)
         seconds = r.get("elapsed_s") or r["new_tokens"] / r["tokens_per_s"]

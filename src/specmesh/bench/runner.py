@@ -20,7 +20,6 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -28,6 +27,7 @@ from specmesh import catalog, methods
 from specmesh.bench import llamacpp
 from specmesh.bench.peers import PEERS as HF_PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
+from specmesh.bench.report import ratio
 from specmesh.kernels import cpu_model
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.spec.sampling import SamplingParams
@@ -155,9 +155,9 @@ def check_methods(names: list[str], quant: str | None = None) -> list[str]:
                              f"(NAME@Nt runs NAME with N threads)")
         if threads == 0:
             raise ValueError(f"{name}: NAME@Nt needs N >= 1 threads")
-        if threads and threads > len(os.sched_getaffinity(0)):
-            warnings.warn(f"{name}: {threads} threads oversubscribe this process's {len(os.sched_getaffinity(0))} "
-                          f"cores: its threads will wait for each other's cores")
+        if threads and threads > (cores := len(os.sched_getaffinity(0))):
+            warnings.warn(f"{name}: {threads} threads oversubscribe this process's {cores} cores: its threads will "
+                          f"wait for each other's cores")
     if "pearl" in names:
         names = names + ["sd@1t", "sd@2t"]
     if quant and any(split_threads(n)[0] in HF_PEERS for n in names):
@@ -231,24 +231,6 @@ def summarize(dtype: str, threads: int | str, runs: list[tuple[list[int], Stats]
     } | ({"mat": accepted / phases} if phases else {}) | stats[0].info \
         | ({"tokens_per_timestep": tokens / timesteps} if timesteps else {}) \
         | ({"hit_rate": sum(s.hits for s in stats) / decisions} if decisions else {})
-
-
-def speedup_interval(runs: list[tuple[int, float]], base: list[tuple[int, float]], level: float = 0.95,
-                     resamples: int = 2000) -> list[float] | None:
-    """A paired bootstrap interval for (tokens / seconds of `runs`) / (tokens / seconds of `base`), (tokens, seconds)
-    per prompt, the same prompts in the same order: prompts drawn with replacement, each draw's ratio of sums, the
-    central `level` of them. How far the ratio could move with other prompts like these (None under 3 prompts)."""
-    if len(runs) < 3:
-        return None
-    (tokens, seconds), (base_tokens, base_seconds) = np.array(runs, dtype=np.float64).T, np.array(base).T
-    draws = np.random.default_rng(0).integers(len(runs), size=(resamples, len(runs)))      # [R, n] prompt indices
-    ratios = tokens[draws].sum(1) / seconds[draws].sum(1) * base_seconds[draws].sum(1) / base_tokens[draws].sum(1)
-    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
-    return [round(float(lo), 4), round(float(hi), 4)]
-
-
-def tokens_and_seconds(runs: list[tuple[list[int], Stats]]) -> list[tuple[int, float]]:
-    return [(s.generated_tokens, s.elapsed_s) for _, s in runs]
 
 
 def memory_bound(target: torch.nn.Module) -> dict:
@@ -328,5 +310,5 @@ def bench(cfg: BenchConfig) -> dict:
     ar_speed = result["methods"]["ar"]["tokens_per_s"]
     for name, m in result["methods"].items():
         m["speedup_vs_ar"] = m["tokens_per_s"] / ar_speed
-        m["speedup_ci95"] = speedup_interval(*(tokens_and_seconds(runs[n]) for n in (name, "ar")))
+        m["speedup_ci95"] = ratio(result, name, "ar")[1]
     return result
