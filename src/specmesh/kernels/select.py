@@ -10,6 +10,7 @@ from specmesh.kernels.forward import CBlock, CForward, CRMSNorm
 from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, FMALinear, Int8Linear, PackedLinear,
                                       Q8Linear, can_pack, glu_order)
 from specmesh.model.model import MLP, Block, RMSNorm
+from specmesh.model.pages import on_huge_pages
 
 
 def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
@@ -57,6 +58,7 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> 
             _replace(model, BF16Linear, lambda linear: Int8Linear(linear, lib))
         else:
             _replace(model, BF16Linear, bf16)
+        on_huge_pages(model)                    # before the C blocks take the weights' addresses
         _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
         _replace(model, Block, CBlock)
         if hasattr(model, "fast_forward"):     # a Transformer (not a bare module of linears)
@@ -77,6 +79,7 @@ def use_batch_invariant_kernels(model: nn.Module) -> bool:
     if lib is None or already or model.dtype != torch.float32 or model.device.type != "cpu":
         return False
     _replace(model, nn.Linear, lambda linear: F32Linear(linear, lib))
+    on_huge_pages(model)
     _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
     _replace(model, Block, CBlock)
     model.fast_forward = CForward(model, lib)

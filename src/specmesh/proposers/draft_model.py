@@ -125,11 +125,11 @@ class DraftModel:
 
     def _read_pending(self, seqs: list[Sequence]) -> torch.Tensor:
         """Each row's unread tokens (up to `read_together`), the root last, in one forward (committed); logits
-        [B, V]."""
+        [B, V] (the head at the last token only)."""
         B, rows = len(seqs), self.pending[:len(seqs)]
         T = max(len(p) for p in rows)
         if all(len(p) == T for p in rows):
-            logits = self._forward(seqs, rows, True)[:, -1]
+            logits = self._forward(seqs, rows, True, last_only=True)[:, -1]
             self.cache.commit_all()
         else:                                               # pad short rows in front: a slot nothing sees
             tokens = [[p[0]] * (T - len(p)) + p for p in rows]
@@ -139,7 +139,7 @@ class DraftModel:
                 pad = T - len(p)
                 mask[b, pad:, pad:] = torch.ones(len(p), len(p), dtype=torch.bool).tril()
                 mask[b, :pad, :pad] = torch.eye(pad, dtype=torch.bool)
-            logits = self._forward(seqs, tokens, True, depths=depths, tree_mask=mask)[:, -1]
+            logits = self._forward(seqs, tokens, True, depths=depths, tree_mask=mask, last_only=True)[:, -1]
             for b, p in enumerate(rows):
                 self.cache.commit(b, range(T - len(p), T))
         for b in range(B):

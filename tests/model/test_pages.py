@@ -1,0 +1,70 @@
+"""Weights and caches on huge pages (model/pages.py): the same values, ties kept, mappings advised."""
+import copy
+
+import pytest
+import torch
+
+from specmesh import kernels
+from specmesh.model import pages
+from specmesh.model.cache import KVCache
+
+
+def mapping_of(t: torch.Tensor) -> dict[str, str]:
+    """The /proc/self/smaps entry of the mapping holding t's first byte."""
+    entry, inside = {}, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= t.data_ptr() < hi
+        elif inside:
+            key, _, value = line.partition(":")
+            entry[key] = value.strip()
+    return entry
+
+
+def test_moved_weights_give_the_same_logits(tiny_model, monkeypatch):
+    if kernels.avx2_lib() is None:
+        pytest.fail("the C kernels did not build on this machine: csrc/avx2.c needs gcc and AVX2")
+    model = tiny_model.bfloat16()
+    apart = copy.deepcopy(model)
+    kernels.use_avx2_kernels(model)                      # moves its tensors onto huge pages
+    monkeypatch.setattr(kernels.select, "on_huge_pages", lambda m: 0)
+    kernels.use_avx2_kernels(apart)
+    x = torch.randint(97, (2, 5))
+    with torch.inference_mode():
+        a = model(x, KVCache.for_model(model, 2, 32))
+        b = apart(x, KVCache.for_model(apart, 2, 32))
+    assert torch.equal(a, b)
+    if pages.huge_pages():                               # one mapping (too small here for a huge page)
+        assert mapping_of(model.lm_head.weight) == mapping_of(model.layers[0].block.mlp.down.weight)
+
+
+def test_tied_tensors_stay_one():
+    shared = torch.nn.Parameter(torch.randn(64, 32))
+    module = torch.nn.Module()
+    module.a = torch.nn.Linear(32, 64, bias=False)
+    module.a.weight = shared
+    module.b = torch.nn.Module()
+    module.b.weight = shared
+    module.b.plain = shared.detach()                     # a plain attribute on the same memory
+    module.b.strided = torch.randn(8, 8).t()             # not contiguous: left where it is
+    before = module.b.strided.data_ptr()
+    moved = pages.on_huge_pages(module)
+    if not pages.huge_pages():
+        assert moved == 0
+        return
+    assert moved >= 64 * 32 * 4
+    assert module.a.weight is module.b.weight
+    assert module.b.plain.data_ptr() == module.a.weight.data_ptr()
+    assert module.b.strided.data_ptr() == before
+    assert torch.equal(module.a.weight, shared)
+
+
+def test_a_cache_is_zeros_on_advised_pages():
+    cache = KVCache(2, 4, 2048, 4, 64, torch.bfloat16, "cpu")      # 4 MiB a layer's keys
+    assert not cache.k[0].any() and not cache.v[1].any()
+    if pages.huge_pages():
+        assert mapping_of(cache.k[0])["THPeligible"] == "1"
+    small = KVCache(1, 1, 16, 2, 16, torch.bfloat16, "cpu")         # small: the heap's pages
+    assert not small.k[0].any()
