@@ -28,6 +28,12 @@ def test_generate_json_to_stdout_and_prompt_file_verbatim(tiny_checkpoint, tmp_p
     r2 = specmesh("generate", "--prompt-file", "-", "--target", tiny_checkpoint, "--max-new-tokens", 6, "--json",
                   stdin="def f(x):\r\n\n")
     assert json.loads(r2.stdout)["tokens"] == out["tokens"]      # stdin, same bytes, same tokens
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)                                               # a pipe, as <(...) gives: not a regular file
+    writer = subprocess.Popen(["sh", "-c", f"printf 'def f(x):\\r\\n\\n' > {fifo}"])
+    r3 = specmesh("generate", "--prompt-file", fifo, "--target", tiny_checkpoint, "--max-new-tokens", 6, "--json")
+    writer.wait(timeout=60)
+    assert r3.returncode == 0 and json.loads(r3.stdout)["tokens"] == out["tokens"], r3.stderr
 
 
 def test_generate_streams_and_writes_json_file(tiny_checkpoint, tmp_path):
@@ -57,6 +63,10 @@ def test_generate_streams_and_writes_json_file(tiny_checkpoint, tmp_path):
     (["generate", "--chat", "hi"], "this model's tokenizer has no chat template"),
     (["generate", "x = 1\n" * 600], "prompt of 2400 tokens does not fit the context of 1024 tokens"),
     (["generate", "--prompt-file", "/no/such/file", "--target", "TINY"], "prompt file not found"),
+    (["generate", "--prompt-file", "/", "--target", "TINY"], "prompt file / is a folder"),
+    (["generate", "x", "--json", "/"], "argument --json: '/' is a folder: give a file path"),     # before loading
+    (["generate", "x", "--json", "/no/such/dir/out.json"], "no folder '/no/such/dir'"),
+    (["generate", "x", "--bogus"], "specmesh generate: error: unrecognized arguments: --bogus"),
     (["bench", "--methods", "ar,nope"], "unknown method 'nope'"),
     (["bench", "--methods", "ar,sd@0t"], "sd@0t: NAME@Nt needs N >= 1 threads"),
     (["serve", "--port", "99999"], "must be a TCP port from 1 to 65535"),

@@ -74,6 +74,8 @@ def resolve(spec: str | Path | None, role: str = "target") -> Path:
     """A --target / --draft value as a path: None is the default target (or the embedded draft), 'embedded' the
     embedded model of this role, a known name its file or folder, anything else a path (checked when it is
     loaded)."""
+    if spec is not None and not isinstance(spec, (str, Path)):
+        raise TypeError(f"{role} must be a model name or a path, got {type(spec).__name__}")
     if spec is None and role == "target":
         spec = default()
     if spec is None or str(spec) == EMBEDDED:

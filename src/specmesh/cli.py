@@ -72,6 +72,16 @@ def device_counts(text: str) -> list[int]:
     return counts
 
 
+def json_path(text: str) -> str:
+    """--json's PATH, checked before any work: '-' (stdout) or a file in a folder that exists."""
+    path = Path(text)
+    if text != "-" and path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder: give a file path")
+    if text != "-" and not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: no folder {str(path.parent)!r}")
+    return text
+
+
 def write_json(obj, dest: str | None) -> None:
     """--json: '-' means stdout, anything else a file path."""
     text = json.dumps(obj, indent=2) + "\n"
@@ -82,7 +92,7 @@ def write_json(obj, dest: str | None) -> None:
 
 
 def add_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", nargs="?", const="-", metavar="PATH",
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH", type=json_path,
                    help="write JSON to PATH, or to stdout when no PATH is given")
 
 
@@ -336,9 +346,11 @@ def read_prompt(args, parser) -> str:
     if args.prompt_file == "-":
         return sys.stdin.buffer.read().decode("utf-8")
     path = Path(args.prompt_file)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"prompt file not found: {path}")
-    return path.read_bytes().decode("utf-8")       # verbatim: no newline translation
+    if path.is_dir():
+        raise ValueError(f"prompt file {path} is a folder")
+    return path.read_bytes().decode("utf-8")       # verbatim: no newline translation (a pipe's bytes too)
 
 
 def serve_torchrun_rank(args) -> int:
@@ -624,8 +636,10 @@ COMMANDS = {"generate": cmd_generate, "tune": cmd_tune, "models": cmd_models, "b
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
     sub = parser._subparsers._group_actions[0].choices[args.command]
+    if unknown:                                  # named by the subcommand, as its other errors are
+        sub.error(f"unrecognized arguments: {' '.join(unknown)}")
     from specmesh.runtime.link import PeerError
     try:
         if args.command in ("generate", "tune", "serve") and args.threads:     # bench keeps it per method

@@ -58,7 +58,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
 class LLM:
     """A target (and, for speculative methods, a draft) ready to generate.
 
-    LLM() uses the embedded target; LLM(target=..., draft=..., method="sd") yours: a name from
+    LLM() uses SmolLM2-135M-Instruct with its draft (LLM(target="embedded"): the 28M pair shipped here);
+    LLM(target=..., draft=..., method="sd") yours: a name from
     `specmesh models`, a HuggingFace folder or a GGUF file (a known target brings its draft).
     Method options (gamma=4, tree_width=4, ...) go to the methods that have them.
     `max_batch`: sequences decoded together (the multi-process methods take one at a time).
@@ -105,6 +106,8 @@ class LLM:
             self.models.draft = load_model(draft, self.dtype, self.device, draft=True, quant=quant)
         if self.method.spec.needs_drafters:
             self._load_drafters(target, quant)
+        if self.method.spec.check:
+            self.method.spec.check(self.models, self.method.options)
         if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
             spread = self.method.spec.spread_draft and draft is not None
             self.models.remote = tensor_parallel.start(
@@ -173,10 +176,12 @@ class LLM:
 
     def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None
                  ) -> Output | list[Output]:
-        """One prompt -> its Output; a list of prompts -> a list of Outputs, in order."""
-        params = params or SamplingParams()
-        params.validate()
-        batch = isinstance(prompts, list) and bool(prompts) and not isinstance(prompts[0], numbers.Integral)
+        """One prompt -> its Output; a list (or tuple) of prompts -> a list of Outputs, in order."""
+        params = checked(params)
+        batch = isinstance(prompts, (list, tuple)) and bool(prompts) and not isinstance(prompts[0], numbers.Integral)
+        if batch and any(isinstance(p, numbers.Integral) for p in prompts):
+            raise TypeError("prompts mix text and token ids: a batch is a list of prompts, each text or a list of ids "
+                            "(one prompt of ids is a list of ints)")
         ids = [self.encode(p) for p in (prompts if batch else [prompts])]
         engine = self.engine(ids, params)
         requests = [engine.sequences(i, params) for i in ids]
@@ -194,8 +199,7 @@ class LLM:
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> "Stream":
         """Iterate for the first sample's text as it grows; `.output` holds the result afterwards."""
-        params = params or SamplingParams()
-        params.validate()
+        params = checked(params)
         ids = self.encode(prompt)
         engine = self.engine([ids], params)
         return Stream(engine, engine.sequences(ids, params))
@@ -204,6 +208,16 @@ class LLM:
         """The assistant's answer to `messages` ([{"role": "user", "content": ...}, ...]) through the model's chat
         template; it ends at the model's end of turn."""
         return self.generate(self.tokenizer.render_chat(messages), params)
+
+
+def checked(params: SamplingParams | None) -> SamplingParams:
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams (SamplingParams(max_new_tokens=...)), "
+                        f"got {type(params).__name__}")
+    params.validate()
+    return params
 
 
 class Stream:

@@ -107,13 +107,26 @@ def test_empty_and_too_long_prompts(llm):
 @pytest.mark.parametrize("prompt, error, match", [
     ([[10 ** 9]], ValueError, "token id 1000000000 is outside the vocabulary"),     # read past the embedding
     ([[-1]], ValueError, "token id -1 is outside"), ([[1.5]], ValueError, "token id 1.5 is outside"),
-    (["def", 5], TypeError, "a prompt is text or a list of token ids, got int"),
+    (["def", 5], TypeError, "prompts mix text and token ids"),
+    ([{"text": "def"}], TypeError, "a prompt is text or a list of token ids, got dict"),
 ])
 def test_bad_token_ids_are_refused_before_the_model_runs(llm, prompt, error, match):
     with pytest.raises(error, match=match):
         llm.generate(prompt, SamplingParams(max_new_tokens=2))
     assert llm.generate([np.int64(5), np.int64(7)], SamplingParams(max_new_tokens=2)).tokens == \
         llm.generate([5, 7], SamplingParams(max_new_tokens=2)).tokens       # numpy ids are one prompt's ids
+
+
+def test_api_misuse_names_the_problem(llm):
+    with pytest.raises(TypeError, match="params must be a SamplingParams"):
+        llm.generate("def", {"max_new_tokens": 2})
+    with pytest.raises(TypeError, match="target must be a model name or a path, got int"):
+        LLM(target=5)
+    with pytest.raises(ValueError, match="ignore_eos must be true or false"):
+        SamplingParams(ignore_eos="no")
+    params = SamplingParams(max_new_tokens=3)
+    assert [o.tokens for o in llm.generate(("def", "class"), params)] == \
+        [o.tokens for o in llm.generate(["def", "class"], params)]          # a tuple of prompts is a batch
 
 
 def test_devices_this_pytorch_cannot_run_are_named(monkeypatch):

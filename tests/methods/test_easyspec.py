@@ -28,10 +28,11 @@ def test_default_groups_keep_the_ends_exact_and_pair_the_middle():
 
 
 def test_bad_options_name_the_problem(tiny_checkpoint):
+    """... when the LLM is made, as every other method option is (not at its first generate)."""
     with pytest.raises(ValueError, match="calibration must be one of never, prefill, round, mismatch"):
-        LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", calibration="often").generate("x")
+        LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", calibration="often")
     with pytest.raises(ValueError, match="adding up to the draft's 3 layers"):
-        LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", layer_groups="2,2").generate("x")
+        LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", layer_groups="2,2")
 
 
 def forward(model, x, groups=None):
@@ -128,6 +129,18 @@ def test_greedy_equals_ar_on_the_pytorch_path(ar, tiny_checkpoint, monkeypatch):
               tree_width=3, max_children=2)
     assert llm.models.draft.fast_forward is None and llm.generate(PROMPTS[0], params).stats.mean_accepted_length > 1
     assert [o.tokens for o in llm.generate(PROMPTS, params)] == [ar.generate(p, params).tokens for p in PROMPTS]
+
+
+def test_a_wide_bf16_batch_equals_ar(tiny_checkpoint):
+    """Six rows reading their roots are more rows than the kernels' one-call forward takes: the draft's groups then
+    run through PyTorch over the kernels' packed weights, one attention a layer (it had read them as plain
+    matrices and failed)."""
+    prompts = [f"x = {i}\n" * (i + 1) for i in range(6)]
+    params = SamplingParams(max_new_tokens=12)
+    ar16 = LLM(target=tiny_checkpoint, dtype="bfloat16", method="ar")
+    llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, dtype="bfloat16", method="easyspec", gamma=3,
+              layer_groups="2,1")
+    assert [o.tokens for o in llm.generate(prompts, params)] == [ar16.generate(p, params).tokens for p in prompts]
 
 
 def test_the_fuzzy_draft_is_still_accepted_often(tiny_checkpoint):

@@ -26,7 +26,8 @@ class Stats:
 
     @classmethod
     def total(cls, parts: list["Stats"]) -> "Stats":
-        """The counters summed (a request's n samples); `info` from the first."""
+        """The counters summed (a request's n samples); `info` from the first. Times too, so where samples shared
+        a step its draft_s and verify_s count once per sample (they can add up past elapsed_s)."""
         out = cls(**{c: sum(getattr(p, c) for p in parts) for c in COUNTERS})
         out.info = dict(parts[0].info) if parts else {}
         return out

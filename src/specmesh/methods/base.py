@@ -118,6 +118,7 @@ class MethodSpec:
     max_rows: int | None = None         # sequences a step takes at most (None: any)
     spread_draft: bool = False          # under --tp: its draft on every rank, layer-parallel groups spread over them
     needs_drafters: bool = False        # several drafters (Models.drafters, option `drafters`): cosine
+    check: Callable | None = None       # check(models, options): options that depend on the loaded models
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from specmesh.proposers import Proposer
 from specmesh.proposers.context_drafter import ContextDrafter
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.fused_drafters import Drafter, FusedDrafters
-from specmesh.proposers.fuzzy_draft import FuzzyDraft, layer_groups
+from specmesh.proposers.fuzzy_draft import FuzzyDraft, check_policy, layer_groups
 from specmesh.proposers.lookup import LookupFirst
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
 from specmesh.proposers.remote_drafter import DrafterPool
@@ -146,6 +146,11 @@ def build_easyspec(models, method: Configured, runner: Runner) -> Speculative:
     return Speculative(runner, draft, DraftDepth(o["gamma"]))
 
 
+def check_easyspec(models, options: dict) -> None:
+    layer_groups(options["layer_groups"], models.draft.config.num_layers)
+    check_policy(options["calibration"])
+
+
 def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
     if isinstance(models.remote, DrafterPool):                  # --drafter-processes
@@ -186,7 +191,7 @@ EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with 
                       "groups (fuzzy), and bonus calibration reads the accepted tokens again exactly",
                       {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64, "layer_groups": "",
                        "calibration": "round"}, True, build_easyspec,
-                      slack=lambda o: o["gamma"] * o["tree_width"] + 1, spread_draft=True)
+                      slack=lambda o: o["gamma"] * o["tree_width"] + 1, spread_draft=True, check=check_easyspec)
 COSINE = MethodSpec("cosine", "CoSine: several drafters, routed per request by their record, their tokens fused "
                     "into one tree by confidence, batches and draft sizes scheduled for the verifier",
                     {"gamma": 5, "draft_window": 256, "drafters": "", "routed": 2, "explore_below": 1,

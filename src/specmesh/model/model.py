@@ -231,8 +231,9 @@ def layer_parallel(blocks: list[nn.Module], h: torch.Tensor, cos, sin, cache: KV
     outputs added in order: h' = h_j + A_j(h), h_{j+1} = h' + MLP_j(h'). The keys and values written are
     "fuzzy" (not those of the exact forward). A one-block group is the block."""
     parts = [getattr(b, "block", b) for b in blocks]           # kernels wrap a Block (kernels/forward.py)
-    outs = (group_attention(parts, h, cos, sin, cache, mask) if len(parts) > 1
-            else [parts[0].attn(parts[0].attn_norm(h), cos, sin, cache, mask)])
+    together = len(parts) > 1 and all(isinstance(p.attn.qkv, nn.Linear) for p in parts)    # not packed (kernels)
+    outs = (group_attention(parts, h, cos, sin, cache, mask) if together
+            else [p.attn(p.attn_norm(h), cos, sin, cache, mask) for p in parts])
     for p, a in zip(parts, outs):
         h = h + a
         h = h + p.mlp(p.mlp_norm(h))

@@ -82,6 +82,8 @@ class SamplingParams:
                  f"[-100, 100], got {v!r}")
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop",
              f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        need(isinstance(self.ignore_eos, bool), "ignore_eos", f"ignore_eos must be true or false, got "
+             f"{self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:
