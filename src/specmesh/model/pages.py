@@ -29,11 +29,13 @@ def on_huge_pages(model: nn.Module) -> int:
     """Move the CPU tensors of `model` (parameters, buffers, and the packed weights kernels keep as plain attributes)
     into one mapping advised for huge pages, in place; tensors that were one stay one. Returns the bytes moved.
     Call it before anything keeps the tensors' addresses (kernels.forward's CBlock, CForward)."""
+    if not huge_pages():
+        return 0
     places = [(m, name, _key(t), t) for m in model.modules() for name, t in _tensors(m)   # keyed before any move
               if t.device.type == "cpu" and t.layout == torch.strided and t.numel() and t.is_contiguous()]
     unique = {k: t for _, _, k, t in places}
     sizes = {k: -(-t.nbytes // ALIGN) * ALIGN for k, t in unique.items()}
-    if not huge_pages() or not unique:
+    if not unique:
         return 0
     raw, at, moved = huge_zeros(sum(sizes.values())), 0, {}
     for k, t in unique.items():
