@@ -1,5 +1,6 @@
-"""Paired A/B in one process: the embedded pair loaded with its weights and caches on 4 KiB pages (huge=0) and on
-2 MiB pages (huge=1, the default since 2026-11-27), prompts interleaved, decode time after the first token.
+"""Paired A/B in one process: the embedded pair loaded with its weights on 4 KiB pages (huge=0) and on 2 MiB pages
+(huge=1, the default since 2026-11-27), prompts interleaved, decode time after the first token. (Written when caches
+of 2 MiB or more went on huge pages too: C.huge_pages no longer exists in model/cache.py.)
 Usage: python 2026-11-27-huge-pages-ab.py METHOD PROMPTS THREADS [PROMPTS.jsonl]"""
 import json, os, sys, time
 import specmesh.model.pages as P, specmesh.model.cache as C, specmesh.kernels.select as S
@@ -11,7 +12,8 @@ method, n = sys.argv[1], int(sys.argv[2])
 rows = [json.loads(l) for l in open(sys.argv[4] if len(sys.argv) > 4 else "prompts/stdlib-heldout.jsonl")][:n]
 def use(h: str) -> None:
     """Caches (made with each generate's engine) and weights (at load) on huge pages or not."""
-    C.huge_pages = (lambda: True) if h == "1" else (lambda: False)
+    if hasattr(C, "huge_pages"):
+        C.huge_pages = (lambda: True) if h == "1" else (lambda: False)
     S.on_huge_pages = P.on_huge_pages if h == "1" else (lambda m: 0)
 
 

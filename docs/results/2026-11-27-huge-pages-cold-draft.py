@@ -11,7 +11,7 @@ from specmesh.model.cache import KVCache
 
 huge = sys.argv[1] == "huge"
 S.on_huge_pages = P.on_huge_pages if huge else (lambda m: 0)
-C.huge_pages = lambda: huge
+C.huge_pages = lambda: huge                     # (caches: a version of the change had them on huge pages too)
 torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
 llm = LLM("embedded", method="sd", dtype="bfloat16")
 d, tgt = llm.models.draft, llm.models.target

@@ -14,9 +14,9 @@ torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 2)
 models, caches = {}, {}
 for name, on in (("4k", False), ("huge", True)):
     S.on_huge_pages = P.on_huge_pages if on else (lambda m: 0)
-    C.huge_pages = lambda on=on: on
+    C.huge_pages = lambda on=on: on             # (caches: a version of the change had them on huge pages too)
     models[name] = load_model("models/target", torch.bfloat16)
-    caches[name] = KVCache.for_model(models[name], 1, 4096)          # 4096 slots: 4 MiB a layer's keys, on huge pages
+    caches[name] = KVCache.for_model(models[name], 1, 4096)          # 4096 slots: 2 MiB a layer's keys (on huge pages in the huge copy while caches were)
 torch.manual_seed(0)
 V = models["4k"].config.vocab_size
 prompt = torch.randint(1, V, (1, ctx))

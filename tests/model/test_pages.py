@@ -1,4 +1,4 @@
-"""Weights and caches on huge pages (model/pages.py): the same values, ties kept, mappings advised."""
+"""Weights on huge pages (model/pages.py): the same values, ties kept, one mapping."""
 import copy
 
 import pytest
@@ -61,12 +61,3 @@ def test_tied_tensors_stay_one():
     assert module.b.plain.data_ptr() == module.a.weight.data_ptr()
     assert module.b.strided.data_ptr() == before
     assert torch.equal(module.a.weight, shared)
-
-
-def test_a_cache_is_zeros_on_advised_pages():
-    cache = KVCache(2, 4, 2048, 4, 64, torch.bfloat16, "cpu")      # 4 MiB a layer's keys
-    assert not cache.k[0].any() and not cache.v[1].any()
-    if pages.huge_pages():
-        assert mapping_of(cache.k[0])["THPeligible"] == "1"
-    small = KVCache(1, 1, 16, 2, 16, torch.bfloat16, "cpu")         # small: the heap's pages
-    assert not small.k[0].any()

@@ -23,31 +23,28 @@ attends over its g layers' entries in one go.
 from __future__ import annotations
 
 import math
+import mmap
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from specmesh.model.pages import huge_pages, huge_zeros
 
-
-HUGE_BYTES = 2 << 20       # CPU caches from this size on are mapped on huge pages where the system has them
-LAZY_BYTES = 16 << 20      # ... and from this size on mapped lazily in any case (zeros)
+LAZY_BYTES = 16 << 20      # CPU caches from this size on are mapped lazily (zeros)
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """torch.zeros, but a large one on a CPU from an anonymous mapping whose pages the OS maps, zeroed, on first
     write: a server's cache sized for full contexts (5.4 GB for SmolLM2's 8192 tokens x 15 rows in float32)
     costs memory only where requests write, and allocating it writes nothing (torch.zeros wrote it all, 10 s
-    on the first request). Page-aligned, so every kernel's loads are aligned as before. Where the system has
-    huge pages, from 2 MiB on (model/pages.py: a step's attention reads every layer's keys and values, on 4 KiB
-    pages a few pages each); without them a small one (a request's own cache) stays torch.zeros: the heap hands
-    back pages already mapped, where fresh 4 KiB ones fault on first write (the embedded pair's 378-token
-    prefills took 10-20 ms longer)."""
+    on the first request). Page-aligned, so every kernel's loads are aligned as before. A small one (a
+    request's own cache) stays torch.zeros: the heap hands back pages already mapped, where fresh ones
+    fault on first write (the embedded pair's 378-token prefills took 10-20 ms longer)."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if torch.device(device).type != "cpu" or nbytes < (HUGE_BYTES if huge_pages() else LAZY_BYTES):
+    if torch.device(device).type != "cpu" or nbytes < LAZY_BYTES:
         return torch.zeros(shape, dtype=dtype, device=device)
-    return huge_zeros(nbytes).view(dtype).view(shape)
+    pages = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)         # holds its mapping
+    return pages.view(dtype).view(shape)
 
 
 class ContextOverflowError(ValueError):

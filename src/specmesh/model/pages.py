@@ -1,10 +1,12 @@
-"""Weights and caches on 2 MiB pages: a model's tensors moved into one anonymous mapping that Linux backs with huge
-pages (transparent huge pages in `madvise` mode or `always`), and KV caches mapped the same way (model/cache.py).
+"""Weights on 2 MiB pages: a model's tensors moved into one anonymous mapping that Linux backs with huge pages
+(transparent huge pages in `madvise` mode or `always`).
 
 A forward streams every weight once. On 4 KiB pages the embedded target's 55 MB span 13,000 pages, far more than
 the TLB holds, so every forward walks the page tables again (in a virtual machine, guest and host tables both);
 on 2 MiB pages they are 28. The target's forward ran 1.04-1.10x faster, `ar` 1.09-1.13x (docs/kernels.md). Where
-the system gives no huge pages (THP `never`, not Linux) nothing moves.
+the system gives no huge pages (THP `never`, not Linux) nothing moves. KV caches stay on 4 KiB pages: the server's
+is sized for full contexts and costs memory only where requests write (model/cache.py), and on huge pages a
+request's first token would fill 2 MiB of every layer's every head.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ ALIGN = 64                  # each tensor starts on a cache line, as PyTorch's a
 def huge_pages() -> bool:
     """Whether this system gives a mapping advised so huge pages (Linux's THP `always` or `madvise`)."""
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    return hasattr(mmap, "MADV_HUGEPAGE") and thp.exists() and "[never]" not in thp.read_text()
+    return hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_ANONYMOUS") and thp.exists() \
+        and "[never]" not in thp.read_text()
 
 
 def on_huge_pages(model: nn.Module) -> int:
@@ -47,13 +50,10 @@ def on_huge_pages(model: nn.Module) -> int:
 
 
 def huge_zeros(nbytes: int) -> torch.Tensor:
-    """uint8 [nbytes] of zeros in a private anonymous mapping advised for huge pages (a shared one gets none), which
-    the OS fills on first write; the tensor holds the mapping."""
-    if not hasattr(mmap, "MAP_ANONYMOUS"):                  # not a POSIX system
-        return torch.zeros(nbytes, dtype=torch.uint8)
+    """uint8 [nbytes] of zeros in a private anonymous mapping advised for huge pages (a shared one gets none); the
+    tensor holds the mapping. Only where huge_pages()."""
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)      # before the first write: pages fault in as huge ones
+    buf.madvise(mmap.MADV_HUGEPAGE)          # before the first write: pages fault in as huge ones
     return torch.frombuffer(buf, dtype=torch.uint8)
 
 
