@@ -1,7 +1,7 @@
 """Paired A/B in one process: the embedded pair loaded with its weights on 4 KiB pages (huge=0) and on 2 MiB pages
 (huge=1, the default since 2026-11-27), prompts interleaved, decode time after the first token. (Written when caches
 of 2 MiB or more went on huge pages too: C.huge_pages no longer exists in model/cache.py.)
-Usage: python 2026-11-27-huge-pages-ab.py METHOD PROMPTS THREADS [PROMPTS.jsonl]"""
+Usage: python 2026-11-27-huge-pages-ab.py METHOD PROMPTS THREADS [PROMPTS.jsonl [TARGET]]"""
 import json, os, sys, time
 import specmesh.model.pages as P, specmesh.model.cache as C, specmesh.kernels.select as S
 import torch
@@ -20,7 +20,7 @@ def use(h: str) -> None:
 llms = {}
 for h in ("0", "1"):
     use(h)
-    llms[h] = LLM("embedded", method=method, dtype="bfloat16")
+    llms[h] = LLM(sys.argv[5] if len(sys.argv) > 5 else "embedded", method=method, dtype="bfloat16")
     llms[h].generate([rows[0]["prompt"]], SamplingParams(max_new_tokens=16))
 tot = {h: 0.0 for h in llms}; decode = {h: 0.0 for h in llms}; toks = {h: 0 for h in llms}; same = 0
 for i, r in enumerate(rows):
