@@ -29,6 +29,7 @@ from specmesh.bench.peers import PEERS as HF_PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
 from specmesh.bench.report import ratio
 from specmesh.kernels import cpu_model
+from specmesh.model.pages import huge_pages
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.spec.sampling import SamplingParams
 from specmesh.engine.stats import Stats
@@ -243,7 +244,8 @@ def memory_bound(target: torch.nn.Module) -> dict:
 
 def machine(device: str = "cpu") -> str:
     gpu = f", {torch.cuda.get_device_name(device)}" if torch.device(device).type == "cuda" else ""
-    return f"{cpu_model()}, {os.cpu_count()} cores{gpu}, torch {torch.__version__}"
+    pages = "" if gpu else ", weights on 2 MiB pages" if huge_pages() else ", weights on 4 KiB pages"   # model/pages.py
+    return f"{cpu_model()}, {os.cpu_count()} cores{gpu}{pages}, torch {torch.__version__}"
 
 
 def run_bench(cfg: BenchConfig) -> dict:

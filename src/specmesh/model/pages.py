@@ -3,7 +3,7 @@
 
 A forward streams every weight once. On 4 KiB pages the embedded target's 55 MB span 13,000 pages, far more than
 the TLB holds, so every forward walks the page tables again (in a virtual machine, guest and host tables both);
-on 2 MiB pages they are 28. The target's forward ran 1.04-1.10x faster, `ar` 1.09-1.13x (docs/kernels.md). Where
+on 2 MiB pages they are 28. Its forward ran 1.04-1.10x faster, `ar` 1.09-1.13x (docs/kernels.md). Where
 the system gives no huge pages (THP `never`, not Linux) nothing moves. KV caches stay on 4 KiB pages: the server's
 is sized for full contexts and costs memory only where requests write (model/cache.py), and on huge pages a
 request's first token would fill 2 MiB of every layer's every head.
