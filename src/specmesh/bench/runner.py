@@ -29,8 +29,8 @@ from specmesh.bench.peers import PEERS as HF_PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
 from specmesh.bench.report import ratio
 from specmesh.kernels import cpu_model
-from specmesh.model.pages import huge_pages
 from specmesh.model.loader import DTYPES, load_tokenizer
+from specmesh.model.pages import huge_pages
 from specmesh.spec.sampling import SamplingParams
 from specmesh.engine.stats import Stats
 from specmesh.timing import CHOSEN, chosen_threads, copy_bandwidth_gb_s, share_of_cores, weight_bytes
