@@ -75,9 +75,11 @@ def device_counts(text: str) -> list[int]:
 def json_path(text: str) -> str:
     """--json's PATH, checked before any work: '-' (stdout) or a file in a folder that exists."""
     path = Path(text)
-    if text != "-" and path.is_dir():
+    if text == "-":
+        return text
+    if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder: give a file path")
-    if text != "-" and not path.parent.is_dir():
+    if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r}: no folder {str(path.parent)!r}")
     return text
 

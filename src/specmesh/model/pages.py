@@ -37,9 +37,9 @@ def on_huge_pages(model: nn.Module) -> int:
     places = [(m, name, _key(t), t) for m in model.modules() for name, t in _tensors(m)   # keyed before any move
               if t.device.type == "cpu" and t.layout == torch.strided and t.numel() and t.is_contiguous()]
     unique = {k: t for _, _, k, t in places}
-    sizes = {k: -(-t.nbytes // ALIGN) * ALIGN for k, t in unique.items()}
     if not unique:
         return 0
+    sizes = {k: -(-t.nbytes // ALIGN) * ALIGN for k, t in unique.items()}
     raw, at, moved = huge_zeros(sum(sizes.values())), 0, {}
     for k, t in unique.items():
         moved[k] = raw[at:at + t.nbytes].view(t.dtype).view(t.shape).copy_(t)
