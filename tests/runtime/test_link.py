@@ -1,13 +1,17 @@
 """The links' shared-memory mailboxes: a ring per ordered pair of ranks on one machine."""
+import datetime
 import os
 import platform
+import threading
+import time
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from specmesh import LLM
-from specmesh.runtime.link import MAILBOX_BYTES, MAILBOX_SLOTS, Mailbox, Mailboxes
+from specmesh.runtime.link import MAILBOX_BYTES, MAILBOX_SLOTS, Link, Mailbox, Mailboxes
 
 
 def mailbox() -> Mailbox:
@@ -46,23 +50,25 @@ def test_ranks_on_this_machine_talk_through_shared_memory(tiny_checkpoint):
         assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"specmesh-{os.getpid()}-")]
 
 
-def test_small_messages_take_the_mailbox_and_large_ones_gloo_in_order():
-    import datetime
-    import threading
-    import torch.distributed as dist
-    from specmesh.runtime.link import Link
+def link_pair(lend: bool = False) -> list:
+    """Ranks 0 and 1 of one link, both in this process."""
     store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
     links = [None, None]
 
     def join(rank):
         links[rank] = Link(store if rank == 0 else dist.TCPStore("127.0.0.1", store.port, 2, False), rank,
-                           ["a", "b"], 10.0)
+                           ["a", "b"], 10.0, lend=lend)
 
     threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return links
+
+
+def test_small_messages_take_the_mailbox_and_large_ones_gloo_in_order():
+    links = link_pair()
     small, large = torch.arange(10.0), torch.arange(float(MAILBOX_BYTES // 4 + 100))       # large: over a slot
     messages = [small, large, small * 2, large * 3]
     waits = [links[0].send(m, 1, wait=False) for m in messages]
@@ -70,3 +76,23 @@ def test_small_messages_take_the_mailbox_and_large_ones_gloo_in_order():
     for done in waits:
         done()
     assert all(torch.equal(a, b) for a, b in zip(got, messages))
+
+
+def test_a_rank_that_lends_its_core_is_idle_while_it_waits_and_busy_once_sent_to():
+    links = link_pair(lend=True)
+    busy = links[0].boxes.busy
+    try:
+        assert list(busy) == [torch.get_num_threads()] * 2                    # both compute
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(links[1].recv(torch.empty(3), 0)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while busy[1] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert busy[1] == 0                                                   # asleep: its core is lent
+        links[0].send(torch.arange(3.0), 1)
+        assert busy[1] == torch.get_num_threads()                             # marked busy by the sender, at once
+        waiter.join(10)
+        assert torch.equal(got[0], torch.arange(3.0)) and busy[1] == torch.get_num_threads()
+    finally:
+        links[1].close()                                                      # this process's kernels: OpenMP again

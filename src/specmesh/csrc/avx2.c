@@ -11,9 +11,7 @@
 //   block_qkv and block_out are its halves around the attention, for prefills (kernels.py).
 // KV caches hold float32, or bf16 (kv16): rounded to nearest even when written, widened exactly when read.
 // All compute each row the same way whatever M is, so results do not depend on batching.
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "pool.h"
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -174,11 +172,25 @@ static inline __attribute__((always_inline)) void fma_rows(const float *x, int K
 #define FMA_NV(n, nv) case nv: fma_rows(xm, K, wb, next, o, n, nv); break;
 #define FMA_CASE(n) case n: switch (nv) { FMA_NV(n, 2) default: FMA_NV(n, 4) } break;
 
-void fma_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
-    const int NB = (N + 15) / 16;
+typedef struct {            // a product's arguments, for its parallel tasks
+    const float *x;
+    int M, K;
+    const void *w;
+    int kind;
+    const float *scale;
+    int N;
+    const float *bias;
+    float *y;
+} Product;
+
+static void fma_columns(void *ctx, int64_t t0, int64_t t1) {         // tasks t0..t1 of 32 columns
+    const Product *p = ctx;
+    const float *x = p->x, *bias = p->bias;
+    const uint16_t *w = p->w;
+    const int M = p->M, K = p->K, N = p->N, NB = (N + 15) / 16;
+    float *y = p->y;
     const int64_t next = (int64_t)(K + 1) / 2 * 32;                   // bf16 elements per block of 16 columns
-    #pragma omp parallel for schedule(static)
-    for (int nb = 0; nb < NB; nb += 2) {                              // 32 columns per task
+    for (int nb = 2 * t0; nb < 2 * t1 && nb < NB; nb += 2) {
         const int cols = N - 16 * nb < 32 ? N - 16 * nb : 32;
         float out[FMA_ROWS * 32] __attribute__((aligned(32)));
         for (int m0 = 0; m0 < M; m0 += FMA_ROWS) {
@@ -195,6 +207,11 @@ void fma_linear(const float *x, int M, int K, const uint16_t *w, int N, const fl
             store_tile(out, 32, mb, cols, bias, y, N, m0, 16 * nb);
         }
     }
+}
+
+void fma_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
+    Product p = {x, M, K, w, FMA, NULL, N, bias, y};
+    parallel_for((N + 31) / 32, 1, fma_columns, &p);
 }
 
 // Quantized products without VNNI (--quant int8 / int4, GGUF's Q8_0 / Q4_0 / Q4_1 blocks): the packing, the
@@ -337,11 +354,29 @@ static inline __attribute__((always_inline)) void q_columns(const int8_t *xq, co
     }
 }
 
-// One parallel loop per kind, so that the function OpenMP outlines from it has BITS and MINS as constants (a
-// loop outlined from one function taking them as arguments tested them at run time in its innermost loop).
-#define EACH_COLUMN_BLOCK(BITS, MINS)                                                                          \
-    _Pragma("omp parallel for schedule(static)")                                                               \
-    for (int nb = 0; nb < (N + 15) / 16; nb++) q_columns(xq, xd, xsum, M, QB, w, scale, nb, N, bias, y, BITS, MINS)
+typedef struct {            // quant_linear's arguments, for its parallel tasks
+    const int8_t *xq;
+    const float *xd;
+    const int32_t *xsum;
+    int M, QB;
+    const int8_t *w;
+    const float *scale;
+    int N;
+    const float *bias;
+    float *y;
+} QuantProduct;
+
+// One task function per kind, so that each has BITS and MINS as constants (a loop taking them as arguments
+// tested them at run time in its innermost loop).
+#define COLUMN_BLOCKS(NAME, BITS, MINS)                                                                        \
+    static void NAME(void *ctx, int64_t nb0, int64_t nb1) {                                                    \
+        const QuantProduct *a = ctx;                                                                           \
+        for (int nb = nb0; nb < nb1; nb++)                                                                     \
+            q_columns(a->xq, a->xd, a->xsum, a->M, a->QB, a->w, a->scale, nb, a->N, a->bias, a->y, BITS, MINS); \
+    }
+COLUMN_BLOCKS(q8_blocks, 8, 0)
+COLUMN_BLOCKS(q4_blocks, 4, 0)
+COLUMN_BLOCKS(q41_blocks, 4, 1)
 
 static void quant_linear(const float *x, int M, int K, const int8_t *w, int kind, const float *scale, int N,
                          const float *bias, float *y) {
@@ -350,12 +385,8 @@ static void quant_linear(const float *x, int M, int K, const int8_t *w, int kind
     float *xd = malloc(sizeof(float) * (int64_t)M * QB);
     int32_t *xsum = malloc(sizeof(int32_t) * (int64_t)M * QB);
     quantize_rows(x, M, K, QB, xq, xd, xsum);
-    if (kind == Q8)
-        EACH_COLUMN_BLOCK(8, 0);
-    else if (kind == Q4)
-        EACH_COLUMN_BLOCK(4, 0);
-    else
-        EACH_COLUMN_BLOCK(4, 1);
+    QuantProduct a = {xq, xd, xsum, M, QB, w, scale, N, bias, y};
+    parallel_for((N + 15) / 16, 1, kind == Q8 ? q8_blocks : kind == Q4 ? q4_blocks : q41_blocks, &a);
     free(xq);
     free(xd);
     free(xsum);
@@ -382,6 +413,27 @@ void q41_linear(const float *x, int M, int K, const int8_t *w, const float *scal
     quantized_linear(x, M, K, w, Q41, scale, N, bias, y);
 }
 
+static void dot_columns(void *ctx, int64_t n0, int64_t n1) {          // output columns n0..n1, row by row
+    const Product *p = ctx;
+    const float *x = p->x, *bias = p->bias, *scale = p->scale;
+    const void *w = p->w;
+    const int M = p->M, K = p->K, N = p->N, kind = p->kind;
+    float *y = p->y;
+    for (int n = n0; n < n1; n++) {
+        const void *row = (const char *)w + (int64_t)n * K * WBYTES[kind];
+        float sc = kind == INT8 ? scale[n] : 1.0f;
+        for (int m0 = 0; m0 < M; m0 += 6)
+            switch (M - m0 < 6 ? M - m0 : 6) {
+                case 1: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 1); break;
+                case 2: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 2); break;
+                case 3: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 3); break;
+                case 4: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 4); break;
+                case 5: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 5); break;
+                default: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 6); break;
+            }
+    }
+}
+
 // y[M,N] = x[M,K] . w[N,K]^T (+ bias): w in bf16, float32, or int8 with a float32 scale per row.
 // Weight rows are read once, in order (one sequential stream: DRAM serves it fastest), for
 // up to 6 input rows at a time; further rows re-read the row from L1.
@@ -403,21 +455,10 @@ static void linear(const float *x, int M, int K, const void *w, int kind, const 
         i8_linear512(x, M, K, w, scale, N, bias, y);
         return;
     }
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const void *row = (const char *)w + (int64_t)n * K * WBYTES[kind];
-        float sc = kind == INT8 ? scale[n] : 1.0f;
-        for (int m0 = 0; m0 < M; m0 += 6)
-            switch (M - m0 < 6 ? M - m0 : 6) {
-                case 1: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 1); break;
-                case 2: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 2); break;
-                case 3: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 3); break;
-                case 4: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 4); break;
-                case 5: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 5); break;
-                default: dot_rows(x, K, row, kind, sc, bias, y, N, n, m0, 6); break;
-            }
-    }
+    Product p = {x, M, K, w, kind, scale, N, bias, y};
+    parallel_for(N, 1, dot_columns, &p);
 }
+
 
 void bf16_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
     linear(x, M, K, w, BF16, NULL, N, bias, y);
@@ -435,9 +476,21 @@ void i8_linear(const float *x, int M, int K, const int8_t *w, const float *scale
 }
 
 // y[M,D] = w * (x * rsqrt(mean(x^2) + eps)), row by row (RMSNorm in float32)
-void rms_norm(const float *x, int M, int D, const float *w, float eps, float *y) {
-    #pragma omp parallel for schedule(static) if (M >= 64)
-    for (int m = 0; m < M; m++) {
+typedef struct {
+    const float *x;
+    int D;
+    const float *w;
+    float eps;
+    float *y;
+} Norm;
+
+static void norm_rows(void *ctx, int64_t m0, int64_t m1) {
+    const Norm *a = ctx;
+    const float *x = a->x, *w = a->w;
+    const int D = a->D;
+    const float eps = a->eps;
+    float *y = a->y;
+    for (int m = m0; m < m1; m++) {
         const float *xr = x + (int64_t)m * D;
         float *yr = y + (int64_t)m * D;
         __m256 acc = _mm256_setzero_ps();
@@ -454,6 +507,11 @@ void rms_norm(const float *x, int M, int D, const float *w, float eps, float *y)
             _mm256_storeu_ps(yr + k, _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_mul_ps(_mm256_loadu_ps(xr + k), rv)));
         for (int kk = k; kk < D; kk++) yr[kk] = w[kk] * (xr[kk] * r);
     }
+}
+
+void rms_norm(const float *x, int M, int D, const float *w, float eps, float *y) {
+    Norm a = {x, D, w, eps, y};
+    parallel_for(M, M >= 64 ? 1 : M, norm_rows, &a);
 }
 
 // x[hd] <- x * cos + rotate_half(x) * sin (HF's rotate-half convention)
@@ -726,11 +784,7 @@ static AttendHead attend_head_for(int hd) {
 #define PART_ROWS 512
 
 static inline int attention_tasks(int R, int Hkv) {
-#ifdef _OPENMP
-    const int threads = omp_get_max_threads();
-#else
-    const int threads = 1;
-#endif
+    const int threads = team_size();
     int S = (2 * threads + Hkv - 1) / Hkv;
     if (S > (R + 1) / 2) S = (R + 1) / 2;
     if (S > ATTN_SPLIT) S = ATTN_SPLIT;
@@ -740,23 +794,53 @@ static inline int attention_tasks(int R, int Hkv) {
 
 // The attention of M new tokens (the contract above) with this CPU's kernel (attend_head_for), as a decoding step's
 // (attention_half): a prefill's tokens attend as they would one by one. Each kv head's rows in attention_tasks.
+typedef struct {            // the attention of B rows' new tokens, for its parallel tasks (attention_half's layout)
+    AttendHead head;
+    const float *q;
+    int qs;
+    const char *kc, *vc;
+    int kv16, max_len;
+    const int *starts;      // row b's cached tokens before its new ones (its keys: those and its T new ones)
+    int start, kv_len;      // where starts is NULL (one row): its cached tokens and keys
+    const uint8_t *mask;
+    int ms, T, H, Hkv, hd, S;
+    int64_t rs;             // a row's cache elements
+    float *out;
+} Attention;
+
+static void attention_parts(void *ctx, int64_t t0, int64_t t1) {   // task t: row b, kv head g, part of S
+    const Attention *a = ctx;
+    const int T = a->T, H = a->H, Hkv = a->Hkv, hd = a->hd, S = a->S, Q = a->qs, R = T * (H / Hkv);
+    const int64_t bytes = a->rs * (a->kv16 ? 2 : 4);
+    for (int64_t t = t0; t < t1; t++) {
+        const int b = t / (Hkv * S), g = t / S % Hkv, part = t % S;
+        const int start = a->starts ? a->starts[b] : a->start, kv_len = a->starts ? start + T : a->kv_len;
+        a->head(a->q + (int64_t)b * T * Q, Q, a->kc + b * bytes, a->vc + b * bytes, a->kv16, a->max_len, start, kv_len, a->mask ? a->mask + (int64_t)b * T * a->ms : NULL, a->ms,
+                H, Hkv, hd, a->out + (int64_t)b * T * H * hd, g, part * R / S, (part + 1) * R / S);
+    }
+}
+
 void attend(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start, int kv_len,
             const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
-    AttendHead head = attend_head_for(hd);
-    const int R = M * (H / Hkv), S = attention_tasks(R, Hkv);
-    #pragma omp parallel for collapse(2) schedule(dynamic)
-    for (int g = 0; g < Hkv; g++)
-        for (int part = 0; part < S; part++)
-            head(q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, H, Hkv, hd, out, g, part * R / S,
-                 (part + 1) * R / S);
+    const int S = attention_tasks(M * (H / Hkv), Hkv);
+    Attention a = {attend_head_for(hd), q, qs, kc, vc, kv16, max_len, NULL, start, kv_len, mask, ms, M, H, Hkv, hd, S, 0,
+                   out};
+    parallel_tasks((int64_t)Hkv * S, attention_parts, &a);
 }
 
 // act[M, I] = silu(gate) * up for gu[M, 2I] = [gate | up], with exp8 (the same for every row)
-static void swiglu(const float *gu, int M, int I, float *act) {
-    #pragma omp parallel for schedule(static) if (M * I >= 4096)
-    for (int r = 0; r < M; r++) {
-        const float *g = gu + (int64_t)r * 2 * I, *u = g + I;
-        float *a = act + (int64_t)r * I;
+typedef struct {
+    const float *gu;
+    int I;
+    float *act;
+} Glu;
+
+static void swiglu_rows(void *ctx, int64_t r0, int64_t r1) {
+    const Glu *c = ctx;
+    const int I = c->I;
+    for (int r = r0; r < r1; r++) {
+        const float *g = c->gu + (int64_t)r * 2 * I, *u = g + I;
+        float *a = c->act + (int64_t)r * I;
         int i = 0;
         for (; i + 8 <= I; i += 8) {
             __m256 gv = _mm256_loadu_ps(g + i);
@@ -767,21 +851,34 @@ static void swiglu(const float *gu, int M, int I, float *act) {
     }
 }
 
-// A layer's first half for T new tokens of each of B sequences: qkv[B*T, (H + 2 Hkv) * hd] <- the
-// rotated q and k and the v of rms_norm(h), with cos/sin [B*T, hd] the rotary tables; the keys and
-// values also go into the cache: row b's live at elements kc/vc + b * rs ([Hkv, max_len, hd] each,
-// float32 or bf16 where kv16), its new tokens at offsets starts[b]...
-void block_qkv(const Layer *L, const float *h, int B, int T, const float *cos, const float *sin, void *kc, void *vc,
-               int kv16, int64_t rs, int max_len, const int *starts, float *qkv) {
-    int D = L->D, H = L->H, Hkv = L->Hkv, hd = L->hd, Q = (H + 2 * Hkv) * hd, M = B * T;
-    float *x = malloc(sizeof(float) * M * D);
-    rms_norm(h, M, D, L->attn_norm, L->eps, x);
-    linear(x, M, D, L->qkv, L->kind, L->qkv_s, Q, L->qkv_b, qkv);
-    free(x);
-    #pragma omp parallel for schedule(static) if (M >= 64)
-    for (int r = 0; r < M; r++) {
+static void swiglu(const float *gu, int M, int I, float *act) {
+    Glu a = {gu, I, act};
+    parallel_for(M, M * I >= 4096 ? 1 : M, swiglu_rows, &a);
+}
+
+typedef struct {            // block_qkv's rotation and cache writes, for its parallel tasks
+    const Layer *L;
+    int T;
+    const float *cos, *sin;
+    void *kc, *vc;
+    int kv16;
+    int64_t rs;
+    int max_len;
+    const int *starts;
+    float *qkv;
+} Rotation;
+
+// rows r0..r1 of qkv: q and k rotated, k and v written to the cache
+static void rotate_rows(void *ctx, int64_t r0, int64_t r1) {
+    const Rotation *a = ctx;
+    const int H = a->L->H, Hkv = a->L->Hkv, hd = a->L->hd, Q = (H + 2 * Hkv) * hd, T = a->T, kv16 = a->kv16;
+    const float *cos = a->cos, *sin = a->sin;
+    void *kc = a->kc, *vc = a->vc;
+    const int64_t rs = a->rs;
+    const int max_len = a->max_len, *starts = a->starts;
+    for (int r = r0; r < r1; r++) {
         int b = r / T, t = r % T;
-        float *row = qkv + (int64_t)r * Q;
+        float *row = a->qkv + (int64_t)r * Q;
         for (int j = 0; j < H + Hkv; j++) rotate(row + j * hd, cos + r * hd, sin + r * hd, hd);
         for (int g = 0; g < Hkv; g++) {
             int64_t at = b * rs + ((int64_t)g * max_len + starts[b] + t) * hd;
@@ -805,9 +902,34 @@ void block_qkv(const Layer *L, const float *h, int B, int T, const float *cos, c
     }
 }
 
+// A layer's first half for T new tokens of each of B sequences: qkv[B*T, (H + 2 Hkv) * hd] <- the
+// rotated q and k and the v of rms_norm(h), with cos/sin [B*T, hd] the rotary tables; the keys and
+// values also go into the cache: row b's live at elements kc/vc + b * rs ([Hkv, max_len, hd] each,
+// float32 or bf16 where kv16), its new tokens at offsets starts[b]...
+void block_qkv(const Layer *L, const float *h, int B, int T, const float *cos, const float *sin, void *kc, void *vc,
+               int kv16, int64_t rs, int max_len, const int *starts, float *qkv) {
+    int D = L->D, H = L->H, Hkv = L->Hkv, hd = L->hd, Q = (H + 2 * Hkv) * hd, M = B * T;
+    float *x = malloc(sizeof(float) * M * D);
+    rms_norm(h, M, D, L->attn_norm, L->eps, x);
+    linear(x, M, D, L->qkv, L->kind, L->qkv_s, Q, L->qkv_b, qkv);
+    free(x);
+    Rotation a = {L, T, cos, sin, kc, vc, kv16, rs, max_len, starts, qkv};
+    parallel_for(M, M >= 64 ? 1 : M, rotate_rows, &a);
+}
+
+typedef struct {
+    float *h;
+    const float *x;
+} Sum;
+
+static void add_range(void *ctx, int64_t i0, int64_t i1) {
+    const Sum *a = ctx;
+    for (int64_t i = i0; i < i1; i++) a->h[i] += a->x[i];
+}
+
 static void add(float *h, const float *x, int n) {     // h += x (the residual stream)
-    #pragma omp parallel for schedule(static) if (n >= 65536)
-    for (int i = 0; i < n; i++) h[i] += x[i];
+    Sum a = {h, x};
+    parallel_for(n, n >= 65536 ? 4096 : n, add_range, &a);
 }
 
 // A layer's second half for M tokens: h[M, D] += o(att[M, H*hd]), then h += mlp(rms_norm(h)); on a
@@ -844,16 +966,9 @@ static void attention_half(const Layer *L, const float *h, int B, int T, const f
     int H = L->H, Hkv = L->Hkv, hd = L->hd, Q = (H + 2 * Hkv) * hd, M = B * T;
     float *qkv = malloc(sizeof(float) * M * Q);
     block_qkv(L, h, B, T, cos, sin, kc, vc, kv16, rs, max_len, starts, qkv);
-    AttendHead head = attend_head_for(hd);
-    const int es = kv16 ? 2 : 4;                                 // bytes per cached element
-    const int R = T * (H / Hkv), S = attention_tasks(R, Hkv);          // a kv head's query rows, in S parts
-    #pragma omp parallel for collapse(3) schedule(dynamic)      // one parallel region for the batch
-    for (int b = 0; b < B; b++)
-        for (int g = 0; g < Hkv; g++)
-            for (int part = 0; part < S; part++)
-                head(qkv + (int64_t)b * T * Q, Q, (char *)kc + b * rs * es, (char *)vc + b * rs * es, kv16, max_len,
-                     starts[b], starts[b] + T, mask ? mask + (int64_t)b * T * ms : NULL, ms, H, Hkv, hd,
-                     att + (int64_t)b * T * H * hd, g, part * R / S, (part + 1) * R / S);
+    const int S = attention_tasks(T * (H / Hkv), Hkv);          // a kv head's query rows, in S parts
+    Attention a = {attend_head_for(hd), qkv, Q, kc, vc, kv16, max_len, starts, 0, 0, mask, ms, T, H, Hkv, hd, S, rs, att};
+    parallel_tasks((int64_t)B * Hkv * S, attention_parts, &a);     // one parallel loop for the batch
     free(qkv);
 }
 
@@ -866,6 +981,28 @@ static void block_forward(const Layer *L, float *h, int B, int T, const float *c
     free(att);
 }
 
+typedef struct {            // group_forward's attention halves, for its parallel tasks
+    const Layer *const *Ls;
+    const float *h;
+    int B, T;
+    const float *cos, *sin;
+    void *const *kc, *const *vc;
+    int kv16;
+    int64_t rs;
+    int max_len;
+    const int *starts;
+    const uint8_t *mask;
+    int ms;
+    float **att;
+} Group;
+
+static void group_halves(void *ctx, int64_t j0, int64_t j1) {
+    const Group *a = ctx;
+    for (int64_t j = j0; j < j1; j++)
+        attention_half(a->Ls[j], a->h, a->B, a->T, a->cos, a->sin, a->kc[j], a->vc[j], a->kv16, a->rs, a->max_len,
+                       a->starts, a->mask, a->ms, a->att[j]);
+}
+
 // h <- EasySpec's hyper-layer of layers[0..n) (model.layer_parallel): every attention half reads the group's
 // input h, each on a thread of its own (the products inside it then run on that one thread: one parallel
 // region for the group instead of several per layer); then each layer's block_out, in order.
@@ -874,9 +1011,8 @@ static void group_forward(const Layer *const *Ls, int n, float *h, int B, int T,
                           const uint8_t *mask, int ms) {
     float **att = malloc(sizeof(float *) * n);
     for (int j = 0; j < n; j++) att[j] = malloc(sizeof(float) * B * T * Ls[j]->H * Ls[j]->hd);
-    #pragma omp parallel for schedule(static)
-    for (int j = 0; j < n; j++)
-        attention_half(Ls[j], h, B, T, cos, sin, kc[j], vc[j], kv16, rs, max_len, starts, mask, ms, att[j]);
+    Group a = {Ls, h, B, T, cos, sin, kc, vc, kv16, rs, max_len, starts, mask, ms, att};
+    parallel_for(n, 1, group_halves, &a);
     for (int j = 0; j < n; j++) {
         block_out(Ls[j], h, B * T, att[j]);
         free(att[j]);

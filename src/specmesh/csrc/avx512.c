@@ -10,6 +10,7 @@
 //   (row r holds w[n][32 kb + 2 r + e] for the 16 columns n, e = 0, 1: the "VNNI" layout).
 // amx_attention: a prefill's causal attention on the tile unit (head dim 64, bf16 cache).
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vnni")
+#include "pool.h"
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -389,11 +390,27 @@ void attend512_head(const float *q, int qs, const void *kc, const void *vc, int 
     #undef HEAD
 }
 
+typedef struct {            // attend512's arguments, for its parallel tasks
+    const float *q;
+    int qs;
+    const void *kc, *vc;
+    int kv16, max_len, start, kv_len;
+    const uint8_t *mask;
+    int ms, M, H, Hkv, hd;
+    float *out;
+} Attention512;
+
+static void attend512_heads(void *ctx, int64_t g0, int64_t g1) {
+    const Attention512 *a = ctx;
+    for (int g = g0; g < g1; g++)
+        attend512_head(a->q, a->qs, a->kc, a->vc, a->kv16, a->max_len, a->start, a->kv_len, a->mask, a->ms, a->H,
+                       a->Hkv, a->hd, a->out, g, 0, a->M * (a->H / a->Hkv));
+}
+
 void attend512(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start, int kv_len,
                const uint8_t *mask, int ms, int M, int H, int Hkv, int hd, float *out) {
-    #pragma omp parallel for schedule(static)
-    for (int g = 0; g < Hkv; g++)
-        attend512_head(q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, H, Hkv, hd, out, g, 0, M * (H / Hkv));
+    Attention512 a = {q, qs, kc, vc, kv16, max_len, start, kv_len, mask, ms, M, H, Hkv, hd, out};
+    parallel_for(Hkv, 1, attend512_heads, &a);
 }
 
 static inline __m512 load16_i8(const int8_t *p) {      // 16 int8 -> 16 float32 (exact)
@@ -422,11 +439,24 @@ static inline __attribute__((always_inline)) void i8_rows(const float *x, int K,
 // with a float32 scale per output row (draft models). 8 output columns at a time share each 16-wide
 // slice of x (two rows of x share each converted slice of weights), and one transposing sum finishes
 // all 8; every output is summed the same way whatever M is (and wherever its column sits in a block).
-void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
-                  float *y) {
-    const int K16 = K / 16 * 16;
-    #pragma omp parallel for schedule(static)
-    for (int n0 = 0; n0 < N; n0 += 8) {
+typedef struct {            // a product's arguments, for its parallel tasks
+    const float *x;
+    int M, K;
+    const void *w;
+    const float *scale;
+    int N;
+    const float *bias;
+    float *y;
+    const uint32_t *xp;     // dp_linear: x as bf16 pairs
+} Product512;
+
+static void i8_columns(void *ctx, int64_t t0, int64_t t1) {       // tasks t0..t1 of 8 output columns
+    const Product512 *p = ctx;
+    const float *x = p->x, *scale = p->scale, *bias = p->bias;
+    const int8_t *w = p->w;
+    const int M = p->M, K = p->K, N = p->N, K16 = K / 16 * 16;
+    float *y = p->y;
+    for (int n0 = 8 * t0; n0 < 8 * t1 && n0 < N; n0 += 8) {
         const int8_t *wr[8];                               // past N: row N - 1 again, its result dropped
         for (int c = 0; c < 8; c++) wr[c] = w + (int64_t)(n0 + c < N ? n0 + c : N - 1) * K;
         for (int m0 = 0; m0 < M; m0 += 2) {
@@ -443,6 +473,12 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
             }
         }
     }
+}
+
+void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
+                  float *y) {
+    Product512 p = {x, M, K, w, scale, N, bias, y, NULL};
+    parallel_for((N + 7) / 8, 1, i8_columns, &p);
 }
 
 // dp_linear: y[M,N] = bf16(x)[M,K] . w[N,K]^T (+ bias[N]) with AVX512-BF16's dot product (vdpbf16ps: 16
@@ -479,16 +515,15 @@ static inline __attribute__((always_inline)) void dp_rows(const uint32_t *xp, in
 #define DP_NC(n, nc) case nc: dp_rows(xm, KP, wb, next, out, n, nc); break;
 #define DP_CASE(n) case n: switch (nc) { DP_NC(n, 1) DP_NC(n, 2) DP_NC(n, 3) default: DP_NC(n, 4) } break;
 
-void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
-    const int KP = (K + 1) / 2, NB = (N + 15) / 16;
+static void dp_columns(void *ctx, int64_t t0, int64_t t1) {       // tasks t0..t1 of DP_COLS blocks of 16 columns
+    const Product512 *p = ctx;
+    const uint16_t *w = p->w;
+    const uint32_t *xp = p->xp;
+    const float *bias = p->bias;
+    const int M = p->M, N = p->N, KP = (p->K + 1) / 2, NB = (N + 15) / 16;
     const int64_t next = (int64_t)KP * 32;                            // bf16 elements per block of 16 columns
-    const int MB = (M + 15) / 16;
-    uint32_t *xp = malloc(sizeof(uint32_t) * (int64_t)MB * 16 * KP);  // x as bf16 pairs, row by row (a zero pads odd K)
-    for (int mb = 0; mb < MB; mb++)
-        to_bf16(x + (int64_t)mb * 16 * K, M - mb * 16 < 16 ? M - mb * 16 : 16, K, 2 * KP,
-                (uint16_t *)(xp + (int64_t)mb * 16 * KP));
-    #pragma omp parallel for schedule(static)
-    for (int nb = 0; nb < NB; nb += DP_COLS) {
+    float *y = p->y;
+    for (int nb = DP_COLS * t0; nb < DP_COLS * t1 && nb < NB; nb += DP_COLS) {
         const uint16_t *wb = w + nb * next;
         const int nc = NB - nb < DP_COLS ? NB - nb : DP_COLS;
         const int cols = N - 16 * nb < 16 * DP_COLS ? N - 16 * nb : 16 * DP_COLS;
@@ -502,6 +537,16 @@ void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const flo
             store_tile(out, 16 * DP_COLS, mb, cols, bias, y, N, m0, 16 * nb);
         }
     }
+}
+
+void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
+    const int KP = (K + 1) / 2, NB = (N + 15) / 16, MB = (M + 15) / 16;
+    uint32_t *xp = malloc(sizeof(uint32_t) * (int64_t)MB * 16 * KP);  // x as bf16 pairs, row by row (a zero pads odd K)
+    for (int mb = 0; mb < MB; mb++)
+        to_bf16(x + (int64_t)mb * 16 * K, M - mb * 16 < 16 ? M - mb * 16 : 16, K, 2 * KP,
+                (uint16_t *)(xp + (int64_t)mb * 16 * KP));
+    Product512 p = {x, M, K, w, NULL, N, bias, y, xp};
+    parallel_for((NB + DP_COLS - 1) / DP_COLS, 1, dp_columns, &p);
     free(xp);
 }
 
@@ -620,11 +665,27 @@ static inline __attribute__((always_inline)) void q8_columns(const uint8_t *xq, 
     }
 }
 
-// One parallel loop per kind, so that the function OpenMP outlines from it has BITS and MINS as constants (as
-// csrc/avx2.c's quant_linear).
-#define EACH_COLUMN_PAIR(BITS, MINS)                                                                           \
-    _Pragma("omp parallel for schedule(static)")                                                               \
-    for (int nb = 0; nb < (N + 15) / 16; nb += 2) q8_columns(xq, xd, xs, M, QB, w, scale, nb, N, bias, y, BITS, MINS)
+typedef struct {            // quant_linear's arguments, for its parallel tasks
+    const uint8_t *xq;
+    const float *xd, *xs;
+    int M, QB;
+    const int8_t *w;
+    const float *scale;
+    int N;
+    const float *bias;
+    float *y;
+} QuantProduct512;
+
+// One task function per kind, so that each has BITS and MINS as constants (as csrc/avx2.c's quant_linear).
+#define COLUMN_PAIRS(NAME, BITS, MINS)                                                                         \
+    static void NAME(void *ctx, int64_t t0, int64_t t1) {                                                      \
+        const QuantProduct512 *a = ctx;                                                                        \
+        for (int nb = 2 * t0; nb < 2 * t1 && nb < (a->N + 15) / 16; nb += 2)                                   \
+            q8_columns(a->xq, a->xd, a->xs, a->M, a->QB, a->w, a->scale, nb, a->N, a->bias, a->y, BITS, MINS);  \
+    }
+COLUMN_PAIRS(q8_pairs, 8, 0)
+COLUMN_PAIRS(q4_pairs, 4, 0)
+COLUMN_PAIRS(q41_pairs, 4, 1)
 
 static void quant_linear(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
                          float *y, int bits, int mins) {
@@ -632,12 +693,8 @@ static void quant_linear(const float *x, int M, int K, const int8_t *w, const fl
     uint8_t *xq = malloc((int64_t)M * QB * 32);
     float *xd = malloc(sizeof(float) * (int64_t)M * QB), *xs = mins ? malloc(sizeof(float) * (int64_t)M * QB) : NULL;
     quantize_rows(x, M, K, QB, xq, xd, xs);
-    if (bits == 8)
-        EACH_COLUMN_PAIR(8, 0);
-    else if (!mins)
-        EACH_COLUMN_PAIR(4, 0);
-    else
-        EACH_COLUMN_PAIR(4, 1);
+    QuantProduct512 a = {xq, xd, xs, M, QB, w, scale, N, bias, y};
+    parallel_for((N + 31) / 32, 1, bits == 8 ? q8_pairs : !mins ? q4_pairs : q41_pairs, &a);
     free(xq);
     free(xd);
     free(xs);

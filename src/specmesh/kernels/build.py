@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).parents[1] / "csrc" / "avx2.c"
-AVX512_SOURCE = Path(__file__).parents[1] / "csrc" / "avx512.c"
+CSRC = Path(__file__).parents[1] / "csrc"
+SOURCE, AVX512_SOURCE, POOL_SOURCE = CSRC / "avx2.c", CSRC / "avx512.c", CSRC / "pool.c"
 
 
 class LayerWeights(ctypes.Structure):
@@ -36,7 +36,7 @@ class ModelEnds(ctypes.Structure):
 def kernel_version() -> str:
     """A digest of the C kernels' sources: it names their build, and `--method auto`'s measurements are kept per
     version (a change of the kernels measures again)."""
-    return hashlib.sha256(SOURCE.read_bytes() + AVX512_SOURCE.read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(b"".join(f.read_bytes() for f in sorted(CSRC.iterdir()))).hexdigest()[:16]
 
 
 @functools.cache
@@ -59,9 +59,10 @@ def avx2_lib() -> ctypes.CDLL | None:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             out = Path(tmp) / lib.name
-            for files in ([SOURCE, AVX512_SOURCE], [SOURCE]):    # without avx512.c where gcc is too old for it
+            for files in ([SOURCE, AVX512_SOURCE, POOL_SOURCE], [SOURCE, POOL_SOURCE]):   # without avx512.c where gcc
+                                                                                        # is too old for it
                 build = subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-shared", "-fPIC", *map(str, files),
-                                        "-o", str(out), *omp, "-lm"], capture_output=True, text=True)
+                                        "-o", str(out), *omp, "-lm", "-lpthread"], capture_output=True, text=True)
                 if build.returncode == 0:
                     break
             else:
@@ -110,6 +111,8 @@ def avx2_lib() -> ctypes.CDLL | None:
         if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
             kernel.use_avx512(1)
             kernel.use_vnni(int(vnni_products(kernel)))
+    kernel.pool_lend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    kernel.pool_lend.restype = None
     kernel.fma_linear.argtypes = kernel.bf16_linear.argtypes
     kernel.fma_linear.restype = None
     for product in ("q8_linear", "q4_linear", "q41_linear"):

@@ -21,6 +21,11 @@ mailboxes (`Mailboxes`): the receiver polls, so nothing waits for a thread to be
 its core at each poll to any thread that can run (with more ranks than cores, as cosine's drafter
 processes beside a verifier on 2 cores, polling without yielding made its steps 5x slower), and
 after SPIN_S sleeps on a futex that the sender wakes (a rank waiting long burns no core).
+Ranks that take turns (`lend`: pp, pearl, the pipelines) lend their cores while they wait: a waiting
+rank sleeps at once (after LEND_SPIN_S) and says so in shared memory (`Mailboxes.busy`), the kernels'
+pool (csrc/pool.c) runs the computing rank's loops on the cores no busy rank holds, and a rank that
+sends a waiting rank its message marks it busy first, so that a borrowed core is free by the time its
+owner wakes.
 Through gloo a message had a long tail while both cores computed (gloo's I/O thread waits for
 a core), which cost PipeDec's pipeline time every timestep (docs/pipelines.md). Larger messages (a prompt's hidden states), and
 every message between machines, go through gloo.
@@ -40,6 +45,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -50,6 +56,7 @@ STARTUP_S = 120.0                        # a worker must load its model and join
 MAILBOX_SLOTS, MAILBOX_BYTES = 8, 1 << 18   # per ordered pair of ranks: messages in flight, bytes each
 SPIN_S, SLEEP_S = 0.05, 0.05            # a waiting rank polls for SPIN_S, then sleeps on a futex,
                                          # waking every SLEEP_S to check its peer
+LEND_SPIN_S = 30e-6                      # a rank that lends its core polls this long before it sleeps
 
 WRITTEN, READ = 0, 1                    # a mailbox's counters
 
@@ -122,11 +129,14 @@ class Mailbox:
 class Mailboxes:
     """Shared memory for every ordered pair of ranks on this machine: rank 0 creates a file in
     /dev/shm, every rank maps it, and rank 0 removes the name once all have (nothing is left
-    behind however the processes end)."""
+    behind however the processes end). After the mailboxes, one int32 a rank: `busy`, its threads
+    while it computes and 0 while it waits (each rank writes its own, and a sender its receiver's),
+    and `threads`, its threads."""
     REGION = 128 + MAILBOX_SLOTS * MAILBOX_BYTES
 
     def __init__(self, store: dist.Store, rank: int, world: int):
-        self.world, size = world, world * world * self.REGION
+        self.world, boxes = world, world * world * self.REGION
+        size = boxes + 8 * world
         if rank == 0:
             path = f"/dev/shm/specmesh-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             with open(path, "wb") as f:
@@ -135,6 +145,8 @@ class Mailboxes:
         else:
             path = store.get("shm/path").decode()
         self.memory = torch.from_file(path, shared=True, size=size, dtype=torch.uint8).numpy()
+        self.busy = self.memory[boxes:boxes + 4 * world].view(np.int32)
+        self.threads = self.memory[boxes + 4 * world:].view(np.int32)
         store.set(f"shm/mapped/{rank}", "1")
         if rank == 0:
             store.wait([f"shm/mapped/{r}" for r in range(world)])
@@ -149,7 +161,7 @@ class Mailboxes:
         if rank == 0:
             same = len({store.get(f"host/{r}") for r in range(world)}) == 1
             shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
-            room = shm is not None and shm.f_bavail * shm.f_frsize >= 2 * world * world * cls.REGION
+            room = shm is not None and shm.f_bavail * shm.f_frsize >= 2 * world * (world * cls.REGION + 8)
             store.set("shm/use", "1" if same and room and platform.machine() in ("x86_64", "AMD64") else "0")
         return store.get("shm/use") == b"1"
 
@@ -160,7 +172,7 @@ class Mailboxes:
 
 class Link:
     def __init__(self, store: dist.Store, rank: int, roles: list[str], timeout_s: float,
-                 procs: dict[int, subprocess.Popen] | None = None):
+                 procs: dict[int, subprocess.Popen] | None = None, lend: bool = False):
         self.rank, self.roles, self.timeout_s, self.store = rank, roles, timeout_s, store
         self.procs = procs or {}
         store.set(f"pid/{rank}", str(os.getpid()))
@@ -170,6 +182,27 @@ class Link:
         peers = [r for r in range(len(roles)) if r != rank] if boxes else []
         self.outbox = {r: boxes.box(rank, r) for r in peers}         # empty: everything through gloo
         self.inbox = {r: boxes.box(r, rank) for r in peers}
+        self.boxes = boxes if lend else None                         # None: this link's ranks lend no cores
+        if self.boxes:
+            self._computing()
+            if rank:                                                 # workers lend for good; rank 0 in `lending`
+                lend_cores(self.boxes)
+
+    @contextmanager
+    def lending(self):
+        """Rank 0, around a job: its kernels run on the cores of the ranks that wait (csrc/pool.c)."""
+        if not self.boxes:
+            yield
+            return
+        self._computing()
+        lend_cores(self.boxes)
+        try:
+            yield
+        finally:
+            lend_cores(None)
+
+    def _computing(self) -> None:
+        self.boxes.threads[self.rank] = self.boxes.busy[self.rank] = torch.get_num_threads()
 
     def describe(self, rank: int) -> str:
         return f"rank {rank} ({self.roles[rank]}, pid {self.pids[rank]})"
@@ -187,7 +220,11 @@ class Link:
         tensor = tensor.contiguous()
         if mailbox and self.by_mailbox(dst, tensor.nbytes):
             box, data = self.outbox[dst], as_bytes(tensor)
+            if self.boxes:                  # it computes once this arrives: free its core now
+                self.boxes.busy[dst] = self.boxes.threads[dst]
             seq = self._poll(lambda: box.put(data), dst, self.timeout_s, box, READ)
+            if self.boxes:                  # whole once put: waiting for a sleeping receiver to wake costs a hop
+                return None if wait else (lambda: None)
             done = functools.partial(self._poll, lambda: box.taken(seq), dst, self.timeout_s, box, READ)
         else:
             work = self._guard(lambda: self.group.send([tensor], dst, 0), dst)
@@ -215,6 +252,8 @@ class Link:
         and answers in time."""
         if value := ready():
             return value
+        if self.boxes:
+            return self._lend_while(ready, peer, timeout_s, box, counter)
         start, polls = time.monotonic(), 0
         while not (value := ready()):
             polls += 1
@@ -232,6 +271,28 @@ class Link:
             if waited > timeout_s:
                 raise self._error(peer, f"did not answer within {timeout_s:g} s")
         return value
+
+    def _lend_while(self, ready: Callable, peer: int, timeout_s: float, box: Mailbox, counter: int):
+        """_poll for a rank that lends its core: a short poll, then asleep and not busy until `ready()`."""
+        start = time.monotonic()
+        while time.monotonic() - start < LEND_SPIN_S:
+            if value := ready():
+                return value
+        self.boxes.busy[self.rank] = 0
+        try:
+            while True:
+                seen = box.counter(counter)
+                if value := ready():
+                    return value
+                futex_wait(box.address + 8 * counter, seen, SLEEP_S)
+                if value := ready():
+                    return value
+                if not self._alive(peer):
+                    raise self._error(peer, self._fate(peer, RuntimeError("its process ended")))
+                if time.monotonic() - start > timeout_s:
+                    raise self._error(peer, f"did not answer within {timeout_s:g} s")
+        finally:
+            self._computing()
 
     def alive(self, rank: int) -> bool:
         return self._alive(rank)
@@ -311,6 +372,8 @@ class Link:
 
     def close(self, grace_s: float = 5.0) -> None:
         """Wait briefly for launched workers to exit, then kill what is left."""
+        if self.boxes and self.rank:
+            lend_cores(None)
         deadline = time.monotonic() + grace_s
         for proc in self.procs.values():
             try:
@@ -321,14 +384,25 @@ class Link:
         self.procs = {}
 
 
+def lend_cores(boxes: Mailboxes | None) -> None:
+    """Run this process's kernel loops on its own threads plus the cores no busy rank of `boxes` holds
+    (None: OpenMP's team again)."""
+    from specmesh.kernels.build import avx2_lib
+    kernel = avx2_lib()
+    if kernel is not None:
+        kernel.pool_lend(None if boxes is None else boxes.busy.ctypes.data, 0 if boxes is None else boxes.world,
+                         len(os.sched_getaffinity(0)))
+
+
 def as_bytes(tensor: torch.Tensor) -> np.ndarray:
     """A contiguous CPU tensor's memory as uint8 (shared with it)."""
     return tensor.reshape(-1).view(torch.uint8).numpy()
 
 
-def connect(roles: list[str], config: dict, timeout_s: float) -> Link:
-    """Rank 0's link: under torchrun the ranks it started, else workers launched here."""
-    return join_env(roles, timeout_s) if under_torchrun() else launch(roles, config, timeout_s)
+def connect(roles: list[str], config: dict, timeout_s: float, lend: bool = False) -> Link:
+    """Rank 0's link: under torchrun the ranks it started, else workers launched here. `lend`: the ranks
+    take turns and lend each other their cores while they wait (see the module docstring)."""
+    return join_env(roles, timeout_s, lend) if under_torchrun() else launch(roles, config | {"lend": lend}, timeout_s)
 
 
 def launch(roles: list[str], config: dict, timeout_s: float) -> Link:
@@ -347,7 +421,7 @@ def launch(roles: list[str], config: dict, timeout_s: float) -> Link:
         print(f"rank {rank} role {roles[rank]} pid {procs[rank].pid}", file=sys.stderr, flush=True)
     try:
         wait_ready(store, procs)
-        return Link(store, 0, roles, timeout_s, procs)
+        return Link(store, 0, roles, timeout_s, procs, config.get("lend", False))
     except BaseException:
         for proc in procs.values():
             proc.kill()
@@ -366,7 +440,7 @@ def wait_ready(store: dist.Store, procs: dict[int, subprocess.Popen]) -> None:
             time.sleep(0.01)
 
 
-def join_env(roles: list[str], timeout_s: float) -> Link:
+def join_env(roles: list[str], timeout_s: float, lend: bool = False) -> Link:
     """This process's link under torchrun (or as a launched worker): rank from the environment.
     Under torchrun each rank announces itself (`rank R role ROLE pid P`), as the launcher would."""
     store, rank, world = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=STARTUP_S)))
@@ -375,7 +449,7 @@ def join_env(roles: list[str], timeout_s: float) -> Link:
     if under_torchrun():
         print(f"rank {rank} role {roles[rank]} pid {os.getpid()}", file=sys.stderr, flush=True)
     store.set(f"ready/{rank}", "1")
-    return Link(store, rank, roles, timeout_s)
+    return Link(store, rank, roles, timeout_s, lend=lend)
 
 
 def under_torchrun() -> bool:

@@ -26,6 +26,7 @@ becomes committed). Each rank applies it to what it holds, so ranks cannot diver
 from __future__ import annotations
 
 import atexit
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -268,7 +269,8 @@ class Pipeline:
         config = {"serve": serve, "target": str(models.target_path),
                   "dtype": str(dtype).split(".")[-1], "quant": target.quant, "device": str(target.device),
                   "timeout": timeout, "threads": share_of_cores(len(split) + apart)}
-        link = connect(roles(len(split), draft, apart), config, timeout)
+        # a stage computes on the cores of the ranks that wait (SPECMESH_LEND=0: on its own, to compare)
+        link = connect(roles(len(split), draft, apart), config, timeout, lend=os.environ.get("SPECMESH_LEND") != "0")
         return cls(link, None if apart else Stage(target, link), split)
 
     @contextmanager
@@ -277,7 +279,7 @@ class Pipeline:
         consumer stops it (GeneratorExit); after any other failure the stages are out of step, so close()
         will not talk to them."""
         try:
-            with rank_threads(len(self.link.roles)):
+            with rank_threads(len(self.link.roles)), self.link.lending():
                 yield
         except GeneratorExit:
             finish()

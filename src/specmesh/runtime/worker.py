@@ -38,7 +38,7 @@ def main() -> int:
     module, name = config["serve"].split(":")
     server = getattr(importlib.import_module(module), name)(config)
     try:
-        server.run(join_env(roles, config["timeout"]))
+        server.run(join_env(roles, config["timeout"], config.get("lend", False)))
     except PeerError as e:
         print(f"specmesh rank {rank} ({roles[rank]}): {e}", file=sys.stderr, flush=True)
         return 1
