@@ -126,3 +126,14 @@ def test_head_argument_gives_those_tokens_logits_with_gradients(tiny_checkpoint)
     assert part.shape == (1, 4, 3) and torch.allclose(part, model(x)[..., ids], atol=1e-6)
     part.sum().backward()
     assert model.lm_head.weight.grad[ids].abs().sum() > 0 and model.lm_head.weight.grad[4].abs().sum() == 0
+
+
+def test_the_last_position_s_logits_do_not_depend_on_how_many_positions_are_asked_for(tiny_checkpoint):
+    """cosine's prefill asks for the prompt's last 256 positions (its router), every other method for one: the
+    first token must come from the same float32 numbers (a product's rounding depends on its rows)."""
+    model = load_model(tiny_checkpoint, torch.float32)
+    h = torch.randn(1, 300, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        one = model.logits(h, True)
+        for n in (2, 17, 256):
+            assert torch.equal(model.logits(h, n)[:, -1:], one), n

@@ -136,8 +136,7 @@ class CForward:
         cache.advance(T)
         if layers.stop < cfg.num_layers:
             return h
-        h = h[:, -int(last_only):] if last_only else h
-        return self.model.expand(self.model.lm_head(self.model.norm(h)).float())
+        return self.model.logits(h, last_only)
 
     def _attend(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, cache, mask) -> torch.Tensor:
         """Each row's attention [B, T, H*hd] through csrc/avx2.c's attend, as model_forward's attention (the same

@@ -359,10 +359,19 @@ class Transformer(nn.Module):
             cache.advance(T)
         if layers.stop < self.config.num_layers:
             return h
+        if head is not None:
+            return F.linear(self.norm(h[:, -int(last_only):] if last_only else h), self.lm_head.weight[head]).float()
+        return self.logits(h, last_only)
+
+    def logits(self, h: torch.Tensor, last_only: bool | int = False) -> torch.Tensor:
+        """Float32 logits [B, n, V] of the final hidden states h [B, T, D] (n: T, or forward's `last_only`). Where
+        the last n > 1 positions are asked for, the last one goes through the head alone: a product's rounding can
+        depend on its number of rows (BLAS blocks them), and the first token a request samples must come from the
+        numbers every method computes (cosine's router reads the prompt's last 256 positions, the others one)."""
         if last_only:
             h = h[:, -int(last_only):]
-        if head is not None:
-            return F.linear(self.norm(h), self.lm_head.weight[head]).float()
+            if h.shape[1] > 1:
+                return torch.cat([self.logits(h[:, :-1]), self.logits(h[:, -1:])], dim=1)
         return self.expand(self.lm_head(self.norm(h)).float())
 
     def restrict_head(self, ids: torch.Tensor) -> None:
