@@ -128,7 +128,7 @@ class LLM:
         o = self.method.options
         paths, self.models.context_drafter = catalog.drafters_for(target, o["drafters"])
         for path in paths:
-            check_vocabularies(self.tokenizer, load_tokenizer(path), target, path)
+            check_vocabularies(self.tokenizer, load_tokenizer(path), target, path, "drafter (in --drafters)")
         if o["drafter_processes"]:
             self.models.remote = DrafterPool.start(paths, self.dtype, str(self.device), quant, o["draft_window"],
                                                    o["timeout"])
@@ -186,7 +186,8 @@ class LLM:
         engine = self.engine(ids, params)
         requests = [engine.sequences(i, params) for i in ids]
         start = time.perf_counter()
-        engine.submit([seq for seqs in requests for seq in seqs])
+        for seqs in requests:                   # a prompt a request: the batch shares the rows as the server's clients
+            engine.submit(seqs)
         try:
             while not engine.idle:
                 engine.step()
@@ -257,8 +258,8 @@ def check_tp(tp: int, name: str, method: methods.Configured) -> None:
                          f"--tp is for ar, sd, tree, easyspec, cosine and selfdraft")
 
 
-def check_vocabularies(target_tok, draft_tok, target: Path, draft: Path) -> None:
+def check_vocabularies(target_tok, draft_tok, target: Path, draft: Path, role: str = "draft") -> None:
     if target_tok.inner.get_vocab() != draft_tok.inner.get_vocab():
         raise VocabularyMismatchError(
-            f"draft {draft} and target {target} have different vocabularies "
+            f"{role} {draft} and target {target} have different vocabularies "
             f"({draft_tok.vocab_size} vs {target_tok.vocab_size} tokens); speculative decoding needs one tokenizer")

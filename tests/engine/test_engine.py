@@ -96,19 +96,18 @@ def test_the_engine_counts_what_it_runs(tiny_checkpoint):
 
 
 def test_admission_shares_the_rows_fairly_between_requests():
-    """A request for many samples is admitted in pieces: a free row goes to the prompt with the fewest
-    running sequences, so a later request is not stuck behind all of an earlier one's samples."""
+    """A request for many samples or prompts is admitted in pieces: a free row goes to the request with the
+    fewest running sequences, so a later request is not stuck behind all of an earlier one's; and with
+    `per_request` no request takes every row."""
     from types import SimpleNamespace
 
     from specmesh.engine.scheduler import Scheduler
-    big, small = object(), object()
-    seq = lambda prompt, name: SimpleNamespace(prompt=prompt, aborted=False, done=False, name=name)  # noqa: E731
+    seq = lambda name: SimpleNamespace(aborted=False, done=False, name=name)  # noqa: E731
     scheduler = Scheduler(rows=2)
-    for i in range(5):
-        scheduler.add(seq(big, f"big{i}"))
-    scheduler.add(seq(small, "small"))
+    scheduler.add([seq(f"big{i}") for i in range(5)])          # n = 5, or five prompts: one request
+    scheduler.add([seq("small")])
 
-    def next_admission():
+    def next_admission(scheduler=scheduler):
         """The engine's admission without a prefill: the sequence the next free row goes to takes it."""
         waiting = scheduler.next_waiting()
         if waiting is not None:
@@ -120,12 +119,19 @@ def test_admission_shares_the_rows_fairly_between_requests():
     scheduler.running[0].done = True
     scheduler.retire(lambda src, dst: None)
     assert next_admission().name == "big1" and scheduler.waiting == 3
-    scheduler.queues[id(big)][0].aborted = True                                       # its client left
+    scheduler.queues[1][0].aborted = True                                             # its client left
     scheduler.running[0].done = True
     scheduler.retire(lambda src, dst: None)
     assert next_admission().name == "big3"
     assert [s.name for s in scheduler.retire(lambda src, dst: None)] == ["big2"]      # reported once (metrics)
     assert scheduler.retire(lambda src, dst: None) == []
+
+    capped = Scheduler(rows=4, per_request=3)
+    capped.add([seq(f"big{i}") for i in range(8)])
+    assert [next_admission(capped).name for _ in range(3)] == ["big0", "big1", "big2"]
+    assert next_admission(capped) is None                       # a row stays free while only the big one waits
+    capped.add([seq("late")])
+    assert next_admission(capped).name == "late"
 
 
 @pytest.mark.parametrize("method", BATCHED)

@@ -1,6 +1,7 @@
 """Request shapes real clients send, fields never silently ignored, per-request bounds, a bounded queue."""
 import asyncio
 import dataclasses
+import json
 
 import httpx
 import pytest
@@ -19,7 +20,9 @@ def live(tiny_checkpoint):
 
 
 def post(live, body, path="/v1/completions"):
-    return httpx.post(live.url + path, json=body, timeout=30)
+    """The body as JSON with non-ASCII escaped, as most clients send it (a lone surrogate goes as "\\ud800")."""
+    return httpx.post(live.url + path, content=json.dumps(body), headers={"content-type": "application/json"},
+                      timeout=30)
 
 
 def test_prompts_as_strings_token_ids_and_lists_of_either(live):
@@ -172,6 +175,8 @@ def test_top_logprobs_without_logprobs_is_refused(live):
     ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+    ({"prompt": "a\ud800b"}, "prompt"),                                     # JSON's escape of a lone surrogate
+    ({"messages": [{"role": "user", "content": "\udfff"}]}, "messages"),
 ])
 def test_wrongly_typed_fields_are_400s_naming_them(live, body, param):
     r = post(live, body, "/v1/chat/completions" if "messages" in body else "/v1/completions")

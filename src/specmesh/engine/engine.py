@@ -50,7 +50,7 @@ def check_prompt(ids: list[int], context: int, vocab: int) -> None:
 class Engine:
     def __init__(self, models: Models, method: Configured, tokenizer: Tokenizer, rows: int, max_len: int,
                  prefix_cache: PrefixCache | None = None, prefill_chunk: int = PREFILL_CHUNK,
-                 prefill_share: float | None = None):
+                 prefill_share: float | None = None, per_request: int | None = None):
         self.models, self.tokenizer = models, tokenizer
         self.context = models.target.config.max_position_embeddings
         self.eos = set(models.target.config.eos_ids)
@@ -61,7 +61,7 @@ class Engine:
         self.chunked = getattr(self.method, "chunked_prefill", False)     # it prefills through the runner
         self.prefill_share = prefill_share      # of the engine's time, for prefills while others decode (None: all)
         self.busy_s = [0.0, 0.0]                # seconds of prefills, of decoding steps, since the batch was empty
-        self.scheduler = Scheduler(rows)
+        self.scheduler = Scheduler(rows, per_request)
         self.deliver: Callable[[list[tuple[Sequence, Event]]], None] = deliver_here
         self.on_finish: Callable[[Sequence], None] | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
@@ -95,8 +95,7 @@ class Engine:
         if self.failure is not None:
             raise RuntimeError(f"the engine failed: {self.failure}")
         with self._wake:
-            for seq in seqs:
-                self.scheduler.add(seq)
+            self.scheduler.add(seqs)
             self.stats.waiting = self.scheduler.waiting
             self._wake.notify()
 

@@ -1,9 +1,11 @@
-"""Which sequences run: the waiting ones, queued per prompt, and the running ones, which hold cache rows 0..B-1.
+"""Which sequences run: the waiting ones, queued per request, and the running ones, which hold cache rows 0..B-1.
 
-Admission is fair: a free row goes to the waiting sequence of the prompt with the fewest running
-sequences (the oldest such prompt first), so a request for many samples is admitted in pieces that
-share the batch with the requests that came after it. A sequence whose client left while it waited
-is dropped. Retiring frees the rows of finished and aborted sequences: the last running sequence
+Admission is fair: a free row goes to the waiting sequence of the request with the fewest running
+sequences (the oldest such request first), so a request for many samples or prompts is admitted in pieces
+that share the batch with the requests that came after it; and no request holds more than `per_request` rows
+(the server's: three quarters of them), so one that came first and asks for every row still leaves rows for
+the next (its sequences run to their end once admitted: without that bound a newcomer waited for one of
+them to finish). A sequence whose client left while it waited is dropped. Retiring frees the rows of finished and aborted sequences: the last running sequence
 moves into each freed row, so the running rows stay a contiguous prefix of the cache and every
 forward works on a view of it.
 """
@@ -16,23 +18,31 @@ from specmesh.engine.sequence import Sequence
 
 
 class Scheduler:
-    def __init__(self, rows: int):
-        self.rows = rows
-        self.queues: dict[int, collections.deque[Sequence]] = {}    # id(prompt) -> its waiting sequences, by arrival
+    def __init__(self, rows: int, per_request: int | None = None):
+        self.rows, self.per_request = rows, per_request or rows
+        self.queues: dict[int, collections.deque[Sequence]] = {}    # request -> its waiting sequences, by arrival
+        self.requests = 0                                           # requests added so far (the next one's key)
         self.waiting = 0                                            # sequences in the queues
         self.running: list[Sequence] = []                           # running[i] holds cache row i
         self.dropped: list[Sequence] = []                           # aborted while waiting, not yet retired
 
-    def add(self, seq: Sequence) -> None:
-        self.queues.setdefault(id(seq.prompt), collections.deque()).append(seq)
-        self.waiting += 1
+    def add(self, seqs: list[Sequence]) -> None:
+        """One request's sequences (its prompts' samples, in order)."""
+        self.requests += 1
+        for seq in seqs:
+            seq.request = self.requests
+        self.queues[self.requests] = collections.deque(seqs)
+        self.waiting += len(seqs)
 
     def next_waiting(self) -> Sequence | None:
         """The sequence the next free row goes to (None: no row is free, or nothing waits). Sequences
         whose client left while they waited are dropped on the way."""
         while self.waiting and len(self.running) < self.rows:
-            running = collections.Counter(id(s.prompt) for s in self.running)
-            key = min(self.queues, key=lambda k: running[k])        # min keeps the first of equals: the oldest
+            running = collections.Counter(s.request for s in self.running)
+            open_ = [k for k in self.queues if running[k] < self.per_request]
+            if not open_:
+                return None
+            key = min(open_, key=lambda k: running[k])             # min keeps the first of equals: the oldest
             seq = self.queues[key][0]
             if not seq.aborted:
                 return seq
@@ -47,7 +57,7 @@ class Scheduler:
         return len(self.running) - 1
 
     def _dequeue(self, seq: Sequence) -> None:
-        key = id(seq.prompt)
+        key = seq.request
         self.queues[key].popleft()
         self.waiting -= 1
         if not self.queues[key]:

@@ -54,6 +54,7 @@ class Sequence:
         self.text = ""
         self.finish: str | None = None          # "eos" | "length" | "stop"
         self.aborted = False                    # its client left
+        self.request = 0                        # which request it came in (the scheduler's key)
         self.stats = Stats()
         self.streamed = 0
         self.pieces = tokenizer.token_bytes     # byte-level tokenizers: the text grows by bytes

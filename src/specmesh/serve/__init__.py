@@ -63,8 +63,8 @@ def build(cfg: ServeConfig):
     metrics = Metrics()
     max_len = llm.context + llm.method.slack
     rows = batch_rows(cfg, kv_mb_per_row(llm.models, max_len))
-    engine = Engine(llm.models, llm.method, llm.tokenizer, rows, max_len,
-                    make_prefix_cache(cfg, llm), cfg.prefill_chunk, PREFILL_SHARE)
+    engine = Engine(llm.models, llm.method, llm.tokenizer, rows, max_len, make_prefix_cache(cfg, llm),
+                    cfg.prefill_chunk, PREFILL_SHARE, per_request=rows - rows // 4)    # rows left for newcomers
     engine.on_finish = metrics.finish
     limits = Limits.for_engine(rows, llm.context)
     limits = dataclasses.replace(limits, **{k: v for k, v in (("max_n", cfg.max_n), ("max_queued", cfg.max_queued))

@@ -159,7 +159,10 @@ def encode(prompt, tokenizer: Tokenizer, context: int, param: str) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise APIError(f"{param} is empty", param)
-        size, most = len(prompt.encode()), tokenizer.max_token_bytes
+        try:
+            size, most = len(prompt.encode()), tokenizer.max_token_bytes
+        except UnicodeEncodeError as e:                 # JSON's "\ud800" escapes decode to lone surrogates
+            raise APIError(f"{param} is not valid Unicode: a lone surrogate at character {e.start}", param) from None
         if most and size >= context * most:             # at least size / most tokens: no need to count them
             raise APIError(f"the prompt has at least {size // most} tokens ({size} bytes); the context holds "
                            f"{context}", param, "context_length_exceeded")
