@@ -132,7 +132,9 @@ def drafters_for(target: Path, spec: str = "") -> tuple[list[Path], bool]:
     context n-gram drafter), else the target's shipped ones, else its draft and the context drafter; at least
     two. Returns the checkpoints and whether the context drafter is one of them."""
     if spec:
-        names = [name.strip() for name in spec.split(",") if name.strip()]
+        names = [name.strip() for name in spec.split(",")]
+        if "" in names:
+            raise ValueError(f"--drafters {spec!r} names an empty drafter: give names or folders between the commas")
         paths = [named_drafter(name) for name in names if name != CONTEXT]
         check_once(names, paths)
     else:

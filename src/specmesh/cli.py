@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 EXIT_USAGE = 2
@@ -262,8 +263,8 @@ def build_parser() -> Parser:
     lt.add_argument("--model", help="model id to send (default: none; the server's own)")
     add_json(lt)
 
-    sm = sub.add_parser("simulate", help="pipedec / pp / stpp on a virtual clock for N pipeline stages, or easyspec / "
-                        "tree for a target split over N devices (simulated)")
+    sm = sub.add_parser("simulate", help="pipedec / pp / stpp on a virtual clock for N pipeline stages, easyspec / tree "
+                        "for a target split over N devices, or cosine / sd / tree on a cluster (simulated)")
     sm.add_argument("prompt", nargs="?", help="the prompt text (or --prompts FILE)")
     sm.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (one JSON object with 'prompt' per line)")
     sm.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts of --prompts")
@@ -643,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:                                  # named by the subcommand, as its other errors are
         sub.error(f"unrecognized arguments: {' '.join(unknown)}")
     from specmesh.runtime.link import PeerError
+    warnings.showwarning = lambda message, *_, **__: print(f"{sub.prog}: warning: {message}", file=sys.stderr)
     try:
         if args.command in ("generate", "tune", "serve") and args.threads:     # bench keeps it per method
             from specmesh.timing import chosen_threads

@@ -151,6 +151,7 @@ def test_bad_drafters_are_refused(tiny_checkpoint):
     ("{draft}/tokenizer.json,context", "--drafters: {draft}/tokenizer.json is a file, not a draft checkpoint"),
     ("{draft}/..,context", r"--drafters: {draft}/\.\. is not a draft checkpoint \(no config.json in it\)"),
     ("{draft},contxt", "--drafters: no model named 'contxt' here and no such file or folder; did you mean 'context'?"),
+    ("{draft},,context", "--drafters '{draft},,context' names an empty drafter"),
 ])
 def test_a_drafter_named_twice_or_not_a_checkpoint_is_refused_by_name(tiny_checkpoint, tiny_draft_checkpoint,
                                                                        drafters, error):

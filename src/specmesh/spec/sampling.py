@@ -56,7 +56,7 @@ class SamplingParams:
         need(_number(self.max_new_tokens, True) and self.max_new_tokens > 0, "max_new_tokens",
              f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         need(_number(self.temperature, False) and math.isfinite(self.temperature) and self.temperature >= 0,
-             "temperature", f"temperature must be >= 0, got {self.temperature!r}")
+             "temperature", f"temperature must be a finite number >= 0, got {self.temperature!r}")
         need(_number(self.top_p, False) and 0 < self.top_p <= 1, "top_p",
              f"top_p must be in (0, 1], got {self.top_p!r}")
         need(_number(self.top_k, True) and self.top_k >= 0, "top_k", f"top_k must be an integer >= 0, got {self.top_k!r}")
