@@ -33,14 +33,15 @@ class Launched(Exception):
 
 @pytest.mark.parametrize("launcher", ["pipeline", "pearl", "cosine"])
 def test_every_launched_process_gets_its_share_of_the_cores(launcher, monkeypatch):
-    """On 8 cores a 2-process method gives each launched rank 4 threads, a 3-process one 2 (cosine: 2 drafters)."""
+    """On 8 cores a 2-process method gives each launched rank 4 threads, a 3-process one 2 (cosine: 2 drafters);
+    the pipelines' ranks, which take turns, lend each other their cores while they wait."""
     from types import SimpleNamespace
 
     from specmesh.proposers import remote_chain, remote_drafter
     from specmesh.runtime import pipeline
 
-    def connect(roles, config, timeout):
-        raise Launched(len(roles), config["threads"])
+    def connect(roles, config, timeout, lend=False):
+        raise Launched(len(roles), config["threads"], lend)
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     target = SimpleNamespace(device=torch.device("cpu"), quant=None)
@@ -55,5 +56,5 @@ def test_every_launched_process_gets_its_share_of_the_cores(launcher, monkeypatc
         else:
             monkeypatch.setattr(remote_drafter, "connect", connect)
             remote_drafter.DrafterPool.start(["a", "b"], torch.float32, "cpu", None, 64)
-    processes, threads = launched.value.args
-    assert threads == 8 // processes
+    processes, threads, lend = launched.value.args
+    assert threads == 8 // processes and lend == (launcher == "pipeline")

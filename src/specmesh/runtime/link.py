@@ -21,7 +21,7 @@ mailboxes (`Mailboxes`): the receiver polls, so nothing waits for a thread to be
 its core at each poll to any thread that can run (with more ranks than cores, as cosine's drafter
 processes beside a verifier on 2 cores, polling without yielding made its steps 5x slower), and
 after SPIN_S sleeps on a futex that the sender wakes (a rank waiting long burns no core).
-Ranks that take turns (`lend`: pp, pearl, the pipelines) lend their cores while they wait: a waiting
+Ranks that take turns (`lend`: the pipelines' ranks) lend their cores while they wait: a waiting
 rank sleeps at once (after LEND_SPIN_S) and says so in shared memory (`Mailboxes.busy`), the kernels'
 pool (csrc/pool.c) runs the computing rank's loops on the cores no busy rank holds, and a rank that
 sends a waiting rank its message marks it busy first, so that a borrowed core is free by the time its
@@ -214,7 +214,8 @@ class Link:
 
     def send(self, tensor: torch.Tensor, dst: int, wait: bool = True, mailbox: bool = True
              ) -> Callable[[], None] | None:
-        """Send `tensor` to `dst`. It completes once the receiver has taken it; with `wait=False`
+        """Send `tensor` to `dst`. It completes once the receiver has taken it (a lending link's mailbox message: once
+        it is put, since the receiver may be asleep); with `wait=False`
         this returns at once with a function that waits for that (keeping the tensor alive).
         `mailbox=False`: through gloo whatever the size (job messages, for which a rank waits idle)."""
         tensor = tensor.contiguous()
