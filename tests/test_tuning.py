@@ -256,3 +256,7 @@ def test_the_reason_says_why_a_faster_runner_up_lost():
     assert guess.summary().endswith("next tree 2.00 ms/token (predicted, not measured)")
     slower = Choice("sd", own, [Candidate("sd", own, 2.56, "measured"), Candidate("ar", {}, 4.0, "measured")])
     assert slower.summary().endswith("next ar 4.00 ms/token")
+    hidden = Choice("sd", own, [Candidate("tree", {}, 2.0, "predicted"), Candidate("sd", faster, 2.50, "measured"),
+                                Candidate("sd", own, 2.56, "measured")])     # a measured faster one behind a guess
+    assert hidden.summary().endswith("next sd (gamma=6, stop_below=0.3) 2.50 ms/token (the draft's own options "
+                                     "stay unless another is 10% faster)")

@@ -98,12 +98,14 @@ class Choice:
     kinds: dict[str, "Choice"] = field(default_factory=dict)
 
     def summary(self) -> str:
-        """One line: the choice and its reason (its predicted ms per token, and the runner-up's), then each
-        kind's choice."""
+        """One line: the choice and its reason (its predicted ms per token, and the runner-up's: the fastest measured
+        candidate where one beat the choice, with the rule that kept it), then each kind's choice."""
         if not self.candidates:
             return f"auto: {self.label()}: no draft and no n-gram table to speculate with"
         won = self.won()
-        other = next((c for c in self.candidates if c is not won), None)
+        others = [c for c in self.candidates if c is not won]
+        beat = [c for c in others if not c.reason.endswith("predicted") and c.ms_per_token < won.ms_per_token]
+        other = min(beat, key=lambda c: c.ms_per_token) if beat else next(iter(others), None)   # a measured faster
         guess = " (predicted, not measured)" if other and other.reason.endswith("predicted") else ""
         versus = f"; next {label(other.method, other.options)} {other.ms_per_token:.2f} ms/token{guess}" \
             if other else ""
