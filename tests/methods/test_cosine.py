@@ -177,9 +177,19 @@ def test_drafter_processes_and_a_killed_drafter_does_not_stop_generation(ar, tin
     pieces = iter(run)
     next(pieces)
     os.kill(pid, signal.SIGKILL)
-    with pytest.warns(UserWarning, match=r"drafter .* is gone and routed no more"):
+    with pytest.warns(UserWarning, match=r"drafter .* is gone and routed no more: rank 1 \(drafter0"):
         for _ in pieces:
             pass
+    assert run.output.tokens == want.tokens
+    run = llm.stream("def add(a, b):", params)                 # a second one dies: its warning names it alone
+    pieces = iter(run)
+    next(pieces)
+    os.kill(llm.models.remote.link.pids[2], signal.SIGKILL)
+    with pytest.warns(UserWarning) as caught:
+        for _ in pieces:
+            pass
+    gone = [str(w.message) for w in caught if "is gone" in str(w.message)]
+    assert gone and all("rank 2 (drafter1" in m and "rank 1 " not in m for m in gone), gone
     assert run.output.tokens == want.tokens
     assert llm.generate("class Point:", params).tokens == ar.generate("class Point:", params).tokens
     assert llm.generate(LONG, params).tokens == ar.generate(LONG, params).tokens    # the prompt routed through a process

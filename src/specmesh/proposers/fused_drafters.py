@@ -241,7 +241,8 @@ class FusedDrafters:
                     call(n, self.drafters[n])
                 except PeerError as e:
                     self.alive[n] = False
-                    warnings.warn(f"cosine: drafter {self.names[n]} is gone and routed no more: {e}")
+                    own = str(e).split("; ")[-1]          # the link names other dead ranks first, this one last
+                    warnings.warn(f"cosine: drafter {self.names[n]} is gone and routed no more: {own}")
 
     def _results(self, active: list[int]) -> dict:
         out = {}
