@@ -61,7 +61,7 @@ class LLM:
     LLM() uses SmolLM2-135M-Instruct with its draft (LLM(target="embedded"): the 28M pair shipped here);
     LLM(target=..., draft=..., method="sd") yours: a name from
     `specmesh models`, a HuggingFace folder or a GGUF file (a known target brings its draft).
-    Method options (gamma=4, tree_width=4, ...) go to the methods that have them.
+    Method options (gamma=4, tree_width=4, ...) go to the methods that have them; cosine's `drafters` may be a list.
     `max_batch`: sequences decoded together (the multi-process methods take one at a time).
     `tp=N`: the target split over N processes (tensor parallelism, runtime/tensor_parallel.py), for the
     methods that run in one process (ar, sd, tree, easyspec, cosine, selfdraft); drafts stay on rank 0.
@@ -75,6 +75,8 @@ class LLM:
                  device: str = "cpu", dtype: str | torch.dtype = "float32", max_batch: int = MAX_BATCH,
                  quant: str | None = None, retune: bool | list[str] = False, tp: int = 1, **options):
         auto = method == "auto"
+        if isinstance(options.get("drafters"), (list, tuple)):     # cosine's drafters as Python names them
+            options["drafters"] = ",".join(map(str, options["drafters"]))
         self.method = methods.get("ar" if auto else method, options)
         check_tp(tp, method, self.method)
         self.choice: tuning.Choice | None = None

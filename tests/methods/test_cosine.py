@@ -94,7 +94,7 @@ def test_the_router_learns_which_drafter_serves(tiny_checkpoint, tiny_draft_chec
     best score is drafter 1's, and the trees accept much more than random routing would (at five levels: the
     scheduler would choose fewer, the tiny target's verification costing no more than a drafter's level)."""
     llm = LLM(target=tiny_checkpoint, method="cosine", routed=1, gamma=5,
-              drafters=f"{tiny_draft_checkpoint},{tiny_checkpoint},{tiny_draft_copy}")
+              drafters=[tiny_draft_checkpoint, tiny_checkpoint, tiny_draft_copy])      # a list, or names joined by ","
     out = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=60, ignore_eos=True))
     assert out.stats.tokens_per_forward > 4      # routing at random would give about 2.5
     info = out.stats.info                           # the per-drafter record (the server's drafter metrics)
