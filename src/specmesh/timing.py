@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -130,3 +131,16 @@ def weight_bytes(model: torch.nn.Module) -> int:
             total += sum(t.numel() * t.element_size() for t in (m.weight, getattr(m, "scale", None))
                          if isinstance(t, torch.Tensor))
     return total
+
+
+def by_width(measured: dict[int, float]) -> Callable[[int], float]:
+    """A target's forward time for any width, linear between the measured widths (flat past the ends)."""
+    widths = sorted(measured)
+
+    def ms(w: int) -> float:
+        lo = max([x for x in widths if x <= w], default=widths[0])
+        hi = min([x for x in widths if x >= w], default=widths[-1])
+        if lo == hi:
+            return measured[lo]
+        return measured[lo] + (measured[hi] - measured[lo]) * (w - lo) / (hi - lo)
+    return ms

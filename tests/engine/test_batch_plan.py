@@ -131,3 +131,25 @@ def test_the_scheduled_policy_judges_a_depth_by_what_it_measured():
     assert policy.accepted(4) == pytest.approx(1 - policy.alpha() ** 5)
     assert policy.draft_ms(4) == pytest.approx(8.0) and policy.draft_ms(1) == pytest.approx(2.0)
     assert policy.budgets(row) == [4]
+
+
+def test_plain_decoding_where_the_targets_forward_by_width_says_drafting_does_not_pay():
+    """The target measured at 2.5 ms for up to 8 tokens and 0.4 ms a token past that (a CPU's compute-bound wide
+    forwards). Seven rows whose 8-token trees accept 2 tokens: 7 x 3 / (8 + 22.4) ms drafting against 7 / 2.5 ms
+    plainly, so they decode plainly once 16 drafted rows were verified, for PLAIN_RUN steps, then draft one step
+    again. One row accepting 4 of its 8-token tree keeps drafting (5 / (2 + 2.5) against 1 / 2.5 at depth 5)."""
+    from types import SimpleNamespace
+    from specmesh.engine.batch_plan import Scheduled
+    widths = {1: 2.5, 8: 2.5, 16: 5.7, 64: 24.9}
+    policy = Scheduled(depth=5, tree_tokens=8, lam=0.0, max_tokens=128, max_ms=float("inf"), target_ms=widths)
+    rows = [SimpleNamespace(remaining=100)] * 7
+    policy.observe(0.008, 0.030, [(5, 8, 2)] * 7)
+    policy.observe(0.008, 0.031, [(5, 8, 2)] * 7)
+    assert policy.verdicts == 14 and policy.budgets(rows) == [5] * 7           # too little evidence yet
+    policy.observe(0.008, 0.030, [(5, 8, 2)] * 7)
+    assert [policy.budgets(rows) for _ in range(Scheduled.PLAIN_RUN)] == [[0] * 7] * Scheduled.PLAIN_RUN
+    assert policy.current == 0 and policy.budgets(rows) == [5] * 7              # then one drafted step
+    alone = Scheduled(depth=5, tree_tokens=8, lam=0.0, max_tokens=128, max_ms=float("inf"), target_ms=widths)
+    for n in range(16):
+        alone.observe(0.002, 0.0025, [(5, 8, 4)])
+    assert alone.budgets([SimpleNamespace(remaining=100)])[0] > 0 and alone.plain == 0     # it drafts

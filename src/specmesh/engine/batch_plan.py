@@ -23,6 +23,8 @@ from dataclasses import astuple, dataclass
 
 import numpy as np
 
+from specmesh.timing import by_width
+
 EXACT_POOL = 12                 # pools up to this size: exhaustive search
 
 
@@ -143,7 +145,12 @@ class Scheduled:
 
         rows (1 + accepted(d)) / (draft_ms(d) + base + per_token rows tokens(d)),
 
-    then `plan` picks the requests that speculate to d (the others decode plainly this step). Costs are
+    then `plan` picks the requests that speculate to d (the others decode plainly this step). Given the target's
+    forward time by width (`target_ms`, measured), d = 0, plain decoding, wherever rows / target_ms(rows) beats
+    the best d priced the same way, rows (1 + accepted(d)) / (draft_ms(d) + target_ms(rows tokens(d))): a batch's
+    trees verify many tokens, and past the widths a CPU computes in one pass over the weights, drafts the target
+    rejects cost more than they bring. After PLAIN_RUN plain steps one step drafts again, to measure what drafting
+    gives now. Costs are
     measured: verification fitted as base + per token over the last WINDOW steps; accepted, tokens and
     draft_ms as running means per depth drafted (`DepthRecord`). A depth not drafted yet is predicted from the
     measured one nearest to it: acceptance shifted by the geometric model (a level accepted with probability
@@ -155,9 +162,10 @@ class Scheduled:
     depth the user gave), every step drafts `depth`."""
     WINDOW = 64
     ETA = 0.1
+    PLAIN_RUN, EVIDENCE, MARGIN = 16, 16, 1.1
 
     def __init__(self, depth: int, tree_tokens: int, lam: float, max_tokens: int, max_ms: float,
-                 choose_depth: bool = True):
+                 choose_depth: bool = True, target_ms: dict[int, float] | None = None):
         self.depth, self.tree_tokens, self.choose_depth = depth, tree_tokens, choose_depth     # False: always `depth`
         self.lam, self.max_tokens, self.max_ms = lam, max_tokens, max_ms
         self.verified: list[tuple[int, float]] = []        # (tokens, ms) of recent verifications
@@ -168,6 +176,9 @@ class Scheduled:
         self.current = depth                               # the depth of the last plan
         self.chosen: list[int] = []                        # the last plan (for stats and tests)
         self.costs: tuple[float, float, float] | None = None   # given (base, per token, a level's ms): not measured
+        self.target_ms = by_width(target_ms) if target_ms else None    # width -> ms: prices plain decoding
+        self.plain = 0                                     # plain steps in a row
+        self.verdicts = 0                                  # drafted rows verified so far
 
     def idle(self) -> None:
         pass
@@ -178,6 +189,9 @@ class Scheduled:
             return [max(0, min(self.depth, s.remaining - 1)) for s in seqs]
         base, per_token = self.verify_fit() if self.costs is None else self.costs[:2]
         self.current = depth = self.best_depth(len(seqs), base, per_token) if self.choose_depth else self.depth
+        if self.choose_depth and self.costs is None and self.target_ms and self.plain_pays(len(seqs), depth):
+            self.current = 0
+            return [0] * len(seqs)
         depths = [max(0, min(depth, s.remaining - 1)) for s in seqs]
         if len(seqs) == 1:
             return depths
@@ -189,6 +203,18 @@ class Scheduled:
     def best_depth(self, rows: int, base: float, per_token: float) -> int:
         rate = lambda d: rows * (1 + self.accepted(d)) / (self.draft_ms(d) + base + per_token * rows * self.tokens(d))
         return max(range(1, self.depth + 1), key=lambda d: (rate(d), d))      # ties: the deeper
+
+    def plain_pays(self, rows: int, depth: int) -> bool:
+        """Whether decoding plainly this step beats drafting to `depth` by MARGIN, both priced by the target's
+        measured forward by width, once EVIDENCE drafted rows were verified (one request's first steps say little);
+        a PLAIN_RUN of plain steps, then drafting is tried again."""
+        ms = self.target_ms
+        drafted = rows * (1 + self.accepted(depth)) / (self.draft_ms(depth) + ms(rows * self.tokens(depth)))
+        if self.verdicts >= self.EVIDENCE and rows / ms(rows) > self.MARGIN * drafted and self.plain < self.PLAIN_RUN:
+            self.plain += 1
+            return True
+        self.plain = 0
+        return False
 
     def nearest(self, depth: int) -> int:
         return min(self.record, key=lambda d: (abs(d - depth), -d))
@@ -229,6 +255,7 @@ class Scheduled:
         self.levels = [(1 - self.ETA) * self.levels[0] + sum(min(a, d) for d, _, a in drafted),
                        (1 - self.ETA) * self.levels[1] + sum(a < d for d, _, a in drafted)]
         n = len(drafted)
+        self.verdicts += n
         step = DepthRecord(sum(a for *_, a in drafted) / n, sum(t for _, t, _ in drafted) / n, draft_s * 1e3)
         old = self.record.get(self.current)
         self.record[self.current] = step if old is None else old.blend(step, self.ETA)

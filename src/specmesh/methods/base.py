@@ -33,6 +33,7 @@ class Models:
     draft: Transformer | None = None
     drafters: list[Transformer] = field(default_factory=list)     # cosine's
     drafter_names: list[str] = field(default_factory=list)
+    target_ms: dict[int, float] = field(default_factory=dict)      # cosine's: width -> ms of a target forward
     context_drafter: bool = False           # cosine's context n-gram drafter beside them
     target_path: Path | None = None         # the target's checkpoint folder (holds its n-gram cache)
     remote: Remote | None = None            # pearl's DraftPeer, a pipeline's Pipeline

@@ -43,7 +43,7 @@ from specmesh.model.cache import KVCache
 from specmesh.proposers.remote_chain import MAX_GAMMA, DraftPeer
 from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict, verify
-from specmesh.timing import rank_threads
+from specmesh.timing import by_width, rank_threads
 
 DEFAULTS = {"gamma": 0, "gamma_rule": "measured", "draft_window": 64, "timeout": 30}   # gamma 0: by gamma_rule
 GAMMA_RULES = ("measured", "c")
@@ -76,19 +76,6 @@ def tokens_per_ms(gamma: int, alpha: float, draft_ms: float, target_ms: Callable
     e_q = (1 - alpha ** gamma) / (1 - alpha)
     r = alpha / (1 - alpha ** gamma)
     return (1 + r * e_q) / (t_p + r * t_q)
-
-
-def by_width(measured: dict[int, float]) -> Callable[[int], float]:
-    """A target's forward time for any width, linear between the measured widths (flat past the ends)."""
-    widths = sorted(measured)
-
-    def ms(w: int) -> float:
-        lo = max([x for x in widths if x <= w], default=widths[0])
-        hi = min([x for x in widths if x >= w], default=widths[-1])
-        if lo == hi:
-            return measured[lo]
-        return measured[lo] + (measured[hi] - measured[lo]) * (w - lo) / (hi - lo)
-    return ms
 
 
 @dataclass

@@ -29,6 +29,7 @@ from specmesh.proposers.lookup import LookupFirst
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
 from specmesh.proposers.remote_drafter import DrafterPool
 from specmesh.spec.verify import verify
+from specmesh.timing import forward_ms
 
 SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow this long before speculation resumes
 
@@ -168,8 +169,17 @@ def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
         runner.prompt_tail = o["draft_window"]         # the router compares its model drafters with the target there
     policy = DraftDepth(o["gamma"]) if o["no_scheduler"] else \
         Scheduled(o["gamma"], o["tree_budget"], o["lam"], o["token_budget"], o["max_step_ms"] or float("inf"),
-                  choose_depth="gamma" not in method.given)
+                  choose_depth="gamma" not in method.given, target_ms=target_by_width(models, runner.rows))
     return Speculative(runner, proposer, policy)
+
+
+def target_by_width(models, rows: int) -> dict[int, float]:
+    """The target's forward time by width (measured once a model, up to the widest a batch of `rows` trees of 16
+    verifies): what decoding plainly costs beside drafting, for the scheduler."""
+    for width in (1, 2, 4, 8, 16, 32, 64, 128):
+        if width not in models.target_ms and width <= max(16, 16 * rows):
+            models.target_ms[width] = forward_ms(models.target, width, reps=5)
+    return models.target_ms
 
 
 def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
