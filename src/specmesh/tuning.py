@@ -36,10 +36,9 @@ from tqdm import tqdm
 
 from specmesh import catalog, methods
 from specmesh.kernels import cache_dir, cpu_name, kernel_version, vector_units
-from specmesh.methods.pearl import by_width
 from specmesh.model.loader import stamp
 from specmesh.spec.sampling import SamplingParams
-from specmesh.timing import forward_ms
+from specmesh.timing import by_width, forward_ms
 
 CALIBRATION = Path(__file__).with_name("calibration.jsonl")    # 3 code snippets and 2 chat requests, written for this
 NEW_TOKENS = 96         # Self-Draft's n-gram pool grows with its output: 48 tokens underrate it by a third

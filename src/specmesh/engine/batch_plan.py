@@ -150,9 +150,8 @@ class Scheduled:
     the best d priced the same way, rows (1 + accepted(d)) / (draft_ms(d) + target_ms(rows tokens(d))): a batch's
     trees verify many tokens, and past the widths a CPU computes in one pass over the weights, drafts the target
     rejects cost more than they bring. After PLAIN_RUN plain steps one step drafts again, to measure what drafting
-    gives now. Costs are
-    measured: verification fitted as base + per token over the last WINDOW steps; accepted, tokens and
-    draft_ms as running means per depth drafted (`DepthRecord`). A depth not drafted yet is predicted from the
+    gives now. Costs are measured: verification fitted as base + per token over the last WINDOW steps;
+    accepted, tokens and draft_ms as running means per depth drafted (`DepthRecord`). A depth not drafted yet is predicted from the
     measured one nearest to it: acceptance shifted by the geometric model (a level accepted with probability
     α given the one before, α measured over every verdict), so accepted(d) = accepted(D) + α^(D+1) + ... (or
     minus α^(d+1) + ... + α^D below D); the tree's tokens taken as D's (a conservative guess: a shallower tree

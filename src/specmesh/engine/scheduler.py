@@ -5,9 +5,9 @@ sequences (the oldest such request first), so a request for many samples or prom
 that share the batch with the requests that came after it; and no request holds more than `per_request` rows
 (the server's: three quarters of them), so one that came first and asks for every row still leaves rows for
 the next (its sequences run to their end once admitted: without that bound a newcomer waited for one of
-them to finish). A sequence whose client left while it waited is dropped. Retiring frees the rows of finished and aborted sequences: the last running sequence
-moves into each freed row, so the running rows stay a contiguous prefix of the cache and every
-forward works on a view of it.
+them to finish). A sequence whose client left while it waited is dropped. Retiring frees the rows of
+finished and aborted sequences: the last running sequence moves into each freed row, so the running rows
+stay a contiguous prefix of the cache and every forward works on a view of it.
 """
 from __future__ import annotations
 

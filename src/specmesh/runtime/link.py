@@ -250,50 +250,33 @@ class Link:
     def _poll(self, ready: Callable, peer: int, timeout_s: float, box: Mailbox, counter: int):
         """Poll `ready()` until it returns something true (returned); after SPIN_S, sleep until
         `box`'s `counter` changes (a futex), waking every SLEEP_S to check that `peer` still runs
-        and answers in time."""
+        and answers in time. A rank that lends its cores sleeps after LEND_SPIN_S, idle in `busy`."""
         if value := ready():
             return value
-        if self.boxes:
-            return self._lend_while(ready, peer, timeout_s, box, counter)
+        spin, lent = (LEND_SPIN_S if self.boxes else SPIN_S), False
         start, polls = time.monotonic(), 0
-        while not (value := ready()):
-            polls += 1
-            waited = time.monotonic() - start
-            if waited > SPIN_S:
-                seen = box.counter(counter)
-                if value := ready():
-                    break
-                futex_wait(box.address + 8 * counter, seen, SLEEP_S)
-            elif polls % 512:
-                os.sched_yield()        # a core another process needs goes to it (more ranks than cores)
-                continue
-            if not self._alive(peer):
-                raise self._error(peer, self._fate(peer, RuntimeError("its process ended")))
-            if waited > timeout_s:
-                raise self._error(peer, f"did not answer within {timeout_s:g} s")
-        return value
-
-    def _lend_while(self, ready: Callable, peer: int, timeout_s: float, box: Mailbox, counter: int):
-        """_poll for a rank that lends its core: a short poll, then asleep and not busy until `ready()`."""
-        start = time.monotonic()
-        while time.monotonic() - start < LEND_SPIN_S:
-            if value := ready():
-                return value
-        self.boxes.busy[self.rank] = 0
         try:
-            while True:
-                seen = box.counter(counter)
-                if value := ready():
-                    return value
-                futex_wait(box.address + 8 * counter, seen, SLEEP_S)
-                if value := ready():
-                    return value
+            while not (value := ready()):
+                polls += 1
+                waited = time.monotonic() - start
+                if waited > spin:
+                    if self.boxes and not lent:
+                        self.boxes.busy[self.rank], lent = 0, True
+                    seen = box.counter(counter)
+                    if value := ready():
+                        break
+                    futex_wait(box.address + 8 * counter, seen, SLEEP_S)
+                elif polls % 512:
+                    os.sched_yield()        # a core another process needs goes to it (more ranks than cores)
+                    continue
                 if not self._alive(peer):
                     raise self._error(peer, self._fate(peer, RuntimeError("its process ended")))
-                if time.monotonic() - start > timeout_s:
+                if waited > timeout_s:
                     raise self._error(peer, f"did not answer within {timeout_s:g} s")
         finally:
-            self._computing()
+            if lent:
+                self._computing()
+        return value
 
     def alive(self, rank: int) -> bool:
         return self._alive(rank)
