@@ -96,3 +96,24 @@ def test_a_rank_that_lends_its_core_is_idle_while_it_waits_and_busy_once_sent_to
         assert torch.equal(got[0], torch.arange(3.0)) and busy[1] == torch.get_num_threads()
     finally:
         links[1].close()                                                      # this process's kernels: OpenMP again
+
+
+def test_a_rank_woken_by_its_message_takes_it_without_asking_after_the_peer(monkeypatch):
+    """Asking whether the peer lives reads /proc in a worker (about 0.1 ms on a VM): it is for waits that time
+    out, not for the hop of every message (pp: 0.76x -> 0.81x `ar` on 2 cores)."""
+    links = link_pair(lend=True)
+    try:
+        asked = []
+        monkeypatch.setattr(links[1], "_alive", lambda rank: asked.append(rank) or True)
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(links[1].recv(torch.empty(3), 0)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while links[1].boxes.busy[1] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.005)                                                     # well inside its futex sleep
+        links[0].send(torch.arange(3.0), 1)
+        waiter.join(10)
+        assert torch.equal(got[0], torch.arange(3.0)) and asked == []
+    finally:
+        links[1].close()

@@ -266,6 +266,8 @@ class Link:
                     if value := ready():
                         break
                     futex_wait(box.address + 8 * counter, seen, SLEEP_S)
+                    if value := ready():    # woken by the message: no need to ask whether the peer lives
+                        break
                 elif polls % 512:
                     os.sched_yield()        # a core another process needs goes to it (more ranks than cores)
                     continue
