@@ -34,6 +34,8 @@ def test_models_lists_target_and_draft(target_dir):
     assert 20e6 <= target["parameters"] <= 30e6
     assert 3e6 <= draft["parameters"] <= 6e6
     assert all(set(row) == {"name", "role", "path", "parameters", "source", "draft"} for row in rows.values())
+    table = subprocess.run([sys.executable, "-m", "specmesh.cli", "models"], capture_output=True, text=True).stdout
+    assert "embedded               alias   specmesh-target" in table          # the name the README uses
 
 
 def test_ar_greedy_equals_transformers_generate(target_dir, prompts):

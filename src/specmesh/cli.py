@@ -489,6 +489,7 @@ def cmd_models(args, parser) -> int:
             paired = f"  (draft: {r['draft']})" if r["draft"] else ""
             print(f"{r['name']:22} {r['role']:6} {r['parameters'] / 1e6:7.2f}M  {r['source']}{paired}\n"
                   f"{'':22} {r['path']}")
+        print(f"{catalog.EMBEDDED:22} alias   specmesh-target (specmesh-draft as --draft)")
     return 0
 
 

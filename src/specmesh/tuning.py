@@ -350,7 +350,8 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True,
                     if not (guessed := guessed_winners(choice)):
                         break
                     configs += [methods.get(c.method, c.options) for c in guessed]
-                    bar.total += rounds * len(guessed) * len(ids)
+                    bar.total += rounds * len(guessed) * len(ids)      # the bar grows: say why
+                    bar.set_description("auto: measuring a predicted winner")
                     run(range(len(configs) - len(guessed), len(configs)), bar)
                     choice = choose()
                 if guessed_winners(choice):

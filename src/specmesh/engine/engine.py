@@ -79,7 +79,7 @@ class Engine:
             raise InvalidParameter("logprobs", "logprobs: this method does not report the target's log-probabilities")
         if params.penalties and not getattr(self.method, "penalties", False):
             raise InvalidParameter(params.penalties[0], f"{params.penalties[0]}: this method does not apply penalties "
-                                   "or a logit bias yet (ar, sd, tree, selfdraft and pearl do)")
+                                   "or a logit bias yet (every method but the pipelines pp, stpp and pipedec does)")
         vocab = self.models.target.config.vocab_size
         if any(t >= vocab for t in params.logit_bias):
             raise InvalidParameter("logit_bias", f"logit_bias: token id {max(params.logit_bias)} is past the "

@@ -50,7 +50,7 @@ def avx2_lib() -> ctypes.CDLL | None:
     (torch.set_num_threads applies to it)."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("gcc") is None:
         return None
-    cache = Path(os.environ.get("SPECMESH_CACHE", Path.home() / ".cache" / "specmesh"))
+    cache = Path(os.environ.get("SPECMESH_CACHE") or cache_dir())     # SPECMESH_CACHE: another build, to compare
     lib = cache / f"avx2-{kernel_version()}.so"
     if not lib.exists():
         torch_lib = Path(torch.__file__).parent / "lib"
@@ -134,8 +134,8 @@ def vnni_products(lib: ctypes.CDLL) -> bool:
 
 
 def cache_dir() -> Path:
-    """Where specmesh keeps what it measures and writes for this machine (`--method auto`'s choices, GGUF
-    copies, llama.cpp's tools): $SPECMESH_CACHE_DIR, else specmesh/ under $XDG_CACHE_HOME or ~/.cache."""
+    """Where specmesh keeps what it measures and builds for this machine (`--method auto`'s choices, the kernels,
+    GGUF copies, llama.cpp's tools): $SPECMESH_CACHE_DIR, else specmesh/ under $XDG_CACHE_HOME or ~/.cache."""
     if os.environ.get("SPECMESH_CACHE_DIR"):
         return Path(os.environ["SPECMESH_CACHE_DIR"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specmesh"
