@@ -49,3 +49,45 @@ def test_sampling_matches_ar_and_seeds_reproduce(ar, tiny_checkpoint):
 def test_one_stage_is_refused(tiny_checkpoint):
     with pytest.raises(ValueError, match="at least 2 stages"):
         LLM(target=tiny_checkpoint, method="pp", stages=1)
+
+
+class LocalLink:
+    """Two stages' links in one process: what one sends, the other receives (no mailboxes)."""
+    def __init__(self, rank: int, queues: dict):
+        self.rank, self.roles, self.queues = rank, ["stage0", "stage1"], queues
+
+    def by_mailbox(self, peer: int, nbytes: int) -> bool:
+        return False
+
+    def send(self, tensor, dst: int, wait: bool = True):
+        self.queues[dst].append(tensor.clone())
+        return None if wait else (lambda: None)
+
+    def recv(self, tensor, src: int, **kw):
+        return tensor.copy_(self.queues[self.rank].pop(0))
+
+
+def test_a_bf16_stage_passes_on_the_residual_stream_unrounded():
+    """In bfloat16 the C forward keeps its residual stream in float32 (not bf16-representable): the next stage gets
+    it as it is, so the split forward's logits are the whole forward's, bit for bit (a rounding on the way, which
+    `ar` never makes, could flip a near-tie)."""
+    import torch
+    from specmesh.model.cache import KVCache
+    from specmesh.model.loader import load_model
+    from specmesh.runtime.pipeline import Packet, Stage
+    from specmesh import embedded
+    model = load_model(embedded.ROOT / "models" / "target", torch.bfloat16)        # the C forward where there is one
+    split = stage_layers(model.config.num_layers, 2)
+    queues = {0: [], 1: []}
+    stages = [Stage(model, LocalLink(r, queues)) for r in (0, 1)]
+    for stage, layers in zip(stages, split):
+        stage.begin(64, layers)
+    whole = KVCache.for_model(model, 1, 64)
+    ids = torch.tensor([[5, 17, 3, 99, 42, 7]])
+    with torch.inference_mode():
+        for x in (ids, torch.tensor([[11]]), torch.tensor([[12]])):
+            expected = model(x, whole, last_only=True)
+            whole.commit_all()
+            stages[0].send_on(Packet(stages[0].forward(Packet(x))))
+            got = stages[1].forward(stages[1].receive())
+            assert torch.equal(got[:, -1], expected[:, -1])
