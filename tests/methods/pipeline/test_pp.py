@@ -2,10 +2,13 @@
 from collections import Counter
 
 import pytest
+import torch
 from scipy.stats import chi2_contingency
 
-from specmesh import LLM, SamplingParams
-from specmesh.runtime.pipeline import stage_layers
+from specmesh import LLM, SamplingParams, embedded
+from specmesh.model.cache import KVCache
+from specmesh.model.loader import load_model
+from specmesh.runtime.pipeline import Packet, Stage, stage_layers
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x"]
 
@@ -71,11 +74,6 @@ def test_a_bf16_stage_passes_on_the_residual_stream_unrounded():
     """In bfloat16 the C forward keeps its residual stream in float32 (not bf16-representable): the next stage gets
     it as it is, so the split forward's logits are the whole forward's, bit for bit (a rounding on the way, which
     `ar` never makes, could flip a near-tie)."""
-    import torch
-    from specmesh.model.cache import KVCache
-    from specmesh.model.loader import load_model
-    from specmesh.runtime.pipeline import Packet, Stage
-    from specmesh import embedded
     model = load_model(embedded.ROOT / "models" / "target", torch.bfloat16)        # the C forward where there is one
     split = stage_layers(model.config.num_layers, 2)
     queues = {0: [], 1: []}
