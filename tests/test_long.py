@@ -33,7 +33,7 @@ def test_cuda_greedy_equals_cpu(method):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("method", ["sd", "tree", "easyspec", "selfdraft", "pearl"])
+@pytest.mark.parametrize("method", ["sd", "tree", "easyspec", "selfdraft", "pearl", "cosine"])
 def test_cuda_greedy_equals_ar_on_cuda(method):
     """Lossless on the GPU itself: every method's float32 greedy output equals `ar`'s there, one prompt at a
     time and as one batch (the server's path)."""
