@@ -68,11 +68,13 @@ def test_post_verify_full_acceptance_needs_no_bonus_token():
 
 # -- γ from measured costs, scripted -----------------------------------------------------------
 
-def simulate(gamma: int, alpha: float, draft_ms: float, target_ms, rounds: int = 20000) -> float:
+def simulate(gamma: int, alpha: float, draft_ms: float, target_ms, lent_ms=None, overhead_ms: float = 0.0,
+             rounds: int = 20000) -> float:
     """Tokens per ms of the real `Rounds` bookkeeping, each check passing with probability α."""
     rng, state, tokens, ms = torch.Generator().manual_seed(0), Rounds(0), 0, 0.0
     for _ in range(rounds):
-        ms += max(gamma * draft_ms, target_ms(len(state.inputs())))
+        width = len(state.inputs())
+        ms += overhead_ms + pearl.round_ms(gamma * draft_ms, target_ms(width), lent_ms(width) if lent_ms else None)
         drafts = list(range(1, gamma + 1))
         checks = len(state.undecided) + 1
         k = 0
@@ -93,6 +95,32 @@ def test_expected_tokens_per_ms_matches_the_rounds(gamma, alpha, cost):
     assert simulate(gamma, alpha, 0.4, target_ms) == pytest.approx(predicted, rel=0.03)
 
 
+def test_round_length_with_and_without_the_draft_ranks_core():
+    assert pearl.round_ms(1.0, 3.0) == 3.0                  # no lending: the slower rank
+    assert pearl.round_ms(4.0, 3.0, 1.5) == 4.0             # the draft is slower: nothing to lend
+    assert pearl.round_ms(1.0, 3.0, 1.5) == 2.0             # 1 ms alone, then the other 2 ms of work at twice the speed
+    assert pearl.round_ms(0.0, 3.0, 1.5) == 1.5
+
+
+@pytest.mark.parametrize("gamma, alpha, overhead", [(3, 0.7, 0.0), (6, 0.85, 0.4)])
+def test_expected_tokens_per_ms_with_the_draft_ranks_core_lent(gamma, alpha, overhead):
+    target_ms, lent_ms = (lambda w: 2.0 + 0.3 * w), (lambda w: 1.1 + 0.2 * w)
+    predicted = pearl.tokens_per_ms(gamma, alpha, 0.3, target_ms, lent_ms, overhead)
+    assert simulate(gamma, alpha, 0.3, target_ms, lent_ms, overhead) == pytest.approx(predicted, rel=0.03)
+
+
+def test_gamma_policy_prices_drafting_once_the_draft_lends_its_core_and_the_rounds_overhead():
+    alone, lent = {1: 2.6, 4: 2.7, 8: 3.8, 16: 6.0}, {1: 1.7, 4: 1.9, 8: 2.5, 16: 3.8}
+    counts = {"accepted": 800, "rejected": 200}
+    hidden = pearl.GammaPolicy(0.3, alone, **counts).gamma()           # drafting hidden behind the forward: free
+    priced = pearl.GammaPolicy(0.3, alone, lent, **counts).gamma()     # each draft step delays the borrowed core
+    assert priced < hidden
+    slow_rounds = pearl.GammaPolicy(0.3, alone, lent, **counts)
+    for _ in range(20):
+        slow_rounds.observe(0, False, overhead_ms=2.0)                  # every round costs 2 ms beside its forward
+    assert slow_rounds.overhead_ms == pytest.approx(2.0) and slow_rounds.gamma() > priced
+
+
 @pytest.mark.parametrize("draft_ms, target_ms, accepted, rejected, expected", [
     (0.05, {1: 2.0, 16: 2.0}, 90, 10, range(12, 17)),     # free draft, free width, good acceptance: long chains
     (0.05, {1: 2.0, 16: 5.0}, 1, 99, range(1, 3)),        # nothing is accepted: width is wasted
@@ -100,7 +128,7 @@ def test_expected_tokens_per_ms_matches_the_rounds(gamma, alpha, cost):
     (0.5, {1: 2.0, 16: 2.0}, 95, 5, range(3, 7)),         # the draft's time bounds the round: about c = 4
 ])
 def test_gamma_policy_on_scripted_costs(draft_ms, target_ms, accepted, rejected, expected):
-    policy = pearl.GammaPolicy(draft_ms, target_ms, accepted, rejected)
+    policy = pearl.GammaPolicy(draft_ms, target_ms, accepted=accepted, rejected=rejected)
     assert policy.gamma() in expected
 
 
@@ -161,6 +189,7 @@ def test_start_up_measures_c_and_the_target_by_width(pair):
     peer = llm.models.remote
     assert peer.c > 0 and peer.gamma == max(1, min(pearl.MAX_GAMMA, round(peer.c)))
     assert sorted(peer.target_ms_by_width) == [1, 2, 4, 8, 12, 16] and min(peer.target_ms_by_width.values()) > 0
+    assert sorted(peer.lent_ms_by_width) == [1, 2, 4, 8, 12, 16]     # with the draft rank's core lent (docs/methods.md)
     info = llm.generate("def", SamplingParams(max_new_tokens=8)).stats.info
     if kind == "measured-gamma":
         assert info["gamma_rule"] == "measured" and 1 <= info["gamma"] <= pearl.MAX_GAMMA

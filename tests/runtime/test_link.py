@@ -98,6 +98,27 @@ def test_a_rank_that_lends_its_core_is_idle_while_it_waits_and_busy_once_sent_to
         links[1].close()                                                      # this process's kernels: OpenMP again
 
 
+def test_a_rank_waiting_idle_for_its_next_job_lends_its_core():
+    """Between jobs a rank waits in gloo, not in a mailbox; it lends its core there too (pearl's start-up measures
+    the target with the draft rank's core lent while that rank waits for its first job)."""
+    links = link_pair(lend=True)
+    busy = links[0].boxes.busy
+    try:
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(links[1].recv_obj(0, idle=True)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while busy[1] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert busy[1] == 0
+        links[0].send_obj({"job": 1}, 1)
+        assert busy[1] == torch.get_num_threads()                             # marked busy by the sender, at once
+        waiter.join(10)
+        assert got == [{"job": 1}] and busy[1] == torch.get_num_threads()
+    finally:
+        links[1].close()
+
+
 def test_a_rank_woken_by_its_message_takes_it_without_asking_after_the_peer(monkeypatch):
     """Asking whether the peer lives reads /proc in a worker (about 0.1 ms on a VM): it is for waits that time
     out, not for the hop of every message (pp: 0.76x -> 0.81x `ar` on 2 cores)."""

@@ -29,6 +29,7 @@ same time.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,16 +62,30 @@ def slack(options: dict) -> int:
 # rank 0: γ from what is measured
 
 
-def tokens_per_ms(gamma: int, alpha: float, draft_ms: float, target_ms: Callable[[int], float]) -> float:
+def round_ms(drafting: float, alone: float, lent: float | None = None) -> float:
+    """How long a round lasts: the target's forward takes `alone` ms on rank 0's own cores while the draft
+    drafts for `drafting` ms. Without lending, the slower of the two. With it (`lent`: the same forward's ms with
+    the draft rank's core borrowed), once the draft waits the rest of the forward runs at alone / lent times
+    the speed: drafting + (alone − drafting) · lent / alone."""
+    if lent is None or drafting >= alone:
+        return max(drafting, alone)
+    return drafting + (alone - drafting) * lent / alone
+
+
+def tokens_per_ms(gamma: int, alpha: float, draft_ms: float, target_ms: Callable[[int], float],
+                  lent_ms: Callable[[int], float] | None = None, overhead_ms: float = 0.0) -> float:
     """Expected tokens per ms of PEARL's rounds with draft length γ, each draft accepted with
-    probability α, a draft step of `draft_ms` and a target forward of w tokens of target_ms(w).
+    probability α, a draft step of `draft_ms` and a target forward of w tokens of target_ms(w)
+    (lent_ms(w) with the waiting draft rank's core: see round_ms), plus `overhead_ms` a round around
+    the forward (the decision's hop, waiting for the drafts, verification, bookkeeping).
 
     Two states: pre-verify P (target width 1; its one check accepts with α: 1 token, on to Q;
     else 1 token, stay) and post-verify Q (γ−1 undecided drafts: width γ; γ checks; all pass with
-    α^γ: γ tokens, stay; a rejection at k: k + 1 tokens, back to P). A round lasts as long as the
-    slower of the two ranks: max(γ·draft, target(width)). Renewal-reward over the stationary chain,
+    α^γ: γ tokens, stay; a rejection at k: k + 1 tokens, back to P). A round lasts round_ms.
+    Renewal-reward over the stationary chain,
     π_Q / π_P = α / (1 − α^γ):  (1 + r·E_Q) / (t_P + r·t_Q),  E_Q = (1 − α^γ) / (1 − α)."""
-    t_p, t_q = max(gamma * draft_ms, target_ms(1)), max(gamma * draft_ms, target_ms(gamma))
+    t_p, t_q = (overhead_ms + round_ms(gamma * draft_ms, target_ms(w), lent_ms(w) if lent_ms else None)
+                for w in (1, gamma))
     if alpha >= 1.0:
         return gamma / t_q
     e_q = (1 - alpha ** gamma) / (1 - alpha)
@@ -82,11 +97,15 @@ def tokens_per_ms(gamma: int, alpha: float, draft_ms: float, target_ms: Callable
 class GammaPolicy:
     """γ for the next round: argmax over 1..MAX_GAMMA of `tokens_per_ms`, with α the acceptance so
     far (accepted drafts / (accepted + rejections): the chain's maximum-likelihood estimate), starting
-    from a prior of PRIOR_ALPHA worth PRIOR_CHECKS checks."""
+    from a prior of PRIOR_ALPHA worth PRIOR_CHECKS checks, and the mean of the rounds' time beside the
+    target's forward so far."""
     draft_ms: float
-    target_ms: dict[int, float]                 # width -> ms of the target's forward
+    target_ms: dict[int, float]                 # width -> ms of the target's forward on rank 0's own cores
+    lent_ms: dict[int, float] | None = None     # the same with the waiting draft rank's core borrowed, if lent
     accepted: int = 0
     rejected: int = 0
+    overhead_ms: float = 0.0                    # the mean of `rounds` rounds' time beside the target's forward
+    rounds: int = 0
     PRIOR_ALPHA, PRIOR_CHECKS = 0.6, 4
 
     @property
@@ -94,13 +113,18 @@ class GammaPolicy:
         return (self.accepted + self.PRIOR_ALPHA * self.PRIOR_CHECKS) / (
             self.accepted + self.rejected + self.PRIOR_CHECKS)
 
-    def observe(self, accepted: int, rejected: bool) -> None:
+    def observe(self, accepted: int, rejected: bool, overhead_ms: float | None = None) -> None:
         self.accepted += accepted
         self.rejected += rejected
+        if overhead_ms is not None:
+            self.rounds += 1
+            self.overhead_ms += (overhead_ms - self.overhead_ms) / self.rounds
 
     def gamma(self) -> int:
         alpha, ms = self.alpha, by_width(self.target_ms)
-        return max(range(1, MAX_GAMMA + 1), key=lambda g: tokens_per_ms(g, alpha, self.draft_ms, ms))
+        lent = by_width(self.lent_ms) if self.lent_ms else None
+        return max(range(1, MAX_GAMMA + 1),
+                   key=lambda g: tokens_per_ms(g, alpha, self.draft_ms, ms, lent, self.overhead_ms))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,7 +170,7 @@ class Rounds:
 def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
     """Rank 0's loop (`timeout` took effect when the draft rank started: see `start`)."""
     target, stats, peer = models.target, seq.stats, models.remote
-    policy = GammaPolicy(peer.draft_ms, peer.target_ms_by_width)
+    policy = GammaPolicy(peer.draft_ms, peer.target_ms_by_width, peer.lent_ms_by_width)
     fixed = options["gamma"] or (peer.gamma if options["gamma_rule"] == "c" else None)
     gamma = fixed or policy.gamma()
     sampling = not seq.params.greedy
@@ -160,12 +184,15 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
         logits = prefill(target, cache, seq)                            # the draft prefills its window meanwhile
         rounds = Rounds(target_token(logits, seq))
         emitted, accepted, token = [rounds.fresh], 0, rounds.fresh
-        with rank_threads(2):                                           # the draft rank has the other core
+        with rank_threads(2), peer.link.lending():      # the draft rank has the other core and lends it as it waits
             while True:
                 generated += emitted
                 yield emitted
+                began = time.perf_counter()
                 peer.decide(accepted, token, gamma)                     # the draft goes on from here
+                forward = time.perf_counter()
                 logits = target(torch.tensor([rounds.inputs()], device=target.device), cache)[0]
+                forward = time.perf_counter() - forward
                 drafts, q = peer.drafts(sampling)
                 q = None if q is None else q.to(logits.device)
                 tree = rounds.chain(drafts, q)
@@ -179,7 +206,7 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
                 stats.drafted_tokens += len(tree) - 1
                 stats.accepted_tokens += accepted
                 stats.phases += token >= 0                     # a rejection ends a drafting phase
-                policy.observe(accepted, token >= 0)
+                policy.observe(accepted, token >= 0, 1000 * (time.perf_counter() - began - forward))
                 gammas.append(gamma)
                 gamma = fixed or policy.gamma()
     finally:

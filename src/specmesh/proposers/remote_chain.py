@@ -10,6 +10,7 @@ job begin -> (decide -> drafts)* -> end (methods/pearl.py); each decision names 
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,13 +135,19 @@ class DraftServer:
 # rank 0: the target's handle on the draft
 
 
+def by_width_text(ms: dict[int, float]) -> str:
+    return ", ".join(f"{w}: {t:.2f}" for w, t in ms.items()) + " ms"
+
+
 class DraftPeer:
     """The draft rank, seen from rank 0: start-up and calibration, then per job
     begin -> (decide -> drafts)* -> end."""
 
-    def __init__(self, link: Link, target_ms: float, draft_ms: float, vocab: int, target_ms_by_width: dict):
+    def __init__(self, link: Link, target_ms: float, draft_ms: float, vocab: int, target_ms_by_width: dict,
+                 lent_ms_by_width: dict | None = None):
         self.link, self.target_ms, self.draft_ms, self.vocab = link, target_ms, draft_ms, vocab
         self.target_ms_by_width = target_ms_by_width       # width -> ms, with the threads rank 0 decodes with
+        self.lent_ms_by_width = lent_ms_by_width           # the same with the draft rank's core lent; None: no lending
         self.c = target_ms / draft_ms
         self.gamma = max(1, min(MAX_GAMMA, round(self.c)))
         self.awaiting = 0               # a decision was sent: the draft owes us this many drafts
@@ -154,16 +161,20 @@ class DraftPeer:
         threads = share_of_cores(2)                 # each rank's, the draft's and this one's
         config = {"serve": f"{__name__}:DraftServer", "draft": str(draft), "dtype": str(dtype).split(".")[-1],
                   "quant": target.quant, "device": str(device), "timeout": timeout_s, "threads": threads}
-        link = connect(ROLES, config, timeout_s)
+        # the draft rank lends its core while it waits for a decision (SPECMESH_LEND=0: it does not, to compare)
+        link = connect(ROLES, config, timeout_s, lend=os.environ.get("SPECMESH_LEND") != "0")
         with torch_threads(threads):
             target_ms = forward_ms(target)          # while the draft times itself
         draft_ms, vocab = link.recv(torch.zeros(2, dtype=torch.float64), 1).tolist()
-        with rank_threads(2):
-            widths = {w: forward_ms(target, w, reps=10) for w in WIDTHS}     # with the threads it decodes with
-        peer = cls(link, target_ms, draft_ms, int(vocab), widths)
+        with rank_threads(2):                       # with the threads it decodes with, alone and with the draft's core
+            widths = {w: forward_ms(target, w, reps=10) for w in WIDTHS}
+            with link.lending():
+                lent = {w: forward_ms(target, w, reps=10) for w in WIDTHS} if link.boxes else None
+        peer = cls(link, target_ms, draft_ms, int(vocab), widths, lent)
         print(f"pearl: target forward {target_ms:.2f} ms, draft forward {draft_ms:.2f} ms ({threads} "
               f"thread(s) each, measured together): c = {peer.c:.2f}, round(c) = {peer.gamma}; target forward by width: "
-              + ", ".join(f"{w}: {ms:.2f}" for w, ms in widths.items()) + " ms", file=sys.stderr, flush=True)
+              + by_width_text(widths) + (f"; with the draft's core lent: {by_width_text(lent)}" if lent else ""),
+              file=sys.stderr, flush=True)
         atexit.register(peer.close)
         return peer
 

@@ -325,11 +325,20 @@ class Link:
     def send_obj(self, obj, dst: int) -> None:
         """A JSON object (a job, shutdown) through gloo: the receiver may be waiting idle."""
         data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+        if self.boxes:                      # it computes once this arrives: free its core now
+            self.boxes.busy[dst] = self.boxes.threads[dst]
         self.send(torch.tensor([data.numel()]), dst, mailbox=False)
         self.send(data, dst, mailbox=False)
 
     def recv_obj(self, src: int, idle: bool = False):
-        size = int(self.recv(torch.zeros(1, dtype=torch.int64), src, idle, mailbox=False))
+        """`idle`: wait as long as it takes (a rank between jobs), lending this rank's cores meanwhile."""
+        if self.boxes and idle:
+            self.boxes.busy[self.rank] = 0
+        try:
+            size = int(self.recv(torch.zeros(1, dtype=torch.int64), src, idle, mailbox=False))
+        finally:
+            if self.boxes and idle:
+                self._computing()
         return json.loads(bytes(self.recv(torch.zeros(size, dtype=torch.uint8), src, mailbox=False).tolist()))
 
     # -- JSON messages within a job, through the mailboxes where they fit -------------------------------
