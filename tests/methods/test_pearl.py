@@ -14,6 +14,8 @@ from conftest import fail_rank_mid_stream
 from specmesh import LLM, SamplingParams
 from specmesh.methods import pearl
 from specmesh.methods.pearl import Rounds
+from specmesh.model.loader import load_model
+from specmesh.proposers.remote_chain import ChainDrafter
 from specmesh.spec.sampling import SamplingParams as Params
 from specmesh.spec.verify import Verdict, verify
 
@@ -148,6 +150,29 @@ def test_width_interpolation():
     assert [ms(1), ms(2), ms(4), ms(6), ms(8), ms(16)] == [2.0, 3.0, 5.0, 5.5, 6.0, 6.0]
 
 
+# -- the draft rank's chains with prompt lookup ---------------------------------------------------
+
+def test_looked_up_tokens_lead_the_chain_and_the_draft_drafts_the_rest(tiny_checkpoint):
+    """Prompt 5 6 7 8 9 10 5, then 6 is decided: "5 6" occurred before, followed by 7 8 9."""
+    model = load_model(tiny_checkpoint, torch.float32, torch.device("cpu"), draft=True)
+    vocab = model.config.vocab_size
+    for params in (Params(), Params(temperature=1.0)):
+        drafter = ChainDrafter(model, [5, 6, 7, 8, 9, 10, 5], 64, 32, params, seed=0, lookup=2)
+        drafter.decide(0, 6)
+        drafts, q = drafter.draft_chain(5)
+        assert drafts[:3] == [7, 8, 9] and len(drafts) == 5 and drafter.chain.tokens == [6] + drafts
+        if params.greedy:
+            assert q is None
+        else:                               # one-hot rows for the looked-up tokens, the draft's distribution after
+            assert q.shape == (5, vocab) and torch.equal(q[:3].argmax(1), torch.tensor([7, 8, 9]))
+            assert torch.equal(q[:3].sum(1), torch.ones(3)) and q[:3].count_nonzero() == 3
+            assert torch.allclose(q[3:].sum(1), torch.ones(2))
+        drafter.decide(0, 5)                # the first draft rejected, 5 instead: "6 5" occurred nowhere before
+        read = drafter.read
+        assert drafter.looked_up(2) == []
+        assert len(drafter.draft_chain(2)[0]) == 2 and drafter.read > read      # the draft model drafted both
+
+
 # -- the real thing: two processes ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -155,12 +180,13 @@ def ar(tiny_checkpoint):
     return LLM(target=tiny_checkpoint)
 
 
-@pytest.fixture(scope="module", params=["random-draft", "perfect-draft", "measured-gamma"])
+@pytest.fixture(scope="module", params=["random-draft", "perfect-draft", "measured-gamma", "lookup"])
 def pair(request, tiny_checkpoint, tiny_draft_checkpoint):
     draft = {"random-draft": tiny_draft_checkpoint, "perfect-draft": tiny_checkpoint,
-             "measured-gamma": tiny_checkpoint}[request.param]
+             "measured-gamma": tiny_checkpoint, "lookup": tiny_draft_checkpoint}[request.param]
     gamma = 4 if request.param != "measured-gamma" else None      # measured-gamma: GammaPolicy's, each round
-    with LLM(target=tiny_checkpoint, draft=draft, method="pearl", gamma=gamma, timeout=20) as llm:
+    lookup = 2 if request.param == "lookup" else 0                # prompt lookup leads the draft's chains
+    with LLM(target=tiny_checkpoint, draft=draft, method="pearl", gamma=gamma, lookup=lookup, timeout=20) as llm:
         yield request.param, llm
 
 
@@ -225,13 +251,15 @@ def broken_settle(self, verdict, drafts, q):
     return max(accepted - 1, 0), token, commit
 
 
-def test_sampling_matches_ar_two_sample(tiny_checkpoint, tiny_draft_checkpoint):
-    """Joint distribution of the first 3 tokens: pearl vs ar, chi-square two-sample test."""
+@pytest.mark.parametrize("prompt, lookup", [("def", 0), ("x = y\nx = y\nx", 2)])
+def test_sampling_matches_ar_two_sample(tiny_checkpoint, tiny_draft_checkpoint, prompt, lookup):
+    """Joint distribution of the first 3 tokens: pearl vs ar, chi-square two-sample test (with lookup: a prompt
+    that repeats itself, so looked-up tokens, one-hot q rows, lead the chains)."""
     params = dict(max_new_tokens=3, temperature=1.0, n=400)
     ar_llm = LLM(target=tiny_checkpoint)
-    ar_out = ar_llm.generate("def", SamplingParams(seed=1, **params))
-    with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma=2) as llm:
-        pl_out = llm.generate("def", SamplingParams(seed=2, **params))
+    ar_out = ar_llm.generate(prompt, SamplingParams(seed=1, **params))
+    with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma=2, lookup=lookup) as llm:
+        pl_out = llm.generate(prompt, SamplingParams(seed=2, **params))
     a = Counter(tuple(s.tokens) for s in ar_out.samples)
     b = Counter(tuple(s.tokens) for s in pl_out.samples)
     keys = [k for k in set(a) | set(b) if a[k] + b[k] >= 10]

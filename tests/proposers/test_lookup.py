@@ -17,6 +17,14 @@ def test_suffix_index_proposes_what_followed_the_latest_longest_match():
     assert SuffixIndex([1, 2, 1], min_n=2).lookup(4) == []     # too short a match
 
 
+def test_suffix_index_looks_up_after_tokens_it_does_not_hold():
+    index = SuffixIndex([1, 2, 3, 4, 5, 9, 2], min_n=2)
+    assert index.lookup_after([3], 3) == [4, 5, 9]          # (2, 3): 2 indexed, 3 undecided (pearl's drafts)
+    assert index.lookup_after([3, 4, 5], 2) == [9, 2]       # (3, 4, 5) and longer keys, within max_n
+    assert index.lookup_after([8], 3) == []                 # (2, 8) never occurred
+    assert index.tokens == [1, 2, 3, 4, 5, 9, 2]            # the index is not changed
+
+
 def test_lookup_skips_the_draft_on_repeated_text_and_stays_lossless(tiny_checkpoint, tiny_draft_checkpoint):
     ar = LLM(target=tiny_checkpoint)
     prompts = ["self.y = y\n\n" * 4, "def add(a, b):", "x = [1, 2, 3]\n" * 3 + "x = [1", "class Point:\n    def"]

@@ -70,8 +70,8 @@ OPTIONS = {
                          "gamma tokens)", float, "P"),
     "min_prob": Option("tree: a node is drafted only where its path's probability (the draft's, from the root) is "
                        "at least this; a level with none ends the tree (0: the full tree)", float, "P"),
-    "lookup": Option("sd, tree: where the last N or more tokens occurred before (prompt lookup), propose what "
-                     "followed them instead of drafting (0: off)", metavar="N", least=0),
+    "lookup": Option("sd, tree, pearl: where the last N or more tokens occurred before (prompt lookup), propose "
+                     "what followed them instead of drafting (0: off)", metavar="N", least=0),
     "layer_groups": Option("easyspec: the draft's layers in layer-parallel groups, as sizes in order (1,2,1); "
                            "default: the first and last eighth alone, the rest in pairs", str, "SIZES"),
     "calibration": Option("easyspec: when the draft's fuzzy cache entries are read again exactly: never, prefill, "

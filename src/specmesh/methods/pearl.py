@@ -46,7 +46,8 @@ from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict, verify
 from specmesh.timing import by_width, rank_threads
 
-DEFAULTS = {"gamma": 0, "gamma_rule": "measured", "draft_window": 64, "timeout": 30}   # gamma 0: by gamma_rule
+DEFAULTS = {"gamma": 0, "gamma_rule": "measured", "draft_window": 64, "lookup": 0,   # gamma 0: by gamma_rule
+            "timeout": 30}
 GAMMA_RULES = ("measured", "c")
 
 
@@ -178,7 +179,7 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
     gammas = []
     cache = KVCache.for_model(target, 1, len(seq.ids) + seq.limit + slack(options))
     accepted, token, generated = 0, -1, []
-    peer.begin(seq, options["draft_window"], seed=int(torch.randint(2 ** 62, (), generator=seq.generator,
+    peer.begin(seq, options["draft_window"], options["lookup"], seed=int(torch.randint(2 ** 62, (), generator=seq.generator,
                                                                          device=seq.generator.device)))
     try:
         logits = prefill(target, cache, seq)                            # the draft prefills its window meanwhile

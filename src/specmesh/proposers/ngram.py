@@ -44,6 +44,16 @@ class SuffixIndex:
                 return self.tokens[p:p + k]
         return []
 
+    def lookup_after(self, extra: Sequence[int], k: int) -> list[int]:
+        """`lookup` for the indexed tokens followed by `extra` (undecided tokens, not indexed): up to k tokens
+        that followed the latest earlier occurrence of the longest suffix of that sequence; [] where none was."""
+        tail = (self.tokens[-self.max_n:] + list(extra))[-self.max_n:]
+        for n in range(len(tail), self.min_n - 1, -1):
+            p = self.after.get(tuple(tail[-n:]))
+            if p is not None:
+                return self.tokens[p:p + k]
+        return []
+
     def next_after(self, extra: Sequence[int]) -> tuple[int, int] | None:
         """(token, n): the token that followed the latest earlier occurrence of the longest suffix (n tokens,
         at least min_n) of the indexed tokens followed by `extra`; None where there was none. The index is

@@ -21,6 +21,7 @@ from specmesh.engine.sequence import Sequence
 from specmesh.engine.stats import Stats
 from specmesh.model.loader import DTYPES, load_model
 from specmesh.proposers.draft_model import DraftModel
+from specmesh.proposers.ngram import SuffixIndex
 from specmesh.runtime.link import Link, PeerError, connect
 from specmesh.spec.penalties import Penalty, penalty_for
 from specmesh.spec.sampling import SamplingParams
@@ -62,14 +63,22 @@ class ChainDrafter:
     decisions then commit undecided drafts or drop them.
 
     The draft model's cache holds the prompt window, then the first `read` of `chain.tokens`; the first
-    `final` of those are decided. A rejection that drops drafts the draft has read rolls its cache back."""
+    `final` of those are decided. A rejection that drops drafts the draft has read rolls its cache back.
 
-    def __init__(self, model, prompt: list[int], window: int, limit: int, params: SamplingParams, seed: int):
+    With `lookup` (prompt lookup, as `sd`'s): where the newest tokens, undecided ones included, occurred before
+    in the prompt or the decided tokens, what followed them leads the chain, and the draft model drafts only
+    the rest (often nothing: its core is then lent to the target's forward for the whole round). The looked-up
+    tokens are deterministic proposals: their q rows are one-hot, so verification stays lossless."""
+
+    def __init__(self, model, prompt: list[int], window: int, limit: int, params: SamplingParams, seed: int,
+                 lookup: int = 0):
         self.chain = Chain(prompt[-window:], params, torch.Generator(model.device).manual_seed(seed))
         self.base = len(self.chain.ids)
         self.draft = DraftModel(model, 1, self.base + limit + 2 * MAX_GAMMA + 2, window)
         self.draft.admit(0, self.chain)
         self.read, self.final = -1, 0           # -1: the prompt window is not read yet
+        self.index = SuffixIndex(prompt, lookup) if lookup else None    # the prompt, then the decided tokens
+        self.index_base = len(prompt)
 
     @property
     def committed(self) -> list[int]:
@@ -78,15 +87,27 @@ class ChainDrafter:
 
     def draft_chain(self, n: int) -> tuple[list[int], torch.Tensor | None]:
         """Draft n tokens after the newest; returns them and, when sampling, their q rows [n, V]."""
-        tokens = self.chain.tokens
-        self.draft.pending[0] = (self.chain.ids if self.read < 0 else []) + tokens[max(self.read, 0):-1]
-        [tree] = self.draft.propose([self.chain], [n])
-        self.draft.accept([self.chain], [tree], [Verdict(list(range(len(tree))), tree.tokens[1:], None)])
-        drafts = tree.tokens[1:]
-        self.read = len(tokens) + n - 1         # all but the newest draft, which the next round reads
-        tokens += drafts
-        q = torch.stack([tree.q[i] for i in range(n)]).cpu() if tree.sampled else None
-        return drafts, q
+        tokens, sampled = self.chain.tokens, not self.chain.params.greedy
+        found = self.looked_up(n)
+        tokens += found
+        drafts, q = list(found), [one_hot(t, self.draft.model.config.vocab_size) for t in found] if sampled else None
+        if len(found) < n:
+            self.draft.pending[0] = (self.chain.ids if self.read < 0 else []) + tokens[max(self.read, 0):-1]
+            [tree] = self.draft.propose([self.chain], [n - len(found)])
+            self.draft.accept([self.chain], [tree], [Verdict(list(range(len(tree))), tree.tokens[1:], None)])
+            self.read = len(tokens) + n - len(found) - 1    # all but the newest draft, which the next round reads
+            tokens += tree.tokens[1:]
+            drafts += tree.tokens[1:]
+            q = q + [tree.q[i].cpu() for i in range(len(tree) - 1)] if sampled else None
+        return drafts, None if q is None else torch.stack(q)
+
+    def looked_up(self, n: int) -> list[int]:
+        """Up to n tokens of prompt lookup after the newest token ([] without `lookup`)."""
+        if self.index is None:
+            return []
+        decided = self.chain.tokens[:self.final]
+        self.index.extend(decided[len(self.index.tokens) - self.index_base:])
+        return self.index.lookup_after(self.chain.tokens[self.final:], n)
 
     def decide(self, accepted: int, token: int) -> None:
         """`accepted` undecided drafts are committed; token >= 0: then it, and the other drafts are dropped."""
@@ -99,6 +120,13 @@ class ChainDrafter:
             self.draft.cache.rollback(0, self.base + self.read)
         self.chain.tokens.append(token)
         self.final += 1
+
+
+def one_hot(token: int, vocab: int) -> torch.Tensor:
+    """The q row of a deterministic proposal."""
+    row = torch.zeros(vocab)
+    row[token] = 1.0
+    return row
 
 
 class DraftServer:
@@ -116,7 +144,8 @@ class DraftServer:
 
     def serve(self, link: Link, job: dict) -> None:
         params = SamplingParams.from_job(job["params"])
-        drafter = ChainDrafter(self.model, job["prompt"], job["window"], job["limit"], params, job["seed"])
+        drafter = ChainDrafter(self.model, job["prompt"], job["window"], job["limit"], params, job["seed"],
+                               job["lookup"])
         decision = torch.zeros(4, dtype=torch.int64)
         while True:
             status, accepted, token, gamma = link.recv(decision, 0).tolist()
@@ -187,9 +216,9 @@ class DraftPeer:
             self.broken = e
             raise
 
-    def begin(self, seq: Sequence, window: int, seed: int) -> None:
-        self._guard(self.link.send_obj, {
-            "prompt": seq.ids, "window": window, "limit": seq.limit, "seed": seed, "params": seq.params.job()}, 1)
+    def begin(self, seq: Sequence, window: int, lookup: int, seed: int) -> None:
+        self._guard(self.link.send_obj, {"prompt": seq.ids, "window": window, "lookup": lookup, "limit": seq.limit,
+                                         "seed": seed, "params": seq.params.job()}, 1)
 
     def decide(self, accepted: int, token: int, gamma: int) -> None:
         """Commit `accepted` drafts (then `token`, if >= 0) and draft γ more."""
