@@ -179,8 +179,8 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
     gammas = []
     cache = KVCache.for_model(target, 1, len(seq.ids) + seq.limit + slack(options))
     accepted, token, generated = 0, -1, []
-    peer.begin(seq, options["draft_window"], options["lookup"], seed=int(torch.randint(2 ** 62, (), generator=seq.generator,
-                                                                         device=seq.generator.device)))
+    seed = int(torch.randint(2 ** 62, (), generator=seq.generator, device=seq.generator.device))
+    peer.begin(seq, options["draft_window"], options["lookup"], seed)
     try:
         logits = prefill(target, cache, seq)                            # the draft prefills its window meanwhile
         rounds = Rounds(target_token(logits, seq))

@@ -38,31 +38,27 @@ class SuffixIndex:
     def lookup(self, k: int) -> list[int]:
         """Up to k tokens that followed the latest earlier occurrence of the longest suffix seen before
         (at least min_n tokens); [] where none was."""
-        for n in range(min(self.max_n, len(self.tokens)), self.min_n - 1, -1):
-            p = self.after.get(tuple(self.tokens[-n:]))
-            if p is not None:
-                return self.tokens[p:p + k]
-        return []
+        return self.lookup_after((), k)
 
     def lookup_after(self, extra: Sequence[int], k: int) -> list[int]:
-        """`lookup` for the indexed tokens followed by `extra` (undecided tokens, not indexed): up to k tokens
-        that followed the latest earlier occurrence of the longest suffix of that sequence; [] where none was."""
-        tail = (self.tokens[-self.max_n:] + list(extra))[-self.max_n:]
-        for n in range(len(tail), self.min_n - 1, -1):
-            p = self.after.get(tuple(tail[-n:]))
-            if p is not None:
-                return self.tokens[p:p + k]
-        return []
+        """`lookup` for the indexed tokens followed by `extra` (tokens not indexed: pearl's undecided drafts)."""
+        match = self._latest(extra)
+        return [] if match is None else self.tokens[match[0]:match[0] + k]
 
     def next_after(self, extra: Sequence[int]) -> tuple[int, int] | None:
         """(token, n): the token that followed the latest earlier occurrence of the longest suffix (n tokens,
         at least min_n) of the indexed tokens followed by `extra`; None where there was none. The index is
         not changed: `extra` is a hypothetical continuation (a path in a draft tree)."""
+        match = self._latest(extra)
+        return None if match is None else (self.tokens[match[0]], match[1])
+
+    def _latest(self, extra: Sequence[int]) -> tuple[int, int] | None:
+        """(where the continuation starts, n) for the longest suffix of the indexed tokens + `extra` seen before."""
         tail = (self.tokens[-self.max_n:] + list(extra))[-self.max_n:]
         for n in range(len(tail), self.min_n - 1, -1):
             p = self.after.get(tuple(tail[-n:]))
             if p is not None:
-                return self.tokens[p], n
+                return p, n
         return None
 
 

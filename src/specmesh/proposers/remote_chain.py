@@ -78,7 +78,7 @@ class ChainDrafter:
         self.draft.admit(0, self.chain)
         self.read, self.final = -1, 0           # -1: the prompt window is not read yet
         self.index = SuffixIndex(prompt, lookup) if lookup else None    # the prompt, then the decided tokens
-        self.index_base = len(prompt)
+        self.indexed = 0                        # of them, in the index
 
     @property
     def committed(self) -> list[int]:
@@ -90,7 +90,8 @@ class ChainDrafter:
         tokens, sampled = self.chain.tokens, not self.chain.params.greedy
         found = self.looked_up(n)
         tokens += found
-        drafts, q = list(found), [one_hot(t, self.draft.model.config.vocab_size) for t in found] if sampled else None
+        drafts = list(found)
+        q = [one_hot(t, self.draft.model.config.vocab_size) for t in found] if sampled else None
         if len(found) < n:
             self.draft.pending[0] = (self.chain.ids if self.read < 0 else []) + tokens[max(self.read, 0):-1]
             [tree] = self.draft.propose([self.chain], [n - len(found)])
@@ -105,8 +106,8 @@ class ChainDrafter:
         """Up to n tokens of prompt lookup after the newest token ([] without `lookup`)."""
         if self.index is None:
             return []
-        decided = self.chain.tokens[:self.final]
-        self.index.extend(decided[len(self.index.tokens) - self.index_base:])
+        self.index.extend(self.chain.tokens[self.indexed:self.final])
+        self.indexed = self.final
         return self.index.lookup_after(self.chain.tokens[self.final:], n)
 
     def decide(self, accepted: int, token: int) -> None:
