@@ -15,7 +15,7 @@ from specmesh import LLM, SamplingParams
 from specmesh.methods import pearl
 from specmesh.methods.pearl import Rounds
 from specmesh.model.loader import load_model
-from specmesh.proposers.remote_chain import ChainDrafter
+from specmesh.proposers.remote_chain import ChainDrafter, one_hot
 from specmesh.spec.sampling import SamplingParams as Params
 from specmesh.spec.verify import Verdict, verify
 
@@ -171,6 +171,20 @@ def test_looked_up_tokens_lead_the_chain_and_the_draft_drafts_the_rest(tiny_chec
         read = drafter.read
         assert drafter.looked_up(2) == []
         assert len(drafter.draft_chain(2)[0]) == 2 and drafter.read > read      # the draft model drafted both
+
+
+def test_a_looked_up_token_with_its_one_hot_row_keeps_the_targets_distribution():
+    """A looked-up draft x is not drawn from any q: with its one-hot q row the standard rule accepts it with
+    probability p(x) and otherwise draws from p without x, so the first token is an exact draw from p. (Any other
+    row, such as half its mass on x, would emit x too often.)"""
+    from scipy.stats import chisquare
+    logits = torch.tensor([[0.5, 1.5, 1.0, -0.5, 0.0], [0.0] * 5])       # the root's row decides the first token
+    p = logits[0].softmax(-1)
+    rng, counts = torch.Generator().manual_seed(0), torch.zeros(5)
+    for _ in range(6000):
+        tree = Rounds(4).chain([1], one_hot(1, 5)[None])                 # x = 1, p(x) = 0.43
+        counts[verify(tree, logits, Params(temperature=1.0), rng).tokens[0]] += 1
+    assert chisquare(counts.numpy(), (6000 * p).numpy()).pvalue > 0.001
 
 
 # -- the real thing: two processes ----------------------------------------------------------------
