@@ -123,6 +123,19 @@ def test_gamma_policy_prices_drafting_once_the_draft_lends_its_core_and_the_roun
     assert slow_rounds.overhead_ms == pytest.approx(2.0) and slow_rounds.gamma() > priced
 
 
+def test_gamma_policy_follows_the_draft_ranks_measured_drafting():
+    """The start-up forward is a prior: rounds whose chains prompt lookup filled cost the draft rank next to
+    nothing, and the policy drafts longer; a draft rank slower than measured makes it draft shorter."""
+    alone, lent = {1: 2.6, 4: 2.7, 8: 3.8, 16: 6.0}, {1: 1.7, 4: 1.9, 8: 2.5, 16: 3.8}
+    first = pearl.GammaPolicy(0.4, alone, lent, accepted=800, rejected=200).gamma()
+    cheap, dear = (pearl.GammaPolicy(0.4, alone, lent, accepted=800, rejected=200) for _ in range(2))
+    for _ in range(50):
+        cheap.observe(0, False, drafted=5, drafting_ms=0.05)
+        dear.observe(0, False, drafted=5, drafting_ms=5.0)
+    assert cheap.step_ms < 0.05 and cheap.gamma() > first
+    assert dear.step_ms > 0.9 and dear.gamma() < first
+
+
 @pytest.mark.parametrize("draft_ms, target_ms, accepted, rejected, expected", [
     (0.05, {1: 2.0, 16: 2.0}, 90, 10, range(12, 17)),     # free draft, free width, good acceptance: long chains
     (0.05, {1: 2.0, 16: 5.0}, 1, 99, range(1, 3)),        # nothing is accepted: width is wasted

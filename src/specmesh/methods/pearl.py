@@ -98,34 +98,44 @@ def tokens_per_ms(gamma: int, alpha: float, draft_ms: float, target_ms: Callable
 class GammaPolicy:
     """γ for the next round: argmax over 1..MAX_GAMMA of `tokens_per_ms`, with α the acceptance so
     far (accepted drafts / (accepted + rejections): the chain's maximum-likelihood estimate), starting
-    from a prior of PRIOR_ALPHA worth PRIOR_CHECKS checks, and the mean of the rounds' time beside the
-    target's forward so far."""
-    draft_ms: float
+    from a prior of PRIOR_ALPHA worth PRIOR_CHECKS checks; the draft rank's drafting time per drafted token
+    so far (prompt lookup's tokens cost next to nothing), starting from the start-up draft forward worth
+    PRIOR_TOKENS tokens; and the mean of the rounds' time beside the target's forward so far."""
+    draft_ms: float                             # the draft's forward, measured at start-up
     target_ms: dict[int, float]                 # width -> ms of the target's forward on rank 0's own cores
     lent_ms: dict[int, float] | None = None     # the same with the waiting draft rank's core borrowed, if lent
     accepted: int = 0
     rejected: int = 0
+    drafted: int = 0                            # tokens the draft rank drafted, in `drafting_ms`
+    drafting_ms: float = 0.0
     overhead_ms: float = 0.0                    # the mean of `rounds` rounds' time beside the target's forward
     rounds: int = 0
-    PRIOR_ALPHA, PRIOR_CHECKS = 0.6, 4
+    PRIOR_ALPHA, PRIOR_CHECKS, PRIOR_TOKENS = 0.6, 4, 4
 
     @property
     def alpha(self) -> float:
         return (self.accepted + self.PRIOR_ALPHA * self.PRIOR_CHECKS) / (
             self.accepted + self.rejected + self.PRIOR_CHECKS)
 
-    def observe(self, accepted: int, rejected: bool, overhead_ms: float | None = None) -> None:
+    @property
+    def step_ms(self) -> float:
+        """The draft rank's time per drafted token."""
+        return (self.draft_ms * self.PRIOR_TOKENS + self.drafting_ms) / (self.PRIOR_TOKENS + self.drafted)
+
+    def observe(self, accepted: int, rejected: bool, overhead_ms: float | None = None, drafted: int = 0,
+                drafting_ms: float = 0.0) -> None:
         self.accepted += accepted
         self.rejected += rejected
+        self.drafted += drafted
+        self.drafting_ms += drafting_ms
         if overhead_ms is not None:
             self.rounds += 1
             self.overhead_ms += (overhead_ms - self.overhead_ms) / self.rounds
 
     def gamma(self) -> int:
-        alpha, ms = self.alpha, by_width(self.target_ms)
+        alpha, step, ms = self.alpha, self.step_ms, by_width(self.target_ms)
         lent = by_width(self.lent_ms) if self.lent_ms else None
-        return max(range(1, MAX_GAMMA + 1),
-                   key=lambda g: tokens_per_ms(g, alpha, self.draft_ms, ms, lent, self.overhead_ms))
+        return max(range(1, MAX_GAMMA + 1), key=lambda g: tokens_per_ms(g, alpha, step, ms, lent, self.overhead_ms))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +217,8 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
                 stats.drafted_tokens += len(tree) - 1
                 stats.accepted_tokens += accepted
                 stats.phases += token >= 0                     # a rejection ends a drafting phase
-                policy.observe(accepted, token >= 0, 1000 * (time.perf_counter() - began - forward))
+                policy.observe(accepted, token >= 0, 1000 * (time.perf_counter() - began - forward), gamma,
+                               peer.drafting_ms)
                 gammas.append(gamma)
                 gamma = fixed or policy.gamma()
     finally:

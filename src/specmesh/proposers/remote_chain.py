@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,8 +156,9 @@ class DraftServer:
                 link.send(torch.tensor([len(drafter.committed)]), 0)
                 link.send(torch.tensor(drafter.committed, dtype=torch.int64), 0)
                 return
+            start = time.perf_counter()
             tokens, q = drafter.draft_chain(gamma)
-            link.send(torch.tensor(tokens), 0)
+            link.send(torch.tensor(tokens + [round(1e6 * (time.perf_counter() - start))]), 0)   # and how long, µs
             if q is not None:
                 link.send(q, 0)
 
@@ -181,6 +183,7 @@ class DraftPeer:
         self.c = target_ms / draft_ms
         self.gamma = max(1, min(MAX_GAMMA, round(self.c)))
         self.awaiting = 0               # a decision was sent: the draft owes us this many drafts
+        self.drafting_ms = 0.0          # how long the draft rank took to draft the last ones
         self.broken: PeerError | None = None
 
     @classmethod
@@ -227,8 +230,10 @@ class DraftPeer:
         self.awaiting = gamma
 
     def drafts(self, sampling: bool) -> tuple[list[int], torch.Tensor | None]:
-        """The γ drafts the last decision asked for (and their q rows [γ, V] when sampling)."""
-        tokens = self._guard(self.link.recv, torch.zeros(self.awaiting, dtype=torch.int64), 1).tolist()
+        """The γ drafts the last decision asked for (and their q rows [γ, V] when sampling); `drafting_ms`: how
+        long the draft rank took to draft them."""
+        *tokens, micros = self._guard(self.link.recv, torch.zeros(self.awaiting + 1, dtype=torch.int64), 1).tolist()
+        self.drafting_ms = micros / 1000
         q = self._guard(self.link.recv, torch.zeros(self.awaiting, self.vocab), 1) if sampling else None
         self.awaiting = 0
         return tokens, q
