@@ -4,13 +4,13 @@ Rank 1 (`DraftServer`) holds the draft and, per job, a `ChainDrafter`: each roun
 (proposers/draft_model.py, the one draft forward loop) drafts γ tokens (with their q rows when sampling)
 while rank 0's target works, sends them, and commits whatever rank 0 decides. Rank 0 sees it through `DraftPeer`: start-up and calibration (γ defaults to round(c), c = target
 forward time / draft forward time, both measured at start-up with one thread each, at the same time:
-the paper's Table 6 choice; and the target's forward by width, for methods/pearl.py's GammaPolicy), then per
-job begin -> (decide -> drafts)* -> end (methods/pearl.py); each decision names the next round's γ.
+the paper's Table 6 choice; and the target's forward by width, alone and with the draft rank's core lent, for
+methods/pearl.py's GammaPolicy), then per job begin -> (decide -> drafts)* -> end (methods/pearl.py); each
+decision names the next round's γ, and the drafts come with the time the draft rank took to draft them.
 """
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,7 +23,7 @@ from specmesh.engine.stats import Stats
 from specmesh.model.loader import DTYPES, load_model
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.ngram import SuffixIndex
-from specmesh.runtime.link import Link, PeerError, connect
+from specmesh.runtime.link import Link, PeerError, connect, lending_wanted
 from specmesh.spec.penalties import Penalty, penalty_for
 from specmesh.spec.sampling import SamplingParams
 from specmesh.spec.verify import Verdict
@@ -194,8 +194,7 @@ class DraftPeer:
         threads = share_of_cores(2)                 # each rank's, the draft's and this one's
         config = {"serve": f"{__name__}:DraftServer", "draft": str(draft), "dtype": str(dtype).split(".")[-1],
                   "quant": target.quant, "device": str(device), "timeout": timeout_s, "threads": threads}
-        # the draft rank lends its core while it waits for a decision (SPECMESH_LEND=0: it does not, to compare)
-        link = connect(ROLES, config, timeout_s, lend=os.environ.get("SPECMESH_LEND") != "0")
+        link = connect(ROLES, config, timeout_s, lend=lending_wanted())    # the draft rank lends its core as it waits
         with torch_threads(threads):
             target_ms = forward_ms(target)          # while the draft times itself
         draft_ms, vocab = link.recv(torch.zeros(2, dtype=torch.float64), 1).tolist()

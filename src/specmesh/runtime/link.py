@@ -394,6 +394,11 @@ def as_bytes(tensor: torch.Tensor) -> np.ndarray:
     return tensor.reshape(-1).view(torch.uint8).numpy()
 
 
+def lending_wanted() -> bool:
+    """Whether ranks that take turns lend their cores (the default; SPECMESH_LEND=0 turns it off, to compare)."""
+    return os.environ.get("SPECMESH_LEND") != "0"
+
+
 def connect(roles: list[str], config: dict, timeout_s: float, lend: bool = False) -> Link:
     """Rank 0's link: under torchrun the ranks it started, else workers launched here. `lend`: the ranks
     take turns and lend each other their cores while they wait (see the module docstring)."""

@@ -26,14 +26,13 @@ becomes committed). Each rank applies it to what it holds, so ranks cannot diver
 from __future__ import annotations
 
 import atexit
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from specmesh.model.cache import KVCache
-from specmesh.runtime.link import Link, connect
+from specmesh.runtime.link import Link, connect, lending_wanted
 from specmesh.timing import rank_threads, share_of_cores
 
 START, NONE, HIT, MISS, COMMIT = range(5)
@@ -269,8 +268,8 @@ class Pipeline:
         config = {"serve": serve, "target": str(models.target_path),
                   "dtype": str(dtype).split(".")[-1], "quant": target.quant, "device": str(target.device),
                   "timeout": timeout, "threads": share_of_cores(len(split) + apart)}
-        # a stage computes on the cores of the ranks that wait (SPECMESH_LEND=0: on its own, to compare)
-        link = connect(roles(len(split), draft, apart), config, timeout, lend=os.environ.get("SPECMESH_LEND") != "0")
+        # a stage computes on the cores of the ranks that wait
+        link = connect(roles(len(split), draft, apart), config, timeout, lend=lending_wanted())
         return cls(link, None if apart else Stage(target, link), split)
 
     @contextmanager
