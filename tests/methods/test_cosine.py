@@ -23,6 +23,15 @@ def test_the_routing_score_on_hand_worked_numbers():
     assert round_score([], [], accepted=0) == 0.0
 
 
+def test_the_similarity_is_the_cosine_of_the_targets_embeddings_where_both_drafted():
+    embeddings = torch.randn(10, 4)
+    fused = FusedDrafters([], embeddings, rows=1)
+    accepted, own = [3, 5, 7], [3, 6, 7, 2, 9]
+    want = torch.nn.functional.cosine_similarity(embeddings[accepted], embeddings[own[:3]], dim=-1).tolist()
+    assert fused._similarity(accepted, own) == pytest.approx(want + [0.0, 0.0])      # 0 past the accepted length
+    assert fused._similarity([4, 4], [4]) == [1.0] and fused._similarity([], [1, 2]) == [0.0, 0.0]
+
+
 def test_explore_below_tau_exploit_above():
     scores = [0.9, 0.1, 0.5, 0.2]
     # exploit (last accepted >= τ, or no round yet): the two best by score

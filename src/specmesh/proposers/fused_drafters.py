@@ -383,8 +383,15 @@ class FusedDrafters:
         return info
 
     def _similarity(self, accepted: list[int], own: list[int]) -> list[float]:
-        """cos(H(accepted_i), H(own_i)) where both exist, else 0 (H: the target's input embeddings)."""
+        """cos(H(accepted_i), H(own_i)) where both exist, else 0 (H: the target's input embeddings); 1 where the
+        tokens are the same, so only the positions that differ (few: a drafter's accepted prefix is the same)
+        are computed."""
         k = min(len(accepted), len(own))
-        sim = F.cosine_similarity(self.embeddings[accepted[:k]].float(), self.embeddings[own[:k]].float(),
-                                  dim=-1).tolist() if k else []
-        return sim + [0.0] * (len(own) - k)
+        sim = [1.0] * k + [0.0] * (len(own) - k)
+        differ = [i for i in range(k) if accepted[i] != own[i]]
+        if differ:
+            cos = F.cosine_similarity(self.embeddings[[accepted[i] for i in differ]].float(),
+                                      self.embeddings[[own[i] for i in differ]].float(), dim=-1)
+            for i, c in zip(differ, cos.tolist()):
+                sim[i] = c
+        return sim
