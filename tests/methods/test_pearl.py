@@ -250,6 +250,15 @@ def test_start_up_measures_c_and_the_target_by_width(pair):
         assert info["gamma_rule"] == "given" and info["gamma"] == 4
 
 
+def test_lending_can_be_turned_off_to_compare(tiny_checkpoint, ar, monkeypatch):
+    monkeypatch.setenv("SPECMESH_LEND", "0")
+    with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma=3, lookup=2) as llm:
+        peer = llm.models.remote
+        assert peer.link.boxes is None and peer.lent_ms_by_width is None      # no core lent, none measured
+        out = llm.generate(PROMPTS[-1], SamplingParams(max_new_tokens=20))
+    assert out.tokens == ar.generate(PROMPTS[-1], SamplingParams(max_new_tokens=20)).tokens
+
+
 def test_the_papers_rule_keeps_round_c(tiny_checkpoint, ar):
     with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma_rule="c") as llm:
         out = llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=20))
