@@ -78,6 +78,13 @@ def test_small_messages_take_the_mailbox_and_large_ones_gloo_in_order():
     assert all(torch.equal(a, b) for a, b in zip(got, messages))
 
 
+def wait_until_lent(busy, rank: int) -> None:
+    """Until `rank`, waiting in another thread, has written 0 in its word of `busy` (at most 10 s)."""
+    deadline = time.monotonic() + 10
+    while busy[rank] and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def test_a_rank_that_lends_its_core_is_idle_while_it_waits_and_busy_once_sent_to():
     links = link_pair(lend=True)
     busy = links[0].boxes.busy
@@ -86,9 +93,7 @@ def test_a_rank_that_lends_its_core_is_idle_while_it_waits_and_busy_once_sent_to
         got = []
         waiter = threading.Thread(target=lambda: got.append(links[1].recv(torch.empty(3), 0)))
         waiter.start()
-        deadline = time.monotonic() + 10
-        while busy[1] and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_until_lent(busy, 1)
         assert busy[1] == 0                                                   # asleep: its core is lent
         links[0].send(torch.arange(3.0), 1)
         assert busy[1] == torch.get_num_threads()                             # marked busy by the sender, at once
@@ -107,9 +112,7 @@ def test_a_rank_waiting_idle_for_its_next_job_lends_its_core():
         got = []
         waiter = threading.Thread(target=lambda: got.append(links[1].recv_obj(0, idle=True)))
         waiter.start()
-        deadline = time.monotonic() + 10
-        while busy[1] and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_until_lent(busy, 1)
         assert busy[1] == 0
         links[0].send_obj({"job": 1}, 1)
         assert busy[1] == torch.get_num_threads()                             # marked busy by the sender, at once
@@ -129,9 +132,7 @@ def test_a_rank_woken_by_its_message_takes_it_without_asking_after_the_peer(monk
         got = []
         waiter = threading.Thread(target=lambda: got.append(links[1].recv(torch.empty(3), 0)))
         waiter.start()
-        deadline = time.monotonic() + 10
-        while links[1].boxes.busy[1] and time.monotonic() < deadline:
-            time.sleep(0.001)
+        wait_until_lent(links[1].boxes.busy, 1)
         time.sleep(0.005)                                                     # well inside its futex sleep
         links[0].send(torch.arange(3.0), 1)
         waiter.join(10)
