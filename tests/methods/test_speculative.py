@@ -77,7 +77,8 @@ def test_draft_window_limits_the_draft_prefill_and_stays_lossless(ar, tiny_check
     params = SamplingParams(max_new_tokens=30)
     assert llm.generate(prompt, params).tokens == ar.generate(prompt, params).tokens
     assert widths["target"][0] == len(llm.encode(prompt)) > 4
-    assert widths["draft"][0] == 4 and max(widths["draft"]) <= 4     # the window, then a token or a level at a time
+    # the window and the root in one forward (a lone row), then a token or a level at a time
+    assert widths["draft"][0] == 4 + 1 and max(widths["draft"]) <= 4 + 1
 
 
 def test_stop_below_ends_unsure_chains_early(ar, tiny_checkpoint, tiny_draft_checkpoint):
@@ -86,7 +87,7 @@ def test_stop_below_ends_unsure_chains_early(ar, tiny_checkpoint, tiny_draft_che
                       stop_below=stop).generate(PROMPTS[0], params) for stop in (0.0, 0.99)}
     assert runs[0.0].tokens == runs[0.99].tokens == ar.generate(PROMPTS[0], params).tokens
     s = runs[0.99].stats            # a random draft is never sure: one draft forward and token per step at most
-    assert s.draft_forwards == s.verifications and s.drafted_tokens <= s.verifications
+    assert s.draft_forwards <= s.verifications and s.drafted_tokens <= s.verifications
     assert runs[0.99].stats.draft_forwards < runs[0.0].stats.draft_forwards
 
 

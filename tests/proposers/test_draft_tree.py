@@ -58,4 +58,5 @@ def test_min_prob_drafts_less_where_the_draft_is_unsure_and_stays_lossless(tiny_
     assert all(r.tokens == ar.generate(prompt, params).tokens for r in runs.values())
     drafted = [runs[p].stats.drafted_tokens for p in (0.0, 0.2, 0.99)]
     assert drafted[0] > drafted[1] > drafted[2]             # a random draft's paths are unlikely
-    assert runs[0.99].stats.draft_forwards == runs[0.99].stats.verifications   # the root's read, no level
+    # at most the root's read a step (a lone row reads its prompt window in it too), no level
+    assert runs[0.99].stats.draft_forwards <= runs[0.99].stats.verifications

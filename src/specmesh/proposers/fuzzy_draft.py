@@ -69,6 +69,8 @@ def count_exact(seq: Sequence, forwards: int) -> None:
 
 
 class FuzzyDraft(DraftModel):
+    one_read = False        # its catch-up reads exactly (a prompt, a long queue), the root's forward by policy
+
     def __init__(self, model: Transformer, rows: int, max_len: int, window: int, groups: list[range],
                  calibration: str, depth: int, width: int = 1, max_children: int = 1):
         check_policy(calibration)
