@@ -43,8 +43,6 @@ from specmesh.spec.verify import Verdict
 
 
 class DraftModel:
-    one_read = True         # a lone row reads all its unread tokens in the root's forward (_catch_up)
-
     def __init__(self, model: Transformer, rows: int, max_len: int, window: int, width: int = 1,
                  max_children: int = 1, deterministic: bool = False, stop_below: float = 0.0, min_prob: float = 0.0,
                  groups: list[range] = ()):
@@ -108,8 +106,8 @@ class DraftModel:
     def _catch_up(self, seqs: list[Sequence]) -> None:
         """Rows with more than `read_together` unread tokens read all but the last alone; fresh rows with the same
         tokens (a request's samples) share one forward. A lone row has no other to pad for: it reads them all in
-        the root's forward (`one_read`), a forward fewer after a step that accepted many tokens."""
-        if len(seqs) == 1 and self.one_read:
+        the root's forward, a forward fewer after a step that accepted many tokens."""
+        if len(seqs) == 1:
             return
         done: dict[tuple[int, ...], int] = {}
         for b, seq in enumerate(seqs):

@@ -69,8 +69,6 @@ def count_exact(seq: Sequence, forwards: int) -> None:
 
 
 class FuzzyDraft(DraftModel):
-    one_read = False        # its catch-up reads exactly (a prompt, a long queue), the root's forward by policy
-
     def __init__(self, model: Transformer, rows: int, max_len: int, window: int, groups: list[range],
                  calibration: str, depth: int, width: int = 1, max_children: int = 1):
         check_policy(calibration)
@@ -102,7 +100,9 @@ class FuzzyDraft(DraftModel):
                 count_exact(seq, seq.stats.draft_forwards - n)
 
     def _read_pending(self, seqs: list[Sequence]) -> torch.Tensor:
-        self.exact = any(self.due[:len(seqs)])
+        # exact where due, or where a lone row reads a prompt or a long queue here (as _catch_up would: exact)
+        queued = any(len(p) > self.read_together for p in self.pending[:len(seqs)])
+        self.exact = any(self.due[:len(seqs)]) or queued and self.calibration != "never"
         for b, seq in enumerate(seqs):
             self.due[b] = False
             if self.exact:
