@@ -192,8 +192,8 @@ class DraftModel:
         for i, node in enumerate(level):
             self.slots[node] = held + i
         tokens = [[tree.tokens[n] for n in level] for tree in trees]
-        if self.chain:                                      # a chain so far: the cache's default mask
-            return self._forward(seqs, tokens, False)
+        if self.chain or len(level) == 1 and trees[0].depths[level[0]] == held + 1:   # below every held node:
+            return self._forward(seqs, tokens, False)                            # the cache's chain mask
         mask = np.zeros((len(trees), len(level), held + len(level)), dtype=bool)     # on the host: the cache
         for b, tree in enumerate(trees):                                               # copies it over once
             for i, node in enumerate(level):
