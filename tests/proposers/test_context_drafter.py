@@ -1,5 +1,6 @@
 """cosine's context drafter: lookups along a hypothetical path, its calibrated confidence, and how the fused
-drafters use a free drafter (every round, past the depth, alone where it is sure)."""
+drafters use a free drafter (every round, past the depth, alone where it has a guess: a long chain where it is
+sure, a short one where not)."""
 from types import SimpleNamespace
 
 import torch
@@ -13,7 +14,8 @@ TEXT = [5, 6, 7, 8, 9, 1, 2, 5, 6, 7]        # "5 6 7" occurred before, followed
 
 
 def seq(ids: list[int], tokens: list[int]):
-    return SimpleNamespace(ids=ids, tokens=tokens, last=tokens[-1], params=SimpleNamespace(seed=0))
+    return SimpleNamespace(ids=ids, tokens=tokens, last=tokens[-1], params=SimpleNamespace(seed=0),
+                           stats=SimpleNamespace(info={}))
 
 
 def test_next_after_looks_up_a_path_without_changing_the_index():
@@ -45,14 +47,15 @@ class Scripted:
         return torch.full((1, self.width), 0.5), torch.full((1, self.width), self.token, dtype=torch.long)
 
 
-def fused(model: Scripted, context: ContextDrafter) -> FusedDrafters:
-    return FusedDrafters([model, context], torch.eye(100), rows=1, routed=2, budget=8)
+def fused(model: Scripted, context: ContextDrafter, guess_budget: int = 6) -> FusedDrafters:
+    return FusedDrafters([model, context], torch.eye(100), rows=1, routed=2, budget=8, solo_budget=12,
+                         guess_budget=guess_budget)
 
 
 def test_the_context_drafter_joins_every_round_and_drafts_past_the_depth():
     context, model = ContextDrafter(rows=1), Scripted(42)
     context.record[3] = [7, 8]                       # confidence 0.8 for a match of 3: above the model's 0.5
-    cos = fused(model, context)
+    cos = fused(model, context, guess_budget=0)      # where the lookup is not sure, the model drafters join
     s = seq(TEXT[:-1], [TEXT[-1]])                   # prompt, then the newest token 7
     cos.admit(0, s)
     tree = cos.propose([s], [1])[0]                  # depth 1: the model drafter reads the root only
@@ -73,6 +76,7 @@ def test_a_sure_context_drafter_drafts_alone_and_learns_its_precision():
     tree = cos.propose([s], [3])[0]
     assert context.confidence(3) >= fused_drafters.SOLO and cos.rounds[0].drafters == [1]
     assert model.reads == 0 and cos.levels == 0 and 42 not in tree.tokens
+    assert len(tree) == 12                           # its chain runs to the solo budget (past the tree budget, 8)
     # the verifier accepted 8 9 and then chose 3: the first two candidates were right; the third (1) waits
     # for the target's token, which the next round's newest token decides (3: a miss)
     context.finish(0, [8, 9])
@@ -81,6 +85,19 @@ def test_a_sure_context_drafter_drafts_alone_and_learns_its_precision():
     context.begin([s])
     assert sum(t for _, t in context.record.values()) == 101 + 1 + 1
     assert context.index[0].tokens[-3:] == [8, 9, 3]
+
+
+def test_an_unsure_guess_drafts_a_short_chain_alone_and_does_not_steer_the_router():
+    context, model = ContextDrafter(rows=1), Scripted(42)
+    context.record[3] = [7, 8]                       # confidence 0.8: a guess, not sure (< SOLO)
+    cos = fused(model, context, guess_budget=4)
+    s = seq(TEXT[:-1], [TEXT[-1]])
+    cos.admit(0, s)
+    tree = cos.propose([s], [3])[0]
+    assert cos.rounds[0].drafters == [1] and model.reads == 0 and cos.levels == 0
+    assert tree.tokens == [7, 8, 9, 1]               # the root and 3 of the lookup's tokens: 4 nodes
+    cos.accept([s], [tree], [SimpleNamespace(path=[0], accepted=0)])
+    assert cos.last[0] is None                       # a round without routed drafters leaves explore/exploit as it was
 
 
 def test_the_context_drafter_is_silent_after_a_miss_on_the_spine():

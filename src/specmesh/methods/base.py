@@ -90,6 +90,10 @@ OPTIONS = {
     "explore_below": Option("cosine: τ, explore (pick drafters partly at random) after a round that accepted fewer "
                             "tokens than this"),
     "tree_budget": Option("cosine: nodes of the fused tree kept for verification (those of highest confidence)"),
+    "solo_budget": Option("cosine: nodes of the chain the context drafter drafts alone where it is sure of the next "
+                          "token (a long repeat of the context)"),
+    "guess_budget": Option("cosine: nodes of the chain the context drafter drafts alone where it has a guess it is "
+                           "not sure of (0: the model drafters join those rounds)", least=0),
     "token_budget": Option("cosine: Γ_max, tokens a verification takes at most (the scheduler's bound; adaptive "
                            "speculation trims the longest trees to it)"),
     "lam": Option("cosine: λ, the scheduler's weight of verification tokens against time per request", float, "L"),

@@ -162,8 +162,9 @@ def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
     if models.context_drafter:
         drafters.append(ContextDrafter(runner.rows))
     proposer = FusedDrafters(drafters, models.target.embed.weight.detach(), runner.rows, o["routed"],
-                             o["explore_below"], o["tree_budget"], routing=not o["no_routing"],
-                             fusion=not o["no_fusion"], token_budget=None if o["no_adaptive"] else o["token_budget"],
+                             o["explore_below"], o["tree_budget"], o["solo_budget"], o["guess_budget"],
+                             routing=not o["no_routing"], fusion=not o["no_fusion"],
+                             token_budget=None if o["no_adaptive"] else o["token_budget"],
                              names=models.drafter_names)
     if proposer.compares_prompt:
         runner.prompt_tail = o["draft_window"]         # the router compares its model drafters with the target there
@@ -205,10 +206,10 @@ EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with 
 COSINE = MethodSpec("cosine", "CoSine: several drafters, routed per request by their record, their tokens fused "
                     "into one tree by confidence, batches and draft sizes scheduled for the verifier",
                     {"gamma": 5, "draft_window": 256, "drafters": "", "routed": 2, "explore_below": 1,
-                     "tree_budget": 16, "token_budget": 64, "lam": 0.05, "max_step_ms": 0,
+                     "tree_budget": 16, "solo_budget": 32, "guess_budget": 6, "token_budget": 64, "lam": 0.05, "max_step_ms": 0,
                      "drafter_processes": False, "timeout": 30, "no_routing": False, "no_fusion": False,
                      "no_scheduler": False, "no_adaptive": False}, False, build_cosine,
-                    slack=lambda o: o["tree_budget"] + 1, needs_drafters=True)
+                    slack=lambda o: max(o["tree_budget"], o["solo_budget"]) + 1, needs_drafters=True)
 SELFDRAFT = MethodSpec("selfdraft", "Multi-Branch Self-Drafting: no draft model; n-gram candidates and N draft "
                        "branches in one target forward",
                        {"branches": 1, "branch_len": 1, "gram": 6, "max_candidates": 1, "ngram_cache": ""}, False,

@@ -19,8 +19,11 @@ draws and matches: lossless at any temperature.
 
 A free drafter (context_drafter.ContextDrafter: prompt lookup, no forward) is not routed: it joins every
 round, and `routed` counts it. It alone goes on past the round's depth while it finds tokens (its chain is
-bounded by the tree budget), and where it is sure of the root's next token (confidence >= SOLO) the model
-drafters sit the round out: code that repeats its context is drafted for nothing.
+bounded by the tree budget), and it reads the root first: where it has a candidate there, the model drafters
+sit the round out (a model level costs more than it adds beside a lookup) and its chain is bounded by
+`solo_budget` where it is sure (confidence >= SOLO: code that repeats its context, accepted in long runs) and by
+`guess_budget` otherwise (a verification about as cheap as one token's); `guess_budget` 0 lets the model
+drafters join wherever it is not sure.
 
 After verification drafter n's round score is m = (1/K) Σ_i c·d / (c·d + (1 − c)(1 − d)), with d_i the
 cosine similarity (clamped to [0, 1]) of the target's input embeddings of the accepted token i and x_i^n,
@@ -45,7 +48,7 @@ from specmesh.spec.verify import Verdict
 EXPLOIT, EXPLORE = 1.0, 0.5         # α, β: the share of routed drafters picked by score (the rest at random)
 ETA = 0.2                           # the weight of a round's score in the running one
 START = 0.5                         # a drafter's score before it was routed
-SOLO = 0.9                          # a free drafter this confident at the root drafts the round alone
+SOLO = 0.9                          # a free drafter this confident at the root drafts a long chain alone
 PROMPT_TOP = 32                     # the prompt's routing: the target's most likely tokens compared, per position
 PROMPT_SKIP = 16                    # ... past the first tokens of a drafter's window (too little context before),
                                     # and at least as many positions (fewer, as after a prefix-cache hit: no start)
@@ -187,10 +190,13 @@ class Drafter:
 
 class FusedDrafters:
     def __init__(self, drafters: list[Drafter], embeddings: torch.Tensor, rows: int, routed: int = 2,
-                 explore_below: int = 2, budget: int = 16, routing: bool = True, fusion: bool = True,
-                 token_budget: int | None = None, names: list[str] | None = None):
+                 explore_below: int = 2, budget: int = 16, solo_budget: int = 32, guess_budget: int = 6,
+                 routing: bool = True, fusion: bool = True, token_budget: int | None = None,
+                 names: list[str] | None = None):
         self.drafters, self.embeddings = drafters, embeddings        # the target's input embeddings [V, D]
         self.routed, self.explore_below, self.budget = routed, explore_below, budget
+        self.solo_budget, self.guess_budget = solo_budget, guess_budget   # the free drafters' rounds alone
+        self.caps: list[int] = []                   # per row: this round's tree's nodes at most
         self.token_budget = token_budget            # adaptive speculation: a step's trees hold at most this
         self.names = names or [f"drafter{n}" for n in range(len(drafters))]
         self.routing, self.fusion = routing, fusion
@@ -261,10 +267,10 @@ class FusedDrafters:
         self.levels = 0
         if depth == 0 or not active:
             return trees
-        # a free drafter goes on alone past the depth while it finds tokens: the tree budget bounds its chain
-        reach = lambda n, b: (self.budget - 1 if n in free else budgets[b]) if budgets[b] else 0
-        levels = max(reach(n, b) for n in active for b in range(B))
         top, active = self._read_roots(seqs, active, free)
+        # a free drafter goes on alone past the depth while it finds tokens: the row's cap bounds its chain
+        reach = lambda n, b: (self.caps[b] - 1 if n in free else budgets[b]) if budgets[b] else 0
+        levels = max(reach(n, b) for n in active for b in range(B))
         self.levels = int(any(n not in free for n in active))     # the roots' read, where a model drafter takes part
         spine = [{n: 0 for n in r.drafters} for r in self.rounds]   # per row: the node each drafter continues
         own = [{} for _ in range(B)]                                 # per row: drafter -> its own node beside
@@ -285,7 +291,7 @@ class FusedDrafters:
             self._each(lambda n, d: d.read_level(seqs, self._pairs(n, trees, spine, top)), active)
             top = self._results(active)
             self.levels += any(n not in free for n in active)
-        trees = [keep_best(tree, self.budget) for tree in trees]
+        trees = [keep_best(tree, n) for tree, n in zip(trees, self.caps)]
         if self.token_budget is not None:           # adaptive speculation: the longest trees give up nodes
             trees = [keep_best(t, n) for t, n in zip(trees, trim([len(t) for t in trees], self.token_budget))]
         return trees
@@ -300,14 +306,18 @@ class FusedDrafters:
         return Round(sorted([routable[i] for i in picks] + free))
 
     def _read_roots(self, seqs: list[Sequence], active: list[int], free: list[int]) -> tuple[dict, list[int]]:
-        """Each active drafter reads up to the root, the free ones first: in a row where one of them is sure of
-        the next token (>= SOLO) the others sit the round out. The candidates by drafter, and who drafts on."""
+        """Each active drafter reads up to the root, the free ones first: in a row where one of them has a
+        candidate (sure of it, >= SOLO, or with guess_budget) the others sit the round out, and the row's cap
+        is set. The candidates by drafter, and who drafts on."""
         first = [n for n in active if n in free]
         self._each(lambda n, d: d.read_root(seqs), first)          # each reads what it has not, up to the root
         top = self._results(first)
+        self.caps = [self.budget] * len(self.rounds)
         for b, r in enumerate(self.rounds):
-            if any(n in top and top[n][0][b][0] >= SOLO for n in free):
+            guess = max((top[n][0][b][0] for n in free if n in top), default=0.0)      # 0: none found
+            if guess >= SOLO or guess > 0 and self.guess_budget:
                 r.drafters = [n for n in r.drafters if n in free]
+                self.caps[b] = self.solo_budget if guess >= SOLO else self.guess_budget
         rest = [n for n in active if n not in free and any(n in r.drafters for r in self.rounds)]
         self._each(lambda n, d: d.read_root(seqs), rest)
         return top | self._results(rest), first + rest
@@ -370,7 +380,8 @@ class FusedDrafters:
                 info["accepted"][n] += matched
             info["scores"] = [round(x, 4) for x in self.scores[b]]
             info["alive"] = [int(a) for a in self.alive]
-            self.last[b] = verdict.accepted
+            if any(n not in self.free for n in r.drafters):     # the router's explore/exploit follows its own picks
+                self.last[b] = verdict.accepted
             self._each(lambda n, d: d.finish(b, accepted))
 
     def _info(self, seq: Sequence) -> dict:
