@@ -127,8 +127,8 @@ class DraftModel:
                 done[read] = b
 
     def _read_pending(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Each row's unread tokens (up to `read_together`, or all of a lone row's), the root last, in one forward (committed); logits
-        [B, V] (the head at the last token only)."""
+        """Each row's unread tokens (up to `read_together`, or all of a lone row's), the root last, in one forward
+        (committed); logits [B, V] (the head at the last token only)."""
         B, rows = len(seqs), self.pending[:len(seqs)]
         T = max(len(p) for p in rows)
         if all(len(p) == T for p in rows):

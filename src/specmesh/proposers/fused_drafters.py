@@ -19,7 +19,7 @@ draws and matches: lossless at any temperature.
 
 A free drafter (context_drafter.ContextDrafter: prompt lookup, no forward) is not routed: it joins every
 round, and `routed` counts it. It alone goes on past the round's depth while it finds tokens (its chain is
-bounded by the tree budget), and it reads the root first: where it has a candidate there, the model drafters
+bounded by the round's budget), and it reads the root first: where it has a candidate there, the model drafters
 sit the round out (a model level costs more than it adds beside a lookup) and its chain is bounded by
 `solo_budget` where it is sure (confidence >= SOLO: code that repeats its context, accepted in long runs) and by
 `guess_budget` otherwise (a verification about as cheap as one token's); `guess_budget` 0 lets the model
