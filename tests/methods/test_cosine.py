@@ -7,6 +7,7 @@ import torch
 from conftest import assert_same_distribution, sampled_pairs
 
 from specmesh import LLM, SamplingParams
+from specmesh.proposers import fused_drafters
 from specmesh.proposers.fused_drafters import FusedDrafters, Round, cross_entropy, keep_best, round_score, route
 from specmesh.spec.token_tree import TokenTree
 
@@ -125,14 +126,14 @@ def test_the_prompt_starts_the_router_on_the_drafter_closest_to_the_target(tiny_
 
 
 def test_the_prompt_is_compared_only_where_two_model_drafters_compete(tiny_checkpoint, tiny_draft_checkpoint):
-    """The comparison costs the target's head over the prompt's window: not spent with one model drafter (the
-    context drafter is not routed), nor with routing off."""
+    """The comparison costs the target's head over the prompt's last positions (PROMPT_POSITIONS, at most the
+    window): not spent with one model drafter (the context drafter is not routed), nor with routing off."""
     params = SamplingParams(max_new_tokens=4)
     def tail(**options):
         llm = LLM(target=tiny_checkpoint, method="cosine", **options)
         return llm.engine([llm.encode(LONG)], params).runner.prompt_tail
     two = f"{tiny_checkpoint},{tiny_draft_checkpoint},context"
-    assert tail(drafters=two) == 256 and tail(drafters=two, draft_window=64) == 64
+    assert tail(drafters=two) == fused_drafters.PROMPT_POSITIONS == 64 and tail(drafters=two, draft_window=32) == 32
     assert tail(drafters=f"{tiny_checkpoint},context") == 1 and tail(drafters=two, no_routing=True) == 1
 
 

@@ -23,7 +23,7 @@ from specmesh.methods.base import Configured, MethodSpec
 from specmesh.proposers import Proposer
 from specmesh.proposers.context_drafter import ContextDrafter
 from specmesh.proposers.draft_model import DraftModel
-from specmesh.proposers.fused_drafters import Drafter, FusedDrafters
+from specmesh.proposers.fused_drafters import PROMPT_POSITIONS, Drafter, FusedDrafters
 from specmesh.proposers.fuzzy_draft import FuzzyDraft, check_policy, layer_groups
 from specmesh.proposers.lookup import LookupFirst
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
@@ -167,7 +167,8 @@ def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
                              token_budget=None if o["no_adaptive"] else o["token_budget"],
                              names=models.drafter_names)
     if proposer.compares_prompt:
-        runner.prompt_tail = o["draft_window"]         # the router compares its model drafters with the target there
+        # the router compares its model drafters with the target over the prompt's last positions
+        runner.prompt_tail = min(o["draft_window"], PROMPT_POSITIONS)
     policy = DraftDepth(o["gamma"]) if o["no_scheduler"] else \
         Scheduled(o["gamma"], o["tree_budget"], o["lam"], o["token_budget"], o["max_step_ms"] or float("inf"),
                   choose_depth="gamma" not in method.given, target_ms=target_by_width(models, runner.rows))
