@@ -55,3 +55,43 @@ def test_the_lookup_reads_every_committed_token_the_first_included():
     seq.last = 8
     tree, = lookup.propose([seq], [2])
     assert tree.tokens == [8, 1, 2]
+
+
+def test_suffix_index_chain_follows_a_repeat_past_the_end():
+    index = SuffixIndex([1, 2, 3, 1, 2, 3], min_n=2)
+    assert index.lookup(5) == [1, 2, 3]                 # the copy stops at the end of what is indexed
+    assert index.chain(5) == [1, 2, 3, 1, 2]            # then goes on a token at a time
+    assert index.match_length() == 3 and SuffixIndex([1, 2, 3], min_n=2).match_length() is None
+
+
+def test_a_sure_lookup_proposes_its_reach_and_learns_from_verdicts():
+    from types import SimpleNamespace
+    from specmesh.proposers.lookup import LookupFirst
+    from specmesh.spec.token_tree import TokenTree
+    draft = SimpleNamespace(admit=lambda row, seq: None, queue=lambda row, tokens: None,
+                            propose=lambda seqs, budgets: [TokenTree.root(s.last) for s in seqs])
+    seq = SimpleNamespace(ids=[1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2], tokens=[3], last=3, remaining=50)
+    lookup = LookupFirst(draft, 1, min_n=2, reach=6)
+    lookup.admit(0, seq)
+    tree, = lookup.propose([seq], [2])
+    assert tree.tokens == [3, 4, 5]                     # unproven: as deep as the step's depth
+    lookup.record[3] = [99, 100]                        # matches of 3 had their first token accepted 99 times in 100
+    tree, = lookup.propose([seq], [2])
+    assert tree.tokens == [3, 4, 5, 6, 7, 8, 9]         # sure: the reach
+    lookup.accept([seq], [tree], [SimpleNamespace(accepted=0, path=[0])])
+    assert lookup.record[3] == [99, 101]
+
+
+def test_long_lookup_chains_stay_lossless(tiny_checkpoint, tiny_draft_checkpoint, monkeypatch):
+    from specmesh.proposers import lookup
+    monkeypatch.setattr(lookup, "SURE", 0.5)            # every match length sure from the start (prior 1/2)
+    ar = LLM(target=tiny_checkpoint)
+    prompts = ["self.y = y\n\n" * 6, "x = [1, 2, 3]\n" * 5 + "x = [1"]
+    params = SamplingParams(max_new_tokens=120, ignore_eos=True)
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="sd", gamma=3, lookup=2, lookup_reach=12)
+    widths = []                                         # new tokens of each target forward
+    target = llm.models.target
+    target.forward = lambda x, *a, _real=target.forward, **kw: (widths.append(x.shape[1]), _real(x, *a, **kw))[1]
+    outs = [llm.generate(p, params).tokens for p in prompts]
+    assert outs == [o.tokens for o in ar.generate(prompts, params)]
+    assert 3 + 1 < max(w for w in widths if w <= 12 + 1)                # chains past γ (3) were verified

@@ -125,7 +125,7 @@ def build_sd(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
     draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"], stop_below=o["stop_below"])
     if o["lookup"]:
-        draft = LookupFirst(draft, runner.rows, o["lookup"])
+        draft = LookupFirst(draft, runner.rows, o["lookup"], o["lookup_reach"])
     by_width = lambda width: sd_depth_by_width(width, o["gamma"])
     return Speculative(runner, draft, DraftDepth(o["gamma"] if "gamma" in method.given else None, by_width))
 
@@ -135,7 +135,7 @@ def build_tree(models, method: Configured, runner: Runner) -> Speculative:
     draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"], o["tree_width"],
                        o["max_children"], min_prob=o["min_prob"])
     if o["lookup"]:
-        draft = LookupFirst(draft, runner.rows, o["lookup"])
+        draft = LookupFirst(draft, runner.rows, o["lookup"], o["lookup_reach"])
     return Speculative(runner, draft, DraftDepth(o["gamma"]))
 
 
@@ -192,13 +192,13 @@ def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
 
 
 SD = MethodSpec("sd", "a draft model proposes a chain of γ tokens, the target verifies them in one forward "
-                "(Leviathan/Chen)", {"gamma": 4, "draft_window": 64, "stop_below": 0.0, "lookup": 0}, True, build_sd,
-                slack=lambda o: o["gamma"] + 1)
+                "(Leviathan/Chen)", {"gamma": 4, "draft_window": 64, "stop_below": 0.0, "lookup": 0, "lookup_reach": 31},
+                True, build_sd, slack=lambda o: max(o["gamma"], o["lookup_reach"] if o["lookup"] else 0) + 1)
 TREE = MethodSpec("tree", "the draft grows a top-k tree (the best `tree_width` per level), the target verifies it "
                   "in one forward with tree attention (SpecInfer-style)",
-                  {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64, "min_prob": 0.0, "lookup": 0},
-                  True, build_tree,
-                  slack=lambda o: o["gamma"] * o["tree_width"] + 1)
+                  {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64, "min_prob": 0.0, "lookup": 0,
+                   "lookup_reach": 31}, True, build_tree,
+                  slack=lambda o: max(o["gamma"] * o["tree_width"], o["lookup_reach"] if o["lookup"] else 0) + 1)
 EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with its layers in layer-parallel "
                       "groups (fuzzy), and bonus calibration reads the accepted tokens again exactly",
                       {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64, "layer_groups": "",

@@ -2,9 +2,13 @@
 
 Code and edits repeat their context: where the sequence's last n tokens (n >= `lookup`, longest first) occurred
 before, the tokens that followed them are proposed as the chain (ngram.SuffixIndex), and the draft model is not
-run this step; elsewhere the draft drafts as in plain `sd`. The candidate chain is a deterministic proposal, so
-verification stays lossless when sampling too. The draft reads the tokens it did not propose in its next
-step's catch-up, as it reads tokens accepted while speculation was off.
+run this step; elsewhere the draft drafts as in plain `sd`. The chain is as long as the step's depth, or
+`reach` tokens where the lookup is sure: where matches of its length n had their first token accepted at least
+SURE of the time ((hits + 1) / (tries + 2), counted over the engine's requests). A copied stretch of code is
+then accepted in long runs, and a verification of many tokens costs less than as many steps (cosine's context
+drafter does the same: docs/cosine.md). The candidate chain is a deterministic proposal, so verification stays
+lossless when sampling too. The draft reads the tokens it did not propose in its next step's catch-up, as it
+reads tokens accepted while speculation was off.
 """
 from __future__ import annotations
 
@@ -17,11 +21,19 @@ from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict
 
 
+SURE = 0.9          # a match length whose first token was accepted this often proposes `reach` tokens
+
+
 class LookupFirst:
-    def __init__(self, draft: DraftModel, rows: int, min_n: int):
-        self.draft, self.min_n = draft, min_n
+    def __init__(self, draft: DraftModel, rows: int, min_n: int, reach: int = 0):
+        self.draft, self.min_n, self.reach = draft, min_n, reach
         self.index: list[SuffixIndex | None] = [None] * rows
-        self.looked: list[bool] = []            # per running row: this step's tree came from the lookup
+        self.looked: list[int | None] = []      # per running row: the match length of this step's lookup, if any
+        self.record: dict[int, list[int]] = {}  # match length -> [first tokens accepted, lookups verified]
+
+    def sure(self, n: int) -> bool:
+        hits, tries = self.record.get(n, (0, 0))
+        return (hits + 1) / (tries + 2) >= SURE
 
     def admit(self, row: int, seq: Sequence) -> None:
         self.draft.admit(row, seq)
@@ -32,9 +44,14 @@ class LookupFirst:
         self.index[dst] = self.index[src]
 
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
-        found = [caught_up(self.index[b], seq).lookup(budget) if budget else []
-                 for b, (seq, budget) in enumerate(zip(seqs, budgets))]
-        self.looked = [bool(f) for f in found]
+        found, self.looked = [], []
+        for b, (seq, budget) in enumerate(zip(seqs, budgets)):
+            index = caught_up(self.index[b], seq)
+            n = index.match_length() if budget else None
+            k = min(self.reach, seq.remaining - 1) if n and self.reach and self.sure(n) else budget
+            chain = index.chain(k) if n else []
+            found.append(chain)
+            self.looked.append(n if chain else None)
         trees = self.draft.propose(seqs, [0 if f else budget for f, budget in zip(found, budgets)])
         return [TokenTree.chain(seq.last, f) if f else tree for seq, f, tree in zip(seqs, found, trees)]
 
@@ -42,6 +59,9 @@ class LookupFirst:
                logits: torch.Tensor | None = None) -> None:
         for b, (tree, verdict) in enumerate(zip(trees, verdicts)):
             if self.looked[b]:
+                record = self.record.setdefault(self.looked[b], [0, 0])
+                record[0] += verdict.accepted > 0
+                record[1] += 1
                 self.draft.queue(b, [tree.tokens[n] for n in verdict.path[1:]])
             else:
                 self.draft.keep(b, tree, verdict.path[1:])

@@ -40,6 +40,19 @@ class SuffixIndex:
         (at least min_n tokens); [] where none was."""
         return self.lookup_after((), k)
 
+    def match_length(self) -> int | None:
+        """n of the longest suffix of the indexed tokens seen before (at least min_n), or None."""
+        match = self._latest(())
+        return None if match is None else match[1]
+
+    def chain(self, k: int) -> list[int]:
+        """`lookup(k)`, followed on a token at a time (`next_after`) where the copied stretch reaches the end of the
+        indexed tokens (a repeat of the latest tokens themselves)."""
+        tokens = self.lookup(k)
+        while tokens and len(tokens) < k and (after := self.next_after(tokens)) is not None:
+            tokens.append(after[0])
+        return tokens
+
     def lookup_after(self, extra: Sequence[int], k: int) -> list[int]:
         """`lookup` for the indexed tokens followed by `extra` (tokens not indexed: pearl's undecided drafts)."""
         match = self._latest(extra)
