@@ -73,7 +73,7 @@ OPTIONS = {
     "lookup": Option("sd, tree, pearl: where the last N or more tokens occurred before (prompt lookup), propose "
                      "what followed them instead of drafting (0: off)", metavar="N", least=0),
     "lookup_reach": Option("sd, tree: tokens the lookup proposes where it is sure of its match (matches of its length "
-                           "had their first token accepted 90% of the time; 0: as deep as the draft)", least=0),
+                           "had their first token accepted 9 times in 10; 0: as deep as the draft)", least=0),
     "layer_groups": Option("easyspec: the draft's layers in layer-parallel groups, as sizes in order (1,2,1); "
                            "default: the first and last eighth alone, the rest in pairs", str, "SIZES"),
     "calibration": Option("easyspec: when the draft's fuzzy cache entries are read again exactly: never, prefill, "
