@@ -130,9 +130,10 @@ def free_port() -> int:
 
 
 def start_server_process(*args) -> tuple:
-    """`specmesh serve` (float32; the embedded target unless `args` say) in a process of its own, once healthy:
-    (process, url).
-    The embedded target is slow enough that a 300-token request still runs when a signal comes."""
+    """`specmesh serve` (float32; the embedded target and `ar` unless `args` say) in a process of its own, once
+    healthy: (process, url).
+    The embedded target with `ar` is slow enough that a 300-token request still runs when a signal comes (speculation
+    copies the target's loops in long runs)."""
     import subprocess
     import sys
     import time
@@ -140,7 +141,7 @@ def start_server_process(*args) -> tuple:
     import httpx
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "specmesh.cli", "serve", "--dtype", "float32", "--port", str(port),
-                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--method", "ar", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
