@@ -11,7 +11,7 @@ torch.set_num_threads(2)
 ABLATIONS = [("cosine (defaults)", {}), ("--no-routing", {"no_routing": True}), ("--no-fusion", {"no_fusion": True}),
              ("--no-scheduler", {"no_scheduler": True}), ("--no-adaptive", {"no_adaptive": True}),
              ("without the context drafter", {"drafters": "specmesh-drafter-tests,specmesh-drafter-lib"})]
-prompts = [json.loads(line)["prompt"] for line in open(sys.argv[1])][:int(sys.argv[2])]
+prompts: list[str] = []
 real = specmesh.LLM
 
 
@@ -19,12 +19,12 @@ def cluster() -> None:
     profile = S.ClusterProfile.load("gpu-cluster")
     sd = S.run_traced("sd", prompts, 8, 96, profile, "embedded")
     base = sd["tokens"] / sum(profile.step_ms("sd", t, l) for _, t, l in sd["trace"])
-    print(f"{'sd':30} {1000 * base:7.1f} tok/s (simulated)  {sd['tokens'] / len(sd['trace']):.2f} tokens a step")
+    print(f"{'sd':{width()}} {1000 * base:7.1f} tok/s (simulated)  {sd['tokens'] / len(sd['trace']):.2f} tokens a step")
     for name, extra in ABLATIONS:
         specmesh.LLM = lambda *a, extra=extra, **k: real(*a, **(k | extra))
         run = S.run_traced("cosine", prompts, 8, 96, profile, "embedded")
         rate = run["tokens"] / sum(profile.step_ms("cosine", t, l) for _, t, l in run["trace"])
-        print(f"{name:30} {1000 * rate:7.1f} tok/s (simulated, {rate / base:.2f}x sd)  "
+        print(f"{name:{width()}} {1000 * rate:7.1f} tok/s (simulated, {rate / base:.2f}x sd)  "
               f"{run['tokens'] / len(run['trace']):.2f} tokens a step")
 
 
@@ -50,8 +50,19 @@ def client() -> None:
     for name, (s, tokens, forwards, outs) in totals.items():
         ms = 1e3 * s / tokens
         same = sum(a == b for a, b in zip(outs, totals["sd"][3]))
-        print(f"{name:30} {ms:5.2f} ms a token ({ms / sd_ms:.2f}x sd)  tau {(tokens + len(outs)) / forwards:.2f}  "
+        print(f"{name:{width()}} {ms:5.2f} ms a token ({ms / sd_ms:.2f}x sd)  tau {(tokens + len(outs)) / forwards:.2f}  "
               f"same as sd {same}/{len(outs)}")
 
 
-{"client": client, "cluster": cluster}[sys.argv[3]]()
+def width() -> int:
+    return max(len(name) for name, _ in ABLATIONS)
+
+
+def main(argv: list[str]) -> None:
+    """argv: THIS.py PROMPTS.jsonl N {client|cluster} (2026-11-27-s10-cosine-ablation.py runs it with more rows)."""
+    prompts[:] = [json.loads(line)["prompt"] for line in open(argv[1])][:int(argv[2])]
+    {"client": client, "cluster": cluster}[argv[3]]()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

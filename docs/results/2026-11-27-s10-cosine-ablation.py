@@ -1,58 +1,13 @@
-"""cosine's ablations, each component switched off, at one client (real time, interleaved in one process) and on the
-simulated cluster (8 requests in flight, gpu-cluster profile, virtual clock).
-usage: python THIS.py PROMPTS.jsonl N {client|cluster}  (2026-11-27, session 10: the guess rounds added)"""
-import json, sys, time
-import torch
-import specmesh
-from specmesh import SamplingParams
-from specmesh.bench import simulate_cosine as S
+"""cosine's ablations as in 2026-11-26-cosine-ablation.py (that harness, imported), with the rows of the tenth session
+of 2026-11-27: the lookup's guess rounds off, and the rounds before them.
+usage: python THIS.py PROMPTS.jsonl N {client|cluster}"""
+import importlib.util
+import sys
+from pathlib import Path
 
-torch.set_num_threads(2)
-ABLATIONS = [("cosine (defaults)", {}), ("--no-routing", {"no_routing": True}), ("--no-fusion", {"no_fusion": True}),
-             ("--no-scheduler", {"no_scheduler": True}), ("--no-adaptive", {"no_adaptive": True}),
-             ("without the context drafter", {"drafters": "specmesh-drafter-tests,specmesh-drafter-lib"}),
-             ("--guess-budget 0", {"guess_budget": 0}), ("--solo-budget 16 --guess-budget 0 (before)", {"solo_budget": 16, "guess_budget": 0})]
-prompts = [json.loads(line)["prompt"] for line in open(sys.argv[1])][:int(sys.argv[2])]
-real = specmesh.LLM
-
-
-def cluster() -> None:
-    profile = S.ClusterProfile.load("gpu-cluster")
-    sd = S.run_traced("sd", prompts, 8, 96, profile, "embedded")
-    base = sd["tokens"] / sum(profile.step_ms("sd", t, l) for _, t, l in sd["trace"])
-    print(f"{'sd':30} {1000 * base:7.1f} tok/s (simulated)  {sd['tokens'] / len(sd['trace']):.2f} tokens a step")
-    for name, extra in ABLATIONS:
-        specmesh.LLM = lambda *a, extra=extra, **k: real(*a, **(k | extra))
-        run = S.run_traced("cosine", prompts, 8, 96, profile, "embedded")
-        rate = run["tokens"] / sum(profile.step_ms("cosine", t, l) for _, t, l in run["trace"])
-        print(f"{name:44} {1000 * rate:7.1f} tok/s (simulated, {rate / base:.2f}x sd)  "
-              f"{run['tokens'] / len(run['trace']):.2f} tokens a step")
-
-
-def client() -> None:
-    llms = {"sd": real("embedded", method="sd", dtype="bfloat16")} | {
-        name: real("embedded", method="cosine", dtype="bfloat16", **extra) for name, extra in ABLATIONS}
-    totals = {name: [0.0, 0, 0, []] for name in llms}           # decode s, tokens after the first, forwards, outputs
-    for i, prompt in enumerate(prompts):
-        names = list(llms)[i % len(llms):] + list(llms)[:i % len(llms)]
-        for name in names:
-            run = llms[name].stream(prompt, SamplingParams(max_new_tokens=96))
-            pieces = iter(run)
-            next(pieces)
-            first = time.perf_counter()
-            for _ in pieces:
-                pass
-            t = totals[name]
-            t[0] += time.perf_counter() - first
-            t[1] += run.output.stats.generated_tokens - 1
-            t[2] += run.output.stats.target_forwards
-            t[3].append(run.output.tokens)
-    sd_ms = 1e3 * totals["sd"][0] / totals["sd"][1]
-    for name, (s, tokens, forwards, outs) in totals.items():
-        ms = 1e3 * s / tokens
-        same = sum(a == b for a, b in zip(outs, totals["sd"][3]))
-        print(f"{name:44} {ms:5.2f} ms a token ({ms / sd_ms:.2f}x sd)  tau {(tokens + len(outs)) / forwards:.2f}  "
-              f"same as sd {same}/{len(outs)}")
-
-
-{"client": client, "cluster": cluster}[sys.argv[3]]()
+spec = importlib.util.spec_from_file_location("ablation", Path(__file__).with_name("2026-11-26-cosine-ablation.py"))
+ablation = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ablation)
+ablation.ABLATIONS += [("--guess-budget 0", {"guess_budget": 0}),
+                       ("--solo-budget 16 --guess-budget 0 (before)", {"solo_budget": 16, "guess_budget": 0})]
+ablation.main(sys.argv)

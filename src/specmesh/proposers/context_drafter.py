@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from specmesh.engine.sequence import Sequence
 from specmesh.proposers.fused_drafters import Candidates
-from specmesh.proposers.ngram import SuffixIndex
+from specmesh.proposers.ngram import MatchRecord, SuffixIndex
 
 MIN_N, MAX_N = 2, 6
 
@@ -26,7 +26,7 @@ class ContextDrafter:
     def __init__(self, rows: int, min_n: int = MIN_N, max_n: int = MAX_N):
         self.min_n, self.max_n = min_n, max_n
         self.index: list[SuffixIndex | None] = [None] * rows
-        self.record = {n: [0, 0] for n in range(min_n, max_n + 1)}    # match length -> [hits, tries]
+        self.record = MatchRecord({n: [0, 0] for n in range(min_n, max_n + 1)})    # match length -> [hits, tries]
         self.paths: list[list[int]] = []          # per row: the spine tokens read this round
         self.spine: list[list[tuple[int, int]]] = []    # per row: its (token, n) candidates along the spine
         self.open: list[tuple[int, int] | None] = [None] * rows    # a candidate past the accepted path
@@ -39,13 +39,11 @@ class ContextDrafter:
         self.index[dst], self.open[dst] = self.index[src], self.open[src]
 
     def confidence(self, n: int) -> float:
-        hits, tries = self.record[n]
-        return (hits + 1) / (tries + 2)
+        return self.record.precision(n)
 
     def _count(self, candidate: tuple[int, int], truth: int) -> None:
         token, n = candidate
-        self.record[n][0] += token == truth
-        self.record[n][1] += 1
+        self.record.count(n, token == truth)
 
     def begin(self, seqs: list[Sequence]) -> None:
         """Index the tokens accepted since the last round; the newest one decides last round's open candidate."""

@@ -16,7 +16,7 @@ import torch
 
 from specmesh.engine.sequence import Sequence
 from specmesh.proposers.draft_model import DraftModel
-from specmesh.proposers.ngram import SuffixIndex
+from specmesh.proposers.ngram import MatchRecord, SuffixIndex
 from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict
 
@@ -29,11 +29,10 @@ class LookupFirst:
         self.draft, self.min_n, self.reach = draft, min_n, reach
         self.index: list[SuffixIndex | None] = [None] * rows
         self.looked: list[int | None] = []      # per running row: the match length of this step's lookup, if any
-        self.record: dict[int, list[int]] = {}  # match length -> [first tokens accepted, lookups verified]
+        self.record = MatchRecord()             # match length -> [first tokens accepted, lookups verified]
 
     def sure(self, n: int) -> bool:
-        hits, tries = self.record.get(n, (0, 0))
-        return (hits + 1) / (tries + 2) >= SURE
+        return self.record.precision(n) >= SURE
 
     def admit(self, row: int, seq: Sequence) -> None:
         self.draft.admit(row, seq)
@@ -59,9 +58,7 @@ class LookupFirst:
                logits: torch.Tensor | None = None) -> None:
         for b, (tree, verdict) in enumerate(zip(trees, verdicts)):
             if self.looked[b]:
-                record = self.record.setdefault(self.looked[b], [0, 0])
-                record[0] += verdict.accepted > 0
-                record[1] += 1
+                self.record.count(self.looked[b], verdict.accepted > 0)
                 self.draft.queue(b, [tree.tokens[n] for n in verdict.path[1:]])
             else:
                 self.draft.keep(b, tree, verdict.path[1:])

@@ -21,6 +21,20 @@ import numpy as np
 from tqdm import tqdm
 
 
+class MatchRecord(dict):
+    """Prompt lookup's measured precision by match length: n -> [hits, tries], precision (hits + 1) / (tries + 2)
+    (cosine's context drafter's confidence; `sd`'s sure chains, proposers/lookup.py)."""
+
+    def precision(self, n: int) -> float:
+        hits, tries = self.get(n, (0, 0))
+        return (hits + 1) / (tries + 2)
+
+    def count(self, n: int, hit: bool) -> None:
+        record = self.setdefault(n, [0, 0])
+        record[0] += hit
+        record[1] += 1
+
+
 class SuffixIndex:
     def __init__(self, tokens: Sequence[int], min_n: int, max_n: int = 4):
         self.min_n, self.max_n = min_n, max(min_n, max_n)
