@@ -14,7 +14,7 @@ TEXT = [5, 6, 7, 8, 9, 1, 2, 5, 6, 7]        # "5 6 7" occurred before, followed
 
 
 def seq(ids: list[int], tokens: list[int]):
-    return SimpleNamespace(ids=ids, tokens=tokens, last=tokens[-1], params=SimpleNamespace(seed=0),
+    return SimpleNamespace(ids=ids, tokens=tokens, last=tokens[-1], remaining=100, params=SimpleNamespace(seed=0),
                            stats=SimpleNamespace(info={}))
 
 
@@ -85,6 +85,16 @@ def test_a_sure_context_drafter_drafts_alone_and_learns_its_precision():
     context.begin([s])
     assert sum(t for _, t in context.record.values()) == 101 + 1 + 1
     assert context.index[0].tokens[-3:] == [8, 9, 3]
+
+
+def test_a_sure_chain_stops_at_the_tokens_the_request_still_wants():
+    context, model = ContextDrafter(rows=1), Scripted(42)
+    context.record[3] = [99, 100]
+    cos = fused(model, context)
+    s = seq(TEXT[:-1], [TEXT[-1]])
+    s.remaining = 3                                  # 2 drafts and the target's token end the request
+    cos.admit(0, s)
+    assert cos.propose([s], [2])[0].tokens == [7, 8, 9]
 
 
 def test_an_unsure_guess_drafts_a_short_chain_alone_and_does_not_steer_the_router():

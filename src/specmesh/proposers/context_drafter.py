@@ -64,6 +64,17 @@ class ContextDrafter:
             path.append(go_on)
         self.top = self._lookup([[path, path[:-1] + [own]] for path, (_, own) in zip(self.paths, pairs)])
 
+    def read_chain(self, row: int, length: int) -> tuple[list[float], list[int]]:
+        """After read_root, the row's spine as read_level would grow it with no other drafter: its candidates'
+        confidences and tokens, up to `length` of them (fewer where the lookup finds nothing)."""
+        path, spine = self.paths[row], self.spine[row]
+        while len(spine) == len(path) + 1 and len(spine) < length:
+            path.append(spine[-1][0])
+            if (found := self.index[row].next_after(path)) is not None:
+                spine.append(found)
+        chain = spine[:length]
+        return [self.confidence(n) for _, n in chain], [token for token, _ in chain]
+
     def _lookup(self, reads: list[list[list[int]]]) -> Candidates:
         """Per row, the candidate after each path read (the first: the spine's): probabilities and tokens
         [B][k]; probability 0 where the lookup found nothing (or the spine found nothing at a level before)."""

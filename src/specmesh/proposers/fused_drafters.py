@@ -270,8 +270,24 @@ class FusedDrafters:
         if depth == 0 or not active:
             return trees
         top, active = self._read_roots(seqs, active, free)
-        # a free drafter goes on alone past the depth while it finds tokens: the row's cap bounds its chain
-        reach = lambda n, b: (self.caps[b] - 1 if n in free else budgets[b]) if budgets[b] else 0
+        # a free drafter goes on alone past the depth while it finds tokens: the row's cap (and the tokens the
+        # request still wants) bound its chain
+        reach = lambda n, b: 0 if not budgets[b] else min(self.caps[b], seqs[b].remaining) - 1 if n in free \
+            else budgets[b]
+        if len(active) == 1 and active[0] in free:      # the lookup alone (it had a candidate): its chains, no fusion
+            trees = [self._chain(b, tree, active[0], top, reach(active[0], b)) for b, tree in enumerate(trees)]
+        else:
+            self._fuse(seqs, trees, top, active, free, reach)
+        trees = [keep_best(tree, n) for tree, n in zip(trees, self.caps)]
+        if self.token_budget is not None:           # adaptive speculation: the longest trees give up nodes
+            trees = [keep_best(t, n) for t, n in zip(trees, trim([len(t) for t in trees], self.token_budget))]
+        return trees
+
+    def _fuse(self, seqs: list[Sequence], trees: list[TokenTree], top: dict, active: list[int], free: list[int],
+              reach) -> None:
+        """Grow each row's union tree level by level from the active drafters' candidates (`top`, after their
+        roots), each reading the fused spine and its own token, up to reach(n, b) levels."""
+        B = len(seqs)
         levels = max(reach(n, b) for n in active for b in range(B))
         self.levels = int(any(n not in free for n in active))     # the roots' read, where a model drafter takes part
         spine = [{n: 0 for n in r.drafters} for r in self.rounds]   # per row: the node each drafter continues
@@ -293,10 +309,16 @@ class FusedDrafters:
             self._each(lambda n, d: d.read_level(seqs, self._pairs(n, trees, spine, top)), active)
             top = self._results(active)
             self.levels += any(n not in free for n in active)
-        trees = [keep_best(tree, n) for tree, n in zip(trees, self.caps)]
-        if self.token_budget is not None:           # adaptive speculation: the longest trees give up nodes
-            trees = [keep_best(t, n) for t, n in zip(trees, trim([len(t) for t in trees], self.token_budget))]
-        return trees
+
+    def _chain(self, b: int, tree: TokenTree, n: int, top: dict, length: int) -> TokenTree:
+        """Row b's tree where free drafter n drafts alone: the chain of its candidates, up to `length` tokens
+        (what the level loop grows with no other drafter, without a read per level)."""
+        if length and top[n][0][b][0] > 0:
+            r = self.rounds[b]
+            r.confidence[n], r.own[n] = self.drafters[n].read_chain(b, length)
+            for p, x in zip(r.confidence[n], r.own[n]):
+                tree.add(x, len(tree) - 1, p)
+        return tree
 
     def _route(self, b: int, live: list[int], free: list[int]) -> Round:
         """Row b's drafters this round: the free ones, and the others' pick by the router (`routed` in all)."""

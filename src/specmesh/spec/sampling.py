@@ -135,9 +135,12 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits [..., V] -> indices [...] (int64, the first maximum). On CPU through numpy: a few
-    microseconds, several times less than torch's argmax for the few rows of a decoding step."""
-    if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64):
+    microseconds, several times less than torch's argmax for the few rows of a decoding step (and ~10x less
+    for 16-bit logits, widened first: exact, so the same maximum)."""
+    if logits.device.type != "cpu":
         return logits.argmax(-1)
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()
     return torch.as_tensor(np.asarray(logits.detach().numpy().argmax(-1)))
 
 
