@@ -124,3 +124,13 @@ def test_from_paths_merges_shared_prefixes_in_bfs_order():
     mask = tree.ancestor_mask()
     assert mask[5].nonzero().flatten().tolist() == [0, 1, 3, 5]
     assert tree.depths == [0, 1, 1, 2, 2, 3, 3]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_argmax_is_the_first_maximum_in_every_dtype(dtype):
+    from specmesh.spec.sampling import argmax
+    logits = torch.randn(9, 513).to(dtype)
+    logits[:, 7] = logits[:, 400] = logits.max() + 1      # a tie: the first one wins, as torch's argmax
+    logits[3, 2] = logits.max() + 2
+    assert argmax(logits).tolist() == [7, 7, 7, 2, 7, 7, 7, 7, 7]
+    assert torch.equal(argmax(logits), logits.float().argmax(-1))
