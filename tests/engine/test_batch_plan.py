@@ -153,3 +153,15 @@ def test_plain_decoding_where_the_targets_forward_by_width_says_drafting_does_no
     for n in range(16):
         alone.observe(0.002, 0.0025, [(5, 8, 4)])
     assert alone.budgets([SimpleNamespace(remaining=100)])[0] > 0 and alone.plain == 0     # it drafts
+
+
+def test_the_window_fit_forgets_points_past_its_window():
+    from specmesh.engine.batch_plan import WindowFit
+    fit = WindowFit(4)
+    for x, y in [(1, 100.0), (9, -50.0), (2, 3.0), (4, 7.0), (6, 11.0), (8, 15.0)]:
+        fit.add(x, y)
+    assert fit.line() == pytest.approx((2.0, -1.0))      # the last 4: y = 2x - 1
+    flat = WindowFit(3)
+    for y in (1.0, 2.0, 6.0):
+        flat.add(5, y)
+    assert flat.line() == pytest.approx((0.0, 3.0))      # x never varies: slope 0, the mean
