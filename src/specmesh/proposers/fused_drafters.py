@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import random
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -270,10 +271,14 @@ class FusedDrafters:
         if depth == 0 or not active:
             return trees
         top, active = self._read_roots(seqs, active, free)
-        # a free drafter goes on alone past the depth while it finds tokens: the row's cap (and the tokens the
-        # request still wants) bound its chain
-        reach = lambda n, b: 0 if not budgets[b] else min(self.caps[b], seqs[b].remaining) - 1 if n in free \
-            else budgets[b]
+
+        def reach(n: int, b: int) -> int:
+            """How deep drafter n drafts row b: a free one goes on alone past the depth while it finds tokens, to
+            the row's cap or the tokens the request still wants."""
+            if not budgets[b]:
+                return 0
+            return min(self.caps[b], seqs[b].remaining) - 1 if n in free else budgets[b]
+
         if len(active) == 1 and active[0] in free:      # the lookup alone (it had a candidate): its chains, no fusion
             trees = [self._chain(b, tree, active[0], top, reach(active[0], b)) for b, tree in enumerate(trees)]
         else:
@@ -284,7 +289,7 @@ class FusedDrafters:
         return trees
 
     def _fuse(self, seqs: list[Sequence], trees: list[TokenTree], top: dict, active: list[int], free: list[int],
-              reach) -> None:
+              reach: Callable[[int, int], int]) -> None:
         """Grow each row's union tree level by level from the active drafters' candidates (`top`, after their
         roots), each reading the fused spine and its own token, up to reach(n, b) levels."""
         B = len(seqs)

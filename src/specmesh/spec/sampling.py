@@ -135,8 +135,8 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """logits [..., V] -> indices [...] (int64, the first maximum). On CPU through numpy: a few
-    microseconds, several times less than torch's argmax for the few rows of a decoding step (and ~10x less
-    for 16-bit logits, widened first: exact, so the same maximum)."""
+    microseconds, several times less than torch's argmax for the few rows of a decoding step. 16-bit logits
+    are widened first (exact, so the same maximum): torch's argmax over bf16 took 0.13 ms for 7 rows of 8192."""
     if logits.device.type != "cpu":
         return logits.argmax(-1)
     if logits.dtype not in (torch.float32, torch.float64):
