@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The open performance targets of issues 20 and 23, measured in one go on whatever CPU this is (8.5 minutes
-# on 2 Zen 4 cores with 30 prompts on 2026-11-28; nothing else should run meanwhile). Usage, from the repository root, after the install:
+# on 2 Zen 4 cores with 30 prompts on 2026-11-28; nothing else should run meanwhile).
+# Usage, from the repository root, after the install:
 #   bash docs/results/cpu-kind-check.sh [OUT_DIR] [PROMPTS]
 # OUT_DIR (default: runs/cpu-kind-DATE) gets one file per check; PROMPTS (default 30) is the bench's prompt count
 # (the multi-process bench takes at most 20, cosine's side-by-side twice as many, at most 40: the issues' sets).
