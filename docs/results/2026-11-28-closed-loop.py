@@ -4,8 +4,8 @@ not) and the admissions. Usage, from the repository root:
 
     python docs/results/2026-11-28-closed-loop.py METHOD CLIENTS REQUESTS PROMPTS.jsonl
 
-96 new tokens a request, greedy, bfloat16, 2 threads. FIT_WIDTH=0 turns off cosine's fit of its trees to the padded
-verifier (proposers/fused_drafters.fit_width), to compare."""
+96 new tokens a request, greedy, bfloat16, 2 threads. PADDED=1 computes the pads of a batch of trees of several sizes
+(as before the runner passed `lens`), to compare."""
 import collections
 import json
 import os
@@ -17,13 +17,14 @@ import torch
 from specmesh import LLM
 from specmesh.engine.engine import Engine
 from specmesh.methods.speculative import Speculative
-from specmesh.proposers import fused_drafters
+from specmesh.engine.runner import Runner
 from specmesh.spec.sampling import SamplingParams
 
 torch.set_num_threads(2)
 method, clients, requests, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-if os.environ.get("FIT_WIDTH") == "0":
-    fused_drafters.fit_width = lambda trees, *args: trees
+if os.environ.get("PADDED") == "1":
+    forward = Runner.forward
+    Runner.forward = lambda self, tokens, depths=None, mask=None, lens=None: forward(self, tokens, depths, mask)
 llm = LLM("embedded", method=method, dtype="bfloat16")
 params = SamplingParams(max_new_tokens=96)
 ids = [llm.encode(json.loads(line)["prompt"]) for line in open(path)]

@@ -436,6 +436,31 @@ def test_c_block_row_results_do_not_depend_on_the_batch_of_new_tokens(head_dim):
             assert torch.equal(alone, together), prefix
 
 
+@pytest.mark.parametrize("lens", [[3, 1, 5], [20, 2, 9]])      # one C call (<= 16 tokens); a call a layer (more)
+def test_a_batch_of_trees_of_several_sizes_computes_only_its_real_tokens(lens):
+    """The runner pads a batch's trees to the longest and says how many tokens of each row are real (`lens`): their
+    logits are bit-identical to the padded forward's, and the pads', whose products were skipped, are zeros."""
+    from specmesh.model.cache import KVCache
+    model, _ = fused_model()
+    needs_cblock(model)
+    B, T = len(lens), max(lens)
+    prompt, x = torch.randint(1, 97, (B, 11)), torch.randint(1, 97, (B, T))
+    mask = torch.eye(T, dtype=torch.bool).repeat(B, 1, 1)              # a pad sees the prompt and itself
+    for b, n in enumerate(lens):
+        mask[b, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril()    # each row's real tokens: a chain
+    outs = []
+    with torch.inference_mode():
+        for given in (None, lens):
+            cache = KVCache.for_model(model, B, 64)
+            model(prompt, cache)
+            cache.commit_all()
+            outs.append(model(x, cache, depths=torch.arange(T).repeat(B, 1), tree_mask=mask, lens=given))
+    for b, n in enumerate(lens):
+        assert torch.equal(outs[1][b, :n], outs[0][b, :n]), b
+        if B * T <= kernels.SMALL_ROWS or model.fast_forward.long:     # the forward in C
+            assert not outs[1][b, n:].any(), b
+
+
 def batch_invariant_fp32_model():
     from conftest import tiny_config
     from specmesh.model.model import Transformer

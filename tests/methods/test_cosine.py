@@ -8,8 +8,7 @@ from conftest import assert_same_distribution, sampled_pairs
 
 from specmesh import LLM, SamplingParams
 from specmesh.proposers import fused_drafters
-from specmesh.proposers.fused_drafters import (FusedDrafters, Round, cross_entropy, fit_width, keep_best, round_score,
-                                              route)
+from specmesh.proposers.fused_drafters import FusedDrafters, Round, cross_entropy, keep_best, round_score, route
 from specmesh.spec.token_tree import TokenTree
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n"]
@@ -74,20 +73,6 @@ def test_the_budget_keeps_the_most_confident_nodes_and_their_ancestors():
     best = keep_best(tree, 3)
     assert best.tokens == [0, 1, 3] and best.parents == [-1, 0, 1]
     assert keep_best(tree, 10) is tree
-
-
-def test_the_trees_are_cut_to_the_width_that_pays_on_a_padded_verifier():
-    # row 0: a chain of 9 tokens each of confidence 0.9; row 1: its root alone (padded to row 0's size). The verifier
-    # costs 1 ms up to 8 rows, then 0.5 ms a row more. At size N the step expects 2 + 0.9 + ... + 0.9^(N-1) tokens
-    # in verify(2 N) ms: 2, 2.9, 3.71, 4.44 tokens a ms for N = 1..4, then 5.10 / 2 ms at N = 5 (and less after)
-    chain = TokenTree.root(0)
-    for token in range(1, 10):
-        chain.add(token, len(chain) - 1, 0.9)
-    steep = lambda width: 1.0 + 0.5 * max(0, width - 8)
-    cut = fit_width([chain, TokenTree.root(5)], steep, draft_ms=0.0)
-    assert [t.tokens for t in cut] == [[0, 1, 2, 3], [5]]
-    # a flat verifier keeps every node; drafting time already spent makes no node worth less
-    assert [len(t) for t in fit_width([chain, TokenTree.root(5)], lambda width: 1.0, draft_ms=3.0)] == [10, 1]
 
 
 def test_the_prompts_cross_entropy_on_hand_worked_numbers():

@@ -902,16 +902,34 @@ static void rotate_rows(void *ctx, int64_t r0, int64_t r1) {
     }
 }
 
+// Rows idx[0..n) of a [*, w] matrix to and from n packed rows: a padded batch's real tokens (model_forward's lens).
+static void gather_rows(float *dst, const float *src, const int *idx, int n, int w) {
+    for (int i = 0; i < n; i++) memcpy(dst + (int64_t)i * w, src + (int64_t)idx[i] * w, sizeof(float) * w);
+}
+
+static void scatter_rows(float *dst, const float *src, const int *idx, int n, int w) {
+    for (int i = 0; i < n; i++) memcpy(dst + (int64_t)idx[i] * w, src + (int64_t)i * w, sizeof(float) * w);
+}
+
 // A layer's first half for T new tokens of each of B sequences: qkv[B*T, (H + 2 Hkv) * hd] <- the
 // rotated q and k and the v of rms_norm(h), with cos/sin [B*T, hd] the rotary tables; the keys and
 // values also go into the cache: row b's live at elements kc/vc + b * rs ([Hkv, max_len, hd] each,
-// float32 or bf16 where kv16), its new tokens at offsets starts[b]...
-void block_qkv(const Layer *L, const float *h, int B, int T, const float *cos, const float *sin, void *kc, void *vc,
-               int kv16, int64_t rs, int max_len, const int *starts, float *qkv) {
+// float32 or bf16 where kv16), its new tokens at offsets starts[b]... With idx, h holds only the Mv tokens
+// idx[0..Mv) of the B*T (the others pad a batch of trees of several sizes): only they go through the products,
+// and the pads' rows of qkv are zeros, which no real token's attention sees.
+void block_qkv(const Layer *L, const float *h, const int *idx, int Mv, int B, int T, const float *cos,
+               const float *sin, void *kc, void *vc, int kv16, int64_t rs, int max_len, const int *starts, float *qkv) {
     int D = L->D, H = L->H, Hkv = L->Hkv, hd = L->hd, Q = (H + 2 * Hkv) * hd, M = B * T;
-    float *x = malloc(sizeof(float) * M * D);
-    rms_norm(h, M, D, L->attn_norm, L->eps, x);
-    linear(x, M, D, L->qkv, L->kind, L->qkv_s, Q, L->qkv_b, qkv);
+    float *x = malloc(sizeof(float) * Mv * D);
+    rms_norm(h, Mv, D, L->attn_norm, L->eps, x);
+    if (idx) {
+        float *part = malloc(sizeof(float) * Mv * Q);
+        linear(x, Mv, D, L->qkv, L->kind, L->qkv_s, Q, L->qkv_b, part);
+        memset(qkv, 0, sizeof(float) * M * Q);
+        scatter_rows(qkv, part, idx, Mv, Q);
+        free(part);
+    } else
+        linear(x, M, D, L->qkv, L->kind, L->qkv_s, Q, L->qkv_b, qkv);
     free(x);
     Rotation a = {L, T, cos, sin, kc, vc, kv16, rs, max_len, starts, qkv};
     parallel_for(M, M >= 64 ? 1 : M, rotate_rows, &a);
@@ -959,25 +977,33 @@ void block_out(const Layer *L, float *h, int M, const float *att) {
 // att[B*T, H*hd] <- a layer's attention over h[B*T, D]: block_qkv, then each row's attention (token t of
 // row b sees key j where mask[(b * T + t) * ms + j] or, without a mask, j <= starts[b] + t). The products
 // run over all B*T rows at once and the attention row by row, so a row's result does not depend on the
-// others.
-static void attention_half(const Layer *L, const float *h, int B, int T, const float *cos, const float *sin, void *kc,
-                           void *vc, int kv16, int64_t rs, int max_len, const int *starts, const uint8_t *mask, int ms,
-                           float *att) {
+// others. With idx, h holds only the tokens idx[0..Mv) (block_qkv).
+static void attention_half(const Layer *L, const float *h, const int *idx, int Mv, int B, int T, const float *cos,
+                           const float *sin, void *kc, void *vc, int kv16, int64_t rs, int max_len, const int *starts,
+                           const uint8_t *mask, int ms, float *att) {
     int H = L->H, Hkv = L->Hkv, hd = L->hd, Q = (H + 2 * Hkv) * hd, M = B * T;
     float *qkv = malloc(sizeof(float) * M * Q);
-    block_qkv(L, h, B, T, cos, sin, kc, vc, kv16, rs, max_len, starts, qkv);
+    block_qkv(L, h, idx, Mv, B, T, cos, sin, kc, vc, kv16, rs, max_len, starts, qkv);
     const int S = attention_tasks(T * (H / Hkv), Hkv);          // a kv head's query rows, in S parts
     Attention a = {attend_head_for(hd), qkv, Q, kc, vc, kv16, max_len, starts, 0, 0, mask, ms, T, H, Hkv, hd, S, rs, att};
     parallel_tasks((int64_t)B * Hkv * S, attention_parts, &a);     // one parallel loop for the batch
     free(qkv);
 }
 
-// h <- layer(h): attention_half, then block_out.
-static void block_forward(const Layer *L, float *h, int B, int T, const float *cos, const float *sin, void *kc, void *vc,
-                          int kv16, int64_t rs, int max_len, const int *starts, const uint8_t *mask, int ms) {
-    float *att = malloc(sizeof(float) * B * T * L->H * L->hd);
-    attention_half(L, h, B, T, cos, sin, kc, vc, kv16, rs, max_len, starts, mask, ms, att);
-    block_out(L, h, B * T, att);
+// h <- layer(h): attention_half, then block_out (with idx, over h's Mv tokens only).
+static void block_forward(const Layer *L, float *h, const int *idx, int Mv, int B, int T, const float *cos,
+                          const float *sin, void *kc, void *vc, int kv16, int64_t rs, int max_len, const int *starts,
+                          const uint8_t *mask, int ms) {
+    const int HD = L->H * L->hd;
+    float *att = malloc(sizeof(float) * B * T * HD);
+    attention_half(L, h, idx, Mv, B, T, cos, sin, kc, vc, kv16, rs, max_len, starts, mask, ms, att);
+    if (idx) {
+        float *part = malloc(sizeof(float) * Mv * HD);
+        gather_rows(part, att, idx, Mv, HD);
+        block_out(L, h, Mv, part);
+        free(part);
+    } else
+        block_out(L, h, B * T, att);
     free(att);
 }
 
@@ -999,8 +1025,8 @@ typedef struct {            // group_forward's attention halves, for its paralle
 static void group_halves(void *ctx, int64_t j0, int64_t j1) {
     const Group *a = ctx;
     for (int64_t j = j0; j < j1; j++)
-        attention_half(a->Ls[j], a->h, a->B, a->T, a->cos, a->sin, a->kc[j], a->vc[j], a->kv16, a->rs, a->max_len,
-                       a->starts, a->mask, a->ms, a->att[j]);
+        attention_half(a->Ls[j], a->h, NULL, a->B * a->T, a->B, a->T, a->cos, a->sin, a->kc[j], a->vc[j], a->kv16,
+                       a->rs, a->max_len, a->starts, a->mask, a->ms, a->att[j]);
 }
 
 // h <- EasySpec's hyper-layer of layers[0..n) (model.layer_parallel): every attention half reads the group's
@@ -1046,28 +1072,60 @@ typedef struct {            // a model's ends around its layers (kernels.CForwar
 // groups of consecutive layers run as group_forward (groups: ngroups sizes adding up to n; NULL: every layer
 // alone). In: token ids [B*T] (embedded here), or hidden states h [B*T, D] where ids is NULL; positions
 // [B*T] give the rotary angles (float32 position * inv_freq, as the model computes them). Out: h, and where
-// tail > 0 the logits [B, tail, V] of each sequence's last tail tokens after the final norm.
+// tail > 0 the logits [B, tail, V] of each sequence's last tail tokens after the final norm. lens (or NULL): row b's
+// first lens[b] tokens are real and the rest pad it to T (a batch of trees of several sizes), for a forward
+// without groups whose tail is 0 or T: only the real tokens go through the products, a CPU's cost per token, and
+// each comes out as it would padded (a row's result does not depend on the others).
 void model_forward(const Ends *E, const Layer *const *layers, int n, const int64_t *ids, float *h, int B, int T,
                    const int64_t *positions, void *const *kc, void *const *vc, int kv16, int64_t rs, int max_len,
                    const int *starts, const uint8_t *mask, int ms, int tail, float *logits, const int *groups,
-                   int ngroups) {
+                   int ngroups, const int *lens) {
     const int M = B * T, D = E->D, hd = E->hd;
     if (ids)
         for (int r = 0; r < M; r++) memcpy(h + (int64_t)r * D, E->embed + ids[r] * D, sizeof(float) * D);
     float *cos = malloc(sizeof(float) * M * hd), *sin = malloc(sizeof(float) * M * hd);
     rotary_tables(E->inv_freq, positions, M, hd, cos, sin);
+    // lens: row b's first lens[b] tokens are real, the rest pad it to T; the layers run on the real ones only
+    int Mv = 0, *idx = NULL;
+    float *hv = h;
+    if (lens && !groups && (tail == 0 || tail == T)) {
+        idx = malloc(sizeof(int) * M);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < lens[b] && t < T; t++) idx[Mv++] = b * T + t;
+        if (Mv < M) {
+            hv = malloc(sizeof(float) * Mv * D);
+            gather_rows(hv, h, idx, Mv, D);
+        } else {
+            free(idx);
+            idx = NULL;
+        }
+    }
+    if (!idx) Mv = M;
     for (int l = 0, g = 0; l < n; l += groups ? groups[g++] : 1) {
         if (groups && groups[g] > 1)
             group_forward(layers + l, groups[g], h, B, T, cos, sin, kc + l, vc + l, kv16, rs, max_len, starts, mask, ms);
         else
-            block_forward(layers[l], h, B, T, cos, sin, kc[l], vc[l], kv16, rs, max_len, starts, mask, ms);
+            block_forward(layers[l], hv, idx, Mv, B, T, cos, sin, kc[l], vc[l], kv16, rs, max_len, starts, mask, ms);
     }
-    if (tail > 0) {
+    if (tail > 0 && idx) {                      // every token's logits (tail == T): the pads' are zeros
+        float *x = malloc(sizeof(float) * Mv * D), *part = malloc(sizeof(float) * Mv * E->V);
+        rms_norm(hv, Mv, D, E->norm, E->eps, x);
+        linear(x, Mv, D, E->head, E->kind, E->head_s, E->V, E->head_b, part);
+        memset(logits, 0, sizeof(float) * M * E->V);
+        scatter_rows(logits, part, idx, Mv, E->V);
+        free(x);
+        free(part);
+    } else if (tail > 0) {
         float *x = malloc(sizeof(float) * B * tail * D);
         for (int b = 0; b < B; b++)
             rms_norm(h + ((int64_t)b * T + T - tail) * D, tail, D, E->norm, E->eps, x + (int64_t)b * tail * D);
         linear(x, B * tail, D, E->head, E->kind, E->head_s, E->V, E->head_b, logits);
         free(x);
+    } else if (idx)                             // hidden states out: the pads' rows keep their embeddings
+        scatter_rows(h, hv, idx, Mv, D);
+    if (idx) {
+        free(hv);
+        free(idx);
     }
     free(cos);
     free(sin);

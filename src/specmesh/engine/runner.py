@@ -119,22 +119,25 @@ class Runner:
         return logits
 
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None, lens: list[int] | None = None) -> torch.Tensor:
         """tokens [B, N] for rows 0..B-1 (depths [B, N], mask [B, N, N] over the new slots: a tree per
-        row; None: chains) -> logits [B, N, V]; the new slots stay speculative."""
+        row; None: chains; lens: each row's real tokens, the rest padding) -> logits [B, N, V]; the new slots stay
+        speculative."""
         B, N = tokens.shape
         per = max(1, GROUP_TOKENS // N)
         out = []
         for first in range(0, B, per):
             group = slice(first, min(B, first + per))
             tree = {} if mask is None else {"depths": depths[group], "tree_mask": mask[group]}
-            out.append(self.model(tokens[group], self.cache.view(group.start, group.stop), **tree))
+            out.append(self.model(tokens[group], self.cache.view(group.start, group.stop), **tree,
+                                  lens=None if lens is None else lens[group]))
             self.stats.target_forwards += 1
         return out[0] if len(out) == 1 else torch.cat(out)
 
     def forward_trees(self, trees: list[TokenTree]) -> torch.Tensor:
         """One tree per running row, padded to one size N -> logits [B, N, V]. Chains of one length
-        need no mask; a padding node sees only the prefix and itself and is never on a path."""
+        need no mask; a padding node sees only the prefix and itself and is never on a path, and the kernels skip
+        its products (on a CPU a padded row costs a row's: one row's chain of 32 made a 4-row step verify 128)."""
         B, N = len(trees), max(len(t) for t in trees)
         if all(len(t) == N for t in trees) and all(t.is_chain() for t in trees):
             return self.forward(torch.tensor([t.tokens for t in trees], device=self.device))
@@ -145,7 +148,8 @@ class Runner:
             tokens[b, :n], depths[b, :n] = tree.tokens, tree.depths
             mask[b, :n, :n] = tree.ancestor_mask().numpy()
         # depths and mask stay on the host, where the cache reads them (KVCache.prepare)
-        return self.forward(torch.from_numpy(tokens).to(self.device), torch.from_numpy(depths), torch.from_numpy(mask))
+        return self.forward(torch.from_numpy(tokens).to(self.device), torch.from_numpy(depths), torch.from_numpy(mask),
+                            [len(t) for t in trees])
 
     def move_row(self, src: int, dst: int) -> None:
         self.cache.move_row(src, dst)

@@ -77,12 +77,12 @@ class CForward:
         self.c_attention = self.amx is None
 
     def __call__(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool | int,
-                 groups: list[range] | None = None):
+                 groups: list[range] | None = None, lens: list[int] | None = None):
         B, T = x.shape[:2]
         if cache is None or x.device.type != "cpu":
             return None
         if B * T > SMALL_ROWS:
-            return self._long(x, cache, depths, tree_mask, layers, last_only) if self.long and not groups else None
+            return self._long(x, cache, depths, tree_mask, layers, last_only, lens) if self.long and not groups else None
         positions = cache.slots(T, depths)                                        # [B, T] int64
         mask = None if tree_mask is None else cache.mask(T, tree_mask).contiguous()   # [B, 1, T, kv_len]
         n, first, L = len(layers), cache.first_layer, self.model.config.num_layers
@@ -93,16 +93,22 @@ class CForward:
         sizes = None if groups is None else torch.tensor([len(g) for g in groups], dtype=torch.int32)   # layer_parallel
         tail = 0 if layers.stop < L else min(int(last_only), T) if last_only else T
         logits = torch.empty(B, tail, self.ends.V)
+        real = None if lens is None or sum(lens) == B * T else np.asarray(lens, dtype=np.int32)   # pads skipped
         self.kernel.model_forward(ctypes.byref(self.ends), weights, n, _ptr(x.contiguous() if layers.start == 0 else None),
                                   h.data_ptr(), B, T, positions.ctypes.data, kc, vc, cache.k[0].dtype == torch.bfloat16,
                                   cache.k[0].stride(0), cache.max_len, self._starts(cache).ctypes.data, _ptr(mask),
-                                  cache.kv_len, tail, logits.data_ptr(), _ptr(sizes), 0 if sizes is None else len(sizes))
+                                  cache.kv_len, tail, logits.data_ptr(), _ptr(sizes), 0 if sizes is None else len(sizes),
+                                  None if real is None else real.ctypes.data)
         cache.advance(T)
         return self.model.expand(logits) if tail else h
 
-    def _long(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool | int):
+    def _long(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool | int,
+              lens: list[int] | None = None):
         B, T = x.shape[:2]
         cfg, first = self.model.config, cache.first_layer
+        # a batch of trees of several sizes: the layers' products over the real tokens only (idx of the B*T)
+        idx = None if lens is None or sum(lens) == B * T or last_only and layers.stop == cfg.num_layers \
+            else np.concatenate([b * T + np.arange(n, dtype=np.int32) for b, n in enumerate(lens)])
         H, Q, hd = cfg.num_heads, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.head_dim
         tiles = self.tile_attention and T > PREFILL_TOKENS and tree_mask is None and cache.k[0].dtype == torch.bfloat16
         if tiles or self.c_attention:     # C attention: causal by each row's first new slot; a mask for a tree only
@@ -114,13 +120,17 @@ class CForward:
         self.kernel.rotary_tables(self.ends.inv_freq, positions.contiguous().data_ptr(), B * T, hd, cos.data_ptr(),
                                   sin.data_ptr())
         h = self.model.embed(x).contiguous() if layers.start == 0 else self._hidden(x, layers)   # [B, T, D]
+        if idx is not None:
+            h = h.view(B * T, -1)[torch.from_numpy(idx)].contiguous()                   # [Mv, D]
+        Mv = B * T if idx is None else len(idx)
         qkv = torch.empty(B, T, Q)
         starts = self._starts(cache)
         for i in layers:
             kc, vc = cache.k[i - first], cache.v[i - first]                       # [B, Hkv, max_len, hd]
-            self.kernel.block_qkv(self.layers[i], h.data_ptr(), B, T, cos.data_ptr(), sin.data_ptr(), kc.data_ptr(),
-                                  vc.data_ptr(), kc.dtype == torch.bfloat16, kc.stride(0), cache.max_len,
-                                  starts.ctypes.data, qkv.data_ptr())
+            self.kernel.block_qkv(self.layers[i], h.data_ptr(), None if idx is None else idx.ctypes.data, Mv, B, T,
+                                  cos.data_ptr(), sin.data_ptr(), kc.data_ptr(), vc.data_ptr(),
+                                  kc.dtype == torch.bfloat16, kc.stride(0), cache.max_len, starts.ctypes.data,
+                                  qkv.data_ptr())
             if tiles:
                 out = torch.empty(B, T, H * hd)
                 for b, start in enumerate(cache.starts):
@@ -132,11 +142,22 @@ class CForward:
                 q = qkv[..., :H * hd].view(B, T, H, hd).transpose(1, 2)
                 out = attention(q, kc[:, :, :cache.kv_len], vc[:, :, :cache.kv_len], mask,
                                 self.model.layers[i].block.attn.prefill_dtype).contiguous()     # [B, T, H*hd]
-            self.kernel.block_out(self.layers[i], h.data_ptr(), B * T, out.data_ptr())
+            if idx is not None:
+                out = out.view(B * T, -1)[torch.from_numpy(idx)].contiguous()        # [Mv, H*hd]
+            self.kernel.block_out(self.layers[i], h.data_ptr(), Mv, out.data_ptr())
         cache.advance(T)
+        if idx is not None:                                 # back to [B, T, ...], the pads' rows zeros
+            return self._unpack(self.model.logits(h[None], False)[0] if layers.stop == cfg.num_layers else h, idx, B, T)
         if layers.stop < cfg.num_layers:
             return h
         return self.model.logits(h, last_only)
+
+    @staticmethod
+    def _unpack(rows: torch.Tensor, idx: np.ndarray, B: int, T: int) -> torch.Tensor:
+        """rows [Mv, W] of the real tokens idx -> [B, T, W], zeros at the pads."""
+        out = rows.new_zeros(B * T, rows.shape[-1])
+        out[torch.from_numpy(idx)] = rows
+        return out.view(B, T, -1)
 
     def _attend(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, cache, mask) -> torch.Tensor:
         """Each row's attention [B, T, H*hd] through csrc/avx2.c's attend, as model_forward's attention (the same

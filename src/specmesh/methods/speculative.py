@@ -29,7 +29,7 @@ from specmesh.proposers.lookup import LookupFirst
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
 from specmesh.proposers.remote_drafter import DrafterPool
 from specmesh.spec.verify import verify
-from specmesh.timing import by_width, forward_ms
+from specmesh.timing import forward_ms
 
 SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow this long before speculation resumes
 
@@ -161,18 +161,17 @@ def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
                     for m in models.drafters]
     if models.context_drafter:
         drafters.append(ContextDrafter(runner.rows))
-    target_ms = target_by_width(models, runner.rows)
     proposer = FusedDrafters(drafters, models.target.embed.weight.detach(), runner.rows, o["routed"],
                              o["explore_below"], o["tree_budget"], o["solo_budget"], o["guess_budget"],
                              routing=not o["no_routing"], fusion=not o["no_fusion"],
                              token_budget=None if o["no_adaptive"] else o["token_budget"],
-                             names=models.drafter_names, verify_ms=by_width(target_ms))
+                             names=models.drafter_names)
     if proposer.compares_prompt:
         # the router compares its model drafters with the target over the prompt's last positions
         runner.prompt_tail = min(o["draft_window"], PROMPT_POSITIONS)
     policy = DraftDepth(o["gamma"]) if o["no_scheduler"] else \
         Scheduled(o["gamma"], o["tree_budget"], o["lam"], o["token_budget"], o["max_step_ms"] or float("inf"),
-                  choose_depth="gamma" not in method.given, target_ms=target_ms)
+                  choose_depth="gamma" not in method.given, target_ms=target_by_width(models, runner.rows))
     return Speculative(runner, proposer, policy)
 
 

@@ -318,7 +318,7 @@ class Transformer(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, *, depths: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, layers: range | None = None,
                 last_only: bool | int = False, head: torch.Tensor | None = None,
-                groups: list[range] | None = None) -> torch.Tensor:
+                groups: list[range] | None = None, lens: list[int] | None = None) -> torch.Tensor:
         """Run `layers` (default: all) over new tokens.
 
         x: token ids [B,T] when the range starts at layer 0, else hidden states [B,T,D].
@@ -334,12 +334,14 @@ class Transformer(nn.Module):
           draft whose head will be restricted to them: gradients reach the tied embedding).
         groups: consecutive layer ranges covering `layers`, each run layer-parallel (`layer_parallel`:
           EasySpec's fuzzy drafting); a one-layer group is the exact layer.
+        lens: [B] real tokens of each row (the rest pad it to T): the kernels' forward skips the pads' products
+          (their outputs are then zeros); every other path computes them.
         """
         layers = layers or range(self.config.num_layers)
         if groups is not None and all(len(g) == 1 for g in groups):
             groups = None                                   # every layer alone: the exact forward
         if self.fast_forward is not None and head is None:
-            out = self.fast_forward(x, cache, depths, tree_mask, layers, last_only, groups)
+            out = self.fast_forward(x, cache, depths, tree_mask, layers, last_only, groups, lens)
             if out is not None:
                 return out
         h = self.embed(x) if layers.start == 0 else x

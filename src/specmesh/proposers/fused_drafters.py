@@ -31,9 +31,7 @@ cosine similarity (clamped to [0, 1]) of the target's input embeddings of the ac
 """
 from __future__ import annotations
 
-import math
 import random
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,26 +77,6 @@ def route(scores: list[float], routed: int, last_accepted: int | None, explore_b
     top = ranked[:round(share * k)]
     rest = [n for n in ranked if n not in top]
     return sorted(top + rng.sample(rest, k - len(top)))
-
-
-def fit_width(trees: list[TokenTree], verify_ms: Callable[[int], float], draft_ms: float) -> list[TokenTree]:
-    """Adaptive speculation for a verifier that pads every tree to the longest (runner.forward_trees): the trees cut
-    to the common size N that maximises the step's expected tokens per ms,
-
-        (B + Σ_b Σ_{the N − 1 likeliest nodes of tree b} p) / (draft_ms + verify_ms(B N)),
-
-    p a node's path confidence (the product of its drafters' confidences from the root) and verify_ms the target's
-    measured forward by width. Where B N passes the widths a CPU computes in one pass over the weights, a padded
-    row costs a row's products: one row's sure chain of 32 made a 4-row step verify 128."""
-    gains = [sorted((math.exp(lp) for lp in tree.logp[1:]), reverse=True) for tree in trees]
-    B, expected = len(trees), float(len(trees))
-    best, best_rate = 1, B / (draft_ms + verify_ms(B))
-    for n in range(2, max(len(tree) for tree in trees) + 1):
-        expected += sum(g[n - 2] for g in gains if len(g) >= n - 1)
-        rate = expected / (draft_ms + verify_ms(B * n))
-        if rate > best_rate:
-            best, best_rate = n, rate
-    return [keep_best(tree, best) for tree in trees]
 
 
 def keep_best(tree: TokenTree, budget: int) -> TokenTree:
@@ -217,13 +195,12 @@ class FusedDrafters:
     def __init__(self, drafters: list[Drafter], embeddings: torch.Tensor, rows: int, routed: int = 2,
                  explore_below: int = 2, budget: int = 16, solo_budget: int = 32, guess_budget: int = 6,
                  routing: bool = True, fusion: bool = True, token_budget: int | None = None,
-                 names: list[str] | None = None, verify_ms: Callable[[int], float] | None = None):
+                 names: list[str] | None = None):
         self.drafters, self.embeddings = drafters, embeddings        # the target's input embeddings [V, D]
         self.routed, self.explore_below, self.budget = routed, explore_below, budget
         self.solo_budget, self.guess_budget = solo_budget, guess_budget   # the free drafters' rounds alone
         self.caps: list[int] = []                   # per row: this round's tree's nodes at most
         self.token_budget = token_budget            # adaptive speculation: a step's trees hold at most this
-        self.verify_ms = verify_ms                  # ... and are cut to the width that pays on this verifier (by width)
         self.names = names or [f"drafter{n}" for n in range(len(drafters))]
         self.routing, self.fusion = routing, fusion
         self.alive = [not getattr(d, "dead", False) for d in drafters]    # a drafter whose process died: not routed
@@ -283,7 +260,6 @@ class FusedDrafters:
 
     # -- proposing --------------------------------------------------------------------------------
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
-        start = time.perf_counter()
         B, depth = len(seqs), max(budgets)
         live = [n for n in range(len(self.drafters)) if self.alive[n]]
         free = [n for n in live if n in self.free]
@@ -310,8 +286,6 @@ class FusedDrafters:
         trees = [keep_best(tree, n) for tree, n in zip(trees, self.caps)]
         if self.token_budget is not None:           # adaptive speculation: the longest trees give up nodes
             trees = [keep_best(t, n) for t, n in zip(trees, trim([len(t) for t in trees], self.token_budget))]
-            if self.verify_ms is not None and B > 1:     # a lone tree is not padded: its caps were measured for it
-                trees = fit_width(trees, self.verify_ms, (time.perf_counter() - start) * 1e3)
         return trees
 
     def _fuse(self, seqs: list[Sequence], trees: list[TokenTree], top: dict, active: list[int], free: list[int],

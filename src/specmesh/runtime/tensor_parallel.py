@@ -201,10 +201,10 @@ class MirroredCache(KVCache):
 def exact_only(inner):
     """A spread draft's fast_forward: the kernels' one-call forward for exact forwards; a forward with groups
     takes the model's PyTorch path, whose groups run across the ranks (Group.layer_parallel)."""
-    def forward(x, cache, depths, tree_mask, layers, last_only, groups):
+    def forward(x, cache, depths, tree_mask, layers, last_only, groups, lens=None):
         if groups is not None or inner is None:
             return None
-        return inner(x, cache, depths, tree_mask, layers, last_only, groups)
+        return inner(x, cache, depths, tree_mask, layers, last_only, groups, lens)
     return forward
 
 
@@ -241,7 +241,8 @@ class Leader:
         self.pending.append([self.name, cache.id, 0, batch, "new", max_len, layers.start, layers.stop])
         return cache
 
-    def __call__(self, x, cache, depths, tree_mask, layers: range, last_only: bool, groups):
+    def __call__(self, x, cache, depths, tree_mask, layers: range, last_only: bool, groups, lens=None):
+        # lens (a padded batch's real tokens) is a CPU saving only: every rank computes the pads
         message = {"model": self.name, "ops": self.pending, "x": x.tolist(), "layers": [layers.start, layers.stop],
                    "groups": None if groups is None else [[g.start, g.stop] for g in groups],
                    "last_only": last_only, "cache": None if cache is None else [cache.id, cache.row0, cache.batch],
