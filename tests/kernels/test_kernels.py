@@ -461,6 +461,30 @@ def test_a_batch_of_trees_of_several_sizes_computes_only_its_real_tokens(lens):
             assert not outs[1][b, n:].any(), b
 
 
+def test_a_long_forward_of_several_rows_computes_each_token_as_decoding_it_alone():
+    """Past 16 tokens a forward runs a layer per call (CForward._long); where its attention is the C kernel's (no
+    AMX) the runner verifies every row in one such forward, so a token's logits there must be bit-identical to
+    decoding it alone in the one-call forward."""
+    from specmesh.engine.runner import Runner
+    from specmesh.model.cache import KVCache
+    model, _ = fused_model(head_dim=64)
+    needs_cblock(model)
+    B, T = 3, 12                                                      # 36 tokens: the long path
+    prompt, x = torch.randint(1, 97, (B, 19)), torch.randint(1, 97, (B, T))
+    with torch.inference_mode():
+        cache = KVCache.for_model(model, B, 64)
+        model(prompt, cache)
+        cache.commit_all()
+        together = model(x, cache)
+        for b in range(B):
+            alone = KVCache.for_model(model, 1, 64)
+            model(prompt[b:b + 1], alone)
+            alone.commit_all()
+            assert torch.equal(torch.cat([model(x[b:b + 1, t:t + 1], alone) for t in range(T)], 1)[0], together[b]), b
+    one_forward = model.fast_forward.long and model.fast_forward.c_attention
+    assert Runner(model, B, 64, None).group_tokens == (None if one_forward else kernels.SMALL_ROWS)
+
+
 def batch_invariant_fp32_model():
     from conftest import tiny_config
     from specmesh.model.model import Transformer

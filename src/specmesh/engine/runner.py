@@ -41,6 +41,12 @@ class Runner:
         self._staging: KVCache | None = None
         self.staged: Prompt | None = None       # the long prompt in the staging row
         self.prompt_tail = 1                    # a prefill's logits: after the prompt's last this many tokens
+        # tokens a forward of several rows takes at most: GROUP_TOKENS, where more would go through products whose
+        # rounding depends on the rows; without a limit where the kernels' long forward computes a token as their
+        # one-call forward does (their products and C attention: without AMX), so the weights are read once
+        fast = model.fast_forward
+        self.group_tokens = None if getattr(fast, "long", False) and getattr(fast, "c_attention", False) \
+            else GROUP_TOKENS
 
     @property
     def cache(self) -> KVCache:
@@ -124,7 +130,7 @@ class Runner:
         row; None: chains; lens: each row's real tokens, the rest padding) -> logits [B, N, V]; the new slots stay
         speculative."""
         B, N = tokens.shape
-        per = max(1, GROUP_TOKENS // N)
+        per = B if self.group_tokens is None else max(1, self.group_tokens // N)
         out = []
         for first in range(0, B, per):
             group = slice(first, min(B, first + per))
