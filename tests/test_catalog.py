@@ -36,7 +36,7 @@ def test_a_drafts_own_options_are_sds_defaults_under_the_callers(tiny_checkpoint
     llm = LLM(target=tiny_checkpoint, draft=draft, method="sd")
     assert llm.method.options["gamma"] == 6 and llm.method.options["stop_below"] == 0.3
     assert "gamma" not in llm.method.given                  # a default: the depth still narrows for wide batches
-    assert [sd_depth_by_width(w, 6) for w in (1, 2, 3, 4)] == [6, 6, 3, 0]
+    assert [sd_depth_by_width(w, 6) for w in (1, 2, 3, 4, 5)] == [6, 6, 3, 2, 0]
     ar = LLM(target=tiny_checkpoint, method="ar").generate("def f(x):", SamplingParams(max_new_tokens=12))
     assert llm.generate("def f(x):", SamplingParams(max_new_tokens=12)).tokens == ar.tokens
     mine = LLM(target=tiny_checkpoint, draft=draft, method="sd", gamma=2)

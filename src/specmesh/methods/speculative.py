@@ -36,8 +36,8 @@ SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow t
 
 def sd_depth_by_width(width: int, gamma: int = 4) -> int:
     """`sd`'s draft length for a batch of this many sequences, `gamma` the single sequence's; 0: decode
-    plainly (measured on an Intel Xeon with AMX: docs/serving.md)."""
-    return gamma if width <= 2 else min(gamma, 3) if width == 3 else 0
+    plainly (measured on an Intel Xeon with AMX, and at 4 and 5 rows on Zen 4: docs/serving.md)."""
+    return gamma if width <= 2 else min(gamma, 3) if width == 3 else min(gamma, 2) if width == 4 else 0
 
 
 @dataclass
