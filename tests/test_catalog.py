@@ -30,13 +30,13 @@ def test_a_drafts_own_options_are_sds_defaults_under_the_callers(tiny_checkpoint
     import shutil
 
     from specmesh import LLM, SamplingParams
-    from specmesh.methods.speculative import sd_depth_by_width
+    from specmesh.methods.speculative import depth_by_width
     draft = shutil.copytree(tiny_draft_checkpoint, tmp_path / "draft")
     (draft / catalog.PAIR_OPTIONS).write_text(json.dumps({"methods": {"sd": {"gamma": 6, "stop_below": 0.3}}}))
     llm = LLM(target=tiny_checkpoint, draft=draft, method="sd")
     assert llm.method.options["gamma"] == 6 and llm.method.options["stop_below"] == 0.3
     assert "gamma" not in llm.method.given                  # a default: the depth still narrows for wide batches
-    assert [sd_depth_by_width(w, 6) for w in (1, 2, 3, 4, 5)] == [6, 6, 3, 2, 0]
+    assert [depth_by_width(w, 6) for w in (1, 2, 3, 4, 5)] == [6, 6, 3, 2, 0]
     ar = LLM(target=tiny_checkpoint, method="ar").generate("def f(x):", SamplingParams(max_new_tokens=12))
     assert llm.generate("def f(x):", SamplingParams(max_new_tokens=12)).tokens == ar.tokens
     mine = LLM(target=tiny_checkpoint, draft=draft, method="sd", gamma=2)

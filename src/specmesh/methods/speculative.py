@@ -5,9 +5,9 @@
   proposer learns the verdicts.
 
 The methods differ only in their proposer (proposers/) and in how deep they draft. `DraftDepth` is
-the one speculation policy: a fixed depth, or (`sd` without `gamma`) a depth by the number of running
-sequences, since a wider batch already keeps the weights busy and every rejected draft token costs a
-full row of target compute (docs/serving.md).
+the one speculation policy: a fixed depth (`easyspec`, or a `gamma` the user gave), or (`sd`, `tree`, `selfdraft`)
+a depth by the number of running sequences, since a wider batch already keeps the weights busy and every rejected
+draft token costs a full row of target compute (docs/serving.md).
 """
 from __future__ import annotations
 
@@ -34,16 +34,16 @@ from specmesh.timing import forward_ms
 SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow this long before speculation resumes
 
 
-def sd_depth_by_width(width: int, gamma: int = 4) -> int:
-    """`sd`'s draft length for a batch of this many sequences, `gamma` the single sequence's; 0: decode
-    plainly (measured on an Intel Xeon with AMX, and at 4 and 5 rows on Zen 4: docs/serving.md)."""
-    return gamma if width <= 2 else min(gamma, 3) if width == 3 else min(gamma, 2) if width == 4 else 0
+def depth_by_width(width: int, depth: int = 4) -> int:
+    """How deep `sd`, `tree` and `selfdraft` draft for a batch of this many sequences, `depth` the single sequence's;
+    0: decode plainly (`sd` measured on an Intel Xeon with AMX, all three from 4 rows on Zen 4: docs/serving.md)."""
+    return depth if width <= 2 else min(depth, 3) if width == 3 else min(depth, 2) if width == 4 else 0
 
 
 @dataclass
 class DraftDepth:
     fixed: int | None = None
-    by_width: Callable[[int], int] = sd_depth_by_width
+    by_width: Callable[[int], int] = depth_by_width
     narrow_steps: int = SETTLE_STEPS        # steps in a row whose batch was narrow enough to speculate
 
     def depth(self, width: int) -> int:
@@ -121,13 +121,18 @@ class Speculative(AR):
         self.proposer.move_row(src, dst)
 
 
+def narrowing(depth: int, fixed: bool) -> DraftDepth:
+    """A method's depth: `depth` while the batch is narrow, less (then none) as it widens, or always `depth` where
+    the user fixed it."""
+    return DraftDepth(depth if fixed else None, lambda width: depth_by_width(width, depth))
+
+
 def build_sd(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
     draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"], stop_below=o["stop_below"])
     if o["lookup"]:
         draft = LookupFirst(draft, runner.rows, o["lookup"], o["lookup_reach"])
-    by_width = lambda width: sd_depth_by_width(width, o["gamma"])
-    return Speculative(runner, draft, DraftDepth(o["gamma"] if "gamma" in method.given else None, by_width))
+    return Speculative(runner, draft, narrowing(o["gamma"], "gamma" in method.given))
 
 
 def build_tree(models, method: Configured, runner: Runner) -> Speculative:
@@ -136,7 +141,7 @@ def build_tree(models, method: Configured, runner: Runner) -> Speculative:
                        o["max_children"], min_prob=o["min_prob"])
     if o["lookup"]:
         draft = LookupFirst(draft, runner.rows, o["lookup"], o["lookup_reach"])
-    return Speculative(runner, draft, DraftDepth(o["gamma"]))
+    return Speculative(runner, draft, narrowing(o["gamma"], "gamma" in method.given))
 
 
 def build_easyspec(models, method: Configured, runner: Runner) -> Speculative:
@@ -188,7 +193,7 @@ def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
     corpus = corpus_cache(models.target_path, o["ngram_cache"])
     proposer = MultiBranch(runner.rows, o["branches"], o["branch_len"], o["gram"], o["max_candidates"], corpus)
-    return Speculative(runner, proposer, DraftDepth(o["gram"] - 1))
+    return Speculative(runner, proposer, narrowing(o["gram"] - 1, False))
 
 
 SD = MethodSpec("sd", "a draft model proposes a chain of γ tokens, the target verifies them in one forward "
