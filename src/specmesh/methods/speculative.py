@@ -5,8 +5,8 @@
   proposer learns the verdicts.
 
 The methods differ only in their proposer (proposers/) and in how deep they draft. `DraftDepth` is
-the one speculation policy: a fixed depth (`easyspec`, or a `gamma` the user gave), or (`sd`, `tree`, `selfdraft`)
-a depth by the number of running sequences, since a wider batch already keeps the weights busy and every rejected
+the one speculation policy: a fixed depth (a `gamma` the user gave), or (`sd`, `tree`, `easyspec`, `selfdraft`) a
+depth by the number of running sequences, since a wider batch already keeps the weights busy and every rejected
 draft token costs a full row of target compute (docs/serving.md).
 """
 from __future__ import annotations
@@ -35,8 +35,9 @@ SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow t
 
 
 def depth_by_width(width: int, depth: int = 4) -> int:
-    """How deep `sd`, `tree` and `selfdraft` draft for a batch of this many sequences, `depth` the single sequence's;
-    0: decode plainly (`sd` measured on an Intel Xeon with AMX, all three from 4 rows on Zen 4: docs/serving.md)."""
+    """How deep `sd`, `tree`, `easyspec` and `selfdraft` draft for a batch of this many sequences, `depth` the single
+    sequence's; 0: decode plainly (`sd` measured on an Intel Xeon with AMX, all four from 4 rows on Zen 4:
+    docs/serving.md)."""
     return depth if width <= 2 else min(depth, 3) if width == 3 else min(depth, 2) if width == 4 else 0
 
 
@@ -149,7 +150,7 @@ def build_easyspec(models, method: Configured, runner: Runner) -> Speculative:
     groups = layer_groups(o["layer_groups"], models.draft.config.num_layers)
     draft = FuzzyDraft(models.draft, runner.rows, runner.max_len, o["draft_window"], groups, o["calibration"],
                        o["gamma"], o["tree_width"], o["max_children"])
-    return Speculative(runner, draft, DraftDepth(o["gamma"]))
+    return Speculative(runner, draft, narrowing(o["gamma"], "gamma" in method.given))
 
 
 def check_easyspec(models, options: dict) -> None:
