@@ -165,11 +165,12 @@ class WindowFit:
         self.sxx += sign * x * x
         self.sxy += sign * x * y
 
-    def line(self) -> tuple[float, float]:
-        """(slope, intercept); slope 0 where x does not vary (n·Σx² − (Σx)² is exact for integer x)."""
+    def line(self, min_slope: float = -float("inf")) -> tuple[float, float]:
+        """(slope, intercept); slope 0 where x does not vary (n·Σx² − (Σx)² is exact for integer x), and at least
+        `min_slope` (the line then still through the means)."""
         n = len(self.points)
         spread = n * self.sxx - self.sx * self.sx
-        slope = (n * self.sxy - self.sx * self.sy) / spread if spread > 0 else 0.0
+        slope = max((n * self.sxy - self.sx * self.sy) / spread if spread > 0 else 0.0, min_slope)
         return slope, (self.sy - slope * self.sx) / n
 
 
@@ -299,9 +300,8 @@ class Scheduled:
 
     def verify_fit(self) -> tuple[float, float]:
         """Least squares ms = base + per_token * tokens over the recent verifications (per_token >= 0)."""
-        fit = self.verified
-        per_token = max(fit.line()[0], 0.0)
-        return max((fit.sy - per_token * fit.sx) / len(fit), 0.0), per_token
+        per_token, base = self.verified.line(min_slope=0.0)
+        return max(base, 0.0), per_token
 
 
 def fit_line(xs, ys) -> tuple[float, float]:
