@@ -143,16 +143,40 @@ def test_amx_kernels_apply_where_the_cpu_has_them():
     assert (kernels.amx_lib() is not None) == applies
 
 
-def test_the_dot_product_kernel_applies_where_the_cpu_has_avx512_bf16_without_amx():
-    """AMD Zen 4 and later: without it a 16-token verification costs 6.7x a decode step, with it about 3x."""
-    applies = kernels.DP <= kernels.cpu_flags() and not cpu_has_amx() and kernels.avx2_lib() is not None
-    assert (kernels.dp_lib() is not None) == applies
+def test_the_dot_product_kernel_applies_where_the_cpu_has_avx512_bf16_without_amx_and_it_pays():
+    """AMD Zen 4 and later: without it a 16-token verification costs 6.7x a decode step, with it about 3x. An Intel
+    core without AMX runs 512-bit FMA twice as fast as the dot product: there FMALinear does the products."""
+    from specmesh.kernels.build import best_rate, dot_product_pays
+    has_dp = kernels.DP <= kernels.cpu_flags() and not cpu_has_amx() and kernels.avx2_lib() is not None
+    pays = has_dp and dot_product_pays(best_rate(kernels.avx2_lib(), 1), best_rate(kernels.avx2_lib(), 0))
+    assert (kernels.dp_lib() is not None) == pays
 
 
-def test_the_fma_kernel_applies_where_the_cpu_has_neither_amx_nor_avx512_bf16():
-    """AVX2 CPUs (AMD before Zen 4, Intel before Cooper Lake): bf16 products on FMA, columns in lanes."""
-    applies = not kernels.DP <= kernels.cpu_flags() and not cpu_has_amx() and kernels.avx2_lib() is not None
+def test_the_fma_kernel_applies_where_the_cpu_has_neither_amx_nor_a_dot_product_that_pays():
+    """AVX2 CPUs (AMD before Zen 4, Intel before Cooper Lake), AVX-512 ones whose dot product is slow: bf16
+    products on FMA, columns in lanes."""
+    applies = kernels.dp_lib() is None and not cpu_has_amx() and kernels.avx2_lib() is not None
     assert (kernels.fma_lib() is not None) == applies
+
+
+def test_the_dot_product_pays_where_fma_is_not_half_again_as_fast():
+    """dp_lib's rule on the rates csrc/avx512.c's mac_rate measures (multiply-adds a ns of one core)."""
+    from specmesh.kernels.build import dot_product_pays
+    assert dot_product_pays(56.0, 56.0)             # Zen 4: both at 16 a cycle
+    assert not dot_product_pays(43.5, 89.0)         # an Intel Xeon (family 6 model 207) without AMX
+    assert dot_product_pays(40.0, 59.9) and not dot_product_pays(40.0, 60.0)
+
+
+@pytest.mark.cpu(*kernels.AVX512)
+def test_the_dot_product_and_fma_rates_are_measured_on_this_core():
+    """mac_rate's register loops run: the rates are positive and a core's FMA does not run 10x its dot product."""
+    from specmesh.kernels.build import best_rate
+    lib = kernels.avx2_lib()
+    assert hasattr(lib, "mac_rate"), "the CPU has AVX-512 but csrc/avx512.c did not build"
+    fma = best_rate(lib, 0)
+    assert 1.0 < fma < 1000.0
+    if kernels.DP <= kernels.cpu_flags():
+        assert 0.1 < best_rate(lib, 1) / fma < 10.0
 
 
 def test_the_q8_kernel_applies_wherever_the_kernels_build_without_amx(tiny_checkpoint):
@@ -207,6 +231,27 @@ def test_fma_linear_matches_exact_product_and_is_row_invariant(shape, bias):
     for rows in (1, 2, 3, 6, 7, 8, 12, 13, 16, 17):
         assert torch.equal(fast(x[:rows]), out[:rows]), rows
     assert torch.equal(torch.cat([fast(x[i:i + 1]) for i in range(len(x))]), out)
+
+
+@pytest.mark.cpu(*kernels.AVX512)
+@pytest.mark.parametrize("shape", [(100, 83), (101, 16), (64, 8192), (7, 40)])
+def test_fma_linear_on_avx512_computes_what_avx2s_computes(shape):
+    """fma_linear runs csrc/avx512.c's fma512_linear where the CPU has AVX-512 (16 columns an FMA, up to 12 rows
+    a pass): the same chain per output as AVX2's 8-column kernel, so the same bits, for every row count."""
+    lib = kernels.avx2_lib()
+    assert hasattr(lib, "fma512_linear"), "the CPU has AVX-512 but csrc/avx512.c did not build"
+    torch.manual_seed(3)
+    K, N = shape
+    fast = kernels.FMALinear(kernels.BF16Linear(nn.Linear(K, N).bfloat16()), lib)
+    for rows in (1, 5, 6, 7, 12, 13, 40):
+        x = torch.randn(rows, K)
+        wide = fast(x)
+        lib.use_avx512(0)
+        try:
+            narrow = fast(x)
+        finally:
+            lib.use_avx512(1)
+        assert torch.equal(wide, narrow), rows
 
 
 def q8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias, offset=None) -> torch.Tensor:

@@ -66,6 +66,8 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
                   float *y) __attribute__((weak));
 void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y)
     __attribute__((weak));
+void fma512_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y)
+    __attribute__((weak));
 void q8_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
                   float *y) __attribute__((weak));
 void q4_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
@@ -210,6 +212,7 @@ static void fma_columns(void *ctx, int64_t t0, int64_t t1) {         // tasks t0
 }
 
 void fma_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
+    if (avx512 && fma512_linear) return fma512_linear(x, M, K, w, N, bias, y);     // the same values
     Product p = {x, M, K, w, FMA, NULL, N, bias, y};
     parallel_for((N + 31) / 32, 1, fma_columns, &p);
 }

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 void store_tile(const float *out, int ld, int mb, int cols, const float *bias, float *y, int N, int m0,
@@ -548,6 +549,116 @@ void dp_linear(const float *x, int M, int K, const uint16_t *w, int N, const flo
     Product512 p = {x, M, K, w, NULL, N, bias, y, xp};
     parallel_for((NB + DP_COLS - 1) / DP_COLS, 1, dp_columns, &p);
     free(xp);
+}
+
+// fma512_linear: fma_linear (csrc/avx2.c) on 512-bit FMA, for CPUs with AVX-512 whose dot product does not pay
+//   (kernels.dp_lib): an Intel core without AMX runs vdpbf16ps (32 products) at a quarter of the rate of its two
+//   512-bit FMA units (16 each), so FMA on the widened weights multiplies twice as fast (docs/kernels.md). Same
+//   layout (dp_pack's) and the same arithmetic as fma_linear: a 64-byte load holds 16 columns' pairs (k, k + 1),
+//   shifted left by 16 their weights at k as float32, masked their weights at k + 1; each row's x[k] (float32,
+//   not rounded) is broadcast and FMA'd into 16 columns at once, one chain per output over k in order, so its
+//   results are fma_linear's bit for bit, whatever M is. A pass serves up to 6 rows from 4 blocks of 16 columns,
+//   or 7 to 12 rows from 2 blocks (24 accumulators, the converted weights and a broadcast in the 32 registers);
+//   the weights at k + 1 are loaded again (from L1). Tried: 16 rows from 1 block (load-bound: 4.6 ms against
+//   3.9 for the model's linears), passes of equal rows (16 = 8 + 8: 4.2 ms), x copied as [k][row] so that the
+//   broadcasts read from one pointer (10% slower).
+#define FMA512_ROWS 12
+
+static inline __attribute__((always_inline)) void fma512_half(__m512 acc[][DP_COLS], const float *x, int K, int k,
+                                                             const uint16_t *wb, int64_t next, int kp, const int odd,
+                                                             const int MB, const int NC) {
+    __m512 w[DP_COLS];
+    for (int c = 0; c < NC; c++) {
+        __m512i p = _mm512_loadu_si512(wb + c * next + (int64_t)kp * 32);
+        w[c] = _mm512_castsi512_ps(odd ? _mm512_and_si512(p, _mm512_set1_epi32((int)0xFFFF0000u))
+                                       : _mm512_slli_epi32(p, 16));
+    }
+    for (int i = 0; i < MB; i++) {
+        __m512 xv = _mm512_set1_ps(x[(int64_t)i * K + k]);
+        for (int c = 0; c < NC; c++) acc[i][c] = _mm512_fmadd_ps(w[c], xv, acc[i][c]);
+    }
+}
+
+// out[i][16 c + j] for MB rows and NC blocks of 16 columns (MB x NC <= 24 accumulators)
+static inline __attribute__((always_inline)) void fma512_rows(const float *x, int K, const uint16_t *wb, int64_t next,
+                                                             float *out, const int MB, const int NC) {
+    __m512 acc[FMA512_ROWS][DP_COLS];
+    for (int i = 0; i < MB; i++)
+        for (int c = 0; c < NC; c++) acc[i][c] = _mm512_setzero_ps();
+    int kp = 0;
+    for (; 2 * kp + 1 < K; kp++) {
+        fma512_half(acc, x, K, 2 * kp, wb, next, kp, 0, MB, NC);
+        fma512_half(acc, x, K, 2 * kp + 1, wb, next, kp, 1, MB, NC);
+    }
+    if (K % 2) fma512_half(acc, x, K, K - 1, wb, next, kp, 0, MB, NC);
+    for (int i = 0; i < MB; i++)
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(out + 16 * DP_COLS * i + 16 * c, acc[i][c]);
+}
+
+// up to 6 rows: the 4 blocks of 16 columns in one pass; 7 to 12 rows: 2 blocks at a time
+#define FMA512_NC(n, nc) case nc: fma512_rows(xm, K, wb, next, out, n, nc); break;
+#define FMA512_CASE(n) case n: switch (nc) { FMA512_NC(n, 1) FMA512_NC(n, 2) FMA512_NC(n, 3) default: FMA512_NC(n, 4) } break;
+#define FMA512_WIDE(n) case n: for (int h = 0; h < nc; h += 2) { \
+        const uint16_t *wb = w + (nb + h) * next; float *out = o + 16 * h; \
+        if (nc - h == 1) fma512_rows(xm, K, wb, next, out, n, 1); else fma512_rows(xm, K, wb, next, out, n, 2); \
+    } break;
+
+static void fma512_columns(void *ctx, int64_t t0, int64_t t1) {   // tasks t0..t1 of DP_COLS blocks of 16 columns
+    const Product512 *p = ctx;
+    const uint16_t *w = p->w;
+    const float *bias = p->bias;
+    const int M = p->M, K = p->K, N = p->N, NB = (N + 15) / 16;
+    const int64_t next = (int64_t)(K + 1) / 2 * 32;                   // bf16 elements per block of 16 columns
+    float *y = p->y;
+    for (int nb = DP_COLS * t0; nb < DP_COLS * t1 && nb < NB; nb += DP_COLS) {
+        const uint16_t *wb = w + nb * next;
+        const int nc = NB - nb < DP_COLS ? NB - nb : DP_COLS;
+        const int cols = N - 16 * nb < 16 * DP_COLS ? N - 16 * nb : 16 * DP_COLS;
+        float o[FMA512_ROWS * 16 * DP_COLS] __attribute__((aligned(64))), *out = o;
+        for (int m0 = 0; m0 < M; m0 += FMA512_ROWS) {
+            const int mb = M - m0 < FMA512_ROWS ? M - m0 : FMA512_ROWS;
+            const float *xm = p->x + (int64_t)m0 * K;
+            switch (mb) {
+                FMA512_CASE(1) FMA512_CASE(2) FMA512_CASE(3) FMA512_CASE(4) FMA512_CASE(5) FMA512_CASE(6)
+                FMA512_WIDE(7) FMA512_WIDE(8) FMA512_WIDE(9) FMA512_WIDE(10) FMA512_WIDE(11) default: FMA512_WIDE(12)
+            }
+            store_tile(o, 16 * DP_COLS, mb, cols, bias, y, N, m0, 16 * nb);
+        }
+    }
+}
+
+void fma512_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y) {
+    Product512 p = {x, M, K, w, NULL, N, bias, y, NULL};
+    parallel_for((N + 16 * DP_COLS - 1) / (16 * DP_COLS), 1, fma512_columns, &p);
+}
+
+// mac_rate: multiply-adds a nanosecond that one core does in a register loop of vdpbf16ps (dot = 1: 32 a
+//   instruction) or of 512-bit FMA (dot = 0: 16), 24 independent chains, ~0.1-0.4 ms: which of dp_linear and
+//   fma512_linear multiplies faster on this core (kernels.dp_lib). Zen 4 runs both at 16 a cycle; an Intel
+//   core with two 512-bit FMA units runs FMA at 32 a cycle and vdpbf16ps at ~16.
+double mac_rate(int dot) {
+    __m512 acc[24];
+    for (int i = 0; i < 24; i++) acc[i] = _mm512_setzero_ps();
+    __m512 a = _mm512_set1_ps(1e-9f);
+    struct timespec t0, t1;
+    const int n = 10000;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int r = 0; r < n; r++) {
+        __asm__ volatile("" : "+v"(a));             // keeps the loop from being folded
+        if (dot) {
+#pragma GCC unroll 24
+            for (int i = 0; i < 24; i++) acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)a, (__m512bh)a);
+        } else {
+#pragma GCC unroll 24
+            for (int i = 0; i < 24; i++) acc[i] = _mm512_fmadd_ps(acc[i], a, a);
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    for (int i = 1; i < 24; i++) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+    volatile float sink = _mm512_reduce_add_ps(acc[0]);
+    (void)sink;
+    const double ns = (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
+    return (dot ? 32.0 : 16.0) * 24 * n / ns;
 }
 
 // q8_linear: y[M,N] = x[M,K] . w[N,K]^T (+ bias) for `--quant int8` (GGUF's Q8_0 x Q8_0, as llama.cpp

@@ -109,6 +109,8 @@ def avx2_lib() -> ctypes.CDLL | None:
         kernel.amx_attention.restype = None
         kernel.dp_linear.argtypes = kernel.bf16_linear.argtypes
         kernel.dp_linear.restype = None
+        kernel.mac_rate.argtypes = [ctypes.c_int]
+        kernel.mac_rate.restype = ctypes.c_double
         if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
             kernel.use_avx512(1)
             kernel.use_vnni(int(vnni_products(kernel)))
@@ -198,18 +200,34 @@ def amx_lib() -> ctypes.CDLL | None:
 @functools.cache
 def dp_lib() -> ctypes.CDLL | None:
     """The kernel library where this CPU has AVX512-BF16's dot product but no AMX (where AMX is, its tiles
-    are the faster product), else None. SPECMESH_DP=0 turns it off (to compare)."""
+    are the faster product) and the dot product multiplies about as fast as 512-bit FMA (AMD Zen 4), else None:
+    an Intel core without AMX (or with AMX hidden by its hypervisor) runs FMA on the widened weights twice as
+    fast (fma_lib; measured, dot_product_pays). SPECMESH_DP=0 turns it off, SPECMESH_DP=1 on (to compare)."""
     lib = avx2_lib()
-    off = os.environ.get("SPECMESH_DP", "1") == "0" or os.environ.get("SPECMESH_AVX512", "1") == "0"
+    setting = os.environ.get("SPECMESH_DP", "")
+    off = setting == "0" or os.environ.get("SPECMESH_AVX512", "1") == "0"
     if lib is None or not hasattr(lib, "dp_linear") or amx_lib() is not None or off or not DP <= cpu_flags():
         return None
-    return lib
+    return lib if setting == "1" or dot_product_pays(best_rate(lib, 1), best_rate(lib, 0)) else None
+
+
+def best_rate(lib: ctypes.CDLL, dot: int, tries: int = 5) -> float:
+    """Multiply-adds a nanosecond of one core in csrc/avx512.c's register loop (mac_rate), the best of `tries`."""
+    return max(lib.mac_rate(dot) for _ in range(tries))
+
+
+def dot_product_pays(dot: float, fma: float) -> bool:
+    """Whether bf16 products go on the dot product (vdpbf16ps, `dot` multiply-adds a ns) rather than on 512-bit
+    FMA over the widened weights (`fma`): the FMA kernel also spends an instruction widening each weight vector,
+    so it must multiply 1.5x as fast to pay. Zen 4: 1.0x; an Intel Xeon (family 6 model 207) without AMX: 2.0x."""
+    return fma < 1.5 * dot
 
 
 @functools.cache
 def fma_lib() -> ctypes.CDLL | None:
-    """The kernel library where neither AMX nor AVX512-BF16's dot product is (AVX2 CPUs, AVX-512 ones before Zen 4
-    and Cooper Lake): bf16 products on FMA over dp_pack's layout (FMALinear), else None. SPECMESH_FMA=0 keeps the
+    """The kernel library where neither AMX nor a dot product that pays is (AVX2 CPUs, AVX-512 ones before Zen 4
+    and Cooper Lake, Intel cores without AMX): bf16 products on FMA over dp_pack's layout (FMALinear; 512-bit FMA
+    where the CPU has AVX-512, the same values), else None. SPECMESH_FMA=0 keeps the
     older row-by-row kernel (BF16Linear), to compare."""
     lib = avx2_lib()
     if lib is None or amx_lib() is not None or dp_lib() is not None or os.environ.get("SPECMESH_FMA", "1") == "0":
