@@ -62,6 +62,20 @@ def test_use_cpu_kernels_picks_a_linear_that_matches():
         check(fast, linear)
 
 
+def test_benchmarks_name_the_product_a_bf16_model_runs_on():
+    """`specmesh bench`'s machine line says which kernel multiplied (figures from two kernels are not comparable)."""
+    from specmesh.bench.runner import machine
+    model = nn.Sequential(nn.Linear(64, 48)).bfloat16()
+    kernels.use_cpu_kernels(model)
+    name = {kernels.AMXLinear: "AMX tiles", kernels.DPLinear: "the AVX512-BF16 dot product"}.get(type(model[0]))
+    if isinstance(model[0], kernels.FMALinear):
+        name = "512-bit FMA" if cpu_has_avx512() and hasattr(kernels.avx2_lib(), "fma512_linear") else "256-bit FMA"
+    if name is None:                            # no C kernels here: PyTorch's
+        assert kernels.bf16_products().startswith("PyTorch")
+    else:
+        assert kernels.bf16_products() == name and f"bf16 products on {name}" in machine()
+
+
 def test_int8_linear_computes_its_dequantized_product():
     """Draft models' int8 weights: the C kernel (few rows) and the float32 path (many) compute
     x . (scale * q)^T, and q is the bf16 weight rounded to the nearest step of its row's scale."""

@@ -28,7 +28,7 @@ from specmesh.bench import llamacpp
 from specmesh.bench.peers import PEERS as HF_PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
 from specmesh.bench.report import ratio
-from specmesh.kernels import cpu_model
+from specmesh.kernels import bf16_products, cpu_model
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.model.pages import huge_pages
 from specmesh.spec.sampling import SamplingParams
@@ -245,7 +245,8 @@ def memory_bound(target: torch.nn.Module) -> dict:
 def machine(device: str = "cpu") -> str:
     gpu = f", {torch.cuda.get_device_name(device)}" if torch.device(device).type == "cuda" else ""
     pages = "" if gpu else ", weights on 2 MiB pages" if huge_pages() else ", weights on 4 KiB pages"   # model/pages.py
-    return f"{cpu_model()}, {os.cpu_count()} cores{gpu}{pages}, torch {torch.__version__}"
+    products = "" if gpu else f", bf16 products on {bf16_products()}"
+    return f"{cpu_model()}, {os.cpu_count()} cores{gpu}{pages}{products}, torch {torch.__version__}"
 
 
 def run_bench(cfg: BenchConfig) -> dict:

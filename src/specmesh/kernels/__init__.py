@@ -21,10 +21,10 @@ from specmesh.kernels.build import (AMX, AVX512, DP, Q8, amx_lib, avx2_lib, cach
 from specmesh.kernels.forward import CBlock, CForward, CRMSNorm
 from specmesh.kernels.linears import (GEMV_ROWS, SMALL_ROWS, AMXLinear, BF16Linear, DPLinear, F32Linear, FMALinear,
                                       Int8Linear, PackedLinear, Q8Linear, amx_pack, can_pack, dp_pack, glu_order)
-from specmesh.kernels.select import (draft_quant, select_kernels, use_avx2_kernels, use_batch_invariant_kernels,
+from specmesh.kernels.select import (bf16_products, draft_quant, select_kernels, use_avx2_kernels, use_batch_invariant_kernels,
                                      use_cpu_kernels)
 
 __all__ = ["AMX", "AVX512", "DP", "Q8", "amx_lib", "avx2_lib", "cache_dir", "cpu_flags", "cpu_info", "cpu_model", "cpu_name", "dp_lib", "fma_lib", "q8_lib", "kernel_version", "native_bf16", "vector_units", "CBlock", "CForward",
            "CRMSNorm", "GEMV_ROWS", "SMALL_ROWS", "AMXLinear", "BF16Linear", "DPLinear", "F32Linear", "FMALinear", "Int8Linear",
-           "PackedLinear", "Q8Linear", "amx_pack", "can_pack", "dp_pack", "glu_order", "draft_quant", "select_kernels", "use_avx2_kernels",
+           "PackedLinear", "Q8Linear", "amx_pack", "can_pack", "dp_pack", "glu_order", "bf16_products", "draft_quant", "select_kernels", "use_avx2_kernels",
            "use_batch_invariant_kernels", "use_cpu_kernels"]

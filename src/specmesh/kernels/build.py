@@ -111,7 +111,7 @@ def avx2_lib() -> ctypes.CDLL | None:
         kernel.dp_linear.restype = None
         kernel.mac_rate.argtypes = [ctypes.c_int]
         kernel.mac_rate.restype = ctypes.c_double
-        if AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0":
+        if avx512_on(kernel):
             kernel.use_avx512(1)
             kernel.use_vnni(int(vnni_products(kernel)))
     kernel.pool_lend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
@@ -130,10 +130,15 @@ DP = AVX512 | {"avx512_bf16"}
 Q8 = AVX512 | {"avx512_vnni"}
 
 
+def avx512_on(lib: ctypes.CDLL) -> bool:
+    """Whether `lib` runs its AVX-512 kernels (csrc/avx512.c built, the CPU has AVX-512, SPECMESH_AVX512 not 0)."""
+    return hasattr(lib, "amx_init") and AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0"
+
+
 def vnni_products(lib: ctypes.CDLL) -> bool:
     """Whether `lib`'s quantized products run on AVX512-VNNI (csrc/avx512.c built, the CPU has it, SPECMESH_AVX512
     not 0), else on AVX2's (the same values)."""
-    return hasattr(lib, "q8_linear512") and Q8 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0"
+    return avx512_on(lib) and Q8 <= cpu_flags()
 
 
 def cache_dir() -> Path:

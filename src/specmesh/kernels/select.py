@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specmesh.kernels.build import amx_lib, avx2_lib, dp_lib, fma_lib, native_bf16, q8_lib
+from specmesh.kernels.build import amx_lib, avx2_lib, avx512_on, dp_lib, fma_lib, native_bf16, q8_lib
 from specmesh.kernels.forward import CBlock, CForward, CRMSNorm
 from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, FMALinear, Int8Linear, PackedLinear,
                                       Q8Linear, can_pack, glu_order)
@@ -23,6 +23,17 @@ def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
     # product (DPLinear) or on FMA over the same layout (FMALinear) its 3-8 rows (tree levels, catch-up reads) cost
     # a half to two thirds of Int8Linear's, and one row the same or less (docs/kernels.md)
     return use_avx2_kernels(model, int8=draft and dp_lib() is None and fma_lib() is None)
+
+
+def bf16_products() -> str:
+    """What multiplies a bf16 model's linears on this CPU (use_avx2_kernels' choice), for benchmark reports."""
+    if amx_lib() is not None:
+        return "AMX tiles"
+    if dp_lib() is not None:
+        return "the AVX512-BF16 dot product"
+    if (fma := fma_lib()) is not None:
+        return "512-bit FMA" if avx512_on(fma) else "256-bit FMA"
+    return "PyTorch (oneDNN)" if native_bf16() else "PyTorch"
 
 
 def draft_quant(dtype: torch.dtype, device: torch.device | str) -> str | None:
