@@ -113,24 +113,26 @@ def test_the_scheduled_policy_drafts_as_deep_as_the_costs_pay():
 def test_the_scheduled_policy_judges_a_depth_by_what_it_measured():
     """Measured costs, as on a CPU where verification costs 1 ms a token (10 ms + 1 ms a token, fitted). Depth 5
     drafted in 10 ms, a row accepting 1 token (α = 1/2) of a 16-token tree. A shallower tree is assumed as large,
-    so only drafting (proportional to depth while one is measured) is saved: (1 + accepted(d)) / (2 d + 26) is
-    highest at d = 3 (1.906 / 32), which is tried. Measured there, its record decides: no token accepted, so
-    1 / 32; depth 4, predicted from depth 5 (the nearer of equals is the deeper), wins at 1.985 / 34 (α now 0.433);
-    drafting is a line through the two depths measured: 2 ms a level."""
+    so only drafting (proportional to depth while one is measured) is saved: for two rows 2 (1 + accepted(d)) /
+    (2 d + 42) is highest at d = 3 (2 x 1.906 / 48), which is tried. Measured there, its record decides: no token
+    accepted, so 2 / 48; depth 4, predicted from depth 5 (the nearer of equals is the deeper), wins at 2 x 1.992 /
+    50 (α now 0.382); drafting is a line through the two depths measured: 2 ms a level. One request alone drafts
+    the full depth."""
     from types import SimpleNamespace
     from specmesh.engine.batch_plan import Scheduled
     policy = Scheduled(depth=5, tree_tokens=16, lam=0.0, max_tokens=128, max_ms=float("inf"))
-    row = [SimpleNamespace(remaining=100)]
-    for rows in (1, 2, 1):
-        policy.observe(0.010, (10 + 16 * rows) / 1000, [(5, 16, 1)] * rows)
+    rows = [SimpleNamespace(remaining=100)] * 2
+    for n in (1, 2, 1):
+        policy.observe(0.010, (10 + 16 * n) / 1000, [(5, 16, 1)] * n)
     assert policy.verify_fit() == pytest.approx((10.0, 1.0)) and policy.alpha() == pytest.approx(0.5)
     assert policy.draft_ms(3) == pytest.approx(6.0) and policy.tokens(3) == 16
-    assert policy.budgets(row) == [3]
-    policy.observe(0.006, 0.026, [(3, 16, 0)])
-    assert policy.alpha() == pytest.approx(3.249 / 7.498) and policy.accepted(3) == 0.0
+    assert policy.budgets(rows) == [3, 3]
+    policy.observe(0.006, 0.042, [(3, 16, 0)] * 2)
+    assert policy.alpha() == pytest.approx(3.249 / 8.498) and policy.accepted(3) == 0.0
     assert policy.accepted(4) == pytest.approx(1 - policy.alpha() ** 5)
     assert policy.draft_ms(4) == pytest.approx(8.0) and policy.draft_ms(1) == pytest.approx(2.0)
-    assert policy.budgets(row) == [4]
+    assert policy.budgets(rows) == [4, 4]
+    assert policy.budgets(rows[:1]) == [5]
 
 
 def test_plain_decoding_where_the_targets_forward_by_width_says_drafting_does_not_pay():
