@@ -173,6 +173,16 @@ def test_the_fma_kernel_applies_where_the_cpu_has_neither_amx_nor_a_dot_product_
     assert (kernels.fma_lib() is not None) == applies
 
 
+def test_the_measured_choice_of_product_passes_to_the_processes_this_one_starts():
+    """Pipeline stages and drafter processes inherit the environment: SPECMESH_DP carries the choice, so no rank
+    measures its way to the other kernel (its outputs would then differ from `ar`'s)."""
+    import os
+    lib = kernels.dp_lib()
+    if kernels.DP <= kernels.cpu_flags() and not cpu_has_amx() and kernels.avx2_lib() is not None \
+            and os.environ.get("SPECMESH_AVX512", "1") != "0":
+        assert os.environ.get("SPECMESH_DP") == ("1" if lib is not None else "0")
+
+
 def test_the_dot_product_pays_where_fma_is_not_half_again_as_fast():
     """dp_lib's rule on the rates csrc/avx512.c's mac_rate measures (multiply-adds a ns of one core)."""
     from specmesh.kernels.build import dot_product_pays

@@ -213,7 +213,11 @@ def dp_lib() -> ctypes.CDLL | None:
     off = setting == "0" or os.environ.get("SPECMESH_AVX512", "1") == "0"
     if lib is None or not hasattr(lib, "dp_linear") or amx_lib() is not None or off or not DP <= cpu_flags():
         return None
-    return lib if setting == "1" or dot_product_pays(best_rate(lib, 1), best_rate(lib, 0)) else None
+    if setting != "1":
+        setting = "1" if dot_product_pays(best_rate(lib, 1), best_rate(lib, 0)) else "0"
+        os.environ["SPECMESH_DP"] = setting     # for the processes this one starts (pipeline stages, drafters):
+                                                # every rank multiplies alike, whatever its own measurement
+    return lib if setting == "1" else None
 
 
 def best_rate(lib: ctypes.CDLL, dot: int, tries: int = 5) -> float:
