@@ -159,11 +159,20 @@ def test_amx_kernels_apply_where_the_cpu_has_them():
 
 def test_the_dot_product_kernel_applies_where_the_cpu_has_avx512_bf16_without_amx_and_it_pays():
     """AMD Zen 4 and later: without it a 16-token verification costs 6.7x a decode step, with it about 3x. An Intel
-    core without AMX runs 512-bit FMA twice as fast as the dot product: there FMALinear does the products."""
-    from specmesh.kernels.build import best_rate, dot_product_pays
-    has_dp = kernels.DP <= kernels.cpu_flags() and not cpu_has_amx() and kernels.avx2_lib() is not None
-    pays = has_dp and dot_product_pays(best_rate(kernels.avx2_lib(), 1), best_rate(kernels.avx2_lib(), 0))
-    assert (kernels.dp_lib() is not None) == pays
+    core without AMX runs 512-bit FMA twice as fast as the dot product: there FMALinear does the products. The
+    choice is measured once and passed on in SPECMESH_DP to the processes this one starts (pipeline stages,
+    drafters), so that no rank measures its way to the other kernel (its outputs would differ from `ar`'s)."""
+    import os
+    from specmesh.kernels.build import best_rate
+    has_dp = kernels.DP <= kernels.cpu_flags() and not cpu_has_amx() and kernels.avx2_lib() is not None \
+        and os.environ.get("SPECMESH_AVX512", "1") != "0"
+    lib = kernels.dp_lib()
+    assert lib is None or has_dp
+    if has_dp:
+        assert os.environ.get("SPECMESH_DP") == ("1" if lib is not None else "0")
+        ratio = best_rate(kernels.avx2_lib(), 0) / best_rate(kernels.avx2_lib(), 1)
+        if not 1.3 < ratio < 1.7:                       # far from the rule's 1.5x: measured again, the same choice
+            assert (lib is not None) == (ratio < 1.5), ratio
 
 
 def test_the_fma_kernel_applies_where_the_cpu_has_neither_amx_nor_a_dot_product_that_pays():
@@ -171,16 +180,6 @@ def test_the_fma_kernel_applies_where_the_cpu_has_neither_amx_nor_a_dot_product_
     products on FMA, columns in lanes."""
     applies = kernels.dp_lib() is None and not cpu_has_amx() and kernels.avx2_lib() is not None
     assert (kernels.fma_lib() is not None) == applies
-
-
-def test_the_measured_choice_of_product_passes_to_the_processes_this_one_starts():
-    """Pipeline stages and drafter processes inherit the environment: SPECMESH_DP carries the choice, so no rank
-    measures its way to the other kernel (its outputs would then differ from `ar`'s)."""
-    import os
-    lib = kernels.dp_lib()
-    if kernels.DP <= kernels.cpu_flags() and not cpu_has_amx() and kernels.avx2_lib() is not None \
-            and os.environ.get("SPECMESH_AVX512", "1") != "0":
-        assert os.environ.get("SPECMESH_DP") == ("1" if lib is not None else "0")
 
 
 def test_the_dot_product_pays_where_fma_is_not_half_again_as_fast():
