@@ -196,8 +196,7 @@ def amx_lib() -> ctypes.CDLL | None:
     """The kernel library where this CPU has AMX with bf16 tiles (and AVX-512) and Linux lends the
     tile registers to this process, else None. SPECMESH_AMX=0 turns it off (to compare)."""
     lib = avx2_lib()
-    if lib is None or not hasattr(lib, "amx_init") or os.environ.get("SPECMESH_AMX", "1") == "0" \
-            or os.environ.get("SPECMESH_AVX512", "1") == "0" or not AMX <= cpu_flags():
+    if lib is None or not avx512_on(lib) or os.environ.get("SPECMESH_AMX", "1") == "0" or not AMX <= cpu_flags():
         return None
     return lib if lib.amx_init() == 0 else None
 
@@ -210,8 +209,7 @@ def dp_lib() -> ctypes.CDLL | None:
     fast (fma_lib; measured, dot_product_pays). SPECMESH_DP=0 turns it off, SPECMESH_DP=1 on (to compare)."""
     lib = avx2_lib()
     setting = os.environ.get("SPECMESH_DP", "")
-    off = setting == "0" or os.environ.get("SPECMESH_AVX512", "1") == "0"
-    if lib is None or not hasattr(lib, "dp_linear") or amx_lib() is not None or off or not DP <= cpu_flags():
+    if lib is None or not avx512_on(lib) or amx_lib() is not None or setting == "0" or not DP <= cpu_flags():
         return None
     if setting != "1":
         setting = "1" if dot_product_pays(best_rate(lib, 1), best_rate(lib, 0)) else "0"
