@@ -637,9 +637,38 @@ def test_attention_depends_only_on_the_keys_a_query_sees(attend, kv_dtype):
         assert torch.equal(run(scattered), run([L, L + 1, L + 2])), (seed, scattered)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("attend", ATTENTION_KERNELS)
-@pytest.mark.parametrize("M, hd", [(5, 64), (1, 64), (1, 128), (5, 128)])
+def test_a_query_attends_alike_alone_and_among_many(attend, kv_dtype, hd, masked):
+    """Each of 12 new tokens (24 query rows a kv head: AVX-512 transposes the key blocks for so many) gets the bits it
+    gets alone (a decoding step's one or two rows), over 3 blocks of keys, causal or through a tree's mask."""
+    fn = attention_kernel(attend)
+    H, Hkv, M, start, max_len = 4, 2, 12, 140, 160
+    kv_len = start + M
+    torch.manual_seed(hd + masked)
+    q = torch.randn(M, H * hd)
+    kc, vc = (torch.randn(Hkv, max_len, hd).to(kv_dtype) for _ in "kv")
+    mask = torch.ones(M, kv_len, dtype=torch.uint8).tril(start)                          # [M, kv_len] causal
+    if masked:
+        mask[:, start:] *= (torch.rand(M, M) < 0.5).to(torch.uint8) | torch.eye(M, dtype=torch.uint8)
+
+    def run(t0: int, t1: int) -> torch.Tensor:
+        out = torch.empty(t1 - t0, H * hd)
+        rows = mask[t0:t1].contiguous()
+        fn(q[t0:t1].contiguous().data_ptr(), H * hd, kc.data_ptr(), vc.data_ptr(), kv_dtype == torch.bfloat16,
+           max_len, start + t0, kv_len, rows.data_ptr(), kv_len, t1 - t0, H, Hkv, hd, out.data_ptr())
+        return out
+
+    together = run(0, M)
+    for t in range(M):
+        assert torch.equal(together[t], run(t, t + 1)[0]), t
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("attend", ATTENTION_KERNELS)
+@pytest.mark.parametrize("M, hd", [(5, 64), (1, 64), (1, 128), (5, 128), (16, 64)])
 def test_attention_over_several_key_blocks_matches_pytorch(attend, kv_dtype, M, hd):
     """M new tokens over 150 cached keys (three blocks of 64; grouped query heads; one token: rows that read a bf16
     cache in place, two at a time for head dim 64): the causal attention PyTorch computes, in float32 from the same

@@ -174,6 +174,7 @@ static inline __m256 hsum8x16(const __m512 *a) {
 
 #define MAX_HV 8                                   // head dims up to 128, in vectors of 16
 #define KB 64                                      // keys per block: a block's keys and values stay in L1
+#define TRANSPOSED_ROWS 16                         // rows of a task from which its blocks of keys are transposed
 
 // Softmax numerators of one row of scores pr[0, P) in place; returns 1 / their sum. The sum runs
 // over the nonzero numerators compacted in key order (the i-th in lane i % 16), so it does not
@@ -269,6 +270,51 @@ static inline __attribute__((always_inline)) void score_rows(const __m512 *qv, c
     for (int n = 0; n < N; n++) _mm256_store_ps(pr[n], _mm256_mul_ps(hsum8x16(acc[n]), _mm256_set1_ps(scale)));
 }
 
+// Keys [j0, j1) of one kv head transposed to float32: kt[d * KB + (j - j0)] for the KB keys of a block, zero from j1
+// on. 16 keys by 16 dims at a time through transpose16 (declared below): widened (exact), transposed, stored.
+static inline void transpose16(__m512i r[16]);
+static inline void block_t32(const void *c, int64_t kv0, int j0, int j1, int hd, float *kt, const int KV16) {
+    for (int g = 0; g < KB; g += 16)
+        for (int d = 0; d < hd; d += 16) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = j0 + g + i < j1 ? _mm512_castps_si512(load_kv16(c, kv0 + (int64_t)(j0 + g + i) * hd + d, KV16))
+                                       : _mm512_setzero_si512();
+            transpose16(r);
+            for (int i = 0; i < 16; i++) _mm512_store_si512(kt + (int64_t)(d + i) * KB + g, r[i]);
+        }
+}
+
+// Scores of one query row q against the first NG groups of 16 keys of a transposed block kt: 16 floats a group at pr. Key j's lane partials a_l = sum over c of q[16c + l] k_j[16c + l] (l < 16) are score_rows' chained
+// multiply-adds, and hsum8x16's tree over them, h_l = a_l + a_(l+8), p_m = h_2m + h_2m+1, (p_0 + p_1) + (p_2 + p_3),
+// is here adds of whole vectors, 16 keys a lane each: the same bits, without a horizontal sum. One broadcast of a q
+// element serves the NG groups (its loads would bind otherwise).
+static inline __attribute__((always_inline)) void score_row_t(const float *q, const float *kt, float scale,
+                                                              float *pr, const int NG, const int HV) {
+    __m512 p[4][4];
+    for (int m = 0; m < 4; m++) {
+        __m512 h[2][4];
+        for (int e = 0; e < 2; e++) {
+            const int l = 2 * m + e;
+            __m512 a[4], b[4];
+            for (int g = 0; g < NG; g++) a[g] = b[g] = _mm512_setzero_ps();
+            for (int c = 0; c < HV; c++) {
+                const __m512 qa = _mm512_set1_ps(q[16 * c + l]), qb = _mm512_set1_ps(q[16 * c + l + 8]);
+                const float *ka = kt + (int64_t)(16 * c + l) * KB, *kb = ka + 8 * KB;
+                for (int g = 0; g < NG; g++) {
+                    a[g] = _mm512_fmadd_ps(qa, _mm512_load_ps(ka + 16 * g), a[g]);
+                    b[g] = _mm512_fmadd_ps(qb, _mm512_load_ps(kb + 16 * g), b[g]);
+                }
+            }
+            for (int g = 0; g < NG; g++) h[e][g] = _mm512_add_ps(a[g], b[g]);
+        }
+        for (int g = 0; g < NG; g++) p[m][g] = _mm512_add_ps(h[0][g], h[1][g]);
+    }
+    for (int g = 0; g < NG; g++)
+        _mm512_store_ps(pr + 16 * g, _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(p[0][g], p[1][g]),
+                                                                 _mm512_add_ps(p[2][g], p[3][g])), _mm512_set1_ps(scale)));
+}
+
 // o[n] += pr[n][j] * value j for the keys j in [b, stop[n]) of nonzero weight, in key order, for N rows (1 or 2):
 // each value's vectors are loaded once for the rows that weigh it (values of the block from b on at vb)
 static inline __attribute__((always_inline)) void weigh_rows(float *const *o, const float *const *pr, const int *stop,
@@ -294,15 +340,36 @@ static inline __attribute__((always_inline)) void weigh_rows(float *const *o, co
         for (int c = 0; c < HV; c++) _mm512_storeu_ps(o[n] + 16 * c, acc[n][c]);
 }
 
+// The same for N buffered rows (1 or 2) of float32 values over the keys [b, end), their weights zero past their
+// spans: a weight of 0 leaves a row's sums as they are (a masked multiply-add, as if the key were skipped), so no
+// branch per key and row (those cost weigh_rows about 1.2x here).
+static inline __attribute__((always_inline)) void weigh_group(float *const *o, const float *const *pr, int b, int end,
+                                                              const float *vb, int hd, const int N, const int HV) {
+    __m512 acc[2][MAX_HV];
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < HV; c++) acc[n][c] = _mm512_loadu_ps(o[n] + 16 * c);
+    for (int j = b; j < end; j++) {
+        __m512 v[MAX_HV];
+        for (int c = 0; c < HV; c++) v[c] = _mm512_loadu_ps(vb + (int64_t)(j - b) * hd + 16 * c);
+        for (int n = 0; n < N; n++) {
+            const __m512 w = _mm512_set1_ps(pr[n][j]);
+            const __mmask16 live = _mm512_cmpneq_ps_mask(w, _mm512_setzero_ps());
+            for (int c = 0; c < HV; c++) acc[n][c] = _mm512_mask3_fmadd_ps(w, v[c], acc[n][c], live);
+        }
+    }
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < HV; c++) _mm512_storeu_ps(o[n] + 16 * c, acc[n][c]);
+}
+
 // One kv head g of attend512 (below); HV = hd / 16 and KV16 (bf16 keys and values) are constants at
 // each call site, so the query rows and the accumulators stay in registers. Query rows r0 .. r1 of the
 // kv head (row r = t * H/Hkv + i: token t, query head g * H/Hkv + i). A block of KB keys (then values) is
-// widened to float32 once (block_f32), then each of the rows goes through it: a row costs its products, not
-// a conversion of every key it reads. A task of DIRECT_ROWS rows or fewer (BF) widens each key in registers
-// instead, two rows at a time where HV is 4 (each key widened once for both; both rows' registers fit;
-// buffered rows in pairs measured 0.8x, so those go one by one). Without a mask a row scores only the keys up
-// to its own (a prefill's rows skip the keys after them): those past it would weigh exactly 0, so the result is
-// the same.
+// widened to float32 once (block_f32; keys transposed, block_t32, for TRANSPOSED_ROWS rows or more), then each of
+// the rows goes through it: a row costs its products, not a conversion of every key it reads. These buffered rows
+// score one by one (in pairs they measured 0.8x) and weigh values in pairs (weigh_group). A task of DIRECT_ROWS
+// rows or fewer (BF) widens each key in registers instead, two rows at a time where HV is 4 (each key widened once
+// for both; both rows' registers fit). Without a mask a row scores only the keys up to its own (a prefill's rows
+// skip the keys after them): those past it would weigh exactly 0, so the result is the same.
 static inline __attribute__((always_inline)) void attend_head(
         const float *q, int qs, const void *kc, const void *vc, int max_len, int start, int kv_len,
         const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1, const int HV,
@@ -311,12 +378,13 @@ static inline __attribute__((always_inline)) void attend_head(
     const float scale = 1.0f / sqrtf((float)hd);
     const int64_t kv0 = (int64_t)g * max_len * hd;               // this head's keys and values
     float *p = aligned_alloc(64, sizeof(float) * (R + 1) * P);    // scores of row r0 + r at p + r * P
-    float *f = BF ? NULL : aligned_alloc(64, sizeof(float) * KB * hd);   // a block of keys or values in float32
+    float *f = BF ? NULL : aligned_alloc(64, sizeof(float) * KB * hd);   // a block of keys (transposed) or values
     float *inv = malloc(sizeof(float) * R);
     int *span = malloc(sizeof(int) * (R + 1)), most = 0;   // row r sees keys [0, span[r]) (a multiple of 16); most: any row
     #define Q_ROW(r) (q + (int64_t)((r0 + (r)) / G) * qs + (g * G + (r0 + (r)) % G) * hd)
     #define OUT_ROW(r) (out + (int64_t)((r0 + (r)) / G) * H * hd + (g * G + (r0 + (r)) % G) * hd)
-    #define PAIR(r) (BF && HV == 4 && (r) + 1 < R)              // rows r and r + 1 together
+    #define TWO(r) (HV == 4 && (r) + 1 < R)                    // rows r and r + 1 together: weighing buffered
+    #define PAIR(r) (BF && TWO(r))                               // rows, and every phase of direct ones
     for (int r = 0; r < R; r++) {
         const int last = start + (r0 + r) / G, seen = mask || last + 1 > kv_len ? kv_len : last + 1;
         span[r] = (seen + 15) / 16 * 16;
@@ -324,6 +392,22 @@ static inline __attribute__((always_inline)) void attend_head(
     }
     span[R] = 0;
     for (int b = 0; b < most; b += KB) {                         // scores, -inf where not seen
+        if (!BF && R >= TRANSPOSED_ROWS) {                       // the block's keys transposed once for every row
+            block_t32(kc, kv0, b, b + KB < kv_len ? b + KB : kv_len, hd, f, KV16);
+            for (int r = 0; r < R; r++) {
+                const int t = (r0 + r) / G, groups = ((span[r] < b + KB ? span[r] : b + KB) - b) / 16;
+                float *pr = p + (int64_t)r * P + b;
+                switch (groups) {
+                    case 1: score_row_t(Q_ROW(r), f, scale, pr, 1, HV); break;
+                    case 2: score_row_t(Q_ROW(r), f, scale, pr, 2, HV); break;
+                    case 3: score_row_t(Q_ROW(r), f, scale, pr, 3, HV); break;
+                    case 4: score_row_t(Q_ROW(r), f, scale, pr, 4, HV); break;
+                }
+                for (int j0 = b; j0 < b + 16 * groups; j0 += 8)
+                    hide8(p + (int64_t)r * P + j0, mask ? mask + (int64_t)t * ms : NULL, j0, kv_len, start + t);
+            }
+            continue;
+        }
         const void *kb = BF ? (const void *)((const uint16_t *)kc + kv0 + (int64_t)b * hd)   // key j at (j - b) * hd
                             : block_f32(kc, kv0, b, b + KB < kv_len ? b + KB : kv_len, hd, f, KV16);
         for (int r = 0; r < R; r += 1 + PAIR(r)) {
@@ -342,19 +426,24 @@ static inline __attribute__((always_inline)) void attend_head(
     }
     for (int r = 0; r < R; r++) {
         inv[r] = softmax_row(p + (int64_t)r * P, span[r], p + (int64_t)R * P);
+        if (!BF) memset(p + (int64_t)r * P + span[r], 0, sizeof(float) * (P - span[r]));   // weigh_group's pair reads
         for (int c = 0; c < HV; c++) _mm512_storeu_ps(OUT_ROW(r) + 16 * c, _mm512_setzero_ps());
     }
     for (int b = 0; b < kv_len && b < most; b += KB) {           // out += weights . values, in key order,
         int end = b + KB < kv_len ? b + KB : kv_len;             // skipping masked keys (weight exactly 0)
         const void *vb = BF ? (const void *)((const uint16_t *)vc + kv0 + (int64_t)b * hd)
-                            : block_f32(vc, kv0, b, end, hd, f, KV16);
-        for (int r = 0; r < R; r += 1 + PAIR(r)) {
-            const int N = 1 + PAIR(r);
+                            : block_f32(vc, kv0, b, end, hd, f, KV16);     // vb: float32 where !BF
+        for (int r = 0; r < R; r += 1 + TWO(r)) {
+            const int N = 1 + TWO(r);
             float *o[2] = {OUT_ROW(r), OUT_ROW(r + N - 1)};
             const float *pr[2] = {p + (int64_t)r * P, p + (int64_t)(r + N - 1) * P};
             int stop[2];                                         // each row's unseen keys weigh 0: skipped
             for (int n = 0; n < 2; n++) stop[n] = end < span[r + n] ? end : span[r + n];
-            if (N == 2) weigh_rows(o, pr, stop, vb, b, hd, 2, HV, BF);
+            if (!BF) {
+                const int seen = stop[N - 1] > stop[0] ? stop[N - 1] : stop[0];
+                if (N == 2) weigh_group(o, pr, b, seen, (const float *)vb, hd, 2, HV);
+                else weigh_group(o, pr, b, seen, (const float *)vb, hd, 1, HV);
+            } else if (N == 2) weigh_rows(o, pr, stop, vb, b, hd, 2, HV, BF);
             else weigh_rows(o, pr, stop, vb, b, hd, 1, HV, BF);
         }
     }
@@ -366,6 +455,7 @@ static inline __attribute__((always_inline)) void attend_head(
     free(f);
     free(p);
     #undef PAIR
+    #undef TWO
     #undef Q_ROW
     #undef OUT_ROW
 }
