@@ -54,7 +54,7 @@ def fused(model: Scripted, context: ContextDrafter, guess_budget: int = 6) -> Fu
 
 def test_the_context_drafter_joins_every_round_and_drafts_past_the_depth():
     context, model = ContextDrafter(rows=1), Scripted(42)
-    context.record[3] = [7, 8]                       # confidence 0.8 for a match of 3: above the model's 0.5
+    context.record[3] = [6, 8]                       # confidence 0.7 for a match of 3: above the model's 0.5
     cos = fused(model, context, guess_budget=0)      # where the lookup is not sure, the model drafters join
     s = seq(TEXT[:-1], [TEXT[-1]])                   # prompt, then the newest token 7
     cos.admit(0, s)
@@ -99,7 +99,7 @@ def test_a_sure_chain_stops_at_the_tokens_the_request_still_wants():
 
 def test_an_unsure_guess_drafts_a_short_chain_alone_and_does_not_steer_the_router():
     context, model = ContextDrafter(rows=1), Scripted(42)
-    context.record[3] = [7, 8]                       # confidence 0.8: a guess, not sure (< SOLO)
+    context.record[3] = [6, 8]                       # confidence 0.7: a guess, not sure (< SOLO)
     cos = fused(model, context, guess_budget=4)
     s = seq(TEXT[:-1], [TEXT[-1]])
     cos.admit(0, s)

@@ -213,7 +213,7 @@ EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with 
 COSINE = MethodSpec("cosine", "CoSine: several drafters, routed per request by their record, their tokens fused "
                     "into one tree by confidence, batches and draft sizes scheduled for the verifier",
                     {"gamma": 5, "draft_window": 256, "drafters": "", "routed": 2, "explore_below": 1,
-                     "tree_budget": 16, "solo_budget": 32, "guess_budget": 6, "token_budget": 64, "lam": 0.05,
+                     "tree_budget": 16, "solo_budget": 64, "guess_budget": 6, "token_budget": 64, "lam": 0.05,
                      "max_step_ms": 0,
                      "drafter_processes": False, "timeout": 30, "no_routing": False, "no_fusion": False,
                      "no_scheduler": False, "no_adaptive": False}, False, build_cosine,

@@ -49,7 +49,8 @@ from specmesh.spec.verify import Verdict
 EXPLOIT, EXPLORE = 1.0, 0.5         # α, β: the share of routed drafters picked by score (the rest at random)
 ETA = 0.2                           # the weight of a round's score in the running one
 START = 0.5                         # a drafter's score before it was routed
-SOLO = 0.9                          # a free drafter this confident at the root drafts a long chain alone
+SOLO = 0.8                          # a free drafter this confident at the root drafts a long chain alone (0.9 and
+                                    # 32 nodes before 2026-11-28: docs/cosine.md)
 PROMPT_TOP = 32                     # the prompt's routing: the target's most likely tokens compared, per position
 PROMPT_SKIP = 16                    # ... past the first tokens of a drafter's window (too little context before),
                                     # and at least as many positions (fewer, as after a prefix-cache hit: no start)
@@ -193,7 +194,7 @@ class Drafter:
 
 class FusedDrafters:
     def __init__(self, drafters: list[Drafter], embeddings: torch.Tensor, rows: int, routed: int = 2,
-                 explore_below: int = 2, budget: int = 16, solo_budget: int = 32, guess_budget: int = 6,
+                 explore_below: int = 2, budget: int = 16, solo_budget: int = 64, guess_budget: int = 6,
                  routing: bool = True, fusion: bool = True, token_budget: int | None = None,
                  names: list[str] | None = None):
         self.drafters, self.embeddings = drafters, embeddings        # the target's input embeddings [V, D]
