@@ -285,7 +285,8 @@ static inline void block_t32(const void *c, int64_t kv0, int j0, int j1, int hd,
         }
 }
 
-// Scores of one query row q against the first NG groups of 16 keys of a transposed block kt: 16 floats a group at pr. Key j's lane partials a_l = sum over c of q[16c + l] k_j[16c + l] (l < 16) are score_rows' chained
+// Scores of one query row q against the first NG groups of 16 keys of a transposed block kt: 16 floats a group at
+// pr. Key j's lane partials a_l = sum over c of q[16c + l] k_j[16c + l] (l < 16) are score_rows' chained
 // multiply-adds, and hsum8x16's tree over them, h_l = a_l + a_(l+8), p_m = h_2m + h_2m+1, (p_0 + p_1) + (p_2 + p_3),
 // is here adds of whole vectors, 16 keys a lane each: the same bits, without a horizontal sum. One broadcast of a q
 // element serves the NG groups (its loads would bind otherwise).
@@ -342,7 +343,7 @@ static inline __attribute__((always_inline)) void weigh_rows(float *const *o, co
 
 // The same for N buffered rows (1 or 2) of float32 values over the keys [b, end), their weights zero past their
 // spans: a weight of 0 leaves a row's sums as they are (a masked multiply-add, as if the key were skipped), so no
-// branch per key and row (those cost weigh_rows about 1.2x here).
+// branch per key and row (with those, two or four rows at a time ran slower than one).
 static inline __attribute__((always_inline)) void weigh_group(float *const *o, const float *const *pr, int b, int end,
                                                               const float *vb, int hd, const int N, const int HV) {
     __m512 acc[2][MAX_HV];
