@@ -1,4 +1,14 @@
 """specmesh: lossless speculative decoding for Llama-family models."""
+import os
+from pathlib import Path
+
+# PyTorch's OpenMP threads (libgomp: read once, when torch loads) spin ~300,000 pauses (milliseconds) after each
+# of its parallel ops. The kernels' loops run on threads of their own (csrc/pool.c), which those spinners would
+# keep from the cores: a short spin, then sleep. Not where AMX does the products: there the loops run on OpenMP's
+# team, which spins between them (docs/kernels.md, "Threads").
+if "amx_tile" not in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""):
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
 from specmesh.engine.sequence import Output, Sample
 from specmesh.engine.stats import Stats
 from specmesh.llm import LLM

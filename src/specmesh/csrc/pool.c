@@ -1,22 +1,27 @@
-// The kernels' parallel loops: OpenMP's team by default, or the pool's own threads in the processes of a
-// multi-process method (pool_lend), where a process may borrow the cores of ranks that are waiting.
+// The kernels' parallel loops, on the pool's own threads: every process's (a single-process method's too), where
+// a multi-process method's rank may also borrow the cores of ranks that are waiting (pool_lend). On CPUs whose
+// bf16 products run on AMX tiles the loops stay on OpenMP's team (pool_use(0)): the tile kernels' own OpenMP
+// regions share its threads, and two teams would take turns on the cores.
 //
-// Why: the ranks of a method such as pp or pearl take turns (one waits while another computes), so a rank
-// could use every core while the others wait. OpenMP's idle threads spin on their core for ~8 ms after a
-// loop (libgomp reads its spin count once, at start), on the core that the next rank to compute needs. The
-// pool's threads give a borrowed core back as soon as its owner is about to compute (the rank that sends it
-// a message marks it busy first: runtime/link.py) and sleep on a futex.
+// Why not OpenMP's team: a static share waits for the thread that owns it, and libgomp's idle threads spin
+// on their core for ~8 ms after a loop (its spin count is read once, at start). Where another process wants the
+// same cores (a second server, a benchmark beside a build, a rank of a multi-process method) a descheduled
+// thread holds up every loop and a spinning one keeps the core from the thread it waits for: two processes of
+// two threads on two cores each ran at ~1/25 of their speed alone. Here the caller waits only for pieces that
+// were taken (not for threads that were given a loop and have not started), and every wait yields its core
+// (sched_yield) while it polls: alone a yield returns at once, beside another process it lets that one run.
 //
-// `busy` (shared memory, one int per rank) holds each rank's threads while it computes and 0 while it waits;
-// a loop runs on this rank's own threads (omp_get_max_threads) plus the cores no busy rank holds. Only
-// spinning threads are given work (a sleeping one is woken for the loops after), so a loop never waits for
-// a thread to wake.
+// Lending: `busy` (shared memory, one int per rank) holds each rank's threads while it computes and 0 while it
+// waits; a loop runs on this rank's own threads (omp_get_max_threads) plus the cores no busy rank holds. The
+// rank that sends a waiting rank a message marks it busy first (runtime/link.py), so borrowed cores are given
+// back at once; idle workers then sleep on a futex.
 #define _GNU_SOURCE
 #include "pool.h"
 #include <linux/futex.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 #include <immintrin.h>
@@ -25,27 +30,28 @@
 #endif
 
 #define MAX_WORKERS 63
-#define POKE 0x80000000u            // a worker's `go` with this bit: wake and spin, no loop to join
-#define SPIN_NS 2000000             // a worker spins this long after its last loop, then sleeps
+#define SPIN_NS 2000000             // a worker polls this long after its last loop, then sleeps
+#define PAUSES 256                  // polls with a pause (~10 us) before polls yield the core
 
 enum { SLEEPING, SPINNING };
 
 static struct Worker {
-    _Atomic uint32_t go;            // the loop it is given (or a poke): its futex word
-    _Atomic uint32_t done;          // the last loop it finished
+    _Atomic uint32_t go;            // the newest loop it was given: its futex word
     _Atomic int state;
     pthread_t thread;
 } workers[MAX_WORKERS];
 
 static struct {
-    int on, started, cores, ranks, base;
+    int own, started, cores, ranks, base;     // own: the pool runs the loops (else OpenMP, unless lending)
     const _Atomic int32_t *busy;    // ranks' threads while they compute (shared memory), or NULL
     uint32_t loop;
     Task task;
     void *ctx;
-    int64_t n, grain, pieces;
-    _Atomic int64_t next;           // the next piece to take
-} pool;
+    int64_t n, grain;
+    _Atomic uint64_t work;          // the pieces left, [low 32 bits, high 32 bits): one word, so a late thread
+                                    // never takes a piece past a loop's end, whichever loop it finds
+    _Atomic uint32_t finished;      // pieces done in this loop
+} pool = {.own = 1};
 
 static __thread int in_loop;        // a loop inside a loop's task runs on its thread alone
 
@@ -75,19 +81,36 @@ static int free_cores(void) {       // cores no busy rank holds
 
 int team_size(void) {
     int base = own_threads();
-    if (!pool.on || !pool.busy) return base;
+    if (!pool.busy) return base;
     int team = base + (free_cores() > 0 ? free_cores() : 0);
     return team > pool.cores ? pool.cores : team > MAX_WORKERS + 1 ? MAX_WORKERS + 1 : team;
 }
 
-static void take_pieces(void) {
-    int64_t p;
+// Take pieces of the current loop until none is left: the caller from the front, the workers from the back, so
+// that each thread works through contiguous columns (weights streamed in order) as OpenMP's static shares would,
+// while a thread that is late takes less. A piece is taken by one compare-and-swap on `work`; then the loop's
+// fields (written before `work`) are read: they cannot change until every taken piece is finished.
+static void take_pieces(int front) {
+    uint64_t w = atomic_load(&pool.work);
     in_loop = 1;
-    while ((p = atomic_fetch_add(&pool.next, 1)) < pool.pieces) {
-        int64_t end = (p + 1) * pool.grain;
-        pool.task(pool.ctx, p * pool.grain, end < pool.n ? end : pool.n);
+    for (;;) {
+        uint32_t next = (uint32_t)w, end = (uint32_t)(w >> 32);        // pieces [next, end) are left
+        if (next >= end) break;
+        uint64_t taken = front ? w + 1 : w - ((uint64_t)1 << 32);
+        if (!atomic_compare_exchange_weak(&pool.work, &w, taken)) continue;
+        int64_t p = front ? next : end - 1, stop = (p + 1) * pool.grain;
+        pool.task(pool.ctx, p * pool.grain, stop < pool.n ? stop : pool.n);
+        atomic_fetch_add(&pool.finished, 1);
+        w = atomic_load(&pool.work);
     }
     in_loop = 0;
+}
+
+// A poll's pause: the next loop or piece usually comes within microseconds; after PAUSES polls the thread
+// yields its core as it polls (at once alone, to another process's thread where one waits for the core).
+static void wait_a_little(int polls) {
+    if (polls < PAUSES) _mm_pause();
+    else sched_yield();
 }
 
 // Worker i is the team's member i + 1; it may spin while its core is its rank's own or free.
@@ -103,22 +126,19 @@ static void *work(void *arg) {
     for (int polls = 0;; polls++) {
         uint32_t go = atomic_load(&w->go);
         if (go != seen) {
-            seen = go;
-            if (!(go & POKE)) {
-                take_pieces();
-                atomic_store(&w->done, go);
-            }
+            seen = go, polls = 0;
+            take_pieces(0);
             until = now_ns() + SPIN_NS;
             continue;
         }
-        if ((polls & 63) == 0 && (!may_spin(i) || now_ns() > until)) {
+        if (!may_spin(i) || ((polls & 63) == 0 && now_ns() > until)) {
             atomic_store(&w->state, SLEEPING);
             if (atomic_load(&w->go) == seen) futex(&w->go, FUTEX_WAIT, seen);
             atomic_store(&w->state, SPINNING);
             until = now_ns() + SPIN_NS;
             continue;
         }
-        _mm_pause();
+        wait_a_little(polls);
     }
     return NULL;
 }
@@ -131,31 +151,25 @@ static void start_workers(int n) {
     }
 }
 
-// The pool's loop: spinning workers take pieces with the caller; sleeping ones wanted are woken for later loops.
-static void pool_for(int team) {
+// The pool's loop: the workers are given it (sleeping ones woken: a late one finds fewer pieces, or none) and
+// take pieces with the caller, who waits for the pieces taken to finish.
+static void pool_for(int team, uint32_t pieces) {
     start_workers(team - 1);
-    uint32_t loop = pool.loop = (pool.loop + 1) & ~POKE ? (pool.loop + 1) & ~POKE : 1;
-    atomic_store(&pool.next, 0);
-    int given[MAX_WORKERS], n = 0;
+    if (++pool.loop == 0) pool.loop = 1;                 // a worker's `go` starts at 0
+    atomic_store(&pool.finished, 0);
+    atomic_store(&pool.work, (uint64_t)pieces << 32);
     for (int i = 0; i < team - 1; i++) {
-        struct Worker *w = &workers[i];
-        if (atomic_load(&w->state) == SPINNING) {
-            atomic_store(&w->go, loop);
-            given[n++] = i;
-            if (atomic_load(&w->state) == SLEEPING) futex(&w->go, FUTEX_WAKE, 1);   // it fell asleep meanwhile
-        } else {
-            atomic_store(&w->go, loop | POKE);
-            futex(&w->go, FUTEX_WAKE, 1);
-        }
+        atomic_store(&workers[i].go, pool.loop);
+        if (atomic_load(&workers[i].state) == SLEEPING) futex(&workers[i].go, FUTEX_WAKE, 1);
     }
-    take_pieces();
-    for (int k = 0; k < n; k++)
-        while (atomic_load(&workers[given[k]].done) != loop) _mm_pause();
+    take_pieces(1);
+    for (int polls = 0; atomic_load(&pool.finished) != pieces; polls++) wait_a_little(polls);
 }
 
 static void run(int64_t n, int64_t grain, Task task, void *ctx, int dynamic) {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
+    if ((n + grain - 1) / grain > UINT32_MAX) grain = (n + UINT32_MAX - 1) / UINT32_MAX;   // pieces fit `work`
     const int64_t pieces = (n + grain - 1) / grain;
     int nested = in_loop;
 #ifdef _OPENMP
@@ -166,13 +180,11 @@ static void run(int64_t n, int64_t grain, Task task, void *ctx, int dynamic) {
         task(ctx, 0, n);
         return;
     }
-    if (pool.on) {
+    if (pool.own || pool.busy) {
         pool.base = own_threads();
-        pool.task = task, pool.ctx = ctx, pool.n = n, pool.grain = grain, pool.pieces = pieces;
-        pool_for(team);
-        return;
-    }
-    if (dynamic) {                  // OpenMP's team (omp_in_parallel marks its loops' nested ones)
+        pool.task = task, pool.ctx = ctx, pool.n = n, pool.grain = grain;
+        pool_for(team, (uint32_t)pieces);
+    } else if (dynamic) {           // OpenMP's team (omp_in_parallel marks its loops' nested ones)
         #pragma omp parallel for schedule(dynamic)
         for (int64_t p = 0; p < pieces; p++) task(ctx, p * grain, (p + 1) * grain < n ? (p + 1) * grain : n);
     } else {
@@ -185,9 +197,12 @@ void parallel_for(int64_t n, int64_t grain, Task task, void *ctx) { run(n, grain
 
 void parallel_tasks(int64_t n, Task task, void *ctx) { run(n, 1, task, ctx, 1); }
 
-// Python (kernels/select.py, runtime/link.py): switch the pool on for this process's multi-process method
-// (busy: the ranks' words in shared memory, `ranks` of them, on a machine of `cores`), or off (busy NULL).
+// Python (kernels/build.py): the pool runs this process's loops (1, the default) or OpenMP's team does (0: where
+// AMX tiles do the products).
+void pool_use(int own) { pool.own = own; }
+
+// Python (runtime/link.py): lend and borrow cores among the ranks of this process's multi-process method (busy:
+// the ranks' words in shared memory, `ranks` of them, on a machine of `cores`), or no more (busy NULL).
 void pool_lend(const int32_t *busy, int ranks, int cores) {
     pool.busy = (const _Atomic int32_t *)busy, pool.ranks = ranks, pool.cores = cores;
-    pool.on = busy != NULL;
 }

@@ -46,8 +46,8 @@ def avx2_lib() -> ctypes.CDLL | None:
     products are switched on from the start (SPECMESH_AVX512=0 keeps AVX2's, to compare), so a
     process computes every forward the same way.
 
-    It links PyTorch's own libgomp, so the kernel shares PyTorch's OpenMP threads
-    (torch.set_num_threads applies to it)."""
+    Its loops run on threads of its own (csrc/pool.c), as many as torch.set_num_threads says; it links
+    PyTorch's own libgomp, whose team runs them where AMX does the products (amx_lib)."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("gcc") is None:
         return None
     cache = Path(os.environ.get("SPECMESH_CACHE") or cache_dir())     # SPECMESH_CACHE: another build, to compare
@@ -116,6 +116,8 @@ def avx2_lib() -> ctypes.CDLL | None:
             kernel.use_vnni(int(vnni_products(kernel)))
     kernel.pool_lend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     kernel.pool_lend.restype = None
+    kernel.pool_use.argtypes = [ctypes.c_int]
+    kernel.pool_use.restype = None
     kernel.fma_linear.argtypes = kernel.bf16_linear.argtypes
     kernel.fma_linear.restype = None
     for product in ("q8_linear", "q4_linear", "q41_linear"):
@@ -198,7 +200,10 @@ def amx_lib() -> ctypes.CDLL | None:
     lib = avx2_lib()
     if lib is None or not avx512_on(lib) or os.environ.get("SPECMESH_AMX", "1") == "0" or not AMX <= cpu_flags():
         return None
-    return lib if lib.amx_init() == 0 else None
+    if lib.amx_init() != 0:
+        return None
+    lib.pool_use(0)                     # the tile kernels' OpenMP regions and the other loops on one team
+    return lib
 
 
 @functools.cache
