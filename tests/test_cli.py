@@ -43,7 +43,46 @@ def test_generate_streams_and_writes_json_file(tiny_checkpoint, tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(dest.read_text())
     assert len(out["samples"]) == 2
-    assert r.stdout.rstrip("\n") == out["text"]
+    first, second = (sample["text"] for sample in out["samples"])          # every sample, the first streamed
+    assert r.stdout == f"--- sample 1 of 2 ---\n{first}\n--- sample 2 of 2 ---\n{second}\n"
+
+
+def test_damaged_files_exit_2_with_one_line_naming_them(tiny_checkpoint, tmp_path):
+    import shutil
+    broken = {name: shutil.copytree(tiny_checkpoint, tmp_path / name) for name in ("cut", "keyless", "garbled")}
+    weights = broken["cut"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    config = json.loads((broken["keyless"] / "config.json").read_text())
+    del config["hidden_size"]
+    (broken["keyless"] / "config.json").write_text(json.dumps(config))
+    (broken["garbled"] / "config.json").write_text("{bad")
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9")
+    (tmp_path / "table.npz").write_text("not numpy")
+    for args, message in [
+        (["--target", broken["cut"]], f"{weights} is not a readable safetensors file"),
+        (["--target", broken["keyless"]], "config.json has no 'hidden_size'"),
+        (["--target", broken["garbled"]], "config.json is not valid JSON"),
+        (["--target", tmp_path / "latin1.txt"], "latin1.txt is neither a checkpoint folder"),
+        (["--target", tiny_checkpoint, "--prompt-file", tmp_path / "latin1.txt"], "latin1.txt is not UTF-8 text"),
+        (["--target", tiny_checkpoint, "--method", "selfdraft", "--ngram-cache", tmp_path / "table.npz"],
+         "table.npz is not an n-gram corpus cache"),
+    ]:
+        prompt = [] if "--prompt-file" in args else ["x"]
+        r = specmesh("generate", *prompt, *args, "--max-new-tokens", 2)
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_reader_that_leaves_ends_generate_quietly(tiny_checkpoint):
+    """`specmesh generate ... | head -c 20`: no traceback when the pipe closes."""
+    p = subprocess.Popen([sys.executable, "-m", "specmesh.cli", "generate", "x", "--target", str(tiny_checkpoint),
+                          "--max-new-tokens", "50"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    p.stdout.close()                                            # gone before the first token
+    assert p.wait(timeout=300) == 1 and b"Traceback" not in p.stderr.read()
+
+
+def test_max_new_tokens_past_the_context_warns(tiny_checkpoint):
+    r = specmesh("generate", "x", "--target", tiny_checkpoint, "--method", "ar", "--max-new-tokens", 10**9, "--json")
+    assert r.returncode == 0 and "warning: max_new_tokens 1000000000 runs past the context" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("args, message", [
@@ -70,6 +109,7 @@ def test_generate_streams_and_writes_json_file(tiny_checkpoint, tmp_path):
     (["generate", "x", "--bogus"], "specmesh generate: error: unrecognized arguments: --bogus"),
     (["bench", "--methods", "ar,nope"], "unknown method 'nope'"),
     (["bench", "--methods", "ar,sd@0t"], "sd@0t: NAME@Nt needs N >= 1 threads"),
+    (["bench", "--plot", "/no/such/dir/x.png"], "argument --plot: '/no/such/dir/x.png': no folder '/no/such/dir'"),
     (["serve", "--port", "99999"], "must be a TCP port from 1 to 65535"),
     (["serve", "--grace", "-1"], "must be 0 or more seconds"),
     (["frobnicate"], "invalid choice"),

@@ -73,16 +73,19 @@ def device_counts(text: str) -> list[int]:
     return counts
 
 
-def json_path(text: str) -> str:
-    """--json's PATH, checked before any work: '-' (stdout) or a file in a folder that exists."""
+def out_path(text: str) -> str:
+    """An output file's path (--plot, --json), checked before any work: a file in a folder that exists."""
     path = Path(text)
-    if text == "-":
-        return text
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder: give a file path")
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r}: no folder {str(path.parent)!r}")
     return text
+
+
+def json_path(text: str) -> str:
+    """--json's PATH: '-' (stdout) or an out_path."""
+    return text if text == "-" else out_path(text)
 
 
 def write_json(obj, dest: str | None) -> None:
@@ -218,7 +221,8 @@ def build_parser() -> Parser:
     add_model_args(b, tp=True)
     add_method_options(b)
     add_json(b)
-    b.add_argument("--plot", metavar="OUT.png", help="draw speedup and tokens per target forward per method")
+    b.add_argument("--plot", metavar="OUT.png", type=out_path,
+                   help="draw speedup and tokens per target forward per method")
     b.add_argument("--layer-similarity", action="store_true",
                    help="instead of timing methods: how fuzzy easyspec's layer groups of 2, 3 and 4 are for the draft "
                         "(mean cosine of a layer's exact input and attention output with the group's, on the prompts)")
@@ -299,7 +303,7 @@ def build_parser() -> Parser:
     sm.add_argument("--calibrate", metavar="OUT.json", nargs="?", const="",
                     help="measure this machine's costs into a profile (default: the `local` profile, "
                          "models/profile-local.json of the checkout) and exit")
-    sm.add_argument("--plot", metavar="OUT.png",
+    sm.add_argument("--plot", metavar="OUT.png", type=out_path,
                     help="simulate all three methods at 7, 14 and 21 stages and plot ms per token against depth")
     add_json(sm)
 
@@ -346,14 +350,17 @@ def read_prompt(args, parser) -> str:
                      + json_took_prompt(args))
     if args.prompt_file is None:
         return args.prompt
-    if args.prompt_file == "-":
-        return sys.stdin.buffer.read().decode("utf-8")
     path = Path(args.prompt_file)
-    if not path.exists():
+    if args.prompt_file != "-" and not path.exists():
         raise FileNotFoundError(f"prompt file not found: {path}")
     if path.is_dir():
         raise ValueError(f"prompt file {path} is a folder")
-    return path.read_bytes().decode("utf-8")       # verbatim: no newline translation (a pipe's bytes too)
+    data = sys.stdin.buffer.read() if args.prompt_file == "-" else path.read_bytes()
+    try:
+        return data.decode("utf-8")                 # verbatim: no newline translation (a pipe's bytes too)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"prompt file {'(stdin)' if args.prompt_file == '-' else path} is not UTF-8 text: "
+                         f"{e.reason} at byte {e.start}") from None
 
 
 def serve_torchrun_rank(args) -> int:
@@ -437,9 +444,11 @@ def cmd_generate(args, parser) -> int:
                             repetition_penalty=args.repetition_penalty, logit_bias=dict(args.logit_bias))
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
               quant=args.quant, tp=args.tp, **method_options(args))
+    stream = args.json != "-"
     with llm:
         run = llm.stream(prompt, params)
-        stream = args.json != "-"
+        if stream and params.n > 1:
+            sys.stdout.write(f"--- sample 1 of {params.n} ---\n")
         for piece in run:
             if stream:
                 sys.stdout.write(piece)
@@ -447,6 +456,8 @@ def cmd_generate(args, parser) -> int:
     out = run.output
     if stream:
         sys.stdout.write("\n")
+        for i, sample in enumerate(out.samples[1:], 2):      # the others, once all are done
+            sys.stdout.write(f"--- sample {i} of {params.n} ---\n{sample.text}\n")
     s = out.stats
     per = (f"{s.generated_tokens / s.timesteps:.2f} tokens/timestep" if s.timesteps else
            f"{s.tokens_per_forward or 0:.2f} tokens/target forward")
@@ -471,7 +482,6 @@ def cmd_tune(args, parser) -> int:
     for c in choice.candidates:
         opts = " ".join(f"{k}={v}" for k, v in c.options.items())
         print(f"{c.method:10} {opts:40} {c.ms_per_token:6.2f} ms/token  {c.reason}", file=table)
-    print(choice.summary(), file=table)
     if args.json:
         write_json(choice.to_json(), args.json)
     return 0
@@ -658,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
         sub.exit(1, f"{sub.prog}: error: {e}\n")
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:                     # `specmesh generate ... | head`: the reader is gone, so is the output
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

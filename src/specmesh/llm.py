@@ -9,6 +9,7 @@ from __future__ import annotations
 import numbers
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -172,6 +173,10 @@ class LLM:
         """An engine sized for these prompts: its cache rows hold the longest prompt plus its new tokens."""
         method = self.method_for(prompts)
         longest = max(len(p) for p in prompts)
+        if longest + params.max_new_tokens > self.context:
+            warnings.warn(f"max_new_tokens {params.max_new_tokens} runs past the context of {self.context} tokens: "
+                          f"after a prompt of {longest} generation stops at {self.context - longest} new tokens",
+                          stacklevel=3)
         max_len = min(self.context, longest + params.max_new_tokens) + method.slack
         rows = rows or min(self.max_batch, len(prompts) * params.n)
         return Engine(self.models, method, self.tokenizer, rows, max_len)

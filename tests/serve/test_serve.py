@@ -59,6 +59,9 @@ def test_completion_chat_models_and_health(live):
                                                messages=[{"role": "user", "content": "hello"}])
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 5
     assert [m.id for m in live.client.models.list()] == ["specmesh-target"]
+    assert live.client.models.retrieve("specmesh-target").id == "specmesh-target"
+    missing = httpx.get(live.url + "/v1/models/gpt-4")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     assert httpx.get(live.url + "/health").status_code == 200
 
 
@@ -327,10 +330,12 @@ def test_a_port_in_use_fails_the_server_with_exit_status_1():
 def test_a_second_sigterm_or_the_drain_deadline_cancels_what_is_left(how):
     import os
     import signal
+    from concurrent.futures import ThreadPoolExecutor
     proc, url = start_server_process("--grace", "30" if how == "second-sigterm" else "1")
     try:
         body = {"prompt": "x", "max_tokens": 1000, "temperature": 0, "stream": True}
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r, ThreadPoolExecutor() as pool:
+            whole = pool.submit(httpx.post, url + "/v1/completions", json=body | {"stream": False}, timeout=30)
             lines = r.iter_lines()
             next(line for line in lines if line.startswith("data:"))
             start = time.monotonic()
@@ -339,7 +344,10 @@ def test_a_second_sigterm_or_the_drain_deadline_cancels_what_is_left(how):
                 time.sleep(0.2)
                 proc.send_signal(signal.SIGTERM)
             rest = [x for x in lines if x]
+            refused = whole.result()
         assert rest[-1] == "data: [DONE]" and "shut down before this request finished" in rest[-2]
+        assert '"server_shutting_down"' in rest[-2]                 # not the engine's failure
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutting_down"
         assert proc.wait(timeout=15) == 0 and time.monotonic() - start < 10
     finally:
         if proc.poll() is None:

@@ -229,13 +229,13 @@ class Engine:
                     if self._stop:
                         break
                 self.step()
-            self._cancel("the server shut down before this request finished")
+            self._cancel("the server shut down before this request finished", "server_shutting_down")
         except BaseException as e:           # noqa: BLE001 - every failure must reach the clients
             self._fail(e)
 
-    def _cancel(self, message: str) -> None:
+    def _cancel(self, message: str, code: str) -> None:
         """End every sequence still in flight (the loop was stopped): each gets an error event."""
-        events = [(seq, Event(error=message)) for seq in self.abandon() if seq.emit is not None]
+        events = [(seq, Event(error=message, error_code=code)) for seq in self.abandon() if seq.emit is not None]
         if events:
             try:
                 self.deliver(events)
@@ -244,6 +244,6 @@ class Engine:
 
     def _fail(self, error: BaseException) -> None:
         self.failure = error
-        self._cancel(f"engine failure: {type(error).__name__}: {error}")
+        self._cancel(f"engine failure: {type(error).__name__}: {error}", "engine_failed")
         if self.on_failure:
             self.on_failure(error)

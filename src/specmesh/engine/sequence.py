@@ -38,7 +38,8 @@ class Event:
     """What a streaming client gets after a step: new text, then a finish reason (or an error)."""
     text: str = ""
     finish_reason: str | None = None    # "stop" | "length" once done (OpenAI's names)
-    error: str | None = None            # the engine failed
+    error: str | None = None            # the engine failed, or stopped before the sequence finished
+    error_code: str = "engine_failed"   # OpenAI-style code of the error: or "server_shutting_down"
     tokens: int = 0                     # the sequence's tokens after the step: what a stream may report on (the
                                         # engine thread appends more while the event waits to go out)
 

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specmesh.kernels import draft_quant, q8_lib, select_kernels
@@ -60,24 +61,50 @@ def _require(path: Path, what: str) -> Path:
     return path
 
 
+def _folder(path: Path) -> Path:
+    """path, a checkpoint folder; else a clear error (a GGUF file is read elsewhere)."""
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{path} is neither a checkpoint folder (config.json, model.safetensors, "
+                              f"tokenizer.json) nor a GGUF file")
+    raise CheckpointError(f"checkpoint directory not found: {path}")
+
+
+def _json(file: Path) -> dict:
+    try:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file} is not valid JSON: {e}") from None
+
+
 def read_config(path: str | Path) -> ModelConfig:
     path = Path(path)
     if gguf.is_gguf(path):
         return gguf.read_config(path)
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint directory not found: {path}")
-    return ModelConfig.from_hf(json.loads(_require(path / "config.json", "config.json").read_text()))
+    file = _require(_folder(path) / "config.json", "config.json")
+    try:
+        return ModelConfig.from_hf(_json(file))
+    except KeyError as e:
+        raise CheckpointError(f"{file} has no {e.args[0]!r}: not a Llama-family config") from None
+
+
+def _safetensors(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(_require(file, "weight file"))
+    except SafetensorError as e:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({e}): truncated or damaged?") from None
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     single, index = path / "model.safetensors", path / "model.safetensors.index.json"
     if single.exists():
-        return load_file(single)
+        return _safetensors(single)
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = sorted(set(_json(index)["weight_map"].values()))
         weights = {}
         for name in files:
-            weights.update(load_file(_require(path / name, "weight shard")))
+            weights.update(_safetensors(path / name))
         return weights
     raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
@@ -171,10 +198,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     path = Path(path)
     if gguf.is_gguf(path):
         return gguf.read_tokenizer(path)
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint directory not found: {path}")
-    _require(path / "tokenizer.json", "tokenizer.json")
-    return Tokenizer.from_dir(path)
+    file = _require(_folder(path) / "tokenizer.json", "tokenizer.json")
+    try:
+        return Tokenizer.from_dir(path)
+    except Exception as e:              # the tokenizers library raises a bare Exception for a file it cannot parse
+        raise CheckpointError(f"{file} (or tokenizer_config.json beside it) could not be read: {e}") from None
 
 
 def save_model(model: Transformer, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:

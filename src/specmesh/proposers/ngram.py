@@ -165,9 +165,13 @@ class CorpusCache:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"n-gram corpus cache not found: {path}")
-        with np.load(path) as z:
-            tables = {int(n[6:]): (z[n], z[f"cont{n[6:]}"]) for n in z.files if n.startswith("prefix")}
-            return cls(tables, int(z["cont_len"]))
+        try:
+            with np.load(path) as z:
+                tables = {int(n[6:]): (z[n], z[f"cont{n[6:]}"]) for n in z.files if n.startswith("prefix")}
+                return cls(tables, int(z["cont_len"]))
+        except (ValueError, OSError, KeyError, AttributeError):    # not an .npz, or not one `ngram build` wrote
+            raise ValueError(f"{path} is not an n-gram corpus cache (the .npz file `specmesh ngram build` "
+                             f"writes)") from None
 
 
 def count_ngrams(docs: Iterable[np.ndarray], n: int, shard_tokens: int = 2_000_000,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -110,16 +111,32 @@ def make_prefix_cache(cfg: ServeConfig, llm):
     return PrefixCache(llm.models.target, cfg.prefix_cache_mb)
 
 
+def address_taken(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (bound as uvicorn binds it), or None."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def run(cfg: ServeConfig) -> int:
     """Serve until SIGINT, SIGTERM (drain: new requests get 503, running ones may finish within
     the grace period; then, or at a second SIGTERM, the ones left are cancelled: an error event, and
     exit 0), an engine failure or an address it cannot listen on (exit status 1).
 
     The engine loop runs in the main thread (where the models were loaded) and HTTP in a thread
-    of its own. The reason is OpenMP: each thread that runs parallel kernels gets a team of
-    worker threads, and libgomp stops its workers spin-waiting between kernels once there are
-    more of them than CPUs. Forwards in a second thread made decode steps much slower on 2 cores (docs/serving.md)."""
+    of its own. The reason was OpenMP: each thread that runs parallel ops gets a team of worker
+    threads, and libgomp stops its workers spin-waiting between ops once there are more of them
+    than CPUs. Forwards in a second thread made decode steps much slower on 2 cores (docs/serving.md);
+    the kernels' loops now run on a pool of their own (csrc/pool.c), PyTorch's ops still on OpenMP."""
     import uvicorn
+    if (taken := address_taken(cfg.host, cfg.port)) is not None:     # before the models load (and auto measures)
+        print(f"specmesh serve: could not serve on {cfg.host}:{cfg.port}: {taken}", file=sys.stderr)
+        return 1
     server, app = build(cfg)
     failed, cancelled = threading.Event(), threading.Event()
 

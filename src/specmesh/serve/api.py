@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP API over the engine (FastAPI).
 
 POST /v1/completions, POST /v1/chat/completions (streaming: server-sent events ending
-with `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus).
+with `data: [DONE]`), GET /v1/models (and /v1/models/{id}), GET /health, GET /metrics (Prometheus).
 Request bodies are read and bounded by protocol.py. Bad requests get 400 with OpenAI's error
 body, never 500; when more sequences wait for a row than the bound, 429 with Retry-After; an
 engine failure fails the requests in flight (500, or an error event then [DONE] when streaming)
@@ -126,7 +126,8 @@ class Server:
                     raise asyncio.CancelledError
                 i, event = event.result()
                 if event.error:
-                    raise APIError(event.error, code="engine_failed", status=500)
+                    raise APIError(event.error, code=event.error_code,
+                                   status=503 if event.error_code == "server_shutting_down" else 500)
                 texts[i].append(event.text)
                 reasons[i] = event.finish_reason
         finally:
@@ -194,7 +195,7 @@ def create_app(server: Server) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def api_error(_, e: APIError):
-        kind = "invalid_request_error" if e.status in (400, 413) else "server_error"
+        kind = "invalid_request_error" if e.status in (400, 404, 413) else "server_error"
         return JSONResponse(error_body(e.message, kind, e.param, e.code), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -215,10 +216,19 @@ def create_app(server: Server) -> FastAPI:
     async def metrics():
         return Response(server.metrics.render(server.engine), media_type="text/plain; version=0.0.4")
 
+    def model_card() -> dict:
+        return {"id": server.model_name, "object": "model", "created": 0, "owned_by": "specmesh"}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": 0,
-                                            "owned_by": "specmesh"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        if model != server.model_name:
+            raise APIError(f"the model {model!r} does not exist; this server serves {server.model_name!r}",
+                           "model", "model_not_found", status=404)
+        return model_card()
 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
@@ -281,7 +291,7 @@ def stream(http: HTTPRequest, server: Server, choices: Choices, head: dict, incl
                 ends: dict[int, int] = {}                        # the tokens the events speak for (the engine
                 for i, event in batch:                           # thread may have appended more since)
                     if event.error:
-                        yield sse(error_body(event.error, "server_error", code="engine_failed")) + "data: [DONE]\n\n"
+                        yield sse(error_body(event.error, "server_error", code=event.error_code)) + "data: [DONE]\n\n"
                         return
                     texts[i] = texts.get(i, "") + event.text
                     ends[i] = max(ends.get(i, reported[i]), event.tokens)

@@ -86,6 +86,11 @@ def sampling_params(body: dict, prompt_tokens: int, prompts: int, context: int, 
              "n": body.get("n"), "seed": body.get("seed"), "stop": body.get("stop"),
              "logit_bias": logit_bias(body.get("logit_bias"))}
     given |= {name: body.get(name) for name in PENALTIES - {"logit_bias"}}
+    if given["max_new_tokens"] is None and "messages" in body:
+        # a chat answer runs to its end of turn, as OpenAI's and vLLM's do: what the context leaves after the
+        # prompt, within the request's bound on new tokens (completions keep OpenAI's 16)
+        n = given["n"] if isinstance(given["n"], int) and given["n"] > 0 else 1     # a bad n: its own error below
+        given["max_new_tokens"] = max(1, min(context - prompt_tokens, limits.max_tokens_total // (n * prompts)))
     try:
         params = SamplingParams(**OPENAI_DEFAULTS | {k: v for k, v in given.items() if v is not None})
     except InvalidParameter as e:
