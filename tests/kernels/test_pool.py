@@ -140,3 +140,35 @@ def test_two_processes_sharing_the_cores_each_keep_their_share():
     alone = decoding_times(1, cpus)[0]
     together = decoding_times(2, cpus)
     assert max(together) < 4 * alone, (alone, together)
+
+
+UNLENDER = """
+import ctypes, mmap, sys
+import numpy as np
+import torch
+from specmesh.kernels.build import avx2_lib
+from specmesh.model.cache import KVCache
+from specmesh.model.loader import load_model
+torch.set_num_threads(1)
+lib, model = avx2_lib(), load_model(sys.argv[1], torch.bfloat16)
+ids = torch.randint(0, model.config.vocab_size, (1, 8))
+with torch.inference_mode():
+    for _ in range(1500):
+        memory = mmap.mmap(-1, 4096)                        # a rank's busy words, as runtime/link.py maps them
+        words = np.frombuffer(memory, dtype=np.int32, count=2)
+        words[:] = [1, 0]
+        lib.pool_lend(ctypes.addressof(ctypes.c_char.from_buffer(memory)), 2, 2)
+        model(ids, KVCache.for_model(model, 1, 16))        # a worker borrows the free core, then polls the words
+        lib.pool_lend(None, 0, 0)
+        del words
+        memory.close()                                      # unmapped: no worker may read them any more
+print("ok")
+"""
+
+
+def test_lending_ends_before_the_busy_words_are_unmapped():
+    """pool_lend(NULL) returns once no worker reads the words: the link unmaps them next (a worker that polled
+    them afterwards crashed the process, 2026-11-28)."""
+    draft = Path(__file__).resolve().parents[2] / "models" / "draft"
+    out = subprocess.run([sys.executable, "-c", UNLENDER, str(draft)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stderr[-2000:])

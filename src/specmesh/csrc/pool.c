@@ -43,7 +43,7 @@ static struct Worker {
 
 static struct {
     int own, started, cores, ranks, base;     // own: the pool runs the loops (else OpenMP, unless lending)
-    const _Atomic int32_t *busy;    // ranks' threads while they compute (shared memory), or NULL
+    const _Atomic int32_t *_Atomic busy;    // ranks' threads while they compute (shared memory), or NULL
     uint32_t loop;
     Task task;
     void *ctx;
@@ -73,16 +73,20 @@ static int own_threads(void) {
 #endif
 }
 
-static int free_cores(void) {       // cores no busy rank holds
+static _Atomic int readers;          // workers reading `busy` now: pool_lend waits for them (its memory may go)
+
+static int free_cores(const _Atomic int32_t *busy) {       // cores no busy rank holds
     int held = 0;
-    for (int r = 0; r < pool.ranks; r++) held += atomic_load(&pool.busy[r]);
+    for (int r = 0; r < pool.ranks; r++) held += atomic_load(&busy[r]);
     return pool.cores - held;
 }
 
 int team_size(void) {
     int base = own_threads();
-    if (!pool.busy) return base;
-    int team = base + (free_cores() > 0 ? free_cores() : 0);
+    const _Atomic int32_t *busy = atomic_load(&pool.busy);
+    if (!busy) return base;
+    int free = free_cores(busy);
+    int team = base + (free > 0 ? free : 0);
     return team > pool.cores ? pool.cores : team > MAX_WORKERS + 1 ? MAX_WORKERS + 1 : team;
 }
 
@@ -115,7 +119,12 @@ static void wait_a_little(int polls) {
 
 // Worker i is the team's member i + 1; it may spin while its core is its rank's own or free.
 static int may_spin(int i) {
-    return i + 1 < pool.base || (pool.busy && free_cores() > i + 1 - pool.base);
+    if (i + 1 < pool.base) return 1;
+    atomic_fetch_add(&readers, 1);                  // before reading `busy`: pool_lend waits while any reads it
+    const _Atomic int32_t *busy = atomic_load(&pool.busy);
+    int yes = busy && free_cores(busy) > i + 1 - pool.base;
+    atomic_fetch_sub(&readers, 1);
+    return yes;
 }
 
 static void *work(void *arg) {
@@ -180,7 +189,7 @@ static void run(int64_t n, int64_t grain, Task task, void *ctx, int dynamic) {
         task(ctx, 0, n);
         return;
     }
-    if (pool.own || pool.busy) {
+    if (pool.own || atomic_load(&pool.busy)) {
         pool.base = own_threads();
         pool.task = task, pool.ctx = ctx, pool.n = n, pool.grain = grain;
         pool_for(team, (uint32_t)pieces);
@@ -202,7 +211,11 @@ void parallel_tasks(int64_t n, Task task, void *ctx) { run(n, 1, task, ctx, 1); 
 void pool_use(int own) { pool.own = own; }
 
 // Python (runtime/link.py): lend and borrow cores among the ranks of this process's multi-process method (busy:
-// the ranks' words in shared memory, `ranks` of them, on a machine of `cores`), or no more (busy NULL).
+// the ranks' words in shared memory, `ranks` of them, on a machine of `cores`), or no more (busy NULL). Returns
+// once no worker reads the words it had: the caller may unmap them.
 void pool_lend(const int32_t *busy, int ranks, int cores) {
-    pool.busy = (const _Atomic int32_t *)busy, pool.ranks = ranks, pool.cores = cores;
+    atomic_store(&pool.busy, NULL);
+    while (atomic_load(&readers)) _mm_pause();
+    pool.ranks = ranks, pool.cores = cores;
+    atomic_store(&pool.busy, (const _Atomic int32_t *)busy);
 }
