@@ -173,7 +173,7 @@ class LLM:
         """An engine sized for these prompts: its cache rows hold the longest prompt plus its new tokens."""
         method = self.method_for(prompts)
         longest = max(len(p) for p in prompts)
-        if longest + params.max_new_tokens > self.context:
+        if longest < self.context < longest + params.max_new_tokens:     # (a prompt that fills it: an error)
             warnings.warn(f"max_new_tokens {params.max_new_tokens} runs past the context of {self.context} tokens: "
                           f"after a prompt of {longest} generation stops at {self.context - longest} new tokens",
                           stacklevel=3)
