@@ -32,6 +32,7 @@
 #define MAX_WORKERS 63
 #define SPIN_NS 2000000             // a worker polls this long after its last loop, then sleeps
 #define PAUSES 256                  // polls with a pause (~10 us) before polls yield the core
+#define CLAIMS 16                   // a loop's pieces are taken in about this many claims at most
 
 enum { SLEEPING, SPINNING };
 
@@ -51,7 +52,8 @@ static struct {
     _Atomic uint64_t work;          // the pieces left, [low 32 bits, high 32 bits): one word, so a late thread
                                     // never takes a piece past a loop's end, whichever loop it finds
     _Atomic uint32_t finished;      // pieces done in this loop
-} pool = {.own = 1};
+    _Atomic uint32_t chunk;         // pieces one compare-and-swap takes (any value >= 1 is safe for any loop)
+} pool = {.own = 1, .chunk = 1};
 
 static __thread int in_loop;        // a loop inside a loop's task runs on its thread alone
 
@@ -92,19 +94,24 @@ int team_size(void) {
 
 // Take pieces of the current loop until none is left: the caller from the front, the workers from the back, so
 // that each thread works through contiguous columns (weights streamed in order) as OpenMP's static shares would,
-// while a thread that is late takes less. A piece is taken by one compare-and-swap on `work`; then the loop's
-// fields (written before `work`) are read: they cannot change until every taken piece is finished.
+// while a thread that is late takes less. Pieces are taken `chunk` at a time (a loop of thousands of one-column
+// pieces would otherwise pass the word between the cores thousands of times) by one compare-and-swap on `work`;
+// then the loop's fields (written before `work`) are read: they cannot change until every taken piece is finished.
 static void take_pieces(int front) {
     uint64_t w = atomic_load(&pool.work);
     in_loop = 1;
     for (;;) {
         uint32_t next = (uint32_t)w, end = (uint32_t)(w >> 32);        // pieces [next, end) are left
         if (next >= end) break;
-        uint64_t taken = front ? w + 1 : w - ((uint64_t)1 << 32);
+        uint32_t chunk = atomic_load_explicit(&pool.chunk, memory_order_relaxed);
+        uint32_t k = end - next < chunk ? end - next : chunk;
+        uint64_t taken = front ? w + k : w - ((uint64_t)k << 32);
         if (!atomic_compare_exchange_weak(&pool.work, &w, taken)) continue;
-        int64_t p = front ? next : end - 1, stop = (p + 1) * pool.grain;
-        pool.task(pool.ctx, p * pool.grain, stop < pool.n ? stop : pool.n);
-        atomic_fetch_add(&pool.finished, 1);
+        for (int64_t p = front ? next : end - k, last = p + k; p < last; p++) {
+            int64_t stop = (p + 1) * pool.grain;
+            pool.task(pool.ctx, p * pool.grain, stop < pool.n ? stop : pool.n);
+        }
+        atomic_fetch_add(&pool.finished, k);
         w = atomic_load(&pool.work);
     }
     in_loop = 0;
@@ -166,6 +173,7 @@ static void pool_for(int team, uint32_t pieces) {
     start_workers(team - 1);
     if (++pool.loop == 0) pool.loop = 1;                 // a worker's `go` starts at 0
     atomic_store(&pool.finished, 0);
+    atomic_store(&pool.chunk, pieces / CLAIMS > 1 ? pieces / CLAIMS : 1);
     atomic_store(&pool.work, (uint64_t)pieces << 32);
     for (int i = 0; i < team - 1; i++) {
         atomic_store(&workers[i].go, pool.loop);
