@@ -350,17 +350,19 @@ def read_prompt(args, parser) -> str:
                      + json_took_prompt(args))
     if args.prompt_file is None:
         return args.prompt
-    path = Path(args.prompt_file)
-    if args.prompt_file != "-" and not path.exists():
-        raise FileNotFoundError(f"prompt file not found: {path}")
-    if path.is_dir():
-        raise ValueError(f"prompt file {path} is a folder")
-    data = sys.stdin.buffer.read() if args.prompt_file == "-" else path.read_bytes()
+    if args.prompt_file == "-":
+        name, data = "(stdin)", sys.stdin.buffer.read()
+    else:
+        name = Path(args.prompt_file)
+        if not name.exists():
+            raise FileNotFoundError(f"prompt file not found: {name}")
+        if name.is_dir():
+            raise ValueError(f"prompt file {name} is a folder")
+        data = name.read_bytes()
     try:
         return data.decode("utf-8")                 # verbatim: no newline translation (a pipe's bytes too)
     except UnicodeDecodeError as e:
-        raise ValueError(f"prompt file {'(stdin)' if args.prompt_file == '-' else path} is not UTF-8 text: "
-                         f"{e.reason} at byte {e.start}") from None
+        raise ValueError(f"prompt file {name} is not UTF-8 text: {e.reason} at byte {e.start}") from None
 
 
 def serve_torchrun_rank(args) -> int:

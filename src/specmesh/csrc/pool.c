@@ -8,8 +8,9 @@
 // same cores (a second server, a benchmark beside a build, a rank of a multi-process method) a descheduled
 // thread holds up every loop and a spinning one keeps the core from the thread it waits for: two processes of
 // two threads on two cores each ran at ~1/25 of their speed alone. Here the caller waits only for pieces that
-// were taken (not for threads that were given a loop and have not started), and every wait yields its core
-// (sched_yield) while it polls: alone a yield returns at once, beside another process it lets that one run.
+// were taken (not for threads that were given a loop and have not started), and a wait that lasts past a few
+// microseconds yields its core as it polls (sched_yield): alone a yield returns at once, beside another process
+// it lets that one run.
 //
 // Lending: `busy` (shared memory, one int per rank) holds each rank's threads while it computes and 0 while it
 // waits; a loop runs on this rank's own threads (omp_get_max_threads) plus the cores no busy rank holds. The
