@@ -68,6 +68,17 @@ def test_sample_j_of_a_seeded_request_is_the_seed_plus_j_alone(tiny_checkpoint, 
     assert [s.tokens for s in many.samples] == alone
 
 
+def test_a_seeded_sd_sample_is_the_same_in_a_wide_batch(tiny_checkpoint, tiny_draft_checkpoint):
+    """sd drafts less as the batch widens (none from 5 rows), and its chain samples from the draft: a seeded
+    request drafts as it would alone, so its samples do not depend on the batch."""
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="sd")
+    params = lambda seed, n=1: SamplingParams(max_new_tokens=12, temperature=1.0, seed=seed, n=n)  # noqa: E731
+    many = llm.generate("def", params(10, 6))
+    assert [s.tokens for s in many.samples] == [llm.generate("def", params(10 + j)).tokens for j in range(6)]
+    together = llm.generate(PROMPTS[:6], params(3))
+    assert [o.tokens for o in together] == [llm.generate(p, params(3)).tokens for p in PROMPTS[:6]]
+
+
 def test_a_batch_wider_than_max_batch_runs_in_waves(tiny_checkpoint):
     llm = LLM(target=tiny_checkpoint, max_batch=3)
     params = SamplingParams(max_new_tokens=12)

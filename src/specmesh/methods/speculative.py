@@ -46,6 +46,7 @@ class DraftDepth:
     fixed: int | None = None
     by_width: Callable[[int], int] = depth_by_width
     narrow_steps: int = SETTLE_STEPS        # steps in a row whose batch was narrow enough to speculate
+    sampled: bool = False                   # the proposer draws a sampling row's tokens from the draft (sd's chain)
 
     def depth(self, width: int) -> int:
         """How deep to draft this step (called once per step). After a wide batch, speculation resumes
@@ -63,9 +64,14 @@ class DraftDepth:
         self.narrow_steps = SETTLE_STEPS
 
     def budgets(self, seqs: list[Sequence]) -> list[int]:
-        """Each sequence's draft depth this step (called once per step)."""
+        """Each sequence's draft depth this step (called once per step). Where the proposer samples its tokens
+        (`sampled`), a seeded sampling row drafts as deep as it would alone, whatever the batch: how many tokens
+        it drafts decides which random numbers each of its tokens takes, and its samples must not depend on the
+        requests beside it (greedy rows, and rows of deterministic proposals, whose verification draws one
+        number a token however deep the tree, give the same tokens at any depth)."""
         depth = self.depth(len(seqs))
-        return [max(0, min(depth, s.remaining - 1)) for s in seqs]
+        alone = self.fixed if self.fixed is not None else self.by_width(1)
+        return [max(0, min(alone if self.sampled and seeded(s) else depth, s.remaining - 1)) for s in seqs]
 
     def observe(self, draft_s: float, verify_s: float, trees: list[tuple[int, int, int]]) -> None:
         """What a step cost and gave: its drafting, its verification, and each row's (depth drafted, tree tokens,
@@ -122,10 +128,14 @@ class Speculative(AR):
         self.proposer.move_row(src, dst)
 
 
-def narrowing(depth: int, fixed: bool) -> DraftDepth:
+def seeded(seq: Sequence) -> bool:
+    return seq.params.seed is not None and not seq.params.greedy
+
+
+def narrowing(depth: int, fixed: bool, sampled: bool = False) -> DraftDepth:
     """A method's depth: `depth` while the batch is narrow, less (then none) as it widens, or always `depth` where
     the user fixed it."""
-    return DraftDepth(depth if fixed else None, lambda width: depth_by_width(width, depth))
+    return DraftDepth(depth if fixed else None, lambda width: depth_by_width(width, depth), sampled=sampled)
 
 
 def build_sd(models, method: Configured, runner: Runner) -> Speculative:
@@ -133,7 +143,7 @@ def build_sd(models, method: Configured, runner: Runner) -> Speculative:
     draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"], stop_below=o["stop_below"])
     if o["lookup"]:
         draft = LookupFirst(draft, runner.rows, o["lookup"], o["lookup_reach"])
-    return Speculative(runner, draft, narrowing(o["gamma"], "gamma" in method.given))
+    return Speculative(runner, draft, narrowing(o["gamma"], "gamma" in method.given, sampled=True))
 
 
 def build_tree(models, method: Configured, runner: Runner) -> Speculative:
