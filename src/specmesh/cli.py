@@ -311,9 +311,9 @@ def build_parser() -> Parser:
     nsub = n.add_subparsers(dest="ngram_command", required=True, parser_class=Parser)
     nb = nsub.add_parser("build", help="count n-grams over a corpus into a corpus cache (.npz)")
     nb.add_argument("--corpus", required=True, metavar="DIR", help="folder of text files (*.py, *.txt, *.md)")
-    nb.add_argument("--out", required=True, metavar="FILE", help="the cache file to write (.npz)")
-    nb.add_argument("--tokenizer", metavar="MODEL", help="model whose tokenizer to use, as --target "
-                    "(default: the embedded target)")
+    nb.add_argument("--out", required=True, metavar="FILE", type=out_path, help="the cache file to write (.npz)")
+    nb.add_argument("--tokenizer", metavar="MODEL", help="the model whose tokenizer counts the n-grams, as --target "
+                    "(default: the default target, smollm2-135m-instruct); the cache serves only models with it")
     nb.add_argument("--gram", type=positive_int, default=4, help="n-gram size G: continuations of G-1 tokens")
     nb.add_argument("--skip-heldout", action="store_true",
                     help="the embedded models' training split: .py files outside the stdlib held-out rule")
@@ -623,6 +623,7 @@ def cmd_ngram(args, parser) -> int:
     tokenizer = load_tokenizer(catalog.resolve(args.tokenizer))
     docs = read_corpus(Path(args.corpus), tokenizer, skip_heldout=args.skip_heldout)
     cache = build_corpus_cache(docs, cont_len=args.gram - 1)
+    cache.tokenizer = tokenizer.fingerprint
     cache.save(args.out)
     print(f"{args.out}: {sum(len(p) for p, _ in cache.tables.values())} prefixes, "
           f"{Path(args.out).stat().st_size / 1e6:.1f} MB", file=sys.stderr)

@@ -90,7 +90,8 @@ class LLM:
         target = catalog.resolve(target)
         self.tokenizer = load_tokenizer(target)
         self.models = Models(load_model(target, self.dtype, self.device, quant=quant,
-                                        part=(0, tp) if tp > 1 else None), target_path=target)
+                                        part=(0, tp) if tp > 1 else None), target_path=target,
+                             tokenizer=self.tokenizer)
         if draft is None and (self.method.needs_draft or auto):
             draft = catalog.draft_for(target)
             if draft is None and self.method.needs_draft:

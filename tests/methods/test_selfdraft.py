@@ -41,6 +41,28 @@ def test_planted_ngram_is_proposed(tmp_path):
     assert (12, 13, 14) in cache.lookup([99, 11], 4)
 
 
+def test_a_corpus_cache_of_another_tokenizer_is_refused(tiny_checkpoint, tmp_path):
+    """A cache records the tokenizer that counted it; one counted with another (or with ids past the target's
+    vocabulary, which its embedding cannot take) is refused with a message naming the file."""
+    from specmesh.model.loader import load_tokenizer
+    from specmesh.proposers.ngram import CorpusCache
+    tokenizer = load_tokenizer(tiny_checkpoint)
+    docs = [np.array([5, 1, 2, 3, 9] * 6, dtype=np.int32)]
+    for name, fingerprint, shift in [("ours", tokenizer.fingerprint, 0), ("theirs", "0123456789abcdef", 0),
+                                     ("unrecorded", "", 0), ("past", "", tokenizer.vocab_size)]:
+        cache = build_corpus_cache([d + shift for d in docs], cont_len=3)
+        cache.tokenizer = fingerprint
+        cache.save(tmp_path / f"{name}.npz")
+        assert CorpusCache.load(tmp_path / f"{name}.npz").tokenizer == fingerprint
+    params = SamplingParams(max_new_tokens=4)
+    for name in ("ours", "unrecorded"):
+        LLM(target=tiny_checkpoint, method="selfdraft", ngram_cache=str(tmp_path / f"{name}.npz")).generate("x", params)
+    for name in ("theirs", "past"):
+        with pytest.raises(ValueError, match=f"{name}.npz was counted with another tokenizer"):
+            LLM(target=tiny_checkpoint, method="selfdraft", ngram_cache=str(tmp_path / f"{name}.npz")).generate(
+                "x", params)
+
+
 @torch.no_grad()
 def test_branch_logits_do_not_see_other_branches_or_candidates(tiny_model):
     """A branch is a path of the verified tree: its tokens see the root and the branch's earlier tokens only."""

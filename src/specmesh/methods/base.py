@@ -19,6 +19,7 @@ from typing import Protocol
 
 from specmesh.engine.sequence import Sequence
 from specmesh.model.model import Transformer
+from specmesh.model.tokenizer import Tokenizer
 
 
 class Remote(Protocol):
@@ -36,6 +37,7 @@ class Models:
     target_ms: dict[int, float] = field(default_factory=dict)      # cosine's: width -> ms of a target forward
     context_drafter: bool = False           # cosine's context n-gram drafter beside them
     target_path: Path | None = None         # the target's checkpoint folder (holds its n-gram cache)
+    tokenizer: Tokenizer | None = None      # the target's (an n-gram cache is checked against it)
     remote: Remote | None = None            # pearl's DraftPeer, a pipeline's Pipeline
 
     def close(self) -> None:

@@ -202,7 +202,7 @@ def target_by_width(models, rows: int) -> dict[int, float]:
 
 def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
     o = method.options
-    corpus = corpus_cache(models.target_path, o["ngram_cache"])
+    corpus = corpus_cache(models.target_path, o["ngram_cache"], models.tokenizer)
     proposer = MultiBranch(runner.rows, o["branches"], o["branch_len"], o["gram"], o["max_candidates"], corpus)
     return Speculative(runner, proposer, narrowing(o["gram"] - 1, False))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -59,6 +60,12 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self.inner.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A short hash of the vocabulary (every token and its id): what an n-gram cache records of the tokenizer
+        that counted it."""
+        return hashlib.sha256(json.dumps(sorted(self.inner.get_vocab().items())).encode()).hexdigest()[:16]
 
     def token_id(self, token: str) -> int | None:
         return self.inner.token_to_id(token)

@@ -26,13 +26,16 @@ from specmesh.spec.verify import Verdict
 CORPUS: dict[Path, CorpusCache] = {}       # loaded corpus caches, by path
 
 
-def corpus_cache(target_path: Path | None, path: str) -> CorpusCache | None:
-    """The corpus cache at `path`, else the target's (catalog.ngram_for), else none."""
+def corpus_cache(target_path: Path | None, path: str, tokenizer=None) -> CorpusCache | None:
+    """The corpus cache at `path`, else the target's (catalog.ngram_for), else none; checked against the target's
+    `tokenizer` where given."""
     file = Path(path) if path else catalog.ngram_for(target_path)
     if file is None:
         return None
     if file not in CORPUS:
         CORPUS[file] = CorpusCache.load(file)
+    if tokenizer is not None:
+        CORPUS[file].check(file, tokenizer)
     return CORPUS[file]
 
 

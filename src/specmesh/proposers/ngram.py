@@ -125,14 +125,17 @@ def prefix_key(tokens: Sequence[int]) -> int:
 
 
 class CorpusCache:
-    def __init__(self, tables: dict[int, tuple[np.ndarray, np.ndarray]], cont_len: int):
-        # tables[p] = (prefixes [M, p], continuations [M, cont_len]), most frequent first per prefix
+    def __init__(self, tables: dict[int, tuple[np.ndarray, np.ndarray]], cont_len: int, tokenizer: str = ""):
+        # tables[p] = (prefixes [M, p], continuations [M, cont_len]), most frequent first per prefix;
+        # tokenizer: the fingerprint of the tokenizer that counted them ("": not recorded, files before 2026-11-28)
         if tables and (max(tables) * KEY_BITS > 63 or max(int(pre.max(initial=0)) for pre, _ in tables.values())
                        >= 1 << KEY_BITS):
             raise ValueError(f"n-gram cache: prefixes of at most {63 // KEY_BITS} tokens with ids below "
                              f"2^{KEY_BITS} are supported")
-        self.tables, self.cont_len = tables, cont_len
+        self.tables, self.cont_len, self.tokenizer = tables, cont_len, tokenizer
         self.max_prefix = max(tables, default=0)
+        self.max_id = max((int(max(pre.max(initial=0), conts.max(initial=0))) for pre, conts in tables.values()),
+                          default=0)
         self.keys: dict[int, np.ndarray] = {}   # p -> sorted keys [M]; tables[p] rows in the same order
         for p, (prefixes, conts) in tables.items():
             keys = np.zeros(len(prefixes), np.int64)
@@ -158,7 +161,7 @@ class CorpusCache:
         arrays = {}
         for p, (prefixes, conts) in self.tables.items():
             arrays[f"prefix{p}"], arrays[f"cont{p}"] = prefixes.astype(np.int32), conts.astype(np.int32)
-        np.savez_compressed(path, cont_len=self.cont_len, **arrays)
+        np.savez_compressed(path, cont_len=self.cont_len, tokenizer=np.array(self.tokenizer), **arrays)
 
     @classmethod
     def load(cls, path: str | Path) -> "CorpusCache":
@@ -168,10 +171,17 @@ class CorpusCache:
         try:
             with np.load(path) as z:
                 tables = {int(n[6:]): (z[n], z[f"cont{n[6:]}"]) for n in z.files if n.startswith("prefix")}
-                return cls(tables, int(z["cont_len"]))
+                return cls(tables, int(z["cont_len"]), str(z["tokenizer"]) if "tokenizer" in z.files else "")
         except (ValueError, OSError, KeyError, AttributeError):    # not an .npz, or not one `ngram build` wrote
             raise ValueError(f"{path} is not an n-gram corpus cache (the .npz file `specmesh ngram build` "
                              f"writes)") from None
+
+    def check(self, path: Path, tokenizer) -> None:
+        """Refuse a cache counted with another tokenizer than the target's: ids past the target's vocabulary would
+        fail in its embedding, other ids would propose nonsense."""
+        if self.tokenizer and self.tokenizer != tokenizer.fingerprint or self.max_id >= tokenizer.vocab_size:
+            raise ValueError(f"{path} was counted with another tokenizer than the target's: build one for this "
+                             f"target with `specmesh ngram build --tokenizer TARGET`")
 
 
 def count_ngrams(docs: Iterable[np.ndarray], n: int, shard_tokens: int = 2_000_000,
