@@ -148,7 +148,7 @@ def test_tune_measures_prints_candidates_and_caches(tiny_checkpoint, tiny_draft_
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["auto"]["method"] == out["method"] and "calibrating" not in r.stderr   # cached
-    assert f"[{out['method']}]" in r.stderr
+    assert f"[{out['method']}, " in r.stderr
 
 
 def test_bench_methods_and_peers_json_and_plot(tiny_checkpoint, tiny_draft_checkpoint, tmp_path):

@@ -73,6 +73,10 @@ def device_counts(text: str) -> list[int]:
     return counts
 
 
+AUTO_DTYPE = ("auto (the default): bfloat16 on a CPU where specmesh's bf16 kernels run (x86 with AVX2) or with "
+              "native bf16, else float32; every method gives ar's tokens in either, and float32 is the exact reference")
+
+
 def out_path(text: str) -> str:
     """An output file's path (--plot, --json), checked before any work: a file in a folder that exists."""
     path = Path(text)
@@ -177,7 +181,8 @@ def build_parser() -> Parser:
                    help=f"decoding method: auto, {', '.join(METHODS)} (default: auto, the fastest lossless method "
                         f"for this machine and pair, measured once and cached: specmesh tune)")
     add_model_args(g, tp=True)
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help=AUTO_DTYPE)
     g.add_argument("--max-new-tokens", type=positive_int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 (the default), or below 1e-5: greedy")
     g.add_argument("--top-k", type=int, default=0, help="0: off")
@@ -203,8 +208,8 @@ def build_parser() -> Parser:
     t.add_argument("prompt", nargs="?", help="calibrate on this text (default: the shipped calibration prompts)")
     t.add_argument("--prompt-file", metavar="FILE", help="calibrate on the text of FILE ('-' for stdin)")
     add_model_args(t)
-    t.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="the dtype to tune for (each is cached apart; default float32, as generate's)")
+    t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="the dtype to tune for (each is cached apart); " + AUTO_DTYPE)
     add_json(t)
 
     m = sub.add_parser("models", help="list the models known by name (embedded, installed packages)")
@@ -234,8 +239,7 @@ def build_parser() -> Parser:
     v.add_argument("--port", type=port, default=8000)
     v.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name, "
                    "e.g. specmesh-target or smollm2-135m-instruct)")
-    v.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
-                   help="default bfloat16 (the fastest on CPU); float32 is the exact reference")
+    v.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help=AUTO_DTYPE)
     add_model_args(v, tp=True)
     v.add_argument("--max-batch", type=positive_int, metavar="N",
                    help="requests decoded together (default: 16, fewer if their KV cache would pass --max-kv-mb)")
@@ -287,7 +291,8 @@ def build_parser() -> Parser:
                     help="easyspec: its calibration policy in the real runs; the clock prices the exact reads each "
                          "policy makes (default: round, the method's)")
     sm.add_argument("--profile", default="gpu-cluster",
-                    help="gpu-cluster (the paper's setting), local (measured here), or a profile JSON file")
+                    help="gpu-cluster (the paper's setting), local (measured here: the pipeline methods), or a JSON file "
+                         "of the gpu-cluster profile's shape")
     sm.add_argument("--max-new-tokens", type=positive_int, default=128)
     sm.add_argument("--tree-width", type=positive_int,
                     help="w: nodes per tree layer (default: the paper's 32 on gpu-cluster, else pipedec's default)")
@@ -465,7 +470,7 @@ def cmd_generate(args, parser) -> int:
            f"{s.tokens_per_forward or 0:.2f} tokens/target forward")
     hits = f", hit rate {s.hits / s.decisions:.2f}" if s.decisions else ""
     used = llm.method_for([llm.encode(prompt)])                   # auto may choose by the prompt's kind
-    print(f"[{used.name}] {s.generated_tokens} tokens in {s.elapsed_s:.2f}s, {s.tokens_per_s or 0:.1f} tok/s, "
+    print(f"[{used.name}, {args.dtype}] {s.generated_tokens} tokens in {s.elapsed_s:.2f}s, {s.tokens_per_s or 0:.1f} tok/s, "
           f"{per}{hits}", file=sys.stderr)
     if args.json:
         chose = llm.choice is not None and llm.choice.candidates       # auto, with something to choose from
@@ -660,6 +665,9 @@ def main(argv: list[str] | None = None) -> int:
     from specmesh.runtime.link import PeerError
     warnings.showwarning = lambda message, *_, **__: print(f"{sub.prog}: warning: {message}", file=sys.stderr)
     try:
+        if getattr(args, "dtype", None) == "auto" and args.command != "bench":     # bench measures each method's
+            from specmesh.llm import default_dtype, resolve_device                  # (every torchrun rank alike)
+            args.dtype = default_dtype(resolve_device(args.device))
         if args.command in ("generate", "tune", "serve") and args.threads:     # bench keeps it per method
             from specmesh.timing import chosen_threads
             with chosen_threads(args.threads):

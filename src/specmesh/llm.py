@@ -33,11 +33,23 @@ class VocabularyMismatchError(ValueError):
     pass
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def default_dtype(device: str | torch.device = "cpu") -> str:
+    """`auto`'s dtype: bfloat16 on a CPU whose bf16 products run fast here (specmesh's kernels, x86 with AVX2, or
+    native bf16), where they compute a row alike in any batch, so every method still gives `ar`'s tokens
+    (docs/kernels.md); else float32, the exact reference (on a GPU bf16 products round by the batch's shape)."""
+    if torch.device(device).type != "cpu":
+        return "float32"
+    from specmesh.kernels.build import avx2_lib, native_bf16
+    return "bfloat16" if avx2_lib() is not None or native_bf16() else "float32"
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        dtype = default_dtype(device)
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+        raise ValueError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
@@ -73,7 +85,7 @@ class LLM:
     """
 
     def __init__(self, target: str | Path | None = None, draft: str | Path | None = None, method: str = "auto",
-                 device: str = "cpu", dtype: str | torch.dtype = "float32", max_batch: int = MAX_BATCH,
+                 device: str = "cpu", dtype: str | torch.dtype = "auto", max_batch: int = MAX_BATCH,
                  quant: str | None = None, retune: bool | list[str] = False, tp: int = 1, **options):
         auto = method == "auto"
         if isinstance(options.get("drafters"), (list, tuple)):     # cosine's drafters as Python names them
@@ -85,8 +97,8 @@ class LLM:
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
         self.max_batch = max_batch
-        self.dtype = resolve_dtype(dtype)
         self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
         target = catalog.resolve(target)
         self.tokenizer = load_tokenizer(target)
         self.models = Models(load_model(target, self.dtype, self.device, quant=quant,

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from specmesh import LLM, SamplingParams
-from specmesh.bench.simulate import Profile
+from specmesh.bench.simulate import LOCAL, Profile
 from specmesh.cli import main
 
 KEYS = {"method", "stages", "simulated", "profile", "ms_per_token", "tokens_per_s", "tokens_per_timestep",
@@ -49,6 +49,17 @@ def test_profiles_load_and_fail_clearly(tmp_path):
     assert local.draft_beside_stage0 and sum(local.layers("pipedec", 2, 8, 4)) == 8
     with pytest.raises(FileNotFoundError, match="profile not found"):
         Profile.load(str(tmp_path / "missing.json"))
+    from specmesh.bench.simulate_cosine import ClusterProfile
+    from specmesh.bench.simulate_tp import TPProfile
+    (tmp_path / "empty.json").write_text("{}")
+    (tmp_path / "text.json").write_text("not json")
+    for load, spec, message in [(Profile.load, tmp_path / "empty.json", "it needs broadcast_ms, draft, hop_ms"),
+                                (Profile.load, tmp_path / "text.json", "text.json is not valid JSON"),
+                                (TPProfile.load, "local", "--profile local holds the pipeline methods"),
+                                (ClusterProfile.load, "local", "--profile local holds the pipeline methods"),
+                                (TPProfile.load, str(LOCAL), "unknown: broadcast_ms")]:
+        with pytest.raises(ValueError, match=message):
+            load(str(spec))
 
 
 def test_balanced_split_evens_out_the_steady_state():

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from specmesh import embedded
+from specmesh.bench.simulate_tp import load_profile
 from specmesh.runtime.pipeline import balanced_layers, stage_layers
 
 METHODS = ("pipedec", "pp", "stpp")
@@ -55,13 +56,7 @@ class Profile:
 
     @classmethod
     def load(cls, spec: str) -> "Profile":
-        if spec == "gpu-cluster":
-            return cls(**GPU_CLUSTER)
-        path = LOCAL if spec == "local" else Path(spec)
-        if not path.is_file():
-            hint = " (run `specmesh simulate --calibrate` to measure it)" if spec == "local" else ""
-            raise FileNotFoundError(f"profile not found: {path}{hint}")
-        return cls(**json.loads(path.read_text()))
+        return load_profile(cls, spec, GPU_CLUSTER, LOCAL)
 
     @property
     def per_layer(self) -> bool:

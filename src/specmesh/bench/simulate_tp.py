@@ -29,6 +29,7 @@ Or a JSON file of this shape (`--profile`).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,14 +44,32 @@ TP_CLUSTER = {"name": "gpu-cluster", "target_layers": 80, "target_layer_ms": 1.4
 TREE = {"gamma": 5, "tree_width": 3, "max_children": 2, "min_prob": 0.0, "lookup": 0}   # easyspec's tree, for both
 
 
-def profile_fields(spec: str, cluster: dict) -> dict:
-    """A profile's fields: `cluster`'s for "gpu-cluster", else a JSON file's of that shape."""
+def load_profile(cls, spec: str, cluster: dict, local: Path | None = None):
+    """A profile (`cls`, a dataclass): `cluster`'s fields for "gpu-cluster", the `local` file's for "local" (measured
+    by `specmesh simulate --calibrate`, where the simulation has one), else a JSON file's of that shape."""
     if spec == "gpu-cluster":
-        return dict(cluster)
-    path = Path(spec)
+        return cls(**cluster)
+    if spec == "local" and local is None:
+        raise ValueError("--profile local holds the pipeline methods' costs (pipedec, pp, stpp): give gpu-cluster "
+                         "or a JSON file of its shape")
+    path = local if spec == "local" else Path(spec)
     if not path.is_file():
-        raise FileNotFoundError(f"profile not found: {path} (gpu-cluster, or a JSON file of its shape)")
-    return json.loads(path.read_text())
+        hint = " (run `specmesh simulate --calibrate` to measure it)" if spec == "local" else \
+            " (gpu-cluster, local or a JSON file)"
+        raise FileNotFoundError(f"profile not found: {path}{hint}")
+    try:
+        fields = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"profile {path} is not valid JSON: {e}") from None
+    names = {f.name for f in dataclasses.fields(cls)}
+    needed = {f.name for f in dataclasses.fields(cls)
+              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    if not isinstance(fields, dict) or needed - set(fields) or set(fields) - names:
+        keys = set(fields) if isinstance(fields, dict) else set()
+        raise ValueError(f"profile {path} does not fit this simulation: it needs {', '.join(sorted(needed - keys))}"
+                         f"{'; unknown: ' + ', '.join(sorted(keys - names)) if keys - names else ''} "
+                         f"(the gpu-cluster profile's fields)")
+    return cls(**fields)
 
 
 @dataclass
@@ -66,7 +85,7 @@ class TPProfile:
 
     @classmethod
     def load(cls, spec: str) -> "TPProfile":
-        return cls(**profile_fields(spec, TP_CLUSTER))
+        return load_profile(cls, spec, TP_CLUSTER)
 
     def collective_ms(self, devices: int) -> float:
         """An all-reduce (or all-gather) of a few tokens' activations over `devices`, interpolated in log2."""

@@ -24,7 +24,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str | None = None   # the model id clients send (None: the target's name, catalog.served_name)
-    dtype: str = "bfloat16"
+    dtype: str = "auto"             # llm.default_dtype: bfloat16 on CPU, float32 on a GPU
     quant: str | None = None
     target: str | None = None
     draft: str | None = None
