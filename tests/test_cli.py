@@ -96,7 +96,9 @@ def test_max_new_tokens_past_the_context_warns(tiny_checkpoint):
     (["generate", "x", "--top-p", "0"], "top_p must be in (0, 1]"),
     (["generate", "x", "--max-new-tokens", "0"], "must be a positive integer"),
     (["generate", "x", "--target", "/no/such/dir"], "checkpoint directory not found"),
-    (["generate", "x", "--method", "nope"], "unknown method 'nope'"),
+    (["generate", "x", "--method", "nope"], "unknown method 'nope'; available: auto, ar"),
+    (["generate", "x", "--lam", "-1"], "argument --lam: must be a number >= 0"),
+    (["generate", "x", "--max-step-ms", "-1"], "argument --max-step-ms: must be 0 or more"),
     (["generate", "x", "--device", "tpu"], "unknown device 'tpu'; use cpu, cuda or cuda:N"),
     (["generate", "", "--target", "TINY"], "prompt is empty"),
     (["generate", ""], "prompt is empty"),                  # the embedded pair: before auto measures

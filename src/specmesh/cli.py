@@ -53,6 +53,13 @@ def probability(text: str) -> float:
     return value
 
 
+def non_negative(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
 def logit_bias(text: str) -> tuple[int, float]:
     """--logit-bias ID=BIAS"""
     token, _, bias = text.partition("=")
@@ -154,7 +161,8 @@ def add_method_options(p: argparse.ArgumentParser, methods: list[str] | None = N
         if option.kind is bool:
             o.add_argument(flag, action="store_const", const=True, default=None, help=option_help(name, methods))
         else:
-            kind = {int: positive_int if option.least else natural, float: probability}.get(option.kind, str)
+            kind = {int: positive_int if option.least else natural,
+                    float: probability if option.most == 1 else non_negative}.get(option.kind, str)
             o.add_argument(flag, type=kind, metavar=option.metavar or "N",
                            help=option_help(name, methods))
 

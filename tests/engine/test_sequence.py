@@ -147,8 +147,19 @@ def test_generation_near_the_context_end_stops_at_the_context(llm):
     assert len(out.tokens) == 3 and out.samples[0].finish_reason == "length"
 
 
+def test_option_bounds_follow_their_meaning():
+    """λ is a weight (any number >= 0), T_max 0 means none, stop_below is a probability."""
+    from specmesh import methods
+    assert methods.get("cosine", {"lam": 2.5, "max_step_ms": 0}).options["lam"] == 2.5
+    for name, options, message in [("cosine", {"lam": -1}, "lam must be a number >= 0"),
+                                   ("cosine", {"max_step_ms": -1}, "max_step_ms must be a natural number"),
+                                   ("sd", {"stop_below": 1.5}, "stop_below must be a probability")]:
+        with pytest.raises(ValueError, match=message):
+            methods.get(name, options)
+
+
 def test_unknown_method(tiny_checkpoint):
-    with pytest.raises(ValueError, match="unknown method 'nope'; available: ar"):
+    with pytest.raises(ValueError, match="unknown method 'nope'; available: auto, ar"):
         LLM(target=tiny_checkpoint, method="nope")
 
 

@@ -18,7 +18,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
 def get(name: str, options: dict | None = None, defaults: dict | None = None) -> Configured:
     """The method `name` with `options` applied over `defaults` (options of other methods are ignored)."""
     if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
+        raise ValueError(f"unknown method {name!r}; available: auto, {', '.join(METHODS)}")
     return configure(METHODS[name], options or {}, defaults)
 
 

@@ -56,9 +56,10 @@ class Method(Protocol):
 @dataclass(frozen=True)
 class Option:
     help: str
-    kind: type = int            # int: an integer >= least; float: a probability in [0, 1); bool: a flag; str: text
+    kind: type = int            # int: an integer >= least; float: a number in [0, most); bool: a flag; str: text
     metavar: str | None = None
     least: int = 1
+    most: float = 1.0           # float: a probability, or (inf) any number >= 0
 
 
 OPTIONS = {
@@ -100,9 +101,10 @@ OPTIONS = {
                            "not sure of (0: the model drafters join those rounds)", least=0),
     "token_budget": Option("cosine: Γ_max, tokens a verification takes at most (the scheduler's bound; adaptive "
                            "speculation trims the longest trees to it)"),
-    "lam": Option("cosine: λ, the scheduler's weight of verification tokens against time per request", float, "L"),
+    "lam": Option("cosine: λ, the scheduler's weight of verification tokens against time per request", float, "L",
+                  most=float("inf")),
     "max_step_ms": Option("cosine: T_max, the scheduler's bound on a step's drafting plus verification in ms "
-                          "(default 0: none)", metavar="MS"),
+                          "(default 0: none)", metavar="MS", least=0),
     "no_scheduler": Option("cosine: every request speculates every step, to the full depth (ablation)", bool),
     "no_adaptive": Option("cosine: no trimming of trees to the token budget (ablation)", bool),
     "drafter_processes": Option("cosine: each drafter in a process of its own, drafting at the same time as the "
@@ -166,8 +168,9 @@ def configure(spec: MethodSpec, options: dict, defaults: dict | None = None) -> 
         if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < OPTIONS[k].least):
             raise ValueError(f"{spec.name}: {k} must be a {'positive integer' if OPTIONS[k].least else 'natural number'}"
                              f", got {v!r}")
-        if kind is float and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1):
-            raise ValueError(f"{spec.name}: {k} must be a probability in [0, 1), got {v!r}")
+        if kind is float and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < OPTIONS[k].most):
+            raise ValueError(f"{spec.name}: {k} must be "
+                             f"{'a probability in [0, 1)' if OPTIONS[k].most == 1 else 'a number >= 0'}, got {v!r}")
         if kind is str and not isinstance(v, str):
             raise ValueError(f"{spec.name}: {k} must be a string, got {v!r}")
     return Configured(spec, spec.defaults | pair | given, frozenset(given))
