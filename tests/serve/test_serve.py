@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import uvicorn
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError, NotFoundError, OpenAI
 
 from conftest import free_port, start_server_process
 from specmesh.serve import ServeConfig, build
@@ -102,13 +102,13 @@ BAD = [({"prompt": ""}, "prompt"), ({"prompt": "x" * 3000}, "prompt"), ({"prompt
        ({"prompt": "x", "max_tokens": -3}, "max_tokens"), ({"prompt": "x", "max_tokens": 100000}, "max_tokens"),
        ({"prompt": "x", "temperature": -1}, "temperature"), ({"prompt": "x", "top_p": 0}, "top_p"),
        ({"prompt": "x", "top_p": 1.5}, "top_p"), ({"prompt": "x", "n": 0}, "n"),
-       ({"prompt": "x", "model": "gpt-4"}, "model")]
+       ({"prompt": "x", "model": "gpt-4"}, "model")]            # 404, as OpenAI's
 
 
 @pytest.mark.parametrize("body, param", BAD)
-def test_bad_requests_get_400_and_the_server_stays_healthy(live, body, param):
+def test_bad_requests_get_4xx_and_the_server_stays_healthy(live, body, param):
     r = httpx.post(live.url + "/v1/completions", json=body)
-    assert r.status_code == 400, r.text
+    assert r.status_code == (404 if param == "model" else 400), r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
     assert complete(live, "x", max_tokens=2).usage.completion_tokens >= 1
@@ -124,6 +124,8 @@ def test_malformed_bodies_get_400(live, content):
 def test_openai_client_sees_a_bad_request_error(live):
     with pytest.raises(BadRequestError):
         complete(live, "x", max_tokens=0)
+    with pytest.raises(NotFoundError):
+        live.client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
 
 
 def test_concurrent_greedy_clients_get_what_they_get_alone(live):

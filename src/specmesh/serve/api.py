@@ -71,7 +71,7 @@ class Server:
         model = body.get("model")
         if model is not None and model != self.model_name:
             raise APIError(f"the model {model!r} does not exist; this server serves {self.model_name!r}",
-                             "model", "model_not_found")
+                             "model", "model_not_found", status=404)            # as OpenAI answers it
         return body
 
     @property
