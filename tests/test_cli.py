@@ -98,6 +98,8 @@ def test_max_new_tokens_past_the_context_warns(tiny_checkpoint):
     (["generate", "x", "--target", "/no/such/dir"], "checkpoint directory not found"),
     (["generate", "x", "--method", "nope"], "unknown method 'nope'; available: auto, ar"),
     (["generate", "x", "--lam", "-1"], "argument --lam: must be a number >= 0"),
+    (["generate", "x", "--method", "pearl", "--logprobs", "2"], "logprobs: pearl does not report"),   # before its ranks
+    (["generate", "x", "--method", "pp", "--frequency-penalty", "1"], "frequency_penalty: pp does not apply"),
     (["generate", "x", "--max-step-ms", "-1"], "argument --max-step-ms: must be 0 or more"),
     (["generate", "x", "--device", "tpu"], "unknown device 'tpu'; use cpu, cuda or cuda:N"),
     (["generate", "", "--target", "TINY"], "prompt is empty"),

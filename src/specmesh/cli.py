@@ -457,6 +457,8 @@ def cmd_generate(args, parser) -> int:
                             top_p=args.top_p, seed=args.seed, n=args.n, stop=args.stop, logprobs=args.logprobs,
                             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
                             repetition_penalty=args.repetition_penalty, logit_bias=dict(args.logit_bias))
+    if spec is not None:
+        spec.check_params(params)                           # before a multi-process method starts its processes
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
               quant=args.quant, tp=args.tp, **method_options(args))
     stream = args.json != "-"

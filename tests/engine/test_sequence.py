@@ -158,6 +158,22 @@ def test_option_bounds_follow_their_meaning():
             methods.get(name, options)
 
 
+def test_each_method_refuses_at_once_what_it_cannot_give():
+    from specmesh.methods import METHODS
+    from specmesh.spec.sampling import InvalidParameter
+    asks = [(SamplingParams(logprobs=2), "logprobs", "logprobs"), (SamplingParams(frequency_penalty=0.5), "penalties",
+                                                                   "frequency_penalty")]
+    for name, spec in METHODS.items():
+        for params, able, field in asks:
+            if getattr(spec, able):
+                spec.check_params(params)
+            else:
+                with pytest.raises(InvalidParameter, match=f"{field}: {name} does not"):
+                    spec.check_params(params)
+    assert [n for n, s in METHODS.items() if not s.logprobs] == ["pearl", "pp", "pipedec", "stpp"]
+    assert [n for n, s in METHODS.items() if not s.penalties] == ["pp", "pipedec", "stpp"]
+
+
 def test_unknown_method(tiny_checkpoint):
     with pytest.raises(ValueError, match="unknown method 'nope'; available: auto, ar"):
         LLM(target=tiny_checkpoint, method="nope")

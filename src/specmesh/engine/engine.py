@@ -58,6 +58,7 @@ class Engine:
         rows = min(rows, method.spec.max_rows or rows)
         self.runner = Runner(models.target, rows, max_len, self.stats, prefix_cache, prefill_chunk)
         self.method, self.method_name = method.spec.build(models, method, self.runner), method.name
+        self.spec = method.spec
         self.chunked = getattr(self.method, "chunked_prefill", False)     # it prefills through the runner
         self.prefill_share = prefill_share      # of the engine's time, for prefills while others decode (None: all)
         self.busy_s = [0.0, 0.0]                # seconds of prefills, of decoding steps, since the batch was empty
@@ -75,11 +76,7 @@ class Engine:
     def sequences(self, ids: list[int], params: SamplingParams) -> list[Sequence]:
         """The n sequences of one request (sample j of a seeded request uses seed + j)."""
         check_prompt(ids, self.context, self.models.target.config.vocab_size)
-        if params.logprobs is not None and not getattr(self.method, "scores", False):
-            raise InvalidParameter("logprobs", "logprobs: this method does not report the target's log-probabilities")
-        if params.penalties and not getattr(self.method, "penalties", False):
-            raise InvalidParameter(params.penalties[0], f"{params.penalties[0]}: this method does not apply penalties "
-                                   "or a logit bias yet (every method but the pipelines pp, stpp and pipedec does)")
+        self.spec.check_params(params)
         vocab = self.models.target.config.vocab_size
         if any(t >= vocab for t in params.logit_bias):
             raise InvalidParameter("logit_bias", f"logit_bias: token id {max(params.logit_bias)} is past the "

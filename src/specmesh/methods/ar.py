@@ -19,8 +19,6 @@ def target_token(logits: torch.Tensor, seq: Sequence) -> int:
 
 
 class AR:
-    scores = True           # it hands each sequence the target's logits at its tokens (Sequence.score)
-    penalties = True        # it applies each sequence's penalties and logit bias (spec/penalties.py)
     chunked_prefill = True  # it prefills through Runner.prefill, which takes a long prompt computed in chunks
 
     def __init__(self, runner: Runner):

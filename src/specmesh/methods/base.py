@@ -20,6 +20,7 @@ from typing import Protocol
 from specmesh.engine.sequence import Sequence
 from specmesh.model.model import Transformer
 from specmesh.model.tokenizer import Tokenizer
+from specmesh.spec.sampling import InvalidParameter
 
 
 class Remote(Protocol):
@@ -130,6 +131,19 @@ class MethodSpec:
     spread_draft: bool = False          # under --tp: its draft on every rank, layer-parallel groups spread over them
     needs_drafters: bool = False        # several drafters (Models.drafters, option `drafters`): cosine
     check: Callable | None = None       # check(models, options): options that depend on the loaded models
+    logprobs: bool = True               # it hands each sequence the target's logits at its tokens (Sequence.score)
+    penalties: bool = True              # it applies each sequence's penalties and logit bias (spec/penalties.py)
+
+    def check_params(self, params) -> None:
+        """What `params` (SamplingParams) asks that this method cannot give: an InvalidParameter naming the field,
+        before any work (the CLI asks before a multi-process method starts its processes)."""
+        if params.logprobs is not None and not self.logprobs:
+            raise InvalidParameter("logprobs", f"logprobs: {self.name} does not report the target's "
+                                   "log-probabilities (ar, sd, tree, easyspec, cosine and selfdraft do)")
+        if params.penalties and not self.penalties:
+            raise InvalidParameter(params.penalties[0], f"{params.penalties[0]}: {self.name} does not apply "
+                                   "penalties or a logit bias yet (every method but the pipelines pp, stpp and "
+                                   "pipedec does)")
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,8 @@ from specmesh.model.model import Transformer
 
 class Loop:
     def __init__(self, models: Models, decode: Callable[[Models, Sequence, dict], Iterator[list[int]]],
-                 options: dict, penalties: bool = False):
+                 options: dict):
         self.models, self.decode, self.options = models, decode, options
-        self.penalties = penalties          # whether the loop applies each sequence's penalties (spec/penalties.py)
 
     def admit(self, seq: Sequence, row: int) -> list[int]:
         seq.loop = self.decode(self.models, seq, self.options)

@@ -251,5 +251,5 @@ def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> Non
 
 SPEC = MethodSpec("pearl", "PEARL: draft and target in two processes, working at the same time (pre-verify / "
                   "post-verify); γ chosen each round from measured costs and acceptance", DEFAULTS, True,
-                  build=lambda models, method, runner: Loop(models, decode, method.options, penalties=True),
-                  slack=slack, start=start, max_rows=1)
+                  build=lambda models, method, runner: Loop(models, decode, method.options),
+                  slack=slack, start=start, max_rows=1, logprobs=False)

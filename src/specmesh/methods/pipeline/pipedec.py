@@ -147,4 +147,4 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
 SPEC = MethodSpec("pipedec", "PipeDec: the draft grows a dynamic prediction tree one layer per timestep while "
                   "every pipeline stage processes the layer it got the timestep before", DEFAULTS, True,
                   build=lambda models, method, runner: Loop(models, decode, method.options), slack=slack,
-                  start=start, max_rows=1)
+                  start=start, max_rows=1, logprobs=False, penalties=False)

@@ -74,4 +74,4 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
 
 SPEC = MethodSpec("stpp", "static-tree speculative decoding through the pipeline (PipeDec's baseline STPP)",
                   DEFAULTS, True, build=lambda models, method, runner: Loop(models, decode, method.options),
-                  slack=slack, start=start, max_rows=1)
+                  slack=slack, start=start, max_rows=1, logprobs=False, penalties=False)
