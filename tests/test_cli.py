@@ -10,9 +10,9 @@ from conftest import run_measured
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
 
 
-def specmesh(*args, stdin=None):
+def specmesh(*args, stdin=None, env=None):
     return subprocess.run([sys.executable, "-m", "specmesh.cli", *map(str, args)], capture_output=True, text=True,
-                          input=stdin, env=ENV, timeout=300)
+                          input=stdin, env=ENV | (env or {}), timeout=300)
 
 
 def test_generate_json_to_stdout_and_prompt_file_verbatim(tiny_checkpoint, tmp_path):
@@ -72,6 +72,18 @@ def test_damaged_files_exit_2_with_one_line_naming_them(tiny_checkpoint, tmp_pat
         assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_settings_from_the_environment_are_named_in_their_errors(tiny_checkpoint, tmp_path):
+    (tmp_path / "latin1.jsonl").write_bytes(b"\xff\xfe")
+    for args, env, message in [
+        (["generate", "x"], {"SPECMESH_TARGET": "nope"}, "$SPECMESH_TARGET: no model named 'nope'"),
+        (["tune", "--target", tiny_checkpoint], {"SPECMESH_TUNE_BUDGET_S": "abc"},
+         "$SPECMESH_TUNE_BUDGET_S must be a number of seconds > 0, got 'abc'"),
+        (["bench", "--target", tiny_checkpoint, "--methods", "ar", "--prompts", tmp_path / "latin1.jsonl"], {},
+         "latin1.jsonl is not UTF-8 text")]:
+        r = specmesh(*args, env=env)
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_a_reader_that_leaves_ends_generate_quietly(tiny_checkpoint):
     """`specmesh generate ... | head -c 20`: no traceback when the pipe closes."""
     p = subprocess.Popen([sys.executable, "-m", "specmesh.cli", "generate", "x", "--target", str(tiny_checkpoint),
@@ -114,6 +126,8 @@ def test_max_new_tokens_past_the_context_warns(tiny_checkpoint):
     (["bench", "--methods", "ar,nope"], "unknown method 'nope'"),
     (["bench", "--methods", "ar,sd@0t"], "sd@0t: NAME@Nt needs N >= 1 threads"),
     (["bench", "--plot", "/no/such/dir/x.png"], "argument --plot: '/no/such/dir/x.png': no folder '/no/such/dir'"),
+    (["bench", "--plot", "out.txt"], "argument --plot: 'out.txt': the suffix names the image format"),
+    (["ngram", "build", "--corpus", ".", "--out", "/no/such/dir/x.npz"], "argument --out: '/no/such/dir/x.npz': no folder"),
     (["serve", "--port", "99999"], "must be a TCP port from 1 to 65535"),
     (["serve", "--grace", "-1"], "must be 0 or more seconds"),
     (["frobnicate"], "invalid choice"),

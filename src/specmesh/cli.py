@@ -11,8 +11,27 @@ from pathlib import Path
 EXIT_USAGE = 2
 
 
+class Defaults(argparse.HelpFormatter):
+    """Help that states each option's default where its text does not already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help, default = action.help or "", action.default
+        if default is None or default is False or default == [] or default == argparse.SUPPRESS \
+                or not action.option_strings or "default" in help:
+            return help
+        return f"{help} (default: %(default)s)"
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error message (exit 2)."""
+    """argparse with a one-line error message (exit 2) and every default in the help."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, formatter_class=kwargs.pop("formatter_class", Defaults), **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        if kwargs.get("help") is None and kwargs.get("default") is not None:   # argparse shows no line without help
+            kwargs["help"] = "default: %(default)s"
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
@@ -92,6 +111,16 @@ def out_path(text: str) -> str:
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r}: no folder {str(path.parent)!r}")
     return text
+
+
+IMAGES = {"png", "pdf", "svg", "svgz", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp", "pgf"}   # matplotlib's
+
+
+def plot_path(text: str) -> str:
+    """--plot's path: an out_path whose suffix names an image format matplotlib writes."""
+    if Path(text).suffix.lower().lstrip(".") not in IMAGES:
+        raise argparse.ArgumentTypeError(f"{text!r}: the suffix names the image format: .png, .svg, .pdf ...")
+    return out_path(text)
 
 
 def json_path(text: str) -> str:
@@ -194,8 +223,10 @@ def build_parser() -> Parser:
     g.add_argument("--max-new-tokens", type=positive_int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 (the default), or below 1e-5: greedy")
     g.add_argument("--top-k", type=int, default=0, help="0: off")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: draw from the fewest most likely "
+                   "tokens whose probability reaches P (1: off)")
+    g.add_argument("--seed", type=int, default=None, help="sample j of --n draws with SEED + j (default: a fresh "
+                   "random seed)")
     g.add_argument("--n", type=positive_int, default=1, help="independent samples, decoded as one batch")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     g.add_argument("--frequency-penalty", type=float, default=0.0, metavar="F",
@@ -224,17 +255,18 @@ def build_parser() -> Parser:
     add_json(m)
 
     b = sub.add_parser("bench", help="run methods side by side on the same prompts")
-    b.add_argument("--methods", default="ar,hf", help="comma-separated methods (default: ar,hf)")
+    b.add_argument("--methods", help="comma-separated methods (default: ar,hf; with --quant: ar, since transformers "
+                   "runs no quantized weights)")
     b.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (default: prompts/chat-heldout.jsonl for a "
                    "target with a chat template, else prompts/stdlib-heldout.jsonl)")
-    b.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts")
+    b.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts (default: all)")
     b.add_argument("--max-new-tokens", type=positive_int, default=128)
     b.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: each method in its fastest dtype, measured at start-up")
     add_model_args(b, tp=True)
     add_method_options(b)
     add_json(b)
-    b.add_argument("--plot", metavar="OUT.png", type=out_path,
+    b.add_argument("--plot", metavar="OUT.png", type=plot_path,
                    help="draw speedup and tokens per target forward per method")
     b.add_argument("--layer-similarity", action="store_true",
                    help="instead of timing methods: how fuzzy easyspec's layer groups of 2, 3 and 4 are for the draft "
@@ -316,7 +348,7 @@ def build_parser() -> Parser:
     sm.add_argument("--calibrate", metavar="OUT.json", nargs="?", const="",
                     help="measure this machine's costs into a profile (default: the `local` profile, "
                          "models/profile-local.json of the checkout) and exit")
-    sm.add_argument("--plot", metavar="OUT.png", type=out_path,
+    sm.add_argument("--plot", metavar="OUT.png", type=plot_path,
                     help="simulate all three methods at 7, 14 and 21 stages and plot ms per token against depth")
     add_json(sm)
 
@@ -523,7 +555,7 @@ def cmd_models(args, parser) -> int:
 def cmd_bench(args, parser) -> int:
     from specmesh.bench.runner import BenchConfig, run_bench
     from specmesh.bench.report import print_table
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = [m.strip() for m in (args.methods or ("ar" if args.quant else "ar,hf")).split(",") if m.strip()]
     if not methods:
         parser.error("--methods is empty")
     if args.layer_similarity:

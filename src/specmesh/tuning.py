@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -275,6 +276,20 @@ def trial(name: str, given: dict, runs: list[tuple]) -> Trial:
     return Trial(name, keep, draft_width=keep.get("tree_width", 1), **sums)
 
 
+def budget_s() -> float:
+    """BUDGET_S, or $SPECMESH_TUNE_BUDGET_S (seconds, > 0)."""
+    text = os.environ.get("SPECMESH_TUNE_BUDGET_S")
+    if text is None:
+        return BUDGET_S
+    try:
+        budget = float(text)
+    except ValueError:
+        budget = math.nan
+    if not 0 < budget < math.inf:
+        raise ValueError(f"$SPECMESH_TUNE_BUDGET_S must be a number of seconds > 0, got {text!r}")
+    return budget
+
+
 def plan(costs: Costs, families: int, prompts: int) -> tuple[int, int]:
     """How many calibration prompts, in how many rounds, fit BUDGET_S: a run takes about NEW_TOKENS of ar's
     steps. Every prompt in one round before a second round of fewer: what the prompts hold sways the choice more
@@ -282,7 +297,7 @@ def plan(costs: Costs, families: int, prompts: int) -> tuple[int, int]:
     model (SmolLM2 in float32 on 2 cores: 23 ms a forward) calibrates on the first two prompts (a chat request
     and a code snippet), not for minutes."""
     run_s = 1.5 * NEW_TOKENS * costs.target_ms[1] / 1e3
-    budget = float(os.environ.get("SPECMESH_TUNE_BUDGET_S", BUDGET_S))
+    budget = budget_s()
     fit = lambda rounds: int(budget / (run_s * families * rounds))
     rounds = ROUNDS if fit(ROUNDS) >= prompts else 1
     return min(prompts, max(2, fit(rounds))), rounds
@@ -404,6 +419,7 @@ def store(choice: Choice) -> None:
 
 def choose(llm, draft: Path | None, remeasure: bool = False, prompts: list[str] | None = None) -> Choice:
     """The cached choice for this machine, pair and dtype, or a new measurement (stored)."""
+    budget_s()                                  # a bad $SPECMESH_TUNE_BUDGET_S is an error, measured or not
     if len(families(llm, draft)) == 1:
         return Choice("ar", {})
     key = cache_key(llm, draft)

@@ -14,8 +14,12 @@ def load_prompts(path: str | Path | None = None, limit: int | None = None, token
     path = Path(path) if path else embedded.CHAT_PROMPTS if chat else embedded.HELDOUT_PROMPTS
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"prompt file {path} is not UTF-8 text: {e.reason} at byte {e.start}") from None
     prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from specmesh import catalog, corpus
+from specmesh.cli import positive_int
 from specmesh.model.loader import load_model, load_tokenizer
 from specmesh.model.quant import QUANTS
 
@@ -44,7 +45,7 @@ def cross_entropy(model, ids: np.ndarray, starts: np.ndarray) -> tuple[float, to
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m specmesh.bench.quality", description=__doc__.split("\n\n")[0])
-    p.add_argument("--windows", type=int, default=64, help="windows of 1024 held-out tokens (default 64)")
+    p.add_argument("--windows", type=positive_int, default=64, help="windows of 1024 held-out tokens (default 64)")
     args = p.parse_args(argv)
     ids = heldout_ids(load_tokenizer(catalog.resolve("embedded", "target")))
     starts = np.linspace(0, len(ids) - CONTEXT - 2, args.windows).astype(int)
