@@ -77,7 +77,7 @@ def test_settings_from_the_environment_are_named_in_their_errors(tiny_checkpoint
     for args, env, message in [
         (["generate", "x"], {"SPECMESH_TARGET": "nope"}, "$SPECMESH_TARGET: no model named 'nope'"),
         (["tune", "--target", tiny_checkpoint], {"SPECMESH_TUNE_BUDGET_S": "abc"},
-         "$SPECMESH_TUNE_BUDGET_S must be a number of seconds > 0, got 'abc'"),
+         "$SPECMESH_TUNE_BUDGET_S must be a number of seconds >= 0, got 'abc'"),
         (["bench", "--target", tiny_checkpoint, "--methods", "ar", "--prompts", tmp_path / "latin1.jsonl"], {},
          "latin1.jsonl is not UTF-8 text")]:
         r = specmesh(*args, env=env)

@@ -495,7 +495,7 @@ def cmd_generate(args, parser) -> int:
               quant=args.quant, tp=args.tp, **method_options(args))
     stream = args.json != "-"
     with llm:
-        run = llm.stream(prompt, params)
+        run = llm.stream(prompt, params, progress=params.n > llm.max_batch)     # waves: count them
         if stream and params.n > 1:
             sys.stdout.write(f"--- sample 1 of {params.n} ---\n")
         for piece in run:

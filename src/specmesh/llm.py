@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from specmesh import catalog, methods, tuning
 from specmesh.engine.engine import Engine
@@ -218,12 +219,13 @@ class LLM:
         outputs = [Output.of(seqs, elapsed) for seqs in requests]
         return outputs if batch else outputs[0]
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> "Stream":
-        """Iterate for the first sample's text as it grows; `.output` holds the result afterwards."""
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None, progress: bool = False) -> "Stream":
+        """Iterate for the first sample's text as it grows; `.output` holds the result afterwards. `progress`: once
+        the first sample is done, a bar on stderr counts the others (n samples in waves of max_batch)."""
         params = checked(params)
         ids = self.encode(prompt)
         engine = self.engine([ids], params)
-        return Stream(engine, engine.sequences(ids, params))
+        return Stream(engine, engine.sequences(ids, params), progress)
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None) -> Output:
         """The assistant's answer to `messages` ([{"role": "user", "content": ...}, ...]) through the model's chat
@@ -242,23 +244,31 @@ def checked(params: SamplingParams | None) -> SamplingParams:
 
 
 class Stream:
-    def __init__(self, engine: Engine, seqs: list[Sequence]):
-        self.engine, self.seqs = engine, seqs
+    def __init__(self, engine: Engine, seqs: list[Sequence], progress: bool = False):
+        self.engine, self.seqs, self.progress = engine, seqs, progress
         self.output: Output | None = None
 
     def __iter__(self) -> Iterator[str]:
         first = self.seqs[0]
         start = time.perf_counter()
         self.engine.submit(self.seqs)
+        bar = None
         try:
             while not self.engine.idle:
                 self.engine.step()
                 piece = first.stream_piece()
                 if piece:
                     yield piece
+                if self.progress and first.done:
+                    done = sum(seq.done for seq in self.seqs)
+                    bar = bar or tqdm(total=len(self.seqs), desc="samples", unit="sample", file=sys.stderr)
+                    bar.update(done - bar.n)
         except BaseException:                   # a failure, or the consumer stopped early (GeneratorExit)
             self.engine.abandon()
             raise
+        finally:
+            if bar is not None:
+                bar.close()
         self.output = Output.of(self.seqs, time.perf_counter() - start)
         piece = first.stream_piece()
         if piece:

@@ -87,6 +87,14 @@ def test_a_batch_wider_than_max_batch_runs_in_waves(tiny_checkpoint):
         LLM(target=tiny_checkpoint, max_batch=0)
 
 
+def test_a_stream_of_many_waves_counts_its_samples(tiny_checkpoint, capsys):
+    llm = LLM(target=tiny_checkpoint, max_batch=2)
+    run = llm.stream("def", SamplingParams(max_new_tokens=3, n=5, temperature=1.0, seed=0), progress=True)
+    assert "".join(run) == run.output.samples[0].text and len(run.output.samples) == 5
+    err = capsys.readouterr().err
+    assert "samples: 100%" in err and "5/5" in err
+
+
 def test_stream_of_a_stopped_consumer_ends_its_sequences(tiny_checkpoint):
     llm = LLM(target=tiny_checkpoint)
     stream = llm.stream("def add(a, b):", SamplingParams(max_new_tokens=50))
