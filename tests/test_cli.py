@@ -72,6 +72,11 @@ def test_damaged_files_exit_2_with_one_line_naming_them(tiny_checkpoint, tmp_pat
         assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_options_the_method_does_not_use_are_warned_of(tiny_checkpoint):
+    r = specmesh("generate", "x", "--target", tiny_checkpoint, "--method", "ar", "--gamma", "3", "--max-new-tokens", 2)
+    assert r.returncode == 0 and "warning: --gamma does not apply to ar: ignored" in r.stderr
+
+
 def test_settings_from_the_environment_are_named_in_their_errors(tiny_checkpoint, tmp_path):
     (tmp_path / "latin1.jsonl").write_bytes(b"\xff\xfe")
     for args, env, message in [

@@ -201,6 +201,19 @@ def method_options(args) -> dict:
     return {k: getattr(args, k) for k in OPTIONS if getattr(args, k, None) is not None}
 
 
+def warn_unused(args, names: list[str]) -> None:
+    """A warning for each option given that none of the methods `names` uses (auto and the bench's peers: any may)."""
+    from specmesh.methods import METHODS
+    specs = [METHODS.get(name.split("@")[0]) for name in names]
+    if None in specs:
+        return
+    unused = [k for k in method_options(args) if not any(k in spec.defaults for spec in specs)]
+    if args.draft is not None and not any(spec.needs_draft for spec in specs):
+        unused.append("draft")
+    for k in unused:
+        warnings.warn(f"--{k.replace('_', '-')} does not apply to {', '.join(names)}: ignored")
+
+
 def build_parser() -> Parser:
     from specmesh.methods import METHODS
     from specmesh.proposers.fuzzy_draft import POLICIES
@@ -491,6 +504,7 @@ def cmd_generate(args, parser) -> int:
                             repetition_penalty=args.repetition_penalty, logit_bias=dict(args.logit_bias))
     if spec is not None:
         spec.check_params(params)                           # before a multi-process method starts its processes
+    warn_unused(args, [args.method])
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,
               quant=args.quant, tp=args.tp, **method_options(args))
     stream = args.json != "-"
@@ -558,6 +572,7 @@ def cmd_bench(args, parser) -> int:
     methods = [m.strip() for m in (args.methods or ("ar" if args.quant else "ar,hf")).split(",") if m.strip()]
     if not methods:
         parser.error("--methods is empty")
+    warn_unused(args, methods)
     if args.layer_similarity:
         from specmesh.bench.similarity import print_similarity, similarity_table
         result = similarity_table(args.target, args.draft, args.prompts, args.limit)
@@ -582,6 +597,7 @@ def cmd_serve(args, parser) -> int:
     from specmesh.serve import ServeConfig, run
     if torchrun_rank() > 0 and args.tp > 1:
         return serve_tp_rank(args)
+    warn_unused(args, [args.method])
     return run(ServeConfig(method=args.method, host=args.host, port=args.port, model_name=args.model_name,
                            dtype=args.dtype, target=args.target, draft=args.draft, device=args.device, quant=args.quant,
                            tp=args.tp, max_batch=args.max_batch, max_kv_mb=args.max_kv_mb, options=method_options(args),
