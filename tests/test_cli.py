@@ -72,6 +72,14 @@ def test_damaged_files_exit_2_with_one_line_naming_them(tiny_checkpoint, tmp_pat
         assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_generate_names_the_dtype_auto_chose(tiny_checkpoint, monkeypatch):
+    from specmesh.llm import default_dtype
+    monkeypatch.delenv("SPECMESH_DTYPE")                 # the suite's float32
+    r = specmesh("generate", "x", "--target", tiny_checkpoint, "--method", "ar", "--max-new-tokens", 2,
+                 env={"SPECMESH_DTYPE": ""})
+    assert r.returncode == 0 and f"[ar, {default_dtype()}]" in r.stderr
+
+
 def test_options_the_method_does_not_use_are_warned_of(tiny_checkpoint):
     r = specmesh("generate", "x", "--target", tiny_checkpoint, "--method", "ar", "--gamma", "3", "--max-new-tokens", 2)
     assert r.returncode == 0 and "warning: --gamma does not apply to ar: ignored" in r.stderr

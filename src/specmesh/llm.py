@@ -7,6 +7,7 @@ its own parameters and seeded generator; every result equals what the prompt giv
 from __future__ import annotations
 
 import numbers
+import os
 import sys
 import time
 import warnings
@@ -35,9 +36,14 @@ class VocabularyMismatchError(ValueError):
 
 
 def default_dtype(device: str | torch.device = "cpu") -> str:
-    """`auto`'s dtype: bfloat16 on a CPU whose bf16 products run fast here (specmesh's kernels, x86 with AVX2, or
-    native bf16), where they compute a row alike in any batch, so every method still gives `ar`'s tokens
-    (docs/kernels.md); else float32, the exact reference (on a GPU bf16 products round by the batch's shape)."""
+    """`auto`'s dtype: $SPECMESH_DTYPE where set (the test suite sets float32); else bfloat16 on a CPU whose bf16
+    products run fast here (specmesh's kernels, x86 with AVX2, or native bf16), where they compute a row alike in
+    any batch, so every method still gives `ar`'s tokens (docs/kernels.md); else float32, the exact reference (on a
+    GPU bf16 products round by the batch's shape)."""
+    if chosen := os.environ.get("SPECMESH_DTYPE"):
+        if chosen not in DTYPES:
+            raise ValueError(f"$SPECMESH_DTYPE must be one of {', '.join(DTYPES)}, got {chosen!r}")
+        return chosen
     if torch.device(device).type != "cpu":
         return "float32"
     from specmesh.kernels.build import avx2_lib, native_bf16

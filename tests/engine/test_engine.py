@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from specmesh import LLM, SamplingParams
-from specmesh.methods.loop import Loop
+from specmesh.methods import METHODS
 from specmesh.spec.sampling import InvalidParameter
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x", "self.y = y\n\n" * 3,
@@ -169,8 +169,8 @@ def test_penalties_are_refused_by_a_method_that_does_not_apply_them(tiny_checkpo
     llm = LLM(target=tiny_checkpoint)
     params = SamplingParams(max_new_tokens=4, repetition_penalty=1.2)
     engine = llm.engine([[1, 2]], params)
-    engine.method = Loop(llm.models, decode=None, options={})            # as pp, stpp and pipedec build it
-    with pytest.raises(InvalidParameter, match="repetition_penalty: this method does not apply") as e:
+    engine.spec = METHODS["pp"]                                         # as pp, stpp and pipedec declare
+    with pytest.raises(InvalidParameter, match="repetition_penalty: pp does not apply") as e:
         engine.sequences([1, 2], params)
     assert e.value.param == "repetition_penalty"
 

@@ -174,6 +174,18 @@ def test_each_method_refuses_at_once_what_it_cannot_give():
     assert [n for n, s in METHODS.items() if not s.penalties] == ["pp", "pipedec", "stpp"]
 
 
+def test_dtype_auto_is_bfloat16_where_the_cpu_multiplies_it_fast(monkeypatch, tiny_checkpoint):
+    from specmesh.kernels.build import avx2_lib, native_bf16
+    from specmesh.llm import default_dtype
+    monkeypatch.delenv("SPECMESH_DTYPE")                 # the suite's float32
+    fast = avx2_lib() is not None or native_bf16()
+    assert default_dtype("cpu") == ("bfloat16" if fast else "float32") and default_dtype("cuda") == "float32"
+    assert LLM(target=tiny_checkpoint, method="ar").dtype == (torch.bfloat16 if fast else torch.float32)
+    monkeypatch.setenv("SPECMESH_DTYPE", "half")
+    with pytest.raises(ValueError, match="SPECMESH_DTYPE must be one of float32, bfloat16, float16, got 'half'"):
+        LLM(target=tiny_checkpoint, method="ar")
+
+
 def test_unknown_method(tiny_checkpoint):
     with pytest.raises(ValueError, match="unknown method 'nope'; available: auto, ar"):
         LLM(target=tiny_checkpoint, method="nope")
