@@ -18,7 +18,7 @@ os.environ["SPECMESH_CACHE_DIR"] = tempfile.mkdtemp(prefix="specmesh-tune-")
 os.environ["SPECMESH_TUNE_BUDGET_S"] = "0"
 # the suite runs on the embedded 28M pair wherever no target is named (tests of SmolLM2 name it)
 os.environ["SPECMESH_TARGET"] = "embedded"
-# ... in float32, the exact reference, wherever no dtype is named (dtype auto's own tests unset it; tests of bf16 name it)
+# ... in float32, the exact reference, wherever no dtype is named (dtype auto's own tests unset it; bf16's name it)
 os.environ["SPECMESH_DTYPE"] = "float32"
 
 

@@ -344,8 +344,8 @@ def build_parser() -> Parser:
                     help="easyspec: its calibration policy in the real runs; the clock prices the exact reads each "
                          "policy makes (default: round, the method's)")
     sm.add_argument("--profile", default="gpu-cluster",
-                    help="gpu-cluster (the paper's setting), local (measured here: the pipeline methods), or a JSON file "
-                         "of the gpu-cluster profile's shape")
+                    help="gpu-cluster (the paper's setting), local (measured here: the pipeline methods), or a JSON "
+                         "file of the gpu-cluster profile's shape")
     sm.add_argument("--max-new-tokens", type=positive_int, default=128)
     sm.add_argument("--tree-width", type=positive_int,
                     help="w: nodes per tree layer (default: the paper's 32 on gpu-cluster, else pipedec's default)")
@@ -526,8 +526,8 @@ def cmd_generate(args, parser) -> int:
            f"{s.tokens_per_forward or 0:.2f} tokens/target forward")
     hits = f", hit rate {s.hits / s.decisions:.2f}" if s.decisions else ""
     used = llm.method_for([llm.encode(prompt)])                   # auto may choose by the prompt's kind
-    print(f"[{used.name}, {args.dtype}] {s.generated_tokens} tokens in {s.elapsed_s:.2f}s, {s.tokens_per_s or 0:.1f} tok/s, "
-          f"{per}{hits}", file=sys.stderr)
+    print(f"[{used.name}, {args.dtype}] {s.generated_tokens} tokens in {s.elapsed_s:.2f}s, "
+          f"{s.tokens_per_s or 0:.1f} tok/s, {per}{hits}", file=sys.stderr)
     if args.json:
         chose = llm.choice is not None and llm.choice.candidates       # auto, with something to choose from
         write_json(out.to_json() | ({"auto": llm.choice.to_json()} if chose else {}), args.json)

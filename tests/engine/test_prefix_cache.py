@@ -96,7 +96,7 @@ def test_the_server_reads_cached_prompts_and_answers_the_same():
     from specmesh.serve import ServeConfig, build
 
     def answers(prefix_cache_mb):
-        server, _ = build(ServeConfig(prefix_cache_mb=prefix_cache_mb))
+        server, _ = build(ServeConfig(prefix_cache_mb=prefix_cache_mb, dtype="bfloat16"))
         engine = server.engine.start()
         tokenizer = engine.tokenizer
         base = tokenizer.encode(load_prompts(None)[0])[:300]
