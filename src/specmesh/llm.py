@@ -52,6 +52,8 @@ def default_dtype(device: str | torch.device = "cpu") -> str:
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
     if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not one a model runs in; choose from auto, {', '.join(DTYPES)}")
         return dtype
     if dtype == "auto":
         dtype = default_dtype(device)
@@ -101,7 +103,7 @@ class LLM:
         check_tp(tp, method, self.method)
         self.choice: tuning.Choice | None = None
         self.by_kind: dict[str, methods.Configured] = {}      # auto: the method for each kind of prompt
-        if not isinstance(max_batch, int) or max_batch < 1:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
         self.max_batch = max_batch
         self.device = resolve_device(device)
@@ -163,6 +165,7 @@ class LLM:
     def close(self) -> None:
         """Stop the method's other processes, if it has any (pearl's draft rank, a pipeline's stages)."""
         self.models.close()
+        self.closed = self.method.spec.start is not None     # its processes are gone: it cannot decode again
 
     def __enter__(self) -> "LLM":
         return self
@@ -189,8 +192,14 @@ class LLM:
         kinds = {tuning.prompt_kind(self.tokenizer, p) for p in prompts} if self.by_kind else set()
         return self.by_kind.get(kinds.pop(), self.method) if len(kinds) == 1 else self.method
 
+    closed = False
+
     def engine(self, prompts: list[list[int]], params: SamplingParams, rows: int | None = None) -> Engine:
         """An engine sized for these prompts: its cache rows hold the longest prompt plus its new tokens."""
+        if self.closed:
+            raise RuntimeError(f"this LLM was closed: {self.method.name}'s processes are stopped; make a new LLM")
+        if not prompts:
+            raise ValueError("no prompts: give a prompt, or a non-empty list of them")
         method = self.method_for(prompts)
         longest = max(len(p) for p in prompts)
         if longest < self.context < longest + params.max_new_tokens:     # (a prompt that fills it: an error)
@@ -209,6 +218,8 @@ class LLM:
         if batch and any(isinstance(p, numbers.Integral) for p in prompts):
             raise TypeError("prompts mix text and token ids: a batch is a list of prompts, each text or a list of ids "
                             "(one prompt of ids is a list of ints)")
+        if isinstance(prompts, (list, tuple)) and not prompts:
+            raise ValueError("no prompts: give a prompt, or a non-empty list of them")
         ids = [self.encode(p) for p in (prompts if batch else [prompts])]
         engine = self.engine(ids, params)
         requests = [engine.sequences(i, params) for i in ids]
@@ -229,6 +240,8 @@ class LLM:
         """Iterate for the first sample's text as it grows; `.output` holds the result afterwards. `progress`: once
         the first sample is done, a bar on stderr counts the others (n samples in waves of max_batch)."""
         params = checked(params)
+        if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], numbers.Integral):
+            raise TypeError("stream takes one prompt (text, or a list of token ids); for a batch use generate")
         ids = self.encode(prompt)
         engine = self.engine([ids], params)
         return Stream(engine, engine.sequences(ids, params), progress)

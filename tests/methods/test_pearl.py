@@ -311,6 +311,19 @@ def test_seeded_sampling_is_reproducible(tiny_checkpoint, tiny_draft_checkpoint)
     assert runs[0] == runs[1] != runs[2]
 
 
+def test_a_seeded_request_drafts_a_gamma_no_timing_sways(tiny_checkpoint, tiny_draft_checkpoint):
+    """Both γ rules time the machine, and how far the draft runs decides which random numbers each sampled token
+    takes: a seeded request drafts SEEDED_GAMMA (without --gamma), so its samples are the same in every run."""
+    from specmesh.methods.pearl import SEEDED_GAMMA
+    params = SamplingParams(max_new_tokens=30, temperature=1.0, seed=5)
+    runs = []
+    for _ in range(2):
+        with LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="pearl") as llm:
+            runs.append(llm.generate("def", params))
+    assert runs[0].tokens == runs[1].tokens
+    assert all(r.stats.info["gamma_rule"] == "seeded" and r.stats.info["gamma"] == SEEDED_GAMMA for r in runs)
+
+
 # -- failures -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("sig, message", [(signal.SIGKILL, "was killed by signal 9"),

@@ -50,6 +50,8 @@ from specmesh.timing import by_width, rank_threads
 DEFAULTS = {"gamma": 0, "gamma_rule": "measured", "draft_window": 64, "lookup": 0,   # gamma 0: by gamma_rule
             "timeout": 30}
 GAMMA_RULES = ("measured", "c")
+SEEDED_GAMMA = 4        # a seeded sampling request's γ without --gamma: both rules time this machine, and how far the
+                        # draft runs decides which random numbers each token takes
 
 
 class RanksDivergedError(RuntimeError):
@@ -190,10 +192,12 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
     """Rank 0's loop (`timeout` took effect when the draft rank started: see `start`)."""
     target, stats, peer = models.target, seq.stats, models.remote
     policy = GammaPolicy(peer.draft_ms, peer.target_ms_by_width, peer.lent_ms_by_width)
-    fixed = options["gamma"] or (peer.gamma if options["gamma_rule"] == "c" else None)
-    gamma = fixed or policy.gamma()
     sampling = not seq.params.greedy
-    stats.info.update(c=peer.c, gamma_rule="given" if options["gamma"] else options["gamma_rule"])
+    seeded = sampling and seq.params.seed is not None         # its samples must not hang on timings: γ fixed
+    fixed = options["gamma"] or (SEEDED_GAMMA if seeded else peer.gamma if options["gamma_rule"] == "c" else None)
+    gamma = fixed or policy.gamma()
+    rule = "given" if options["gamma"] else "seeded" if seeded else options["gamma_rule"]
+    stats.info.update(c=peer.c, gamma_rule=rule)
     gammas = []
     cache = KVCache.for_model(target, 1, len(seq.ids) + seq.limit + slack(options))
     accepted, token, generated = 0, -1, []

@@ -45,6 +45,9 @@ class SamplingParams:
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        for name, value in vars(self).items():          # numpy's scalars (np.int64(5), np.float32(0.5)) as Python's
+            if isinstance(value, np.generic) and not isinstance(value, np.bool_):
+                setattr(self, name, value.item())
         self.validate()
 
     def validate(self) -> None:
