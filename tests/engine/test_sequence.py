@@ -186,6 +186,22 @@ def test_dtype_auto_is_bfloat16_where_the_cpu_multiplies_it_fast(monkeypatch, ti
         LLM(target=tiny_checkpoint, method="ar")
 
 
+def test_misuses_of_the_python_api_get_clear_errors(tiny_checkpoint):
+    import numpy as np
+    for make, error, message in [(lambda: LLM(target=tiny_checkpoint, max_batch=True), ValueError, "max_batch must be"),
+                                 (lambda: LLM(target=tiny_checkpoint, dtype=torch.int8), ValueError,
+                                  "dtype torch.int8 is not one a model runs in")]:
+        with pytest.raises(error, match=message):
+            make()
+    llm = LLM(target=tiny_checkpoint)
+    with pytest.raises(TypeError, match="stream takes one prompt"):
+        llm.stream(["a", "b"])
+    with pytest.raises(ValueError, match="no prompts"):
+        llm.generate([])
+    numpy = SamplingParams(max_new_tokens=np.int64(3), temperature=np.float32(0.5), seed=np.int64(1))
+    assert type(numpy.max_new_tokens) is int and len(llm.generate("x", numpy).tokens) == 3
+
+
 def test_unknown_method(tiny_checkpoint):
     with pytest.raises(ValueError, match="unknown method 'nope'; available: auto, ar"):
         LLM(target=tiny_checkpoint, method="nope")

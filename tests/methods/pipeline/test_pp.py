@@ -54,6 +54,13 @@ def test_one_stage_is_refused(tiny_checkpoint):
         LLM(target=tiny_checkpoint, method="pp", stages=1)
 
 
+def test_a_closed_pipeline_says_so(tiny_checkpoint):
+    with LLM(target=tiny_checkpoint, method="pp") as llm:
+        llm.generate("x", SamplingParams(max_new_tokens=2))
+    with pytest.raises(RuntimeError, match="this LLM was closed: pp's processes are stopped"):
+        llm.generate("x", SamplingParams(max_new_tokens=2))
+
+
 class LocalLink:
     """Two stages' links in one process: what one sends, the other receives (no mailboxes)."""
     def __init__(self, rank: int, queues: dict):
