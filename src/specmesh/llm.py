@@ -193,11 +193,15 @@ class LLM:
         return self.by_kind.get(kinds.pop(), self.method) if len(kinds) == 1 else self.method
 
     closed = False
+    running: Engine | None = None       # a multi-process method's last engine: its processes serve one at a time
 
     def engine(self, prompts: list[list[int]], params: SamplingParams, rows: int | None = None) -> Engine:
         """An engine sized for these prompts: its cache rows hold the longest prompt plus its new tokens."""
         if self.closed:
             raise RuntimeError(f"this LLM was closed: {self.method.name}'s processes are stopped; make a new LLM")
+        if self.running is not None and not self.running.idle:
+            raise RuntimeError(f"{self.method.name} runs one request at a time in its processes, and a stream of this "
+                               f"LLM is still open: read it to its end (or close it) first")
         if not prompts:
             raise ValueError("no prompts: give a prompt, or a non-empty list of them")
         method = self.method_for(prompts)
@@ -208,7 +212,10 @@ class LLM:
                           stacklevel=3)
         max_len = min(self.context, longest + params.max_new_tokens) + method.slack
         rows = rows or min(self.max_batch, len(prompts) * params.n)
-        return Engine(self.models, method, self.tokenizer, rows, max_len)
+        engine = Engine(self.models, method, self.tokenizer, rows, max_len)
+        if method.spec.start is not None:
+            self.running = engine
+        return engine
 
     def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None
                  ) -> Output | list[Output]:

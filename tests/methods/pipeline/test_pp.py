@@ -54,6 +54,20 @@ def test_one_stage_is_refused(tiny_checkpoint):
         LLM(target=tiny_checkpoint, method="pp", stages=1)
 
 
+def test_a_second_request_beside_an_open_stream_is_refused_at_once(tiny_checkpoint):
+    """The stage processes serve one request at a time: a request while a stream is open waited for the link's
+    timeout and broke the pipeline; now it is refused, and the stream and later requests go on."""
+    with LLM(target=tiny_checkpoint, method="pp") as llm:
+        params = SamplingParams(max_new_tokens=6)
+        stream = llm.stream("x", params)
+        pieces = iter(stream)
+        next(pieces)
+        with pytest.raises(RuntimeError, match="pp runs one request at a time"):
+            llm.generate("x", params)
+        list(pieces)
+        assert llm.generate("x", params).tokens == stream.output.tokens
+
+
 def test_a_closed_pipeline_says_so(tiny_checkpoint):
     with LLM(target=tiny_checkpoint, method="pp") as llm:
         llm.generate("x", SamplingParams(max_new_tokens=2))
