@@ -93,6 +93,9 @@ class LLM:
     target and draft quantized at load (model/quant.py); every method is lossless against that model.
     """
 
+    closed = False                      # closed with its processes (a multi-process method): it decodes no more
+    running: Engine | None = None       # a multi-process method's last engine: its processes serve one at a time
+
     def __init__(self, target: str | Path | None = None, draft: str | Path | None = None, method: str = "auto",
                  device: str = "cpu", dtype: str | torch.dtype = "auto", max_batch: int = MAX_BATCH,
                  quant: str | None = None, retune: bool | list[str] = False, tp: int = 1, **options):
@@ -192,9 +195,6 @@ class LLM:
         kinds = {tuning.prompt_kind(self.tokenizer, p) for p in prompts} if self.by_kind else set()
         return self.by_kind.get(kinds.pop(), self.method) if len(kinds) == 1 else self.method
 
-    closed = False
-    running: Engine | None = None       # a multi-process method's last engine: its processes serve one at a time
-
     def engine(self, prompts: list[list[int]], params: SamplingParams, rows: int | None = None) -> Engine:
         """An engine sized for these prompts: its cache rows hold the longest prompt plus its new tokens."""
         if self.closed:
@@ -202,8 +202,6 @@ class LLM:
         if self.running is not None and not self.running.idle:
             raise RuntimeError(f"{self.method.name} runs one request at a time in its processes, and a stream of this "
                                f"LLM is still open: read it to its end (or close it) first")
-        if not prompts:
-            raise ValueError("no prompts: give a prompt, or a non-empty list of them")
         method = self.method_for(prompts)
         longest = max(len(p) for p in prompts)
         if longest < self.context < longest + params.max_new_tokens:     # (a prompt that fills it: an error)
