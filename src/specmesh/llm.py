@@ -106,6 +106,8 @@ class LLM:
         check_tp(tp, method, self.method)
         self.choice: tuning.Choice | None = None
         self.by_kind: dict[str, methods.Configured] = {}      # auto: the method for each kind of prompt
+        if not isinstance(retune, bool) and not (isinstance(retune, list) and all(isinstance(t, str) for t in retune)):
+            raise TypeError(f"retune is True, False or a list of calibration texts, got {retune!r:.60}")
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
         self.max_batch = max_batch
