@@ -417,10 +417,8 @@ def read_prompt(args, parser) -> str:
         if name.is_dir():
             raise ValueError(f"prompt file {name} is a folder")
         data = name.read_bytes()
-    try:
-        return data.decode("utf-8")                 # verbatim: no newline translation (a pipe's bytes too)
-    except UnicodeDecodeError as e:
-        raise ValueError(f"prompt file {name} is not UTF-8 text: {e.reason} at byte {e.start}") from None
+    from specmesh.bench.prompts import utf8
+    return utf8(data, name)                         # verbatim: no newline translation (a pipe's bytes too)
 
 
 def serve_torchrun_rank(args) -> int:

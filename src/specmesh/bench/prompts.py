@@ -9,17 +9,21 @@ from pathlib import Path
 from specmesh import embedded
 
 
+def utf8(data: bytes, name) -> str:
+    """A prompt file's bytes as text, verbatim (no newline translation), or an error naming the file."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"prompt file {name} is not UTF-8 text: {e.reason} at byte {e.start}") from None
+
+
 def load_prompts(path: str | Path | None = None, limit: int | None = None, tokenizer=None) -> list[str]:
     chat = tokenizer is not None and tokenizer.chat_template
     path = Path(path) if path else embedded.CHAT_PROMPTS if chat else embedded.HELDOUT_PROMPTS
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"prompt file {path} is not UTF-8 text: {e.reason} at byte {e.start}") from None
     prompts = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(utf8(path.read_bytes(), path).splitlines(), 1):
         if not line.strip():
             continue
         try:
