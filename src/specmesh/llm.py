@@ -93,7 +93,6 @@ class LLM:
     target and draft quantized at load (model/quant.py); every method is lossless against that model.
     """
 
-    closed = False                      # closed with its processes (a multi-process method): it decodes no more
     running: Engine | None = None       # a multi-process method's last engine: its processes serve one at a time
 
     def __init__(self, target: str | Path | None = None, draft: str | Path | None = None, method: str = "auto",
@@ -170,7 +169,11 @@ class LLM:
     def close(self) -> None:
         """Stop the method's other processes, if it has any (pearl's draft rank, a pipeline's stages)."""
         self.models.close()
-        self.closed = self.method.spec.start is not None     # its processes are gone: it cannot decode again
+
+    @property
+    def closed(self) -> bool:
+        """A multi-process method's processes are stopped (close): it decodes no more."""
+        return self.method.spec.start is not None and self.models.remote is None
 
     def __enter__(self) -> "LLM":
         return self
@@ -221,7 +224,7 @@ class LLM:
                  ) -> Output | list[Output]:
         """One prompt -> its Output; a list (or tuple) of prompts -> a list of Outputs, in order."""
         params = checked(params)
-        batch = isinstance(prompts, (list, tuple)) and bool(prompts) and not isinstance(prompts[0], numbers.Integral)
+        batch = is_batch(prompts)
         if batch and any(isinstance(p, numbers.Integral) for p in prompts):
             raise TypeError("prompts mix text and token ids: a batch is a list of prompts, each text or a list of ids "
                             "(one prompt of ids is a list of ints)")
@@ -247,7 +250,7 @@ class LLM:
         """Iterate for the first sample's text as it grows; `.output` holds the result afterwards. `progress`: once
         the first sample is done, a bar on stderr counts the others (n samples in waves of max_batch)."""
         params = checked(params)
-        if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], numbers.Integral):
+        if is_batch(prompt):
             raise TypeError("stream takes one prompt (text, or a list of token ids); for a batch use generate")
         ids = self.encode(prompt)
         engine = self.engine([ids], params)
@@ -299,6 +302,11 @@ class Stream:
         piece = first.stream_piece()
         if piece:
             yield piece
+
+
+def is_batch(prompts) -> bool:
+    """A list (or tuple) of prompts, not one prompt of token ids."""
+    return isinstance(prompts, (list, tuple)) and bool(prompts) and not isinstance(prompts[0], numbers.Integral)
 
 
 def check_tp(tp: int, name: str, method: methods.Configured) -> None:
