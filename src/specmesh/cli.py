@@ -99,6 +99,7 @@ def device_counts(text: str) -> list[int]:
     return counts
 
 
+DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16"]
 AUTO_DTYPE = ("auto (the default): bfloat16 on a CPU where specmesh's bf16 kernels run (x86 with AVX2) or with "
               "native bf16, else float32; every method gives ar's tokens in either, and float32 is the exact reference")
 
@@ -231,7 +232,7 @@ def build_parser() -> Parser:
                    help=f"decoding method: auto, {', '.join(METHODS)} (default: auto, the fastest lossless method "
                         f"for this machine and pair, measured once and cached: specmesh tune)")
     add_model_args(g, tp=True)
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    g.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help=AUTO_DTYPE)
     g.add_argument("--max-new-tokens", type=positive_int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 (the default), or below 1e-5: greedy")
@@ -260,7 +261,7 @@ def build_parser() -> Parser:
     t.add_argument("prompt", nargs="?", help="calibrate on this text (default: the shipped calibration prompts)")
     t.add_argument("--prompt-file", metavar="FILE", help="calibrate on the text of FILE ('-' for stdin)")
     add_model_args(t)
-    t.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    t.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="the dtype to tune for (each is cached apart); " + AUTO_DTYPE)
     add_json(t)
 
@@ -274,7 +275,7 @@ def build_parser() -> Parser:
                    "target with a chat template, else prompts/stdlib-heldout.jsonl)")
     b.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts (default: all)")
     b.add_argument("--max-new-tokens", type=positive_int, default=128)
-    b.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    b.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="auto: each method in its fastest dtype, measured at start-up")
     add_model_args(b, tp=True)
     add_method_options(b)
@@ -292,7 +293,7 @@ def build_parser() -> Parser:
     v.add_argument("--port", type=port, default=8000)
     v.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name, "
                    "e.g. specmesh-target or smollm2-135m-instruct)")
-    v.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help=AUTO_DTYPE)
+    v.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=AUTO_DTYPE)
     add_model_args(v, tp=True)
     v.add_argument("--max-batch", type=positive_int, metavar="N",
                    help="requests decoded together (default: 16, fewer if their KV cache would pass --max-kv-mb)")
