@@ -26,7 +26,7 @@ def test_the_routing_score_on_hand_worked_numbers():
 
 def test_the_similarity_is_the_cosine_of_the_targets_embeddings_where_both_drafted():
     embeddings = torch.randn(10, 4)
-    fused = FusedDrafters([], embeddings, rows=1)
+    fused = FusedDrafters([], torch.nn.Embedding.from_pretrained(embeddings), rows=1)
     accepted, own = [3, 5, 7], [3, 6, 7, 2, 9]
     want = torch.nn.functional.cosine_similarity(embeddings[accepted], embeddings[own[:3]], dim=-1).tolist()
     assert fused._similarity(accepted, own) == pytest.approx(want + [0.0, 0.0])      # 0 past the accepted length

@@ -48,7 +48,7 @@ class Scripted:
 
 
 def fused(model: Scripted, context: ContextDrafter, guess_budget: int = 6) -> FusedDrafters:
-    return FusedDrafters([model, context], torch.eye(100), rows=1, routed=2, budget=8, solo_budget=12,
+    return FusedDrafters([model, context], torch.nn.Embedding.from_pretrained(torch.eye(100)), rows=1, routed=2, budget=8, solo_budget=12,
                          guess_budget=guess_budget)
 
 

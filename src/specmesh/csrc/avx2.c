@@ -50,8 +50,9 @@ static inline void store_bf16(uint16_t *p, __m256 x) {
     _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
 }
 
-enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3, DP = 4, Q8 = 5, Q4 = 6, Q41 = 7, FMA = 8 };  // weight kinds; int8 rows carry a
-static const int WBYTES[] = {2, 1, 4, 2, 2, 1, 1, 1, 2};   // float32 scale; AMX, DP, FMA and the Q kinds are packed
+enum { BF16 = 0, INT8 = 1, F32 = 2, AMX = 3, DP = 4, Q8 = 5, Q4 = 6, Q41 = 7, FMA = 8, GGUF = 9 };  // weight kinds; int8
+static const int WBYTES[] = {2, 1, 4, 2, 2, 1, 1, 1, 2, 1};   // rows carry a float32 scale; AMX, DP, FMA and the Q
+// kinds are packed; GGUF: a file's blocks as they are (csrc/blocks.c: the weights are a Matrix)
 
 // csrc/avx512.c, where it builds: kernels.py sets kind AMX only where it did and the CPU has AMX, and
 // switches the AVX-512 attention and int8 products on (use_avx512) only where the CPU has AVX-512
@@ -74,6 +75,8 @@ void q4_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
                   float *y) __attribute__((weak));
 void q41_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
                    float *y) __attribute__((weak));
+void gguf_linear(const float *x, int M, int K, const void *w, int N, const float *bias, float *y);   // csrc/blocks.c
+void gguf_rows(const void *w, int K, const int64_t *ids, int n, float *out);
 void attend512_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
                     int kv_len, const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1)
     __attribute__((weak));
@@ -228,7 +231,7 @@ void fma_linear(const float *x, int M, int K, const uint16_t *w, int N, const fl
 #define QROWS 4                                    // rows per pass over a block of 16 columns
 
 // x [M, K] -> xq [M][QB * 32] signed bytes (nearest even, zeros past K), d_x [M][QB] and sum(q_x) [M][QB]
-static void quantize_rows(const float *x, int M, int K, int QB, int8_t *xq, float *xd, int32_t *xsum) {
+void q8_quantize_rows(const float *x, int M, int K, int QB, int8_t *xq, float *xd, int32_t *xsum) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int m = 0; m < M; m++)
         for (int b = 0; b < QB; b++) {
@@ -387,7 +390,7 @@ static void quant_linear(const float *x, int M, int K, const int8_t *w, int kind
     int8_t *xq = malloc((int64_t)M * QB * 32);
     float *xd = malloc(sizeof(float) * (int64_t)M * QB);
     int32_t *xsum = malloc(sizeof(int32_t) * (int64_t)M * QB);
-    quantize_rows(x, M, K, QB, xq, xd, xsum);
+    q8_quantize_rows(x, M, K, QB, xq, xd, xsum);
     QuantProduct a = {xq, xd, xsum, M, QB, w, scale, N, bias, y};
     parallel_for((N + 15) / 16, 1, kind == Q8 ? q8_blocks : kind == Q4 ? q4_blocks : q41_blocks, &a);
     free(xq);
@@ -452,6 +455,10 @@ static void linear(const float *x, int M, int K, const void *w, int kind, const 
     }
     if (kind == Q8 || kind == Q4 || kind == Q41) {
         quantized_linear(x, M, K, w, kind, scale, N, bias, y);
+        return;
+    }
+    if (kind == GGUF) {
+        gguf_linear(x, M, K, w, N, bias, y);
         return;
     }
     if (kind == INT8 && avx512) {
@@ -1062,8 +1069,9 @@ void rotary_tables(const float *inv_freq, const int64_t *positions, int M, int h
 
 typedef struct {            // a model's ends around its layers (kernels.CForward fills it)
     int D, V, hd, kind;     // hidden size, vocabulary, head dim, the head's weight kind
+    int embed_kind;         // F32, or GGUF: the embedding is a file's Matrix, its rows dequantized when looked up
     float eps;              // the final norm's
-    const float *embed;     // [V, D] float32
+    const void *embed;      // [V, D] of that kind
     const float *inv_freq;  // [hd / 2] rotary inverse frequencies
     const float *norm;      // [D]
     const void *head;       // [V, D] of that kind
@@ -1084,8 +1092,10 @@ void model_forward(const Ends *E, const Layer *const *layers, int n, const int64
                    const int *starts, const uint8_t *mask, int ms, int tail, float *logits, const int *groups,
                    int ngroups, const int *lens) {
     const int M = B * T, D = E->D, hd = E->hd;
-    if (ids)
-        for (int r = 0; r < M; r++) memcpy(h + (int64_t)r * D, E->embed + ids[r] * D, sizeof(float) * D);
+    if (ids && E->embed_kind == GGUF)
+        gguf_rows(E->embed, D, ids, M, h);
+    else if (ids)
+        for (int r = 0; r < M; r++) memcpy(h + (int64_t)r * D, (const float *)E->embed + ids[r] * D, sizeof(float) * D);
     float *cos = malloc(sizeof(float) * M * hd), *sin = malloc(sizeof(float) * M * hd);
     rotary_tables(E->inv_freq, positions, M, hd, cos, sin);
     // lens: row b's first lens[b] tokens are real, the rest pad it to T; the layers run on the real ones only

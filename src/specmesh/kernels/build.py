@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parents[1] / "csrc"
-SOURCE, AVX512_SOURCE, POOL_SOURCE = CSRC / "avx2.c", CSRC / "avx512.c", CSRC / "pool.c"
+SOURCE, AVX512_SOURCE, POOL_SOURCE, BLOCKS_SOURCE = CSRC / "avx2.c", CSRC / "avx512.c", CSRC / "pool.c", CSRC / "blocks.c"
 
 
 class LayerWeights(ctypes.Structure):
@@ -28,8 +28,20 @@ class LayerWeights(ctypes.Structure):
 
 class ModelEnds(ctypes.Structure):
     """csrc/avx2.c's Ends: a model's embedding, rotary frequencies, final norm and head."""
-    _fields_ = [(n, ctypes.c_int) for n in ("D", "V", "hd", "kind")] + [("eps", ctypes.c_float)] + [
+    _fields_ = [(n, ctypes.c_int) for n in ("D", "V", "hd", "kind", "embed_kind")] + [("eps", ctypes.c_float)] + [
         (n, ctypes.c_void_p) for n in ("embed", "inv_freq", "norm", "head", "head_s", "head_b")]
+
+
+class Part(ctypes.Structure):
+    """csrc/blocks.c's Part: rows of a GGUF file's matrix, of one block type, read where the file has them."""
+    _fields_ = [("type", ctypes.c_int), ("rows", ctypes.c_int), ("stride", ctypes.c_int64), ("data", ctypes.c_void_p),
+                ("map", ctypes.c_void_p)]
+
+
+class Matrix(ctypes.Structure):
+    """csrc/blocks.c's Matrix: up to MAX_PARTS parts, their rows one after another (a fused projection)."""
+    MAX_PARTS = 3
+    _fields_ = [("n", ctypes.c_int), ("part", Part * MAX_PARTS)]
 
 
 @functools.cache
@@ -59,9 +71,9 @@ def avx2_lib() -> ctypes.CDLL | None:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             out = Path(tmp) / lib.name
-            for files in ([SOURCE, AVX512_SOURCE, POOL_SOURCE], [SOURCE, POOL_SOURCE]):   # without avx512.c where gcc
-                                                                                        # is too old for it
-                build = subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-shared", "-fPIC", *map(str, files),
+            for files in ([SOURCE, AVX512_SOURCE, POOL_SOURCE, BLOCKS_SOURCE], [SOURCE, POOL_SOURCE, BLOCKS_SOURCE]):
+                # without avx512.c where gcc is too old for it
+                build = subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", *map(str, files),
                                         "-o", str(out), *omp, "-lm", "-lpthread"], capture_output=True, text=True)
                 if build.returncode == 0:
                     break
@@ -114,6 +126,15 @@ def avx2_lib() -> ctypes.CDLL | None:
         if avx512_on(kernel):
             kernel.use_avx512(1)
             kernel.use_vnni(int(vnni_products(kernel)))
+    kernel.gguf_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(Matrix), ctypes.c_int,
+                                   ctypes.c_void_p, ctypes.c_void_p]
+    kernel.gguf_linear.restype = None
+    kernel.gguf_rows.argtypes = [ctypes.POINTER(Matrix), ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    kernel.gguf_rows.restype = None
+    kernel.gguf_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    kernel.gguf_dequantize.restype = ctypes.c_int
+    kernel.gguf_kernel.argtypes = [ctypes.c_int, ctypes.c_int]
+    kernel.gguf_kernel.restype = ctypes.c_int
     kernel.pool_lend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     kernel.pool_lend.restype = None
     kernel.pool_use.argtypes = [ctypes.c_int]

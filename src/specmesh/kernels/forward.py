@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from specmesh.kernels.build import LayerWeights, ModelEnds, amx_lib
-from specmesh.kernels.linears import SMALL_ROWS, AMXLinear, DPLinear, FMALinear, Q8Linear, _ptr
+from specmesh.kernels.linears import SMALL_ROWS, AMXLinear, DPLinear, F32Linear, FMALinear, GGUFLinear, Q8Linear, _ptr
 from specmesh.model.model import PREFILL_TOKENS, attention
 
 
@@ -42,11 +42,16 @@ class CBlock(nn.Module):
         self.weights = LayerWeights(
             attn.o.out_features, attn.h, attn.hkv, attn.hd, mlp.down.in_features, attn.qkv.KIND,
             getattr(mlp.gate_up, "glu", False), block.attn_norm.eps,
-            _ptr(block.attn_norm.weight), _ptr(block.mlp_norm.weight), *(_ptr(lin.weight) for lin in linears),
+            _ptr(block.attn_norm.weight), _ptr(block.mlp_norm.weight), *(weights_address(lin) for lin in linears),
             *(_ptr(getattr(lin, "scale", None)) for lin in linears), *(_ptr(lin.bias32) for lin in linears))
 
     def forward(self, x, cos, sin, cache, mask):
         return self.block(x, cos, sin, cache, mask)
+
+
+def weights_address(module: nn.Module) -> int:
+    """Where csrc/avx2.c reads a linear's (or an embedding's) weights: a GGUF file's Matrix, else the weight tensor."""
+    return module.address if hasattr(module, "address") else module.weight.data_ptr()
 
 
 class CForward:
@@ -62,13 +67,15 @@ class CForward:
     def __init__(self, model: nn.Module, kernel: ctypes.CDLL):
         self.model, self.kernel = model, kernel
         head, norm, cfg = model.lm_head, model.norm, model.config
-        self.ends = ModelEnds(cfg.hidden_size, head.out_features, cfg.head_dim, head.KIND, norm.eps,
-                              model.embed.weight.data_ptr(), model.inv_freq.data_ptr(), norm.weight.data_ptr(),
-                              head.weight.data_ptr(), _ptr(getattr(head, "scale", None)), _ptr(head.bias32))
+        self.ends = ModelEnds(cfg.hidden_size, head.out_features, cfg.head_dim, head.KIND,
+                              getattr(model.embed, "KIND", F32Linear.KIND), norm.eps, weights_address(model.embed),
+                              model.inv_freq.data_ptr(), norm.weight.data_ptr(), weights_address(head),
+                              _ptr(getattr(head, "scale", None)), _ptr(head.bias32))
         self.layers = [ctypes.pointer(b.weights) for b in model.layers]
         self.amx = amx_lib() if model.layers[0].weights.kind == AMXLinear.KIND else None
         # prefills in C where the linears are fast for many rows (tiles, dot products)
-        self.long = model.layers[0].weights.kind in (AMXLinear.KIND, DPLinear.KIND, FMALinear.KIND, *(kind for kind, _ in Q8Linear.KINDS.values()))
+        self.long = model.layers[0].weights.kind in (AMXLinear.KIND, DPLinear.KIND, FMALinear.KIND, GGUFLinear.KIND,
+                                                     *(kind for kind, _ in Q8Linear.KINDS.values()))
         # prefills (no tree) attend on the tile unit too, for head dim 64 and a bf16 cache
         self.tile_attention = self.amx is not None and model.config.head_dim == 64 \
             and model.cache_dtype == torch.bfloat16

@@ -1,7 +1,7 @@
 """The linear layers that replace nn.Linear (docs/kernels.md): bf16 weights read once for several rows
 (BF16Linear), int8 drafts (Int8Linear), AMX tiles (AMXLinear), bf16 dot products (DPLinear) and FMA over their
-layout (FMALinear), quantized blocks (Q8Linear), batch-invariant float32 (F32Linear), oneDNN's pre-packed bf16
-(PackedLinear)."""
+layout (FMALinear), quantized blocks (Q8Linear), a GGUF file's blocks as they are (GGUFLinear, GGUFEmbedding),
+batch-invariant float32 (F32Linear), oneDNN's pre-packed bf16 (PackedLinear)."""
 from __future__ import annotations
 
 import ctypes
@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specmesh.kernels.build import amx_lib, avx2_lib
+import numpy as np
+
+from specmesh.kernels.build import Matrix, amx_lib, avx2_lib
 
 SMALL_ROWS = 16     # AVX2: up to this many rows the C kernel beats the packed float32 copy
 GEMV_ROWS = 3       # without the C kernel: up to this many rows PyTorch's bf16 product beats it
@@ -150,6 +152,63 @@ class Q8Linear(nn.Module):
         def product(x, m, k, w, n, bias, y):
             self.product(x, m, k, w, self.scale.data_ptr(), n, bias, y)
         return packed_product(product, self, x)
+
+
+class GGUFLinear(nn.Module):
+    """A GGUF file's matrix multiplied as it is, from the file's memory-mapped pages (csrc/blocks.c's gguf_linear):
+    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K, each part of a fused projection of its own
+    type. `parts`: (rows, type, map) for each part in output order, rows a uint8 [N_p, bytes per row] view of the
+    file, map (or None) the file row each output row reads (int32 [N_p]). Holds the views: the file stays mapped
+    while the model lives; nothing is copied."""
+    KIND = 9                                    # csrc/avx2.c's weight kind
+
+    def __init__(self, parts: list[tuple[np.ndarray, int, np.ndarray | None]], in_features: int,
+                 bias: torch.Tensor | None, kernel: ctypes.CDLL):
+        super().__init__()
+        if not 0 < len(parts) <= Matrix.MAX_PARTS:
+            raise ValueError(f"a GGUF matrix of {len(parts)} parts (1 to {Matrix.MAX_PARTS})")
+        self.in_features, self.kernel = in_features, kernel
+        self.out_features = sum(rows.shape[0] for rows, _, _ in parts)
+        self.held = [(np.ascontiguousarray(rows), None if rows_map is None else np.ascontiguousarray(rows_map, np.int32))
+                     for rows, _, rows_map in parts]      # numpy, not tensors: on_huge_pages must not move them
+        self.matrix = Matrix(len(parts))
+        for p, ((rows, rows_map), (_, kind, _)) in zip(self.matrix.part, zip(self.held, parts)):
+            p.type, p.rows, p.stride, p.data = kind, rows.shape[0], rows.shape[1], rows.ctypes.data
+            p.map = None if rows_map is None else rows_map.ctypes.data
+        self.bias = None if bias is None else bias.detach()
+        self.bias32 = None if bias is None else bias.detach().float().contiguous()
+        self.address = ctypes.addressof(self.matrix)       # what csrc/avx2.c's Layer and Ends point to
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        flat = x.reshape(rows, self.in_features).float().contiguous()
+        y = torch.empty(rows, self.out_features)
+        self.kernel.gguf_linear(flat.data_ptr(), rows, self.in_features, ctypes.byref(self.matrix), self.out_features,
+                                _ptr(self.bias32), y.data_ptr())
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+
+class GGUFEmbedding(nn.Module):
+    """An embedding table that stays in a GGUF file as it is: a lookup dequantizes the rows it reads (float32)."""
+    KIND = GGUFLinear.KIND
+
+    def __init__(self, table: GGUFLinear):
+        super().__init__()
+        self.table = table                      # [V, D] blocks: shared with a tied head
+        self.embedding_dim = table.in_features
+        # what Transformer.dtype and .device read: no weights of its own in PyTorch
+        self.weight = nn.Parameter(torch.empty(0, table.in_features), requires_grad=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty(flat.numel(), self.embedding_dim)
+        self.table.kernel.gguf_rows(ctypes.byref(self.table.matrix), self.embedding_dim, flat.data_ptr(), flat.numel(),
+                                    out.data_ptr())
+        return out.to(self.weight.dtype).view(*ids.shape, self.embedding_dim)
+
+    @property
+    def address(self) -> int:
+        return self.table.address
 
 
 def q8_pack(q: torch.Tensor, scale: torch.Tensor, bits: int = 8, offset: torch.Tensor | None = None

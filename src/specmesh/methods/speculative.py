@@ -177,7 +177,7 @@ def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
                     for m in models.drafters]
     if models.context_drafter:
         drafters.append(ContextDrafter(runner.rows))
-    proposer = FusedDrafters(drafters, models.target.embed.weight.detach(), runner.rows, o["routed"],
+    proposer = FusedDrafters(drafters, models.target.embed, runner.rows, o["routed"],
                              o["explore_below"], o["tree_budget"], o["solo_budget"], o["guess_budget"],
                              routing=not o["no_routing"], fusion=not o["no_fusion"],
                              token_budget=None if o["no_adaptive"] else o["token_budget"],

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from specmesh.engine.batch_plan import trim
 from specmesh.engine.sequence import Sequence
@@ -193,11 +194,11 @@ class Drafter:
 
 
 class FusedDrafters:
-    def __init__(self, drafters: list[Drafter], embeddings: torch.Tensor, rows: int, routed: int = 2,
+    def __init__(self, drafters: list[Drafter], embed: nn.Module, rows: int, routed: int = 2,
                  explore_below: int = 2, budget: int = 16, solo_budget: int = 64, guess_budget: int = 6,
                  routing: bool = True, fusion: bool = True, token_budget: int | None = None,
                  names: list[str] | None = None):
-        self.drafters, self.embeddings = drafters, embeddings        # the target's input embeddings [V, D]
+        self.drafters, self.embed = drafters, embed                  # the target's input embedding: ids -> [n, D]
         self.routed, self.explore_below, self.budget = routed, explore_below, budget
         self.solo_budget, self.guess_budget = solo_budget, guess_budget   # the free drafters' rounds alone
         self.caps: list[int] = []                   # per row: this round's tree's nodes at most
@@ -431,8 +432,9 @@ class FusedDrafters:
         sim = [1.0] * k + [0.0] * (len(own) - k)
         differ = [i for i in range(k) if accepted[i] != own[i]]
         if differ:
-            cos = F.cosine_similarity(self.embeddings[[accepted[i] for i in differ]].float(),
-                                      self.embeddings[[own[i] for i in differ]].float(), dim=-1)
+            with torch.no_grad():
+                cos = F.cosine_similarity(self.embed(torch.tensor([accepted[i] for i in differ])).float(),
+                                          self.embed(torch.tensor([own[i] for i in differ])).float(), dim=-1)
             for i, c in zip(differ, cos.tolist()):
                 sim[i] = c
         return sim

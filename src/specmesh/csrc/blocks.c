@@ -1,0 +1,426 @@
+// A GGUF file's quantized matrices as they are, read from the file's own pages (kernels.GGUFLinear):
+// gguf_dequantize: blocks -> float32 with the `gguf` package's arithmetic, bit for bit;
+// gguf_linear: y[M, N] = x[M, K] . w[N, K]^T (+ bias) over the blocks, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of
+//   32 weights) and Q4_K, Q5_K, Q6_K (blocks of 256). The activations are quantized to 8 bits per block as llama.cpp
+//   does for each kind: per 32 with one scale for the 32-blocks, per 256 with one scale and sums of each 16 (its
+//   Q8_K) for the K-quants. A block's products sum exactly in int32, blocks add in float32 in order, the same
+//   instructions for every row whatever M, so a row's result does not depend on the others.
+// A matrix is up to three parts of rows (a fused projection: q, k, v of their own types), each row read at a
+// stride from the file, through a map of rows where the model's order differs from the file's (rope's q and k).
+#include "pool.h"
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+typedef struct {            // one part of a matrix (kernels.GGUFLinear fills it)
+    int type;               // a GGMLQuantizationType value
+    int rows;               // its output rows
+    int64_t stride;         // bytes per row in the file
+    const uint8_t *data;    // the file's rows
+    const int32_t *map;     // output row r reads file row map[r], or r where NULL
+} Part;
+
+#define MAX_PARTS 3
+typedef struct {
+    int n;
+    Part part[MAX_PARTS];   // output rows: part 0's, then part 1's ...
+} Matrix;
+
+// -- dequantization (gguf.quants' numpy arithmetic: products and differences rounded one by one) ---------------
+#define EXACT __attribute__((optimize("fp-contract=off")))
+
+static inline float fp16(const uint8_t *p) {          // IEEE half -> float32 (exact; F16C)
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+// Q4_K / Q5_K: 8 six-bit scales and 8 mins packed in 12 bytes -> words {sc 0-3, sc 4-7, mn 0-3, mn 4-7}, a byte each
+static inline void scale_min_words(const uint8_t *s, uint32_t *u) {
+    uint32_t a, b, c;
+    memcpy(&a, s, 4), memcpy(&b, s + 4, 4), memcpy(&c, s + 8, 4);
+    u[0] = a & 0x3f3f3f3f;
+    u[1] = (c & 0x0f0f0f0f) | ((a >> 2) & 0x30303030);
+    u[2] = b & 0x3f3f3f3f;
+    u[3] = ((c >> 4) & 0x0f0f0f0f) | ((b >> 2) & 0x30303030);
+}
+
+static inline void scale_min(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
+    uint32_t u[4];
+    scale_min_words(s, u);
+    memcpy(sc, u, 8), memcpy(mn, u + 2, 8);
+}
+
+static int block_size(int type) { return type == Q4_K || type == Q5_K || type == Q6_K ? 256 : type <= F16 ? 1 : 32; }
+
+static int block_bytes(int type) {
+    switch (type) {
+        case F32: return 4;
+        case F16: return 2;
+        case Q4_0: return 18;
+        case Q4_1: return 20;
+        case Q5_0: return 22;
+        case Q5_1: return 24;
+        case Q8_0: return 34;
+        case Q4_K: return 144;
+        case Q5_K: return 176;
+        case Q6_K: return 210;
+        default: return 0;
+    }
+}
+
+// one block of `type` -> its weights y
+static EXACT void dequantize_block(int type, const uint8_t *b, float *y) {
+    switch (type) {
+        case F32: memcpy(y, b, 4); return;
+        case F16: y[0] = fp16(b); return;
+        case Q8_0: {
+            const float d = fp16(b);
+            for (int l = 0; l < 32; l++) y[l] = (float)(int8_t)b[2 + l] * d;
+            return;
+        }
+        case Q4_0: case Q4_1: case Q5_0: case Q5_1: {
+            const int mins = type == Q4_1 || type == Q5_1, five = type == Q5_0 || type == Q5_1;
+            const float d = fp16(b), m = mins ? fp16(b + 2) : 0;
+            uint32_t qh = 0;
+            if (five) memcpy(&qh, b + 2 + 2 * mins, 4);
+            const uint8_t *qs = b + 2 + 2 * mins + 4 * five;
+            const int offset = mins ? 0 : five ? 16 : 8;
+            for (int l = 0; l < 32; l++) {
+                int q = (l < 16 ? qs[l] & 0x0F : qs[l - 16] >> 4) | (five ? ((qh >> l) & 1) << 4 : 0);
+                y[l] = mins ? d * (float)q + m : d * (float)(q - offset);
+            }
+            return;
+        }
+        case Q4_K: case Q5_K: {
+            const float d = fp16(b), dmin = fp16(b + 2);
+            uint8_t sc[8], mn[8];
+            scale_min(b + 4, sc, mn);
+            const uint8_t *qh = b + 16, *qs = b + 16 + (type == Q5_K ? 32 : 0);
+            for (int s = 0; s < 8; s++) {              // sub-block s: nibble s % 2 of bytes 32 (s / 2) ..
+                const float ds = d * (float)sc[s], ms = dmin * (float)mn[s];
+                for (int l = 0; l < 32; l++) {
+                    int q = (qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0x0F;
+                    if (type == Q5_K) q |= ((qh[l] >> s) & 1) << 4;
+                    y[32 * s + l] = ds * (float)q - ms;
+                }
+            }
+            return;
+        }
+        case Q6_K: {
+            const uint8_t *ql = b, *qh = b + 128;
+            const int8_t *sc = (const int8_t *)(b + 192);
+            const float d = fp16(b + 208);
+            for (int e = 0; e < 256; e++) {            // half h, group g of 32, lane l
+                const int h = e / 128, g = (e / 32) % 4, l = e % 32;
+                const int low = (ql[64 * h + 32 * (g % 2) + l] >> (4 * (g / 2))) & 0x0F;
+                const int q = (low | ((qh[32 * h + l] >> (2 * g)) & 3) << 4) - 32;
+                y[e] = (d * (float)sc[e / 16]) * (float)q;
+            }
+            return;
+        }
+    }
+}
+
+// n weights of `type` from src (whole blocks) -> out; returns 0, or -1 for a type this file does not know
+int gguf_dequantize(int type, const uint8_t *src, int64_t n, float *out) {
+    const int bs = block_size(type), bb = block_bytes(type);
+    if (!bb) return -1;
+    for (int64_t b = 0; b < n / bs; b++) dequantize_block(type, src + b * bb, out + b * bs);
+    return 0;
+}
+
+// rows ids[0..n) of a one-part matrix of K columns -> out [n, K] (an embedding's lookup)
+void gguf_rows(const Matrix *w, int K, const int64_t *ids, int n, float *out) {
+    const Part *p = &w->part[0];
+    for (int i = 0; i < n; i++) {
+        const int64_t r = p->map ? p->map[ids[i]] : ids[i];
+        gguf_dequantize(p->type, p->data + r * p->stride, K, out + (int64_t)i * K);
+    }
+}
+
+// -- activations ----------------------------------------------------------------------------------------------
+void q8_quantize_rows(const float *x, int M, int K, int QB, int8_t *xq, float *xd, int32_t *xsum);   // csrc/avx2.c
+
+typedef struct {            // x [M, K] quantized for the parts' kinds of block
+    int8_t *q32;            // per 32: [M][K / 32 * 32], scale d32 [M][K / 32], sums s32 [M][K / 32]
+    float *d32;
+    int32_t *s32;
+    int8_t *q256;           // per 256: [M][K], scale d256 [M][K / 256], sums of each 16 b256 [M][K / 16]
+    float *d256;
+    int16_t *b256;
+} Acts;
+
+static inline float amax8(__m256 a) {
+    __m128 r = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    return _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)));
+}
+
+// x [M, K] (K a multiple of 256) -> per block of 256: d = max |x| / 127, q = x / d to nearest (even), sums of 16
+static void quantize_256(const float *x, int M, int K, int8_t *xq, float *xd, int16_t *xb) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const int KB = K / 256;
+    for (int m = 0; m < M; m++)
+        for (int b = 0; b < KB; b++) {
+            const float *v = x + (int64_t)m * K + 256 * b;
+            __m256 a = _mm256_setzero_ps();
+            for (int k = 0; k < 256; k += 8) a = _mm256_max_ps(a, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + k)));
+            const float amax = amax8(a);
+            const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+            int8_t *q = xq + (int64_t)m * K + 256 * b;
+            for (int k = 0; k < 256; k += 32) {
+                __m256i i[4];
+                for (int h = 0; h < 4; h++)
+                    i[h] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + k + 8 * h), inv));
+                __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+                bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256((__m256i *)(q + k), bytes);
+            }
+            int16_t *s = xb + ((int64_t)m * KB + b) * 16;
+            for (int g = 0; g < 16; g++) {
+                int sum = 0;
+                for (int l = 0; l < 16; l++) sum += q[16 * g + l];
+                s[g] = (int16_t)sum;
+            }
+            xd[(int64_t)m * KB + b] = amax / 127.0f;
+        }
+}
+
+static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
+    int k256 = 0, k32 = 0;
+    for (int i = 0; i < w->n; i++) {
+        if (block_size(w->part[i].type) == 256) k256 = 1;
+        else k32 = 1;
+    }
+    memset(a, 0, sizeof *a);
+    if (k32) {
+        const int QB = K / 32;
+        a->q32 = malloc((int64_t)M * QB * 32);
+        a->d32 = malloc(sizeof(float) * (int64_t)M * QB);
+        a->s32 = malloc(sizeof(int32_t) * (int64_t)M * QB);
+        q8_quantize_rows(x, M, K, QB, a->q32, a->d32, a->s32);
+    }
+    if (k256) {
+        a->q256 = malloc((int64_t)M * K);
+        a->d256 = malloc(sizeof(float) * (int64_t)M * (K / 256));
+        a->b256 = malloc(sizeof(int16_t) * (int64_t)M * (K / 16));
+        quantize_256(x, M, K, a->q256, a->d256, a->b256);
+    }
+}
+
+static void free_acts(Acts *a) {
+    free(a->q32); free(a->d32); free(a->s32); free(a->q256); free(a->d256); free(a->b256);
+}
+
+// -- products: one weight row against MB rows of activations, each row's sum out[i] -------------------------
+#define MAXROWS 4
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// byte l = 0xFF where bit l of x is set
+static inline __m256i bit_bytes(uint32_t x) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), spread);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+// The 32-blocks: w = d q (+ m), q the block's 32 integers in order. A block's int32 dot with the row's bytes,
+// times d d_x, into 8 float32 lanes; the offset m d_x sum(q_x) into a float of its own.
+static inline __attribute__((always_inline)) void dot32(const uint8_t *w, int QB, const Acts *a, int64_t m0,
+                                                        const int MB, const int TYPE, float *out) {
+    const int mins = TYPE == Q4_1 || TYPE == Q5_1, five = TYPE == Q5_0 || TYPE == Q5_1;
+    const int BB = TYPE == Q8_0 ? 34 : TYPE == Q4_0 ? 18 : TYPE == Q4_1 ? 20 : TYPE == Q5_0 ? 22 : 24;
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[MAXROWS];
+    float off[MAXROWS];
+    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps(), off[i] = 0;
+    for (int b = 0; b < QB; b++, w += BB) {
+        const float d = fp16(w), m = mins ? fp16(w + 2) : 0;
+        __m256i q;                                     // signed weights (no offset) or unsigned (mins)
+        if (TYPE == Q8_0)
+            q = _mm256_loadu_si256((const __m256i *)(w + 2));
+        else {
+            const uint8_t *qs = w + 2 + 2 * mins + 4 * five;
+            __m128i v = _mm_loadu_si128((const __m128i *)qs);
+            q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), nib);
+            if (five) {
+                uint32_t qh;
+                memcpy(&qh, w + 2 + 2 * mins, 4);
+                q = _mm256_or_si256(q, _mm256_and_si256(bit_bytes(qh), _mm256_set1_epi8(0x10)));
+            }
+            if (!mins) q = _mm256_sub_epi8(q, _mm256_set1_epi8(five ? 16 : 8));
+        }
+        const __m256i mag = mins ? q : _mm256_sign_epi8(q, q);
+        for (int i = 0; i < MB; i++) {
+            const int64_t at = (m0 + i) * QB + b;
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a->q32 + at * 32));
+            if (!mins) x = _mm256_sign_epi8(x, q);
+            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, x), ones);
+            const float dx = a->d32[at];
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * dx), acc[i]);
+            if (mins) off[i] += m * dx * (float)a->s32[at];
+        }
+    }
+    for (int i = 0; i < MB; i++) out[i] = hsum(acc[i]) + off[i];
+}
+
+// Q4_K and Q5_K: w = d sc_s q - dmin mn_s over sub-blocks s of 32 (q 0..15, or 0..31 with Q5_K's fifth bits).
+static inline __attribute__((always_inline)) void dot_k45(const uint8_t *w, int KB, const Acts *a, int64_t m0,
+                                                          const int MB, const int FIVE, float *out) {
+    const int BB = FIVE ? 176 : 144;
+    const __m256i nib = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256 acc[MAXROWS];
+    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
+    for (int b = 0; b < KB; b++, w += BB) {
+        const float d = fp16(w), dmin = fp16(w + 2);
+        uint8_t sc[8], mn[8];
+        scale_min(w + 4, sc, mn);
+        __m128i m8 = _mm_loadl_epi64((const __m128i *)mn);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));    // mn_0 mn_0 mn_1 mn_1 ...
+        const uint8_t *qs = w + 16 + 32 * FIVE;
+        const __m256i hb = FIVE ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
+        __m256i sum[MAXROWS];
+        for (int i = 0; i < MB; i++) sum[i] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {                  // sub-blocks 2j (low nibbles) and 2j + 1 (high)
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+            if (FIVE) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one), 4));
+            }
+            const __m256i s0 = _mm256_set1_epi16(sc[2 * j]), s1 = _mm256_set1_epi16(sc[2 * j + 1]);
+            for (int i = 0; i < MB; i++) {
+                const int8_t *x = a->q256 + ((m0 + i) * KB + b) * 256 + 64 * j;
+                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), s0);
+                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), s1);
+                sum[i] = _mm256_add_epi32(sum[i], _mm256_add_epi32(p0, p1));
+            }
+        }
+        for (int i = 0; i < MB; i++) {
+            const int64_t at = (m0 + i) * KB + b;
+            const __m256i low = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a->b256 + at * 16)), mins);
+            const float dx = a->d256[at];
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i]), _mm256_set1_ps(d * dx), acc[i]);
+            acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(low), _mm256_set1_ps(dmin * dx), acc[i]);
+        }
+    }
+    for (int i = 0; i < MB; i++) out[i] = hsum(acc[i]);
+}
+
+// Q6_K: w = d sc_s (q - 32) over sub-blocks s of 16, q 0..63 (four low bits in ql, two high in qh)
+static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *w, int KB, const Acts *a, int64_t m0,
+                                                           const int MB, float *out) {
+    const __m256i nib = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+    __m256 acc[MAXROWS];
+    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
+    for (int b = 0; b < KB; b++, w += 210) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const float d = fp16(w + 208);
+        const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        __m256i sum[MAXROWS];
+        for (int i = 0; i < MB; i++) sum[i] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+            for (int g = 0; g < 4; g++) {              // weights 128 h + 32 g ..: sub-blocks 8 h + 2 g and + 1
+                const __m256i l = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32 * (g % 2)));
+                const __m256i low = _mm256_and_si256(g < 2 ? l : _mm256_srli_epi16(l, 4), nib);
+                const __m256i q = _mm256_or_si256(low, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), two), 4));
+                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * g + 1]), _mm_set1_epi16(sc[8 * h + 2 * g]));
+                for (int i = 0; i < MB; i++) {
+                    const int8_t *x = a->q256 + ((m0 + i) * KB + b) * 256 + 128 * h + 32 * g;
+                    sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)x)), s));
+                }
+            }
+        }
+        for (int i = 0; i < MB; i++) {                 // - 32 sum_s sc_s sum(x over s)
+            const int64_t at = (m0 + i) * KB + b;
+            const __m256i low = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a->b256 + at * 16)), scales);
+            const __m256i total = _mm256_sub_epi32(sum[i], _mm256_slli_epi32(low, 5));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * a->d256[at]), acc[i]);
+        }
+    }
+    for (int i = 0; i < MB; i++) out[i] = hsum(acc[i]);
+}
+
+#define ROWS_CASES(CALL) \
+    switch (mb) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; default: CALL(4); }
+
+// one weight row of `type` against rows m0 .. m0 + mb of the activations
+static void dot_row(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) {
+#define D32(T) ROWS_CASES(C32_##T)
+#define C32_Q4_0(n) dot32(w, K / 32, a, m0, n, Q4_0, out)
+#define C32_Q4_1(n) dot32(w, K / 32, a, m0, n, Q4_1, out)
+#define C32_Q5_0(n) dot32(w, K / 32, a, m0, n, Q5_0, out)
+#define C32_Q5_1(n) dot32(w, K / 32, a, m0, n, Q5_1, out)
+#define C32_Q8_0(n) dot32(w, K / 32, a, m0, n, Q8_0, out)
+#define C_Q4_K(n) dot_k45(w, K / 256, a, m0, n, 0, out)
+#define C_Q5_K(n) dot_k45(w, K / 256, a, m0, n, 1, out)
+#define C_Q6_K(n) dot_q6_k(w, K / 256, a, m0, n, out)
+    switch (type) {
+        case Q4_0: D32(Q4_0) break;
+        case Q4_1: D32(Q4_1) break;
+        case Q5_0: D32(Q5_0) break;
+        case Q5_1: D32(Q5_1) break;
+        case Q8_0: D32(Q8_0) break;
+        case Q4_K: ROWS_CASES(C_Q4_K) break;
+        case Q5_K: ROWS_CASES(C_Q5_K) break;
+        case Q6_K: ROWS_CASES(C_Q6_K) break;
+    }
+}
+
+typedef struct {            // gguf_linear's arguments, for its parallel tasks
+    const Matrix *w;
+    const Acts *a;
+    int M, K, N;
+    const float *bias;
+    float *y;
+} BlockProduct;
+
+#ifndef PREFETCH
+#define PREFETCH 1                  // rows ahead a task asks the memory for (the next row's lines)
+#endif
+static void block_rows(void *ctx, int64_t n0, int64_t n1) {        // output columns n0 .. n1, each row of x
+    const BlockProduct *p = ctx;
+    float out[MAXROWS];
+    for (int64_t n = n0; n < n1; n++) {
+        int part = 0, r = (int)n;
+        while (r >= p->w->part[part].rows) r -= p->w->part[part++].rows;
+        const Part *pt = &p->w->part[part];
+        const uint8_t *row = pt->data + (int64_t)(pt->map ? pt->map[r] : r) * pt->stride;
+        const float bias = p->bias ? p->bias[n] : 0.0f;
+        if (n + PREFETCH < n1 && !pt->map && r + PREFETCH < pt->rows)
+            for (int64_t at = 0; at < pt->stride; at += 64) _mm_prefetch((const char *)row + PREFETCH * pt->stride + at, _MM_HINT_T0);
+        for (int m0 = 0; m0 < p->M; m0 += MAXROWS) {
+            const int mb = p->M - m0 < MAXROWS ? p->M - m0 : MAXROWS;
+            dot_row(pt->type, row, p->K, p->a, m0, mb, out);
+            for (int i = 0; i < mb; i++) p->y[(int64_t)(m0 + i) * p->N + n] = out[i] + bias;
+        }
+    }
+}
+
+// y[M, N] = x[M, K] . w^T (+ bias[N]): w's parts of rows add up to N, each a kind of block of K columns
+void gguf_linear(const float *x, int M, int K, const Matrix *w, int N, const float *bias, float *y) {
+    Acts a;
+    quantize_acts(w, x, M, K, &a);
+    BlockProduct p = {w, &a, M, K, N, bias, y};
+    parallel_for(N, 16, block_rows, &p);
+    free_acts(&a);
+}
+
+// whether gguf_linear multiplies a matrix of this type with K columns
+int gguf_kernel(int type, int K) {
+    return (type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0) ? K % 32 == 0
+           : (type == Q4_K || type == Q5_K || type == Q6_K) ? K % 256 == 0 : 0;
+}
