@@ -216,6 +216,7 @@ def warn_unused(args, names: list[str]) -> None:
 
 
 def build_parser() -> Parser:
+    from specmesh.bench.llamacpp import PEER_WEIGHTS
     from specmesh.methods import METHODS
     from specmesh.proposers.fuzzy_draft import POLICIES
     from specmesh.serve import SERVED
@@ -278,6 +279,10 @@ def build_parser() -> Parser:
     b.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="auto: each method in its fastest dtype, measured at start-up")
     add_model_args(b, tp=True)
+    b.add_argument("--peer-weights", choices=PEER_WEIGHTS, default="file",
+                   help="the llama.cpp peers' weights: file, a GGUF target's own file as it is (a folder: as "
+                        "same-precision); same-precision, a GGUF copy at specmesh's dtype or --quant "
+                        "(bf16, f32, Q8_0, Q4_0)")
     add_method_options(b)
     add_json(b)
     b.add_argument("--plot", metavar="OUT.png", type=plot_path,
@@ -581,7 +586,7 @@ def cmd_bench(args, parser) -> int:
         return 0
     cfg = BenchConfig(methods=methods, prompts=args.prompts, limit=args.limit, max_new_tokens=args.max_new_tokens,
                       dtype=args.dtype, threads=args.threads, target=args.target, draft=args.draft, quant=args.quant,
-                      device=args.device, tp=args.tp, options=method_options(args))
+                      device=args.device, tp=args.tp, peer_weights=args.peer_weights, options=method_options(args))
     result = run_bench(cfg)
     print_table(result, file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:

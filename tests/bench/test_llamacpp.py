@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from specmesh.bench.llamacpp import reported_seconds
+from specmesh.bench.llamacpp import TOOLS, make_runner, reported_seconds
 from specmesh.model.gguf import permute_rope
-from specmesh.model.loader import read_config, read_weights, to_gguf
+from specmesh.model.loader import load_tokenizer, read_config, read_weights, to_gguf
 
 
 @pytest.mark.parametrize("ftype", ["bf16", "f32", "q8_0", "q4_0"])
@@ -57,6 +57,45 @@ def test_the_tools_reported_time_is_read():
         reported_seconds("nothing here")
 
 
+def test_the_peer_runs_a_gguf_target_as_it_is(tiny_checkpoint, tmp_path, monkeypatch):
+    """By default the peers run a GGUF target's own file, whatever specmesh's dtype or --quant; --peer-weights
+    same-precision gives them a copy at the run's precision (a folder gets one either way). Read from the command
+    each tool would get (empty stand-ins for the tools: none runs)."""
+    target = to_gguf(tiny_checkpoint, tmp_path / "target.gguf", "q8_0")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in TOOLS.values():
+        (tools / tool).touch()
+    monkeypatch.setenv("SPECMESH_LLAMACPP_BIN", str(tools))
+    monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path / "cache"))
+    tok = load_tokenizer(target)
+
+    def peer(weights, dtype=torch.float32, quant=None, checkpoint=target):
+        runner = make_runner("llama.cpp-spec", checkpoint, tiny_checkpoint, dtype, quant, 2, tok, weights)
+        assert runner.cmd[runner.cmd.index("-m") + 1] == str(runner.model)
+        return runner
+
+    for dtype, quant in ((torch.float32, None), (torch.bfloat16, None), (torch.float32, "int4")):
+        runner = peer("file", dtype, quant)
+        assert runner.model == target and runner.weights == "file"
+    draft = peer("file").cmd[peer("file").cmd.index("-md") + 1]       # a folder: a copy at the run's precision
+    assert draft.endswith("-f32.gguf") and str(tmp_path / "cache" / "gguf") in draft
+    for quant, ftype in ((None, "f32"), ("int8", "q8_0")):
+        runner = peer("same-precision", quant=quant)
+        assert runner.model.name.endswith(f"-{ftype}.gguf") and runner.weights == "same-precision"
+    assert peer("file", checkpoint=tiny_checkpoint).weights == "same-precision"
+    with pytest.raises(ValueError, match="peer weights"):
+        peer("dequantized")
+
+    from specmesh.bench.runner import BenchConfig, make_runner as bench_runner
+    from specmesh.cli import build_parser
+    assert build_parser().parse_args(["bench"]).peer_weights == "file"
+    args = build_parser().parse_args(["bench", "--peer-weights", "same-precision"])
+    cfg = BenchConfig(methods=["llama.cpp"], target=str(target), peer_weights=args.peer_weights)
+    assert bench_runner("llama.cpp", cfg, "float32").weights == "same-precision"
+    assert bench_runner("llama.cpp", BenchConfig(methods=["llama.cpp"], target=str(target)), "float32").model == target
+
+
 @pytest.mark.slow
 def test_llamacpp_peers_decode_what_ar_decodes(tiny_checkpoint, tiny_draft_checkpoint, tmp_path):
     """float32 GGUF, greedy: llama.cpp's plain decoding, its speculation with our draft and its prompt lookup
@@ -79,3 +118,4 @@ def test_llamacpp_peers_decode_what_ar_decodes(tiny_checkpoint, tiny_draft_check
     for peer in ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup"):
         assert out[peer]["greedy_equal_to_ar"] + out[peer]["near_tie_divergences"] >= 2, (peer, out[peer])
         assert out[peer]["impl"] in ("native", "python")
+        assert out[peer]["peer_weights"] == "same-precision"        # a folder target: its copy in float32

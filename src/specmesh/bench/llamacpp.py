@@ -1,6 +1,10 @@
-"""llama.cpp as a bench peer, on the same weights, as GGUF files written from the checkpoints (`to_gguf`,
-cached in kernels.cache_dir()/gguf): bf16 for a bfloat16 run, f32 for float32, Q8_0 for `--quant int8` and
-Q4_0 for `--quant int4` (llama.cpp's own: an fp16 scale per 32 weights).
+"""llama.cpp as a bench peer. Its weights (PEER_WEIGHTS, `specmesh bench --peer-weights`):
+* "file" (the default): a GGUF target's own file as it is, whatever specmesh's dtype or --quant (what a llama.cpp
+  user runs: SmolLM2's Q4_1 blocks, say); a folder (and a draft folder) as "same-precision";
+* "same-precision": a GGUF file written from the checkpoint at specmesh's precision (`to_gguf`, cached in
+  kernels.cache_dir()/gguf): bf16 for a bfloat16 run, f32 for float32, Q8_0 for `--quant int8` and Q4_0 for
+  `--quant int4` (llama.cpp's own: an fp16 scale per 32 weights); in a bf16 run where specmesh runs a GGUF file's
+  blocks as they are, that file itself.
 
 llama.cpp          plain greedy decoding
 llama.cpp-spec     speculative decoding with our draft (as GGUF)
@@ -33,6 +37,7 @@ import torch
 
 from specmesh.engine.stats import Stats
 from specmesh.kernels import cache_dir
+from specmesh.model.gguf import is_gguf
 from specmesh.model.loader import read_config, runs_blocks, stamp, to_gguf
 
 PEERS = ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup")
@@ -40,6 +45,8 @@ DRAFT_TOKENS = 4                # as specmesh's sd default γ
 LOOKUP_TOKENS = 10              # llama-cpp-python's documented example value
 NATIVE_DRAFT = 6                # llama-speculative's --spec-draft-n-max (the figure the issue measured with)
 TOOLS = {"llama.cpp": "llama-completion", "llama.cpp-spec": "llama-speculative", "llama.cpp-lookup": "llama-lookup"}
+BUILT = (*TOOLS.values(), "llama-quantize", "llama-bench")       # the peers' tools, and bench/shapes.py's
+PEER_WEIGHTS = ("file", "same-precision")
 
 
 def cached_gguf(checkpoint: Path, ftype: str) -> Path:
@@ -57,6 +64,23 @@ def cached_gguf(checkpoint: Path, ftype: str) -> Path:
         to_gguf(checkpoint, tmp, ftype)
         tmp.replace(out)
     return out
+
+
+def peer_gguf(checkpoint: Path, ftype: str, weights: str = "file") -> Path:
+    """The GGUF file a peer runs for `checkpoint` (PEER_WEIGHTS): a GGUF file itself under "file", else the copy
+    in `ftype` (cached_gguf)."""
+    if weights not in PEER_WEIGHTS:
+        raise ValueError(f"peer weights {weights!r}: one of {', '.join(PEER_WEIGHTS)}")
+    if weights == "file" and is_gguf(checkpoint):
+        return Path(checkpoint)
+    return cached_gguf(checkpoint, ftype)
+
+
+def weights_label(path: Path, checkpoint: Path) -> str:
+    """What a peer's file is, for the bench's report: the target's own file, or a same-precision copy."""
+    if Path(path).resolve() == Path(checkpoint).resolve():
+        return "file"
+    return "same-precision"
 
 
 def gguf_type(dtype: torch.dtype, quant: str | None) -> str:
@@ -94,12 +118,12 @@ class DraftProposer:
 
 
 def make_runner(kind: str, target: Path, draft: Path | None, dtype: torch.dtype, quant: str | None, threads: int,
-                tokenizer):
-    """One of PEERS: llama.cpp's own tool where it was built, else the bindings."""
+                tokenizer, weights: str = "file"):
+    """One of PEERS on `weights` (PEER_WEIGHTS): llama.cpp's own tool where it was built, else the bindings."""
     tool = native_bin() / TOOLS[kind]
     if tool.exists():
-        return NativeRunner(kind, tool, target, draft, gguf_type(dtype, quant), threads, tokenizer)
-    return BindingRunner(kind, target, draft, dtype, quant, threads)
+        return NativeRunner(kind, tool, target, draft, gguf_type(dtype, quant), threads, tokenizer, weights)
+    return BindingRunner(kind, target, draft, dtype, quant, threads, weights)
 
 
 def native_bin() -> Path:
@@ -110,15 +134,18 @@ class NativeRunner:
     """One of PEERS through llama.cpp's own tool, a process per prompt."""
     impl = "native"
 
-    def __init__(self, kind: str, tool: Path, target: Path, draft: Path | None, ftype: str, threads: int, tokenizer):
+    def __init__(self, kind: str, tool: Path, target: Path, draft: Path | None, ftype: str, threads: int, tokenizer,
+                 weights: str = "file"):
         self.tokenizer = tokenizer
         context = read_config(target).max_position_embeddings
-        self.cmd = [str(tool), "-m", str(cached_gguf(target, ftype)), "--temp", "0", "-t", str(threads),
+        self.model = peer_gguf(target, ftype, weights)
+        self.weights = weights_label(self.model, target)
+        self.cmd = [str(tool), "-m", str(self.model), "--temp", "0", "-t", str(threads),
                     "-tb", str(threads), "-c", str(context), "--no-escape"]
         if kind == "llama.cpp":
             self.cmd += ["-no-cnv", "-sp"]  # the prompt as given (no chat template of its own); special tokens shown
         elif kind == "llama.cpp-spec":
-            self.cmd += ["-md", str(cached_gguf(draft, ftype)), "--spec-draft-n-max", str(NATIVE_DRAFT)]
+            self.cmd += ["-md", str(peer_gguf(draft, ftype, weights)), "--spec-draft-n-max", str(NATIVE_DRAFT)]
 
     def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
         prompt = self.tokenizer.decode(ids, skip_special_tokens=False)      # the tools parse special tokens
@@ -155,7 +182,7 @@ class BindingRunner:
     impl = "python"
 
     def __init__(self, kind: str, target: Path, draft: Path | None, dtype: torch.dtype, quant: str | None,
-                 threads: int):
+                 threads: int, weights: str = "file"):
         ftype = gguf_type(dtype, quant)
         cfg = read_config(target)
         self.eos, context = set(cfg.eos_ids), cfg.max_position_embeddings
@@ -164,10 +191,12 @@ class BindingRunner:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
             extra["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS)
         elif kind == "llama.cpp-spec":
-            extra["draft_model"] = DraftProposer(cached_gguf(draft, ftype), threads, context)
+            extra["draft_model"] = DraftProposer(peer_gguf(draft, ftype, weights), threads, context)
         if extra:
             extra["logits_all"] = True          # llama-cpp-python verifies drafts with every position's logits
-        self.llm = _llama(cached_gguf(target, ftype), threads, context, **extra)
+        self.model = peer_gguf(target, ftype, weights)
+        self.weights = weights_label(self.model, target)
+        self.llm = _llama(self.model, threads, context, **extra)
 
     def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
         tokens = []
@@ -183,8 +212,8 @@ class BindingRunner:
 
 
 def build(source: Path | None = None) -> Path:
-    """llama.cpp's tools (TOOLS) from llama-cpp-python's source package (downloaded with pip if not given),
-    compiled for this machine into native_bin(): about 5 minutes on 2 cores."""
+    """llama.cpp's tools (BUILT: the peers' and llama-quantize, llama-bench) from llama-cpp-python's source package
+    (downloaded with pip if not given), compiled for this machine into native_bin(): about 10 minutes on 2 cores."""
     work = Path(tempfile.mkdtemp(prefix="specmesh-llamacpp-"))
     if source is None:
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-d", str(work),
@@ -196,10 +225,10 @@ def build(source: Path | None = None) -> Path:
     subprocess.run(["cmake", "-S", str(tree), "-B", str(tree / "build"), "-DCMAKE_BUILD_TYPE=Release",
                     "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF"],
                    check=True)
-    subprocess.run(["cmake", "--build", str(tree / "build"), "-j", str(os.cpu_count() or 2), "--target",
-                    *TOOLS.values()], check=True)
+    subprocess.run(["cmake", "--build", str(tree / "build"), "-j", str(os.cpu_count() or 2), "--target", *BUILT],
+                   check=True)
     native_bin().mkdir(parents=True, exist_ok=True)
-    for tool in TOOLS.values():                     # static: each binary stands alone
+    for tool in BUILT:                              # static: each binary stands alone
         shutil.copy2(tree / "build" / "bin" / tool, native_bin() / tool)
     shutil.rmtree(work)
     return native_bin()

@@ -37,6 +37,9 @@ def print_table(result: dict, file=sys.stdout) -> None:
               f"{bound['copy_gb_s']:.1f} GB/s (measured copy) = {bound['ar_tokens_per_s_bound']:.0f} tok/s; "
               f"ar ran at {ar / bound['ar_tokens_per_s_bound']:.1%} of it", file=file)
     for name, m in result["methods"].items():
+        if "peer_weights" in m:
+            what = "the target's own file" if m["peer_weights"] == "file" else "a copy at specmesh's precision"
+            print(f"{name}: ran {m['peer_model']} ({what}; --peer-weights)", file=file)
         if "chose" in m:
             opts = ", ".join(f"{k}={v}" for k, v in m["options"].items())
             print(f"{name}: chose {m['chose']} ({opts})", file=file)

@@ -53,6 +53,7 @@ class BenchConfig:
     draft: str | None = None
     device: str = "cpu"
     tp: int = 1                                     # specmesh's target split over tp processes (not the peers')
+    peer_weights: str = "file"                      # the llama.cpp peers' weights (llamacpp.PEER_WEIGHTS)
     options: dict = field(default_factory=dict)     # method options given on the command line
 
 
@@ -102,7 +103,8 @@ def make_runner(name: str, cfg: BenchConfig, dtype: str):
     draft = catalog.resolve(cfg.draft, "draft") if cfg.draft else catalog.draft_for(target)
     if method in llamacpp.PEERS:           # its thread count is fixed when it loads
         used = threads or (CHOSEN[-1] if CHOSEN else torch.get_num_threads())
-        return llamacpp.make_runner(method, target, draft, DTYPES[dtype], cfg.quant, used, load_tokenizer(target))
+        return llamacpp.make_runner(method, target, draft, DTYPES[dtype], cfg.quant, used, load_tokenizer(target),
+                                    cfg.peer_weights)
     if method in HF_PEERS:
         runner = HFRunner(method, target, draft if method == "hf-assisted" else None, DTYPES[dtype], cfg.device)
     else:
@@ -163,7 +165,8 @@ def check_methods(names: list[str], quant: str | None = None) -> list[str]:
         names = names + ["sd@1t", "sd@2t"]
     if quant and any(split_threads(n)[0] in HF_PEERS for n in names):
         raise ValueError(f"--quant {quant} quantizes specmesh's models; the hf peers would run other weights: "
-                         f"bench them without --quant (the llama.cpp peers run a Q8_0 file)")
+                         f"bench them without --quant (the llama.cpp peers run a GGUF file: the target's own, or a "
+                         f"Q8_0 / Q4_0 copy)")
     return ["ar"] + [m for m in dict.fromkeys(names) if m != "ar"]
 
 
@@ -298,8 +301,9 @@ def bench(cfg: BenchConfig) -> dict:
                 "target_forwards": stats.target_forwards, "equal_to_ar": div is None,
                 "first_divergence": div, "near_tie": tie})
         result["methods"][name] = summarize(dtype, threads_used(name, cfg.options), runs[name], refs, near, rss[name])
-        if hasattr(runners[name], "impl"):                 # a llama.cpp peer: its tool or the bindings
-            result["methods"][name]["impl"] = runners[name].impl
+        if hasattr(runners[name], "impl"):                 # a llama.cpp peer: its tool or the bindings, its file
+            result["methods"][name] |= {"impl": runners[name].impl, "peer_weights": runners[name].weights,
+                                        "peer_model": runners[name].model.name}
         llm = getattr(runners[name], "llm", None)
         if llm is not None and split_threads(name)[0] not in PEERS:
             used = llm.method_for(ids)              # auto: what it chose for these prompts
