@@ -388,23 +388,22 @@ typedef struct {            // gguf_linear's arguments, for its parallel tasks
     float *y;
 } BlockProduct;
 
-#ifndef PREFETCH
-#define PREFETCH 1                  // rows ahead a task asks the memory for (the next row's lines)
-#endif
-static void block_rows(void *ctx, int64_t n0, int64_t n1) {        // output columns n0 .. n1, each row of x
+// output columns n0 .. n1 for every row of x: MAXROWS rows at a time against each of the columns' weight rows (a
+// task's rows of weights stay in L1/L2 while the activations stream once; the next weight row is fetched ahead)
+static void block_rows(void *ctx, int64_t n0, int64_t n1) {
     const BlockProduct *p = ctx;
     float out[MAXROWS];
-    for (int64_t n = n0; n < n1; n++) {
-        int part = 0, r = (int)n;
-        while (r >= p->w->part[part].rows) r -= p->w->part[part++].rows;
-        const Part *pt = &p->w->part[part];
-        const uint8_t *row = pt->data + (int64_t)(pt->map ? pt->map[r] : r) * pt->stride;
-        const float bias = p->bias ? p->bias[n] : 0.0f;
-        if (n + PREFETCH < n1 && !pt->map && r + PREFETCH < pt->rows)
-            for (int64_t at = 0; at < pt->stride; at += 64) _mm_prefetch((const char *)row + PREFETCH * pt->stride + at, _MM_HINT_T0);
-        for (int m0 = 0; m0 < p->M; m0 += MAXROWS) {
-            const int mb = p->M - m0 < MAXROWS ? p->M - m0 : MAXROWS;
+    for (int m0 = 0; m0 < p->M; m0 += MAXROWS) {
+        const int mb = p->M - m0 < MAXROWS ? p->M - m0 : MAXROWS;
+        for (int64_t n = n0; n < n1; n++) {
+            int part = 0, r = (int)n;
+            while (r >= p->w->part[part].rows) r -= p->w->part[part++].rows;
+            const Part *pt = &p->w->part[part];
+            const uint8_t *row = pt->data + (int64_t)(pt->map ? pt->map[r] : r) * pt->stride;
+            if (m0 == 0 && n + 1 < n1 && !pt->map && r + 1 < pt->rows)
+                for (int64_t at = 0; at < pt->stride; at += 64) _mm_prefetch((const char *)row + pt->stride + at, _MM_HINT_T0);
             dot_row(pt->type, row, p->K, p->a, m0, mb, out);
+            const float bias = p->bias ? p->bias[n] : 0.0f;
             for (int i = 0; i < mb; i++) p->y[(int64_t)(m0 + i) * p->N + n] = out[i] + bias;
         }
     }
