@@ -86,7 +86,7 @@ def test_missing_checkpoint_errors(tmp_path):
 
 def test_unsupported_model_type_names_supported(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
-    with pytest.raises(UnsupportedModelError, match="supported: llama, mistral, qwen2"):
+    with pytest.raises(UnsupportedModelError, match="supported: gemma3_text, llama, mistral, qwen2, qwen3"):
         load_model(tmp_path)
 
 

@@ -71,10 +71,11 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> 
             _replace(model, BF16Linear, bf16)
         on_huge_pages(model)                    # before the C blocks take the weights' addresses
         _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
-        _replace(model, Block, CBlock)
-        if hasattr(model, "fast_forward"):     # a Transformer (not a bare module of linears)
-            model.kv_dtype = torch.bfloat16     # half the bytes for a batch's attention to read
-            model.fast_forward = CForward(model, lib)
+        if runs_whole_in_c(model):
+            _replace(model, Block, CBlock)
+            if hasattr(model, "fast_forward"):     # a Transformer (not a bare module of linears)
+                model.kv_dtype = torch.bfloat16     # half the bytes for a batch's attention to read
+                model.fast_forward = CForward(model, lib)
     if native_bf16():                           # prefills attend in bf16, faster (docs/kernels.md)
         for attn in (m for m in model.modules() if hasattr(m, "prefill_dtype")):
             attn.prefill_dtype = torch.bfloat16
@@ -92,9 +93,17 @@ def use_batch_invariant_kernels(model: nn.Module) -> bool:
     _replace(model, nn.Linear, lambda linear: F32Linear(linear, lib))
     on_huge_pages(model)
     _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
-    _replace(model, Block, CBlock)
-    model.fast_forward = CForward(model, lib)
+    if runs_whole_in_c(model):
+        _replace(model, Block, CBlock)
+        model.fast_forward = CForward(model, lib)
     return True
+
+
+def runs_whole_in_c(model: nn.Module) -> bool:
+    """Whether csrc/ runs the model's blocks and forward whole (CBlock, CForward): the plain Llama block
+    (ModelConfig.plain_block). Others (q/k norms, Gemma's) run their blocks in PyTorch around the kernels' linears."""
+    cfg = getattr(model, "config", None)
+    return cfg is None or cfg.plain_block
 
 
 def select_kernels(model: nn.Module, draft: bool = False) -> nn.Module:

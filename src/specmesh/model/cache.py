@@ -73,6 +73,7 @@ class KVCache:
         self.spec = np.zeros(batch, dtype=np.int64)      # speculative slots per row
         self.starts: list[int] = []                      # each row's first slot of the current forward
         self.kv_len = 0                                  # keys the current forward attends over
+        self.queries = np.zeros((batch, 0), dtype=np.int64)   # the current forward's query positions [B, T]
         self.views: dict[tuple[int, int], KVCache] = {}
 
     def view(self, start: int, stop: int) -> "KVCache":
@@ -126,8 +127,10 @@ class KVCache:
                 f"sequence of {int(starts.max()) + T} tokens exceeds the cache/context length {self.max_len}")
         self.starts, self.kv_len = starts.tolist(), int(starts.max()) + T
         if depths is None:
-            return starts[:, None] + np.arange(T)
-        return self.lengths[:, None] + depths.cpu().numpy().reshape(-1, T)
+            self.queries = starts[:, None] + np.arange(T)
+        else:
+            self.queries = self.lengths[:, None] + depths.cpu().numpy().reshape(-1, T)
+        return self.queries
 
     def prepare(self, T: int, depths: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -143,6 +146,10 @@ class KVCache:
     def mask(self, T: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
         """The attention mask [B,1,T,K] of a forward whose slots were just claimed (True = attend); made on the
         host (a tree mask is best passed there too) and copied to the cache's device once."""
+        return torch.from_numpy(self.host_mask(T, tree_mask)).to(self.device)
+
+    def host_mask(self, T: int, tree_mask: torch.Tensor | None) -> np.ndarray:
+        """mask's, as a numpy array [B,1,T,K]."""
         tree = None if tree_mask is None else tree_mask.cpu().numpy()
         mask = np.zeros((self.batch, 1, T, self.kv_len), dtype=bool)
         for b, (L, s) in enumerate(zip(self.lengths.tolist(), self.spec.tolist())):
@@ -151,7 +158,24 @@ class KVCache:
                 mask[b, 0, :, L:L + s + T] = np.tri(T, s + T, s, dtype=bool)
             else:
                 mask[b, 0, :, L:L + s + T] = tree if tree.ndim == 2 else tree[b]
-        return torch.from_numpy(mask).to(self.device)
+        return mask
+
+    def window_mask(self, mask: torch.Tensor | None, tree_mask: torch.Tensor | None, window: int
+                    ) -> torch.Tensor | None:
+        """A sliding layer's mask for the forward whose slots were just claimed: `mask` (prepare's, for the same
+        tree_mask) less the keys `window` or more positions before their query's, [B,1,T,K]; `mask` itself where
+        no query is that far past position 0. Key positions: committed slot j is position j; the speculative slots
+        a token sees are its ancestors, one a depth in slot order, so the n-th of them is position L_b + n."""
+        T = len(self.queries[0])
+        if int(self.queries.max()) < window:
+            return mask
+        seen = self.host_mask(T, tree_mask)[:, 0]                                   # [B, T, K]
+        slot = np.arange(self.kv_len)
+        spec = slot[None, :] >= self.lengths[:, None]                               # [B, K]: speculative slots
+        depth = np.cumsum(seen & spec[:, None], axis=-1) - 1                       # [B, T, K]
+        keys = np.where(spec[:, None], self.lengths[:, None, None] + depth, slot)   # [B, T, K] key positions
+        near = self.queries[:, :, None] - keys < window
+        return torch.from_numpy((seen & near)[:, None]).to(self.device)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v [B,Hkv,T,hd] at each row's write offset; return keys/values [B,Hkv,K,hd]."""

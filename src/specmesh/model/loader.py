@@ -30,12 +30,14 @@ class CheckpointError(FileNotFoundError):
     pass
 
 
-def _hf_names(i: int) -> dict[str, list[str]]:
-    """Our parameter name -> the HF names it is concatenated from (dim 0), for layer i."""
+def _hf_names(i: int, cfg: ModelConfig | None = None) -> dict[str, list[str]]:
+    """Our parameter name -> the HF names it is concatenated from (dim 0), for layer i (of a model of `cfg`: its q/k
+    norms; Gemma's four norms, whose post_attention_layernorm follows the attention)."""
     p = f"model.layers.{i}."
+    post = cfg is not None and cfg.post_norms
     names = {
         "attn_norm.weight": [p + "input_layernorm.weight"],
-        "mlp_norm.weight": [p + "post_attention_layernorm.weight"],
+        "mlp_norm.weight": [p + ("pre_feedforward_layernorm.weight" if post else "post_attention_layernorm.weight")],
         "attn.o.weight": [p + "self_attn.o_proj.weight"], "attn.o.bias": [p + "self_attn.o_proj.bias"],
         "mlp.down.weight": [p + "mlp.down_proj.weight"], "mlp.down.bias": [p + "mlp.down_proj.bias"],
         "mlp.gate_up.weight": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
@@ -43,6 +45,11 @@ def _hf_names(i: int) -> dict[str, list[str]]:
     }
     for kind in ("weight", "bias"):
         names[f"attn.qkv.{kind}"] = [p + f"self_attn.{x}_proj.{kind}" for x in "qkv"]
+    if cfg is not None and cfg.qk_norm:
+        names.update({f"attn.{x}_norm.weight": [p + f"self_attn.{x}_norm.weight"] for x in "qk"})
+    if post:
+        names.update({"attn_post_norm.weight": [p + "post_attention_layernorm.weight"],
+                      "mlp_post_norm.weight": [p + "post_feedforward_layernorm.weight"]})
     return {f"layers.{i}.{k}": v for k, v in names.items()}
 
 
@@ -51,7 +58,7 @@ def name_map(cfg: ModelConfig) -> dict[str, list[str]]:
     if not cfg.tie_word_embeddings:
         names["lm_head.weight"] = ["lm_head.weight"]
     for i in range(cfg.num_layers):
-        names.update(_hf_names(i))
+        names.update(_hf_names(i, cfg))
     return names
 
 

@@ -1,9 +1,13 @@
-"""A compact Llama-family decoder (Llama 2/3, Qwen2, Mistral, TinyLlama).
+"""A compact Llama-family decoder (Llama 2/3, Qwen2, Qwen3, Mistral, TinyLlama, Gemma 3).
 
 RMSNorm, rotary embeddings (default, linear and llama3 scaling), grouped-query
 attention, SwiGLU MLP, optional q/k/v bias, tied or untied embeddings. Projections
 are fused (qkv, gate_up) for fewer kernel launches; the loader splits/joins them
-to and from the HuggingFace layout.
+to and from the HuggingFace layout. What the other architectures add, each a
+ModelConfig field: q/k norms per head (Qwen3, Gemma 3), sliding-window layers with
+their own rotary base (Mistral, Gemma 3), and Gemma's (1 + w) norms, norms after
+the attention and the MLP, GELU gate, scaled embeddings, attention scale and logit
+soft-capping. The plain Llama block (ModelConfig.plain_block) is what csrc/ runs.
 
 `Transformer.forward` runs any contiguous range of layers: the embedding only on
 layer 0, the final norm and the LM head only on the last layer. That is what
@@ -11,6 +15,7 @@ pipeline stages (PipeDec) and layer-parallel drafting (EasySpec) build on.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -23,7 +28,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specmesh.model.cache import KVCache
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+SLIDING, FULL = "sliding_attention", "full_attention"       # HF's layer_types
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}   # the MLP's gate
 
 
 class UnsupportedModelError(ValueError):
@@ -50,6 +58,17 @@ class ModelConfig:
     model_type: str = "llama"
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    qk_norm: bool = False                   # an RMSNorm over each q and k head [head_dim] before rotary (Qwen3, Gemma)
+    norm_offset: bool = False               # RMSNorm scales by 1 + w, in float32 (Gemma)
+    post_norms: bool = False                # norms of the attention's and the MLP's outputs too (Gemma)
+    hidden_act: str = "silu"                # the MLP's gate: a key of ACTIVATIONS
+    scale_embeddings: bool = False          # embeddings times sqrt(hidden_size), in their dtype (Gemma)
+    query_pre_attn_scalar: float | None = None      # attention scores scaled by its -1/2 power; None: head_dim's
+    sliding_window: int | None = None       # a sliding layer's token attends its last this many positions (itself too)
+    layer_types: list[str] | None = None    # per layer SLIDING or FULL; None: every layer FULL
+    rope_local_theta: float | None = None   # the sliding layers' rotary base, unscaled (Gemma 3); None: rope_theta's
+    rope_freq_factors: list[float] | None = None    # inverse frequencies divided by these [head_dim/2] (GGUF's rope_freqs)
+    final_logit_softcapping: float | None = None    # logits -> c tanh(logits / c)
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelConfig":
@@ -63,12 +82,12 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"unsupported architecture {archs[0]!r}; supported: {', '.join(sorted(ARCHITECTURES.values()))}")
         heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
-        rope = dict(cfg.get("rope_parameters") or {})  # transformers 5 keeps theta and scaling here
-        rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
-        scaling = cfg.get("rope_scaling") or rope
-        if (scaling.get("rope_type") or scaling.get("type") or "default") == "default":
-            scaling = None
+        rope_theta, scaling, local_theta = hf_rope(cfg)
+        window, layer_types = hf_layer_types(cfg, model_type)
         attention_bias = cfg.get("attention_bias", False)
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+        if act not in ACTIVATIONS:
+            raise UnsupportedModelError(f"unsupported hidden activation {act!r}; supported: {', '.join(ACTIVATIONS)}")
         return cls(
             vocab_size=cfg["vocab_size"], hidden_size=hidden, intermediate_size=cfg["intermediate_size"],
             num_layers=cfg["num_hidden_layers"], num_heads=heads,
@@ -78,10 +97,15 @@ class ModelConfig:
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=rope_theta, rope_scaling=scaling,
             qkv_bias=model_type == "qwen2" or attention_bias, o_bias=model_type != "qwen2" and attention_bias,
             mlp_bias=cfg.get("mlp_bias", False), tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            model_type=model_type, bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"))
+            model_type=model_type, bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
+            qk_norm=model_type in ("qwen3", "gemma3_text"), hidden_act=act, sliding_window=window,
+            layer_types=layer_types, rope_local_theta=local_theta, **hf_gemma(cfg, model_type))
 
     def to_hf(self) -> dict:
         """A `config.json` dict that transformers' AutoModelForCausalLM loads."""
+        if self.rope_freq_factors is not None:
+            raise UnsupportedModelError("per-dimension rotary factors (a GGUF file's rope_freqs) have no "
+                                        "HuggingFace config form")
         cfg = {
             "architectures": [ARCHITECTURES[self.model_type]], "model_type": self.model_type,
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
@@ -89,12 +113,40 @@ class ModelConfig:
             "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
             "head_dim": self.head_dim, "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling,
-            "hidden_act": "silu", "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": self.hidden_act, "tie_word_embeddings": self.tie_word_embeddings,
             "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
         }
+        if self.model_type in ("llama", "qwen3"):
+            cfg.update(attention_bias=self.o_bias)
         if self.model_type == "llama":
-            cfg.update(attention_bias=self.o_bias, mlp_bias=self.mlp_bias)
+            cfg.update(mlp_bias=self.mlp_bias)
+        if self.sliding_window is not None:
+            cfg.update(sliding_window=self.sliding_window, layer_types=self.layer_types,
+                       use_sliding_window=self.model_type in ("qwen2", "qwen3"))
+        elif self.model_type != "llama":
+            cfg.update(sliding_window=None)
+        if self.model_type == "gemma3_text":
+            cfg.update(hidden_activation=self.hidden_act, query_pre_attn_scalar=self.query_pre_attn_scalar,
+                       rope_local_base_freq=self.rope_local_theta, final_logit_softcapping=self.final_logit_softcapping,
+                       attn_logit_softcapping=None)
         return cfg
+
+    def sliding(self, layer: int) -> bool:
+        """Whether `layer` attends within the sliding window."""
+        return self.sliding_window is not None and self.layer_types is not None and self.layer_types[layer] == SLIDING
+
+    @property
+    def has_sliding(self) -> bool:
+        return any(self.sliding(i) for i in range(self.num_layers))
+
+    @property
+    def plain_block(self) -> bool:
+        """Whether the model is the plain Llama block and ends that csrc/ runs whole (kernels/forward.py's CBlock and
+        CForward): none of the q/k norms, Gemma's norms, GELU, embedding scale, attention scale, soft-capping, or
+        sliding windows."""
+        return not (self.qk_norm or self.norm_offset or self.post_norms or self.hidden_act != "silu"
+                    or self.scale_embeddings or self.query_pre_attn_scalar is not None or self.has_sliding
+                    or self.final_logit_softcapping is not None)
 
     @property
     def eos_ids(self) -> list[int]:
@@ -105,11 +157,63 @@ class ModelConfig:
         return asdict(self)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Rotary inverse frequencies [head_dim/2], with linear or llama3 scaling; on the CPU, also where the model
-    is built on the meta device (arithmetic there imports torch._dynamo: 1.5 s of every start-up)."""
+def hf_rope(cfg: dict) -> tuple[float, dict | None, float | None]:
+    """(rope_theta, rope_scaling or None, the sliding layers' own base or None) of a HF config: transformers 4's
+    rope_theta / rope_scaling / rope_local_base_freq, or 5's rope_parameters (for Gemma 3 one dict per layer type)."""
+    rope = dict(cfg.get("rope_parameters") or {})  # transformers 5 keeps theta and scaling here
+    local_theta = cfg.get("rope_local_base_freq")
+    if FULL in rope:                                # ... by layer type
+        local_theta = (rope.get(SLIDING) or {}).get("rope_theta", local_theta)
+        rope = dict(rope[FULL])
+    rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+    scaling = cfg.get("rope_scaling") or rope
+    if (scaling.get("rope_type") or scaling.get("type") or "default") == "default":
+        scaling = None
+    return rope_theta, scaling, local_theta
+
+
+def hf_layer_types(cfg: dict, model_type: str) -> tuple[int | None, list[str] | None]:
+    """(sliding_window, layer_types), or (None, None) where no layer slides: HF's layer_types where the config lists
+    them, else as each model's config class derives them (Gemma 3: every sliding_window_pattern-th layer full;
+    Qwen: layers from max_window_layers on slide, with use_sliding_window; Mistral: all)."""
+    window, n = cfg.get("sliding_window"), cfg["num_hidden_layers"]
+    if model_type == "llama" or model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window"):
+        window = None
+    if window is None:
+        return None, None
+    types = cfg.get("layer_types")
+    if types is None and model_type == "gemma3_text":
+        pattern = cfg.get("sliding_window_pattern", 6)
+        types = [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
+    elif types is None and model_type in ("qwen2", "qwen3"):
+        types = [SLIDING if i >= cfg.get("max_window_layers", n) else FULL for i in range(n)]
+    elif types is None:
+        types = [SLIDING] * n
+    return (window, list(types)) if SLIDING in types else (None, None)
+
+
+def hf_gemma(cfg: dict, model_type: str) -> dict:
+    """ModelConfig's Gemma 3 fields from its HF config; none for the other models."""
+    if model_type != "gemma3_text":
+        return {}
+    if cfg.get("attn_logit_softcapping") is not None or cfg.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("Gemma 3 with attention soft-capping or bidirectional attention is not supported")
+    return dict(norm_offset=True, post_norms=True, scale_embeddings=True,
+                query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", 256),
+                final_logit_softcapping=cfg.get("final_logit_softcapping"))
+
+
+def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
+    """Rotary inverse frequencies [head_dim/2], with per-dimension factors (GGUF's), linear or llama3 scaling;
+    `local`: the sliding layers' (Gemma 3: their own base, unscaled). On the CPU, also where the model is built on
+    the meta device (arithmetic there imports torch._dynamo: 1.5 s of every start-up)."""
     dim = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    theta = cfg.rope_local_theta if local else cfg.rope_theta
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    if local:
+        return inv
+    if cfg.rope_freq_factors is not None:       # llama.cpp's form of llama3 scaling: theta_i = base^(-2i/d) / f_i
+        inv = inv / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32, device="cpu")
     s = cfg.rope_scaling
     if s is None:
         return inv
@@ -144,6 +248,24 @@ class RMSNorm(nn.Module):
         return self.weight * rms_normalized(x, self.eps)
 
 
+class GemmaRMSNorm(nn.Module):
+    """RMSNorm scaled by 1 + w, all in float32 and then cast (HF's Gemma3RMSNorm). Its weight is HF's w (a GGUF file
+    stores 1 + w: model/gguf.py takes the 1 off)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
+    return (GemmaRMSNorm if cfg.norm_offset else RMSNorm)(dim, cfg.rms_norm_eps)
+
+
 def rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) in x's dtype, before RMSNorm's weight. HF's op order (in float32, then cast back); on CPU faster
     than F.rms_norm for one row."""
@@ -159,8 +281,9 @@ CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SD
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-              prefill_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(hd)) v for q [B,H,T,hd] over k, v [B,Hkv,S,hd] -> [B,T,H*hd] in q's dtype.
+              prefill_dtype: torch.dtype | None = None, scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T scale) v for q [B,H,T,hd] over k, v [B,Hkv,S,hd] -> [B,T,H*hd] in q's dtype; scale None:
+    1 / sqrt(hd).
     mask [B,1,T,S] (True = attend), or None: causal among the new tokens (a first prefill,
     training), or one token seeing every key. Attends in the wider of q's and the cache's dtypes
     (Transformer.cache_dtype), or in prefill_dtype for more than PREFILL_TOKENS queries."""
@@ -168,7 +291,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     dtype = prefill_dtype if prefill_dtype is not None and T > PREFILL_TOKENS else torch.promote_types(q.dtype, k.dtype)
     with sdpa_kernel(CUDA_ATTENTION) if q.is_cuda else nullcontext():
         out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask,
-                                             is_causal=mask is None and T > 1, enable_gqa=H != k.shape[1])
+                                             is_causal=mask is None and T > 1, enable_gqa=H != k.shape[1],
+                                             scale=scale)
     return out.to(q.dtype).transpose(1, 2).reshape(B, T, H * hd)
 
 
@@ -180,16 +304,26 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden_size, (self.h + 2 * self.hkv) * self.hd, bias=cfg.qkv_bias)
         self.o = nn.Linear(self.h * self.hd, cfg.hidden_size, bias=cfg.o_bias)
         self.prefill_dtype: torch.dtype | None = None  # the kernels: forwards of > PREFILL_TOKENS attend in it
+        # Qwen3, Gemma 3: q and k heads each RMS-normalized [head_dim] before rotary (one weight for all heads)
+        self.q_norm = make_norm(cfg, self.hd) if cfg.qk_norm else None
+        self.k_norm = make_norm(cfg, self.hd) if cfg.qk_norm else None
+        self.scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
 
     def forward(self, x, cos, sin, cache: KVCache | None, mask: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
         qkv = self.qkv(x).view(B, T, self.h + 2 * self.hkv, self.hd)
-        qk = rotate(qkv[:, :, :self.h + self.hkv], cos, sin).transpose(1, 2)   # q and k heads at once
+        qk = rotate(self.normed(qkv[:, :, :self.h + self.hkv]), cos, sin).transpose(1, 2)   # q and k heads at once
         q, k = qk[:, :self.h], qk[:, self.h:]                                   # [B,H,T,hd], [B,Hkv,T,hd]
         v = qkv[:, :, self.h + self.hkv:].transpose(1, 2)
         if cache is not None:
             k, v = cache.write(self.layer, k, v)                                 # [B,Hkv,S,hd]
-        return self.o(attention(q, k, v, mask, self.prefill_dtype))
+        return self.o(attention(q, k, v, mask, self.prefill_dtype, self.scale))
+
+    def normed(self, qk: torch.Tensor) -> torch.Tensor:
+        """The q and k heads [B,T,H+Hkv,hd] through their norms, where the model has them."""
+        if self.q_norm is None:
+            return qk
+        return torch.cat((self.q_norm(qk[:, :, :self.h]), self.k_norm(qk[:, :, self.h:])), dim=2)
 
 
 class MLP(nn.Module):
@@ -197,10 +331,11 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(self.act(gate) * up)
 
 
 def unchanged(x: torch.Tensor) -> torch.Tensor:
@@ -210,17 +345,20 @@ def unchanged(x: torch.Tensor) -> torch.Tensor:
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn_norm = make_norm(cfg, cfg.hidden_size)
         self.attn = Attention(cfg, layer)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp_norm = make_norm(cfg, cfg.hidden_size)
         self.mlp = MLP(cfg)
+        # Gemma: the attention's and the MLP's outputs normalized too, before they join the residual; else as they are
+        self.attn_post_norm = make_norm(cfg, cfg.hidden_size) if cfg.post_norms else unchanged
+        self.mlp_post_norm = make_norm(cfg, cfg.hidden_size) if cfg.post_norms else unchanged
         # a tensor-parallel shard's attention and MLP give this rank's part of their output: all_reduce sums
         # the parts over the ranks (runtime/tensor_parallel.py); one process: the output as it is
         self.all_reduce: Callable[[torch.Tensor], torch.Tensor] = unchanged
 
     def forward(self, x, cos, sin, cache, mask):
-        x = x + self.all_reduce(self.attn(self.attn_norm(x), cos, sin, cache, mask))
-        return x + self.all_reduce(self.mlp(self.mlp_norm(x)))
+        x = x + self.attn_post_norm(self.all_reduce(self.attn(self.attn_norm(x), cos, sin, cache, mask)))
+        return x + self.mlp_post_norm(self.all_reduce(self.mlp(self.mlp_norm(x))))
 
 
 def layer_parallel(blocks: list[nn.Module], h: torch.Tensor, cos, sin, cache: KVCache | None,
@@ -231,12 +369,13 @@ def layer_parallel(blocks: list[nn.Module], h: torch.Tensor, cos, sin, cache: KV
     outputs added in order: h' = h_j + A_j(h), h_{j+1} = h' + MLP_j(h'). The keys and values written are
     "fuzzy" (not those of the exact forward). A one-block group is the block."""
     parts = [getattr(b, "block", b) for b in blocks]           # kernels wrap a Block (kernels/forward.py)
-    together = len(parts) > 1 and all(isinstance(p.attn.qkv, nn.Linear) for p in parts)    # not packed (kernels)
-    outs = (group_attention(parts, h, cos, sin, cache, mask) if together
+    together = len(parts) > 1 and all(isinstance(p.attn.qkv, nn.Linear) for p in parts) \
+        and all(type(p.attn_norm) is RMSNorm and p.attn.q_norm is None and p.attn.scale is None for p in parts)
+    outs = (group_attention(parts, h, cos, sin, cache, mask) if together    # not packed (kernels), plain attention
             else [p.attn(p.attn_norm(h), cos, sin, cache, mask) for p in parts])
     for p, a in zip(parts, outs):
-        h = h + a
-        h = h + p.mlp(p.mlp_norm(h))
+        h = h + p.attn_post_norm(a)
+        h = h + p.mlp_post_norm(p.mlp(p.mlp_norm(h)))
     return h
 
 
@@ -285,6 +424,32 @@ def stacked_attention(parts: list[Block]) -> tuple[torch.Tensor | None, ...]:
     return held[1]
 
 
+def causal_window(T: int, window: int, device) -> torch.Tensor | None:
+    """The mask [1,1,T,T] of a sliding layer's forward from position 0 (True = attend): token i sees j in
+    (i - window, i]; None (plain causal) where T <= window."""
+    if T <= window:
+        return None
+    i = torch.arange(T, device=device)
+    offset = i[:, None] - i[None, :]
+    return ((offset >= 0) & (offset < window))[None, None]
+
+
+def one_kind(groups: list[range] | None, cfg: ModelConfig) -> list[range] | None:
+    """Layer-parallel groups split where the layers' kind (sliding or global) changes: a group's attentions share
+    one rotary and mask."""
+    if groups is None or not cfg.has_sliding:
+        return groups
+    out = []
+    for g in groups:
+        start = g.start
+        for i in range(g.start + 1, g.stop):
+            if cfg.sliding(i) != cfg.sliding(i - 1):
+                out.append(range(start, i))
+                start = i
+        out.append(range(start, g.stop))
+    return out
+
+
 class Transformer(nn.Module):
     quant: str | None = None            # the quantization its weights were loaded with (model/quant.py)
 
@@ -296,11 +461,14 @@ class Transformer(nn.Module):
             nn.init.normal_(weight)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = make_norm(cfg, cfg.hidden_size)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # the sliding layers' rotary where they have their own base (Gemma 3), else None: inv_freq's
+        local = rope_inv_freq(cfg, local=True) if cfg.has_sliding and cfg.rope_local_theta is not None else None
+        self.register_buffer("inv_freq_local", local, persistent=False)
         self.register_buffer("head_ids", None, persistent=False)     # restrict_head's tokens [K], or None
         # forward's arguments -> its result, or None where it does not apply: a whole small
         # forward in one call, put in place by the kernels (kernels/select.py)
@@ -309,9 +477,12 @@ class Transformer(nn.Module):
         self.layer_parallel = layer_parallel        # a group's forward (a draft spread over ranks: tensor_parallel)
         self.tp = None      # rank 0 of a tensor-parallel target: its runtime/tensor_parallel.Leader (makes its caches)
 
-    def rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B,T,1,hd] for integer positions [B,T] (computed in float32, as HF does)."""
-        freqs = positions[..., None].float() * self.inv_freq
+    def rotary(self, positions: torch.Tensor, dtype: torch.dtype, local: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B,T,1,hd] for integer positions [B,T] (computed in float32, as HF does); `local`: the sliding
+        layers' rotary."""
+        inv_freq = self.inv_freq_local if local and self.inv_freq_local is not None else self.inv_freq
+        freqs = positions[..., None].float() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, :, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -344,26 +515,53 @@ class Transformer(nn.Module):
             out = self.fast_forward(x, cache, depths, tree_mask, layers, last_only, groups, lens)
             if out is not None:
                 return out
-        h = self.embed(x) if layers.start == 0 else x
+        h = self.embedding(x) if layers.start == 0 else x
         B, T = h.shape[:2]
         if cache is None:
             positions = torch.arange(T, device=h.device).expand(B, T)
             mask = None
         else:
             positions, mask = cache.prepare(T, depths, tree_mask)
-        cos, sin = self.rotary(positions, h.dtype)
-        for group in groups or [range(i, i + 1) for i in layers]:
+        inputs = self.attention_inputs(positions, h.dtype, cache, mask, tree_mask)
+        for group in one_kind(groups, self.config) or [range(i, i + 1) for i in layers]:
+            cos, sin, m = inputs[self.config.sliding(group.start)]
             if len(group) == 1:
-                h = self.layers[group.start](h, cos, sin, cache, mask)
+                h = self.layers[group.start](h, cos, sin, cache, m)
             else:
-                h = self.layer_parallel([self.layers[i] for i in group], h, cos, sin, cache, mask)
+                h = self.layer_parallel([self.layers[i] for i in group], h, cos, sin, cache, m)
         if cache is not None:
             cache.advance(T)
         if layers.stop < self.config.num_layers:
             return h
         if head is not None:
-            return F.linear(self.norm(h[:, -int(last_only):] if last_only else h), self.lm_head.weight[head]).float()
+            h = self.norm(h[:, -int(last_only):] if last_only else h)
+            return self.softcap(F.linear(h, self.lm_head.weight[head])).float()
         return self.logits(h, last_only)
+
+    def embedding(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids [B,T] -> [B,T,D]; Gemma's times sqrt(D), the factor rounded to their dtype (as HF does)."""
+        h = self.embed(x)
+        if not self.config.scale_embeddings:
+            return h
+        return h * torch.tensor(self.config.hidden_size ** 0.5).to(h.dtype)
+
+    def attention_inputs(self, positions: torch.Tensor, dtype: torch.dtype, cache: KVCache | None,
+                         mask: torch.Tensor | None, tree_mask: torch.Tensor | None) -> dict[bool, tuple]:
+        """The layers' rotary cos, sin and attention mask, by whether they slide: False for the global layers (the
+        forward's mask); True, where the model has sliding layers, for those (their rotary, the mask less the keys
+        sliding_window or more positions back)."""
+        inputs = {False: (*self.rotary(positions, dtype), mask)}
+        if self.config.has_sliding:
+            window = self.config.sliding_window
+            local = causal_window(positions.shape[1], window, positions.device) if cache is None \
+                else cache.window_mask(mask, tree_mask, window)
+            inputs[True] = (*self.rotary(positions, dtype, local=True), local)
+        return inputs
+
+    def softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """c tanh(logits / c) where the model soft-caps its logits (final_logit_softcapping c), in their dtype."""
+        c = self.config.final_logit_softcapping
+        return logits if c is None else torch.tanh(logits / c) * c
 
     def logits(self, h: torch.Tensor, last_only: bool | int = False) -> torch.Tensor:
         """Float32 logits [B, n, V] of the final hidden states h [B, T, D] (n: T, or forward's `last_only`). Where
@@ -374,7 +572,7 @@ class Transformer(nn.Module):
             h = h[:, -int(last_only):]
             if h.shape[1] > 1:
                 return torch.cat([self.logits(h[:, :-1]), self.logits(h[:, -1:])], dim=1)
-        return self.expand(self.lm_head(self.norm(h)).float())
+        return self.expand(self.softcap(self.lm_head(self.norm(h))).float())
 
     def restrict_head(self, ids: torch.Tensor) -> None:
         """Compute logits for these tokens only (a draft's most frequent tokens: FR-Spec, Zhao et al. 2025);

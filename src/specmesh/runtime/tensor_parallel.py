@@ -106,8 +106,8 @@ class Group:
                     cache.write(p.attn.layer, k.to(cache.k[0].dtype), v.to(cache.k[0].dtype))
                 outs.append(out)
         for p, out in zip(parts, outs):
-            h = h + out.to(h.dtype)
-            h = h + p.mlp(p.mlp_norm(h))
+            h = h + p.attn_post_norm(out.to(h.dtype))
+            h = h + p.mlp_post_norm(p.mlp(p.mlp_norm(h)))
         return h
 
     def gather(self, mine: list[torch.Tensor], shapes: list[tuple], senders: int) -> list[list[torch.Tensor]]:
