@@ -101,9 +101,9 @@ def test_bad_files_name_their_problem(chat_checkpoint, tmp_path):
     for path, problem in cases.items():
         with pytest.raises(GGUFError, match=problem):
             read_gguf(path)
-    spm = write_gguf(tmp_path / "spm.gguf", tokenizer="llama")
-    with pytest.raises(GGUFError, match="tokenizer 'llama' is not supported"):
-        load_tokenizer(spm)
+    wordpiece = write_gguf(tmp_path / "bert.gguf", tokenizer="bert")
+    with pytest.raises(GGUFError, match="tokenizer 'bert' is not supported"):
+        load_tokenizer(wordpiece)
     r = subprocess.run([sys.executable, "-m", "specmesh.cli", "generate", "hi", "--target", str(cut)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2

@@ -1,18 +1,23 @@
 """GGUF files <-> specmesh checkpoints, with the `gguf` package (the format's library, from llama.cpp).
 
-Reading (`read_gguf`): a Llama-architecture GGUF becomes what a HuggingFace folder gives the loader:
-a ModelConfig from the `llama.*` metadata, the weights under HF names (dequantized to float32 by
-gguf.quants, whatever the tensor type it can read: F32, F16, BF16, Q8_0, Q4_0, Q4_1, the K-quants ...;
-q and k rows back from GGUF's interleaved rope pairs), and a tokenizer built from `tokenizer.ggml.*`
-(byte-level BPE, split as llama.cpp splits for the file's pre-tokenizer) with its chat template.
+Reading (`read_gguf`): a GGUF of the llama (Llama, Mistral), qwen2, qwen3 or gemma3 architecture becomes what a
+HuggingFace folder gives the loader: a ModelConfig from the `<arch>.*` metadata, the weights under HF names
+(dequantized to float32 by gguf.quants, whatever the tensor type it can read: F32, F16, BF16, Q8_0, Q4_0, Q4_1, the
+K-quants ...; the llama architecture's q and k rows back from GGUF's interleaved rope pairs; Gemma's norms less the 1
+llama.cpp's converter adds), and a tokenizer built from `tokenizer.ggml.*` (byte-level BPE, split as llama.cpp
+splits for the file's pre-tokenizer, or SentencePiece's BPE with byte fallback) with its chat template.
 
-Writing (`write_gguf`; loader.to_gguf for a checkpoint): bf16, f16, f32, Q8_0, Q4_0 or Q4_1 GGUF, for llama.cpp in the
-bench and the tests.
+Writing (`write_gguf`; loader.to_gguf for a checkpoint): bf16, f16, f32, Q8_0, Q4_0 or Q4_1 GGUF of those
+architectures, for llama.cpp in the bench and the tests.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import json
+import math
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,17 +26,28 @@ import gguf
 import numpy as np
 import torch
 
-from specmesh.model.model import ModelConfig
+from specmesh.model.model import FULL, SLIDING, ModelConfig
 from specmesh.model.tokenizer import Tokenizer, byte_level_alphabet
 
 MAGIC = b"GGUF"
-ARCHITECTURES = ("llama",)
+# a GGUF architecture -> the model_type it reads as (llama: Llama and Mistral alike), and back
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+
+# Gemma's post_attention_layernorm follows the attention (GGUF's post_attention_norm), where Llama's of that name is
+# the MLP's input norm (ffn_norm): a Gemma file's is read (and written) under this name, which no HF checkpoint
+# has, and renamed (file_to_hf, hf_to_file)
+POST_ATTENTION = "post_attention_norm"
 
 # HF Llama names -> GGUF's (blk.N. prefixed for the layers)
 LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
                "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"}
+               "mlp.down_proj": "ffn_down",
+               # Qwen3, Gemma 3; Gemma's norms around the MLP
+               "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+               "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+               POST_ATTENTION: "post_attention_norm"}
 TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
 
@@ -226,7 +242,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
 
 
 def read_config(path: str | Path) -> ModelConfig:
-    """The model's hyperparameters from its `llama.*` metadata."""
+    """The model's hyperparameters from its `<arch>.*` metadata (and the rope_freqs tensor, where it has one)."""
     gguf_file = open_gguf(path)
     meta = gguf_file.fields
     arch = meta.get("general.architecture")
@@ -245,15 +261,57 @@ def read_config(path: str | Path) -> ModelConfig:
     heads, hidden = hp("attention.head_count"), hp("embedding_length")
     tokens = meta.get("tokenizer.ggml.tokens")
     names = {t.name for t in gguf_file.tensors}
-    return ModelConfig(
+    model_type = ARCHITECTURES[arch]
+    cfg = ModelConfig(
         vocab_size=hp("vocab_size", len(tokens) if tokens else None), hidden_size=hidden,
         intermediate_size=hp("feed_forward_length"), num_layers=hp("block_count"), num_heads=heads,
         num_kv_heads=hp("attention.head_count_kv", heads), head_dim=hp("attention.key_length", hidden // heads),
         max_position_embeddings=hp("context_length", 2048), rms_norm_eps=hp("attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta=hp("rope.freq_base", 10000.0),
         rope_scaling=None if scaling == "none" else {"rope_type": "linear", "factor": hp("rope.scaling.factor")},
-        tie_word_embeddings="output.weight" not in names, model_type="llama",
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=end_ids(meta))
+        rope_freq_factors=rope_factors(path, gguf_file),
+        tie_word_embeddings="output.weight" not in names, model_type=model_type,
+        qkv_bias="blk.0.attn_q.bias" in names and model_type != "llama", qk_norm="blk.0.attn_q_norm.weight" in names,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=end_ids(meta),
+        **sliding_layers(meta, arch, hp("block_count")))
+    if arch == "llama" and cfg.has_sliding:
+        cfg = dataclasses.replace(cfg, model_type="mistral")
+    return gemma3_config(cfg, meta) if arch == "gemma3" else cfg
+
+
+def sliding_layers(meta: dict, arch: str, layers: int) -> dict:
+    """ModelConfig's sliding_window and layer_types from `<arch>.attention.sliding_window` and
+    `.sliding_window_pattern` (a period: every period-th layer global; or a bool a layer, True sliding); without a
+    pattern every layer slides, a gemma3 file's every 6th is global (llama.cpp's rule). None without a window."""
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if not window:
+        return {}
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", 6 if arch == "gemma3" else None)
+    slides = [True] * layers if pattern is None else [bool(p) for p in pattern] if isinstance(pattern, list) \
+        else [(i + 1) % pattern != 0 for i in range(layers)]
+    return {"sliding_window": window, "layer_types": [SLIDING if s else FULL for s in slides]}
+
+
+def rope_factors(path, gguf_file: GGUFFile) -> list[float] | None:
+    """The rope_freqs tensor [head_dim/2] (llama.cpp's converter writes Llama 3's rope scaling so: each
+    frequency divided by its factor), or None."""
+    t = next((t for t in gguf_file.tensors if t.name == "rope_freqs.weight"), None)
+    return None if t is None else dequantize(path, t).reshape(-1).tolist()
+
+
+def gemma3_config(cfg: ModelConfig, meta: dict) -> ModelConfig:
+    """A gemma3 file's config: Gemma's norms, GELU, scaled embeddings and soft-capping; its sliding layers' rotary
+    base rope.freq_base_swa (llama.cpp: 10000); the attention scale as llama.cpp sets it (27B, the 62-layer one:
+    hidden_size / heads, else head_dim)."""
+    return dataclasses.replace(
+        cfg, norm_offset=True, post_norms=True, hidden_act="gelu_pytorch_tanh", scale_embeddings=True,
+        query_pre_attn_scalar=gemma3_attention_scalar(cfg),
+        rope_local_theta=meta.get("gemma3.rope.freq_base_swa", 10000.0) if cfg.has_sliding else None,
+        final_logit_softcapping=meta.get("gemma3.final_logit_softcapping"))
+
+
+def gemma3_attention_scalar(cfg: ModelConfig) -> int:
+    return cfg.hidden_size // cfg.num_heads if cfg.num_layers == 62 else cfg.head_dim
 
 
 def end_ids(meta: dict) -> int | list[int] | None:
@@ -267,7 +325,29 @@ def read_gguf(path: str | Path, blocks: bool = False) -> GGUFCheckpoint:
     """`blocks`: the quantized matrices' blocks too (read_blocks), for a run that multiplies them as they are."""
     config = read_config(path)
     weights, kept = read_weights(path, config, blocks)
-    return GGUFCheckpoint(config, weights, read_tokenizer(path), kept)
+    return GGUFCheckpoint(config, file_to_hf(config, weights), read_tokenizer(path), kept)
+
+
+def file_to_hf(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """read_weights' tensors (in place) as a HF checkpoint has them: Gemma's post-attention norm under its HF name,
+    and its norms' weights w where the file holds 1 + w."""
+    if cfg.model_type != "gemma3_text":
+        return weights
+    for name in [n for n in weights if f".{POST_ATTENTION}." in n]:
+        weights[name.replace(POST_ATTENTION, "post_attention_layernorm")] = weights.pop(name)
+    for name in [n for n in weights if n.endswith("norm.weight")]:
+        weights[name] = weights[name] - 1
+    return weights
+
+
+def hf_to_file(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """file_to_hf's inverse, on a copy of the dict."""
+    if cfg.model_type != "gemma3_text":
+        return weights
+    out = {}
+    for name, w in weights.items():
+        out[name.replace("post_attention_layernorm", POST_ATTENTION)] = w + 1 if name.endswith("norm.weight") else w
+    return out
 
 
 def read_weights(path: str | Path, cfg: ModelConfig, blocks: bool = False
@@ -306,12 +386,31 @@ def gguf_version() -> str:
 
 
 def read_tokenizer(path: str | Path) -> Tokenizer:
-    """The byte-level BPE in `tokenizer.ggml.*` as a tokenizers Tokenizer: control tokens special, user-defined
-    ones added whole (as llama.cpp matches them), the pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre`."""
+    """The tokenizer in `tokenizer.ggml.*` as a tokenizers Tokenizer: a byte-level BPE (`gpt2`) or SentencePiece's
+    BPE (`llama`: spm_model), with the file's chat template, special tokens and whether prompts begin with BOS."""
     meta = open_gguf(path).fields
     model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise GGUFError(f"{path}: tokenizer {model!r} is not supported (byte-level BPE, 'gpt2', is)")
+    if model not in ("gpt2", "llama"):
+        raise GGUFError(f"{path}: tokenizer {model!r} is not supported (byte-level BPE, 'gpt2', and SentencePiece's "
+                        f"BPE, 'llama', are)")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise GGUFError(f"{path}: the file has no tokenizer.ggml.tokens")
+    spec = json.dumps(bpe_spec(path, meta)) if model == "gpt2" else spm_json(path, meta)
+    from tokenizers import Tokenizer as HFTokenizer
+    # llama.cpp's default: a SentencePiece vocabulary's prompts begin with BOS, a byte-level one's not
+    config = {"chat_template": meta.get("tokenizer.chat_template"),
+              "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama"))}
+    for key in ("bos", "eos", "eot"):
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if i is not None and i < len(tokens):
+            config[f"{key}_token"] = tokens[i]
+    return Tokenizer(HFTokenizer.from_str(spec), config)
+
+
+def bpe_spec(path, meta: dict) -> dict:
+    """The byte-level BPE's tokenizer.json: control tokens special, user-defined ones added whole (as llama.cpp
+    matches them), the pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre`."""
     tokens, types = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.token_type")
     rule = meta.get("tokenizer.ggml.pre", "default")
     pre = PRE_TOKENIZERS.get(rule)
@@ -319,30 +418,114 @@ def read_tokenizer(path: str | Path) -> Tokenizer:
         warnings.warn(f"{path}: pre-tokenizer {rule!r} is not known here; splitting as GPT-2 does")
         pre = GPT2
     alphabet = set(byte_level_alphabet().values())
-    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-              "special": kind == gguf.TokenType.CONTROL}
-             for i, (t, kind) in enumerate(zip(tokens, types))
+    added = [added_token(i, t, kind == gguf.TokenType.CONTROL) for i, (t, kind) in enumerate(zip(tokens, types))
              if kind == gguf.TokenType.USER_DEFINED or kind == gguf.TokenType.CONTROL and set(t) <= alphabet]
-    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
             "pre_tokenizer": pre, "post_processor": None,
             "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
             "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                       "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
                       "vocab": {t: i for i, t in enumerate(tokens)},
                       "merges": [m.split(" ") for m in meta.get("tokenizer.ggml.merges", [])]}}
-    from tokenizers import Tokenizer as HFTokenizer
-    config = {"chat_template": meta.get("tokenizer.chat_template")}
-    for key in ("bos", "eos", "eot"):
-        i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        if i is not None and i < len(tokens):
-            config[f"{key}_token"] = tokens[i]
-    return Tokenizer(HFTokenizer.from_str(json.dumps(spec)), config)
+
+
+def added_token(i: int, content: str, special: bool) -> dict:
+    return {"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": special}
+
+
+SPACE = "\u2581"          # SentencePiece's visible space
+SPM_BUILD = 2               # spm_spec's version: a cached tokenizer.json of another is made again
+
+
+def spm_json(path, meta: dict) -> str:
+    """spm_spec's tokenizer.json, kept in specmesh's cache by the file's identity (path, size, modification time):
+    deriving a large vocabulary's merges (Gemma's 262k pieces, 515k merges) takes seconds."""
+    from specmesh.kernels.build import cache_dir
+    path, stat = Path(path).resolve(), Path(path).stat()
+    key = hashlib.sha256(f"{SPM_BUILD}:{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:20]
+    file = cache_dir() / "tokenizers" / f"{key}.json"
+    if file.is_file():
+        return file.read_text(encoding="utf-8")
+    text = json.dumps(spm_spec(meta))
+    try:                                        # written whole, then renamed: a reader never sees half of it
+        file.parent.mkdir(parents=True, exist_ok=True)
+        part = file.with_suffix(f".{os.getpid()}.part")
+        part.write_text(text, encoding="utf-8")
+        part.replace(file)
+    except OSError:
+        pass                                    # a read-only cache: made again next time
+    return text
+
+
+def spm_spec(meta: dict) -> dict:
+    """SentencePiece's BPE (`tokenizer.ggml.model` llama: pieces, scores, types, byte-fallback pieces <0xXX>, no
+    merges) as a tokenizers BPE with byte fallback, built as transformers builds it from a GGUF file (its
+    gguf_tokenizer_mapping): spaces as U+2581 (with a leading one where add_space_prefix says, Llama's), merges
+    derived from the pieces (spm_merges), control pieces special and user-defined ones matched whole. A gemma file
+    spells its whitespace-run pieces with real spaces, where its merges need U+2581 (they are then reached by
+    merging, not matched whole), and ranks its merges by position rather than score."""
+    spelled, scores, types = (meta.get(f"tokenizer.ggml.{k}") for k in ("tokens", "scores", "token_type"))
+    gemma = meta.get("general.architecture", "").startswith("gemma")
+    tokens = [SPACE * len(t) if gemma and " " in t and not t.strip() else t for t in spelled]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    ranks = {t: -i for i, t in enumerate(tokens)} if gemma else dict(zip(tokens, scores or [0.0] * len(tokens)))
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", not gemma))
+    decoders = [{"type": "Replace", "pattern": {"String": SPACE}, "content": " "}, {"type": "ByteFallback"},
+                {"type": "Fuse"}] + ([{"type": "Strip", "content": " ", "start": 1, "stop": 0}] if prefix else [])
+    control, user = [], []
+    for i, (t, kind) in enumerate(zip(tokens, types or [])):
+        if kind == gguf.TokenType.CONTROL:
+            control.append(added_token(i, t, True))
+        elif kind == gguf.TokenType.USER_DEFINED and t == spelled[i] and vocab.get(t) == i:   # respelled: merged to
+            user.append(added_token(i, t, False))
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": control + user,
+            "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": SPACE} if gemma else None,
+            "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+                              "invert": False} if gemma else
+            {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": "first" if prefix else "never",
+             "split": False},
+            "post_processor": None, "decoder": {"type": "Sequence", "decoders": decoders},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None if unk is None else tokens[unk],
+                      "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
+                      "byte_fallback": True, "ignore_merges": False, "vocab": vocab, "merges": spm_merges(vocab, ranks)}}
+
+
+def spm_merges(vocab: dict[str, int], ranks: dict[str, float]) -> list[list[str]]:
+    """BPE merges equivalent to SentencePiece's rule (merge the adjacent pair whose join is the best-ranked piece):
+    every split of a piece into two pieces, best-ranked join first; a join's splits in vocabulary order, and among
+    equal ranks the longer left part first (transformers' generate_merges)."""
+    merges = []
+    for piece, rank in ranks.items():
+        local = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        merges += [(rank, len(a), len(b), a, b) for a, b in local]
+    merges.sort(key=lambda m: m[:3], reverse=True)
+    return [[a, b] for _, _, _, a, b in merges]
 
 
 # -- names and rope order ------------------------------------------------------------------------
 def hf_tensor_names(cfg: ModelConfig) -> list[str]:
-    layers = [f"model.layers.{i}.{inner}.weight" for i in range(cfg.num_layers) for inner in LAYER_NAMES]
+    """The tensors a model of this config reads from a GGUF file, by HF name (Gemma's post-attention norm under
+    POST_ATTENTION: file_to_hf)."""
+    layers = [f"model.layers.{i}.{inner}" for i in range(cfg.num_layers) for inner in layer_tensors(cfg)]
     return [*TOP_NAMES, *layers]
+
+
+def layer_tensors(cfg: ModelConfig) -> list[str]:
+    """A layer's tensors (HF names after model.layers.N.) of this config."""
+    inner = ["input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+             "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    if cfg.qk_norm:
+        inner += ["self_attn.q_norm", "self_attn.k_norm"]
+    if cfg.post_norms:
+        inner = [POST_ATTENTION if n == "post_attention_layernorm" else n for n in inner]
+        inner += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    names = [f"{n}.weight" for n in inner]
+    if cfg.qkv_bias and cfg.model_type != "llama":     # the llama architecture's would be in GGUF's rope order
+        names += [f"self_attn.{x}_proj.bias" for x in "qkv"]
+    return names
 
 
 def gguf_name(hf_name: str) -> str | None:
@@ -372,10 +555,14 @@ def write_gguf(out: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], to
                ftype: str) -> Path:
     """A Llama-family model (HF-named weights) as a GGUF file of type ftype ('bf16', 'f16', 'f32', 'q8_0', 'q4_0' or 'q4_1'), with
     its tokenizer (and llama.cpp's name for how it splits text) and chat template. loader.to_gguf writes a
-    checkpoint so."""
-    writer = gguf.GGUFWriter(str(out), "llama")
+    checkpoint so. The architecture is the config's (GGUF_ARCHITECTURES)."""
+    if cfg.model_type not in GGUF_ARCHITECTURES:
+        raise GGUFError(f"model_type {cfg.model_type!r} has no GGUF architecture here; supported: "
+                        f"{', '.join(GGUF_ARCHITECTURES)}")
+    writer = gguf.GGUFWriter(str(out), GGUF_ARCHITECTURES[cfg.model_type])
     for key, name in HPARAMS.items():
         getattr(writer, f"add_{key}")(getattr(cfg, name))
+    write_architecture(writer, cfg)
     write_tokenizer(writer, cfg, json.loads(tokenizer.inner.to_str()), pre_name(tokenizer))
     if tokenizer.chat_template:
         writer.add_chat_template(tokenizer.chat_template)
@@ -385,6 +572,28 @@ def write_gguf(out: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], to
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def write_architecture(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
+    """What read_config reads beyond HPARAMS: linear rope scaling (llama3's: write_tensors' rope_freqs), the
+    sliding window and its layers (a bool a layer), and Gemma 3's sliding rotary base and logit soft-cap. An
+    attention scale llama.cpp would not set is refused."""
+    kind = cfg.rope_scaling and (cfg.rope_scaling.get("rope_type") or cfg.rope_scaling.get("type"))
+    if kind == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(cfg.rope_scaling["factor"])
+    if cfg.has_sliding:
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_sliding_window_pattern([cfg.sliding(i) for i in range(cfg.num_layers)])
+    if cfg.model_type != "gemma3_text":
+        return
+    if cfg.query_pre_attn_scalar != gemma3_attention_scalar(cfg):
+        raise GGUFError(f"a gemma3 GGUF file's attention scale is 1/sqrt({gemma3_attention_scalar(cfg)}) "
+                        f"(llama.cpp's), not 1/sqrt({cfg.query_pre_attn_scalar})")
+    if cfg.has_sliding:
+        writer.add_rope_freq_base_swa(cfg.rope_local_theta or cfg.rope_theta)
+    if cfg.final_logit_softcapping is not None:
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
 
 
 def write_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict, pre: str) -> None:
@@ -413,6 +622,10 @@ def write_tensors(writer: gguf.GGUFWriter, cfg: ModelConfig, weights: dict[str, 
     specmesh keeps it); q and k rows in GGUF's rope order."""
     if cfg.tie_word_embeddings and "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]     # llama.cpp then reads output.weight
+    weights = hf_to_file(cfg, weights)
+    if cfg.rope_scaling is not None and cfg.rope_scaling.get("rope_type") == "llama3" or cfg.rope_freq_factors:
+        writer.add_tensor("rope_freqs.weight", llama3_factors(cfg).numpy())
+    rope_order = GGUF_ARCHITECTURES[cfg.model_type] == "llama"       # llama.cpp's llama rotates interleaved pairs
     Q = gguf.GGMLQuantizationType
     qtype = {"bf16": Q.BF16, "f16": Q.F16, "f32": Q.F32, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}[ftype]
     for hf_name, w in weights.items():
@@ -420,9 +633,9 @@ def write_tensors(writer: gguf.GGUFWriter, cfg: ModelConfig, weights: dict[str, 
         if name is None:
             continue
         w = w.float()
-        if name.endswith("attn_q.weight"):
+        if rope_order and name.endswith("attn_q.weight"):
             w = permute_rope(w, cfg.num_heads)
-        elif name.endswith("attn_k.weight"):
+        elif rope_order and name.endswith("attn_k.weight"):
             w = permute_rope(w, cfg.num_kv_heads)
         if w.dim() == 1 or qtype == Q.F32:
             writer.add_tensor(name, w.numpy())
@@ -432,3 +645,18 @@ def write_tensors(writer: gguf.GGUFWriter, cfg: ModelConfig, weights: dict[str, 
             writer.add_tensor(name, gguf.quants.quantize(w.numpy(), qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(name, w.to(torch.bfloat16).view(torch.uint16).numpy(), raw_dtype=Q.BF16)
+
+
+def llama3_factors(cfg: ModelConfig) -> torch.Tensor:
+    """The rope_freqs tensor [head_dim/2] llama.cpp's converter writes for llama3 rope scaling (1 for short waves,
+    the factor for long ones, between them 1 / ((1 - s) / factor + s)); a file's own where the config came from one."""
+    if cfg.rope_freq_factors is not None:
+        return torch.tensor(cfg.rope_freq_factors, dtype=torch.float32)
+    s = cfg.rope_scaling
+    factor, low, high, old = s["factor"], s["low_freq_factor"], s["high_freq_factor"], s["original_max_position_embeddings"]
+    out = []
+    for freq in (1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)).tolist():
+        wavelen = 2 * math.pi / freq
+        smooth = (old / wavelen - low) / (high - low)
+        out.append(1.0 if wavelen < old / high else factor if wavelen > old / low else 1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32)

@@ -19,6 +19,9 @@ class Tokenizer:
         self.inner = inner
         self.config = config or {}          # tokenizer_config.json's keys: chat_template, bos_token, eos_token ...
         self.chat_template = self.config.get("chat_template")
+        # the BOS a text's tokens begin with where the tokenizer adds one (add_bos_token: Gemma's, Llama 2's), else None
+        bos = self.special_tokens().get("bos_token") if self.config.get("add_bos_token") else None
+        self.bos_id: int | None = None if bos is None else inner.token_to_id(bos)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "Tokenizer":
@@ -71,11 +74,14 @@ class Tokenizer:
         return self.inner.token_to_id(token)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`. A long text goes through encode_batch, which lets go of Python's lock while it works
-        (about 1 s a MB): a server's other threads run on meanwhile."""
+        """Token ids of `text`, after the BOS where the tokenizer adds one (bos_id), once: a text that begins with it
+        (a chat template writes it) gets no second. A long text goes through encode_batch, which lets go of Python's
+        lock while it works (about 1 s a MB): a server's other threads run on meanwhile."""
         if len(text) < LONG_TEXT:
-            return self.inner.encode(text, add_special_tokens=False).ids
-        return self.inner.encode_batch([text], add_special_tokens=False)[0].ids
+            ids = self.inner.encode(text, add_special_tokens=False).ids
+        else:
+            ids = self.inner.encode_batch([text], add_special_tokens=False)[0].ids
+        return ids if self.bos_id is None or ids[:1] == [self.bos_id] else [self.bos_id, *ids]
 
     @functools.cached_property
     def max_token_bytes(self) -> int | None:
