@@ -235,6 +235,22 @@ def test_a_sentencepiece_vocabulary_gives_transformers_tokens_and_round_trips(ar
     assert ours.encode("<bos>x")[:1] == [2] and ours.encode("<bos>x").count(2) == 1      # a text that has it: once
 
 
+def test_a_sentencepiece_vocabulary_is_written_back(tmp_path):
+    """A Gemma folder whose tokenizer is that vocabulary (and says add_bos_token) writes a GGUF file whose tokenizer
+    encodes as the folder's and the first file's."""
+    import json
+    first = load_tokenizer(spm_gguf(tmp_path / "spm.gguf", "gemma3"))
+    folder = tmp_path / "folder"
+    torch.manual_seed(0)
+    transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+        **SMALL, vocab_size=first.vocab_size, query_pre_attn_scalar=16, sliding_window=WINDOW)).save_pretrained(folder)
+    first.inner.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True, "bos_token": "<bos>"}))
+    back = load_tokenizer(to_gguf(folder, tmp_path / "m.gguf", "f32"))
+    for text in ROUND_TRIP + [SPM_TEXT]:
+        assert back.encode(text) == load_tokenizer(folder).encode(text) == first.encode(text), text
+
+
 def test_a_byte_level_gguf_adds_no_bos(tiny_checkpoint, tmp_path):
     """Byte-level vocabularies (SmolLM2's) keep their tokens as they were: no BOS unless the file asks for one."""
     file = to_gguf(tiny_checkpoint, tmp_path / "m.gguf", "f32")

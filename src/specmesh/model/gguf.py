@@ -563,7 +563,11 @@ def write_gguf(out: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], to
     for key, name in HPARAMS.items():
         getattr(writer, f"add_{key}")(getattr(cfg, name))
     write_architecture(writer, cfg)
-    write_tokenizer(writer, cfg, json.loads(tokenizer.inner.to_str()), pre_name(tokenizer))
+    spec = json.loads(tokenizer.inner.to_str())
+    if spec["model"].get("byte_fallback"):
+        write_spm_tokenizer(writer, cfg, spec, tokenizer.bos_id is not None)
+    else:
+        write_tokenizer(writer, cfg, spec, pre_name(tokenizer))
     if tokenizer.chat_template:
         writer.add_chat_template(tokenizer.chat_template)
     write_tensors(writer, cfg, weights, ftype)
@@ -608,6 +612,36 @@ def write_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict, pre: s
                             for i in range(len(tokens))])
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
     writer.add_add_bos_token(False)                 # specmesh's tokenizer adds none
+    if cfg.bos_token_id is not None:
+        writer.add_bos_token_id(cfg.bos_token_id)
+    ends = cfg.eos_ids
+    if ends:
+        writer.add_eos_token_id(ends[0])
+    if len(ends) > 1:
+        writer.add_eot_token_id(ends[1])
+
+
+def write_spm_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict, bos: bool) -> None:
+    """A byte-fallback BPE's tokenizer.json (spm_spec's, or a folder's SentencePiece one) as GGUF's llama tokenizer:
+    its pieces by id; control pieces (special added tokens), user-defined ones (other added tokens), byte pieces
+    <0xXX>; scores falling with the id (the merges spm_spec derives again: their order is the pieces')."""
+    vocab = tok["model"]["vocab"]
+    pieces = sorted(vocab, key=vocab.get)
+    added = {t["id"]: t["special"] for t in tok.get("added_tokens", [])}
+    T = gguf.TokenType
+    types = [T.CONTROL if added.get(i) else T.USER_DEFINED if i in added else
+             T.BYTE if len(p) == 6 and p.startswith("<0x") and p.endswith(">") else T.NORMAL
+             for i, p in enumerate(pieces)]
+    scores = [0.0 if k == T.BYTE else -1000.0 if k != T.NORMAL else -float(i) for i, k in enumerate(types)]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(pieces)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_add_bos_token(bos)
+    writer.add_add_space_prefix((tok.get("pre_tokenizer") or {}).get("prepend_scheme", "never") != "never")
+    unk = tok["model"].get("unk_token")
+    if unk in vocab:
+        writer.add_unk_token_id(vocab[unk])
     if cfg.bos_token_id is not None:
         writer.add_bos_token_id(cfg.bos_token_id)
     ends = cfg.eos_ids
