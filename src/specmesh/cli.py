@@ -557,14 +557,15 @@ def cmd_tune(args, parser) -> int:
 def cmd_models(args, parser) -> int:
     from specmesh import catalog
     from specmesh.model.loader import count_parameters
-    rows = [{"name": m.name, "role": m.role, "parameters": count_parameters(m.path), "path": str(m.path),
-             "source": m.source, "draft": m.draft} for m in catalog.known().values()]
+    rows = [{"name": m.name, "role": m.role, "parameters": count_parameters(m.path) if m.path.exists() else None,
+             "path": str(m.path), "source": m.source, "draft": m.draft} for m in catalog.known().values()]
     if args.json:
         write_json(rows, args.json)
     else:
         for r in rows:
             paired = f"  (draft: {r['draft']})" if r["draft"] else ""
-            print(f"{r['name']:22} {r['role']:6} {r['parameters'] / 1e6:7.2f}M  {r['source']}{paired}\n"
+            size = "   (not yet assembled)" if r["parameters"] is None else f"{r['parameters'] / 1e6:7.2f}M"
+            print(f"{r['name']:22} {r['role']:6} {size}  {r['source']}{paired}\n"
                   f"{'':22} {r['path']}")
         print(f"{catalog.EMBEDDED:22} alias   specmesh-target (specmesh-draft as --draft)")
     return 0
