@@ -519,6 +519,11 @@ static void norm_rows(void *ctx, int64_t m0, int64_t m1) {
     }
 }
 
+static void rms_norm_rows(const float *x, int M, int D, const float *w, float eps, float *y) {   // on this thread
+    Norm a = {x, D, w, eps, y};
+    norm_rows(&a, 0, M);
+}
+
 void rms_norm(const float *x, int M, int D, const float *w, float eps, float *y) {
     Norm a = {x, D, w, eps, y};
     parallel_for(M, M >= 64 ? 1 : M, norm_rows, &a);
@@ -544,7 +549,13 @@ typedef struct {            // one decoder layer's weights (kernels.CBlock fills
     const float *qkv_s, *o_s, *gate_up_s, *down_s; // the int8 scales, or NULL
     const float *qkv_b, *o_b, *gate_up_b, *down_b; // float32 or NULL
     void (*reduce)(float *x, int n);                // a tensor-parallel shard: sums x[n] over the ranks, or NULL
+    const float *q_norm, *k_norm;                   // an RMSNorm of each q and k head [hd] before rotary, or NULL
+    const float *attn_post, *mlp_post;              // RMSNorms of the attention's and the MLP's outputs, or NULL
+    int act;                                        // the MLP's gate: SILU or GELU_TANH
+    int local;                                      // a sliding layer: the local rotary tables and window mask
 } Layer;
+
+enum { SILU = 0, GELU_TANH = 1 };
 
 // [sum(a[0]), ..., sum(a[7])]: the same addition tree for every lane
 static inline __m256 hsum8(const __m256 *a) {
@@ -861,9 +872,33 @@ static void swiglu_rows(void *ctx, int64_t r0, int64_t r1) {
     }
 }
 
-static void swiglu(const float *gu, int M, int I, float *act) {
+// act[M, I] = gelu_tanh(gate) * up: 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), tanh(y) = 1 - 2 / (e^2y + 1)
+static void geglu_rows(void *ctx, int64_t r0, int64_t r1) {
+    const Glu *c = ctx;
+    const int I = c->I;
+    const __m256 k0 = _mm256_set1_ps(0.7978845608028654f), k1 = _mm256_set1_ps(0.044715f), one = _mm256_set1_ps(1.0f),
+                 two = _mm256_set1_ps(2.0f), half = _mm256_set1_ps(0.5f);
+    for (int r = r0; r < r1; r++) {
+        const float *g = c->gu + (int64_t)r * 2 * I, *u = g + I;
+        float *a = c->act + (int64_t)r * I;
+        int i = 0;
+        for (; i + 8 <= I; i += 8) {
+            const __m256 x = _mm256_loadu_ps(g + i);
+            const __m256 y = _mm256_mul_ps(k0, _mm256_add_ps(x, _mm256_mul_ps(k1, _mm256_mul_ps(x, _mm256_mul_ps(x, x)))));
+            const __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(exp8(_mm256_mul_ps(two, y)), one)));
+            _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_mul_ps(half, _mm256_mul_ps(x, _mm256_add_ps(one, t))),
+                                                  _mm256_loadu_ps(u + i)));
+        }
+        for (; i < I; i++) {
+            const float x = g[i], y = 0.7978845608028654f * (x + 0.044715f * (x * (x * x)));
+            a[i] = 0.5f * (x * (1.0f + (1.0f - 2.0f / (expf(2.0f * y) + 1.0f)))) * u[i];
+        }
+    }
+}
+
+static void gated(const Layer *L, const float *gu, int M, int I, float *act) {    // the MLP's gate times up
     Glu a = {gu, I, act};
-    parallel_for(M, M * I >= 4096 ? 1 : M, swiglu_rows, &a);
+    parallel_for(M, M * I >= 4096 ? 1 : M, L->act == GELU_TANH ? geglu_rows : swiglu_rows, &a);
 }
 
 typedef struct {            // block_qkv's rotation and cache writes, for its parallel tasks
@@ -889,6 +924,10 @@ static void rotate_rows(void *ctx, int64_t r0, int64_t r1) {
     for (int r = r0; r < r1; r++) {
         int b = r / T, t = r % T;
         float *row = a->qkv + (int64_t)r * Q;
+        if (a->L->q_norm) {                         // per head, as rms_norm computes a row
+            rms_norm_rows(row, H, hd, a->L->q_norm, a->L->eps, row);
+            rms_norm_rows(row + H * hd, Hkv, hd, a->L->k_norm, a->L->eps, row + H * hd);
+        }
         for (int j = 0; j < H + Hkv; j++) rotate(row + j * hd, cos + r * hd, sin + r * hd, hd);
         for (int g = 0; g < Hkv; g++) {
             int64_t at = b * rs + ((int64_t)g * max_len + starts[b] + t) * hd;
@@ -967,6 +1006,7 @@ void block_out(const Layer *L, float *h, int M, const float *att) {
     float *x = malloc(sizeof(float) * M * D), *act = malloc(sizeof(float) * M * I);
     linear(att, M, L->H * L->hd, L->o, L->kind, L->o_s, D, L->o_b, x);
     if (L->reduce) L->reduce(x, M * D);                          // this rank's heads' part -> the whole
+    if (L->attn_post) rms_norm(x, M, D, L->attn_post, L->eps, x);
     add(h, x, M * D);
     rms_norm(h, M, D, L->mlp_norm, L->eps, x);
     if (L->glu)                                                  // SwiGLU in the tile product's epilogue
@@ -974,11 +1014,12 @@ void block_out(const Layer *L, float *h, int M, const float *att) {
     else {
         float *gu = malloc(sizeof(float) * M * 2 * I);
         linear(x, M, D, L->gate_up, L->kind, L->gate_up_s, 2 * I, L->gate_up_b, gu);
-        swiglu(gu, M, I, act);
+        gated(L, gu, M, I, act);
         free(gu);
     }
     linear(act, M, I, L->down, L->kind, L->down_s, D, L->down_b, x);
     if (L->reduce) L->reduce(x, M * D);                          // this rank's MLP columns' part -> the whole
+    if (L->mlp_post) rms_norm(x, M, D, L->mlp_post, L->eps, x);
     add(h, x, M * D);
     free(x); free(act);
 }
@@ -1076,6 +1117,8 @@ typedef struct {            // a model's ends around its layers (kernels.CForwar
     const float *norm;      // [D]
     const void *head;       // [V, D] of that kind
     const float *head_s, *head_b;   // int8 scales, bias, or NULL
+    const float *inv_freq_local;    // the sliding layers' rotary frequencies where they have their own, or NULL
+    float embed_scale;              // embeddings times this (Gemma: sqrt(D)), or 0: as they are
 } Ends;
 
 // A small forward in one call: T new tokens of each of B sequences through layers[0..n), one after
@@ -1090,14 +1133,17 @@ typedef struct {            // a model's ends around its layers (kernels.CForwar
 void model_forward(const Ends *E, const Layer *const *layers, int n, const int64_t *ids, float *h, int B, int T,
                    const int64_t *positions, void *const *kc, void *const *vc, int kv16, int64_t rs, int max_len,
                    const int *starts, const uint8_t *mask, int ms, int tail, float *logits, const int *groups,
-                   int ngroups, const int *lens) {
+                   int ngroups, const int *lens, const uint8_t *window_mask) {
     const int M = B * T, D = E->D, hd = E->hd;
     if (ids && E->embed_kind == GGUF)
         gguf_rows(E->embed, D, ids, M, h);
     else if (ids)
         for (int r = 0; r < M; r++) memcpy(h + (int64_t)r * D, (const float *)E->embed + ids[r] * D, sizeof(float) * D);
-    float *cos = malloc(sizeof(float) * M * hd), *sin = malloc(sizeof(float) * M * hd);
+    if (ids && E->embed_scale)
+        for (int64_t i = 0; i < (int64_t)M * D; i++) h[i] *= E->embed_scale;
+    float *cos = malloc(sizeof(float) * M * hd * 2), *sin = malloc(sizeof(float) * M * hd * 2);
     rotary_tables(E->inv_freq, positions, M, hd, cos, sin);
+    if (E->inv_freq_local) rotary_tables(E->inv_freq_local, positions, M, hd, cos + M * hd, sin + M * hd);
     // lens: row b's first lens[b] tokens are real, the rest pad it to T; the layers run on the real ones only
     int Mv = 0, *idx = NULL;
     float *hv = h;
@@ -1118,7 +1164,11 @@ void model_forward(const Ends *E, const Layer *const *layers, int n, const int64
         if (groups && groups[g] > 1)
             group_forward(layers + l, groups[g], h, B, T, cos, sin, kc + l, vc + l, kv16, rs, max_len, starts, mask, ms);
         else
-            block_forward(layers[l], hv, idx, Mv, B, T, cos, sin, kc[l], vc[l], kv16, rs, max_len, starts, mask, ms);
+        {   // a sliding layer: its own rotary tables where the model has them, and the window's mask where it hides keys
+            const int local = layers[l]->local, own = local && E->inv_freq_local ? M * hd : 0;
+            block_forward(layers[l], hv, idx, Mv, B, T, cos + own, sin + own, kc[l], vc[l], kv16, rs, max_len, starts,
+                          local && window_mask ? window_mask : mask, ms);
+        }
     }
     if (tail > 0 && idx) {                      // every token's logits (tail == T): the pads' are zeros
         float *x = malloc(sizeof(float) * Mv * D), *part = malloc(sizeof(float) * Mv * E->V);

@@ -23,13 +23,16 @@ class LayerWeights(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hkv", "hd", "I", "kind", "glu")] + [("eps", ctypes.c_float)] + [
         (n, ctypes.c_void_p) for n in ("attn_norm", "mlp_norm", "qkv", "o", "gate_up", "down",
                                        "qkv_s", "o_s", "gate_up_s", "down_s", "qkv_b", "o_b", "gate_up_b", "down_b",
-                                       "reduce")]
+                                       "reduce", "q_norm", "k_norm", "attn_post", "mlp_post")] + [
+        ("act", ctypes.c_int), ("local", ctypes.c_int)]
+    ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}       # csrc/avx2.c's SILU, GELU_TANH
 
 
 class ModelEnds(ctypes.Structure):
     """csrc/avx2.c's Ends: a model's embedding, rotary frequencies, final norm and head."""
     _fields_ = [(n, ctypes.c_int) for n in ("D", "V", "hd", "kind", "embed_kind")] + [("eps", ctypes.c_float)] + [
-        (n, ctypes.c_void_p) for n in ("embed", "inv_freq", "norm", "head", "head_s", "head_b")]
+        (n, ctypes.c_void_p) for n in ("embed", "inv_freq", "norm", "head", "head_s", "head_b", "inv_freq_local")] + [
+        ("embed_scale", ctypes.c_float)]
 
 
 class Part(ctypes.Structure):
@@ -97,7 +100,7 @@ def avx2_lib() -> ctypes.CDLL | None:
                                      ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                     ctypes.c_void_p]
+                                     ctypes.c_void_p, ctypes.c_void_p]
     kernel.model_forward.restype = None
     kernel.block_qkv.argtypes = [ctypes.POINTER(LayerWeights), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                  ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,

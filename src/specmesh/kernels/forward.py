@@ -10,7 +10,7 @@ from torch import nn
 
 from specmesh.kernels.build import LayerWeights, ModelEnds, amx_lib
 from specmesh.kernels.linears import SMALL_ROWS, AMXLinear, DPLinear, F32Linear, FMALinear, GGUFLinear, Q8Linear, _ptr
-from specmesh.model.model import PREFILL_TOKENS, attention
+from specmesh.model.model import PREFILL_TOKENS, GemmaRMSNorm, ModelConfig, attention
 
 
 class CRMSNorm(nn.Module):
@@ -32,21 +32,36 @@ class CBlock(nn.Module):
     """model.Block with its weights described for csrc/avx2.c (LayerWeights): CForward runs small
     forwards through every layer in one C call; other shapes (prefill, training) go through the
     block itself. The C attention runs row by row, so a sequence's result does not depend on the
-    others in the batch."""
+    others in the batch. Besides the Llama block: q/k norms (Qwen3, Gemma 3), Gemma's (1 + w) norms and post-norms,
+    a GELU gate, sliding layers (`local`: CForward hands them their rotary tables and window mask)."""
 
-    def __init__(self, block: nn.Module):
+    def __init__(self, block: nn.Module, cfg: ModelConfig | None = None):
         super().__init__()
+        act, local = (cfg.hidden_act, cfg.sliding(block.attn.layer)) if cfg is not None else ("silu", False)
         self.block = block
         attn, mlp = block.attn, block.mlp
         linears = (attn.qkv, attn.o, mlp.gate_up, mlp.down)
+        self.norms = [c_norm_weight(n) for n in (block.attn_norm, block.mlp_norm, attn.q_norm, attn.k_norm,
+                                                 block.attn_post_norm, block.mlp_post_norm)]   # held: C reads them
+        attn_norm, mlp_norm, *extra = map(_ptr, self.norms)
         self.weights = LayerWeights(
             attn.o.out_features, attn.h, attn.hkv, attn.hd, mlp.down.in_features, attn.qkv.KIND,
             getattr(mlp.gate_up, "glu", False), block.attn_norm.eps,
-            _ptr(block.attn_norm.weight), _ptr(block.mlp_norm.weight), *(weights_address(lin) for lin in linears),
-            *(_ptr(getattr(lin, "scale", None)) for lin in linears), *(_ptr(lin.bias32) for lin in linears))
+            attn_norm, mlp_norm, *(weights_address(lin) for lin in linears),
+            *(_ptr(getattr(lin, "scale", None)) for lin in linears), *(_ptr(lin.bias32) for lin in linears),
+            None, *extra, LayerWeights.ACTIVATIONS[act], local)
 
     def forward(self, x, cos, sin, cache, mask):
         return self.block(x, cos, sin, cache, mask)
+
+
+def c_norm_weight(norm: nn.Module | None) -> torch.Tensor | None:
+    """The weight csrc/ multiplies a norm's normalized input by: RMSNorm's w, Gemma's 1 + w (in float32, as its
+    forward computes it); None where the block has no such norm (model.unchanged)."""
+    if not isinstance(norm, nn.Module) or not hasattr(norm, "weight"):
+        return None
+    w = norm.weight.detach().float()
+    return (1.0 + w).contiguous() if isinstance(norm, GemmaRMSNorm) else w.contiguous()
 
 
 def weights_address(module: nn.Module) -> int:
@@ -67,10 +82,13 @@ class CForward:
     def __init__(self, model: nn.Module, kernel: ctypes.CDLL):
         self.model, self.kernel = model, kernel
         head, norm, cfg = model.lm_head, model.norm, model.config
+        self.norm = c_norm_weight(norm)
+        local = getattr(model, "inv_freq_local", None)
+        scale = float(torch.tensor(cfg.hidden_size ** 0.5)) if cfg.scale_embeddings else 0.0   # as model.embedding
         self.ends = ModelEnds(cfg.hidden_size, head.out_features, cfg.head_dim, head.KIND,
                               getattr(model.embed, "KIND", F32Linear.KIND), norm.eps, weights_address(model.embed),
-                              model.inv_freq.data_ptr(), norm.weight.data_ptr(), weights_address(head),
-                              _ptr(getattr(head, "scale", None)), _ptr(head.bias32))
+                              model.inv_freq.data_ptr(), self.norm.data_ptr(), weights_address(head),
+                              _ptr(getattr(head, "scale", None)), _ptr(head.bias32), _ptr(local), scale)
         self.layers = [ctypes.pointer(b.weights) for b in model.layers]
         self.amx = amx_lib() if model.layers[0].weights.kind == AMXLinear.KIND else None
         # prefills in C where the linears are fast for many rows (tiles, dot products)
@@ -88,10 +106,13 @@ class CForward:
         B, T = x.shape[:2]
         if cache is None or x.device.type != "cpu":
             return None
+        if groups and self.model.config.has_sliding:
+            return None                         # layer-parallel groups of sliding layers: the model's own path
         if B * T > SMALL_ROWS:
             return self._long(x, cache, depths, tree_mask, layers, last_only, lens) if self.long and not groups else None
         positions = cache.slots(T, depths)                                        # [B, T] int64
         mask = None if tree_mask is None else cache.mask(T, tree_mask).contiguous()   # [B, 1, T, kv_len]
+        window = self._window(cache, mask, tree_mask)
         n, first, L = len(layers), cache.first_layer, self.model.config.num_layers
         weights = (ctypes.POINTER(LayerWeights) * n)(*self.layers[layers.start:layers.stop])
         kc = (ctypes.c_void_p * n)(*(cache.k[i - first].data_ptr() for i in layers))   # each [B, Hkv, max_len, hd]
@@ -105,9 +126,18 @@ class CForward:
                                   h.data_ptr(), B, T, positions.ctypes.data, kc, vc, cache.k[0].dtype == torch.bfloat16,
                                   cache.k[0].stride(0), cache.max_len, self._starts(cache).ctypes.data, _ptr(mask),
                                   cache.kv_len, tail, logits.data_ptr(), _ptr(sizes), 0 if sizes is None else len(sizes),
-                                  None if real is None else real.ctypes.data)
+                                  None if real is None else real.ctypes.data, _ptr(window))
         cache.advance(T)
         return self.model.expand(logits) if tail else h
+
+    def _window(self, cache, mask: torch.Tensor | None, tree_mask) -> torch.Tensor | None:
+        """The sliding layers' mask [B, 1, T, kv_len] where their window hides keys this forward (KVCache.window_mask),
+        else None: they see what the others see."""
+        cfg = self.model.config
+        if not cfg.has_sliding:
+            return None
+        window = cache.window_mask(mask, tree_mask, cfg.sliding_window)
+        return None if window is mask else window.contiguous()
 
     def _long(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool | int,
               lens: list[int] | None = None):
@@ -117,16 +147,18 @@ class CForward:
         idx = None if lens is None or sum(lens) == B * T or last_only and layers.stop == cfg.num_layers \
             else np.concatenate([b * T + np.arange(n, dtype=np.int32) for b, n in enumerate(lens)])
         H, Q, hd = cfg.num_heads, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.head_dim
-        tiles = self.tile_attention and T > PREFILL_TOKENS and tree_mask is None and cache.k[0].dtype == torch.bfloat16
+        tiles = self.tile_attention and T > PREFILL_TOKENS and tree_mask is None and cache.k[0].dtype == torch.bfloat16 \
+            and not cfg.has_sliding
         if tiles or self.c_attention:     # C attention: causal by each row's first new slot; a mask for a tree only
             positions = torch.from_numpy(cache.slots(T, depths))
             mask = None if tiles or tree_mask is None else cache.mask(T, tree_mask).contiguous()   # [B, 1, T, kv_len]
         else:
             positions, mask = cache.prepare(T, depths, tree_mask)                # [B, T]; [B, 1, T, kv_len] or None
-        cos, sin = torch.empty(B * T, hd), torch.empty(B * T, hd)
-        self.kernel.rotary_tables(self.ends.inv_freq, positions.contiguous().data_ptr(), B * T, hd, cos.data_ptr(),
-                                  sin.data_ptr())
-        h = self.model.embed(x).contiguous() if layers.start == 0 else self._hidden(x, layers)   # [B, T, D]
+        tables = {False: self._rotary(self.ends.inv_freq, positions, hd)}          # by whether a layer slides
+        tables[True] = self._rotary(self.ends.inv_freq_local, positions, hd) if self.ends.inv_freq_local else tables[False]
+        masks = {False: mask, True: self._window(cache, mask, tree_mask) if cfg.has_sliding else None}
+        masks[True] = mask if masks[True] is None else masks[True]
+        h = self.model.embedding(x).contiguous() if layers.start == 0 else self._hidden(x, layers)   # [B, T, D]
         if idx is not None:
             h = h.view(B * T, -1)[torch.from_numpy(idx)].contiguous()                   # [Mv, D]
         Mv = B * T if idx is None else len(idx)
@@ -134,6 +166,7 @@ class CForward:
         starts = self._starts(cache)
         for i in layers:
             kc, vc = cache.k[i - first], cache.v[i - first]                       # [B, Hkv, max_len, hd]
+            (cos, sin), mask = tables[cfg.sliding(i)], masks[cfg.sliding(i)]
             self.kernel.block_qkv(self.layers[i], h.data_ptr(), None if idx is None else idx.ctypes.data, Mv, B, T,
                                   cos.data_ptr(), sin.data_ptr(), kc.data_ptr(), vc.data_ptr(),
                                   kc.dtype == torch.bfloat16, kc.stride(0), cache.max_len, starts.ctypes.data,
@@ -158,6 +191,13 @@ class CForward:
         if layers.stop < cfg.num_layers:
             return h
         return self.model.logits(h, last_only)
+
+    def _rotary(self, inv_freq: int, positions: torch.Tensor, hd: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B*T, hd] of the positions for the frequencies at address inv_freq (csrc's rotary_tables)."""
+        cos, sin = torch.empty(positions.numel(), hd), torch.empty(positions.numel(), hd)
+        self.kernel.rotary_tables(inv_freq, positions.contiguous().data_ptr(), positions.numel(), hd, cos.data_ptr(),
+                                  sin.data_ptr())
+        return cos, sin
 
     @staticmethod
     def _unpack(rows: torch.Tensor, idx: np.ndarray, B: int, T: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specmesh.kernels.build import amx_lib, avx2_lib, avx512_on, dp_lib, fma_lib, native_bf16, q8_lib
+from specmesh.kernels.build import LayerWeights, amx_lib, avx2_lib, avx512_on, dp_lib, fma_lib, native_bf16, q8_lib
 from specmesh.kernels.forward import CBlock, CForward, CRMSNorm
 from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, FMALinear, Int8Linear, PackedLinear,
                                       Q8Linear, can_pack, glu_order)
@@ -72,7 +72,7 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> 
         on_huge_pages(model)                    # before the C blocks take the weights' addresses
         _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
         if runs_whole_in_c(model):
-            _replace(model, Block, CBlock)
+            _replace(model, Block, lambda block: CBlock(block, getattr(model, "config", None)))
             if hasattr(model, "fast_forward"):     # a Transformer (not a bare module of linears)
                 model.kv_dtype = torch.bfloat16     # half the bytes for a batch's attention to read
                 model.fast_forward = CForward(model, lib)
@@ -94,16 +94,20 @@ def use_batch_invariant_kernels(model: nn.Module) -> bool:
     on_huge_pages(model)
     _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
     if runs_whole_in_c(model):
-        _replace(model, Block, CBlock)
+        _replace(model, Block, lambda block: CBlock(block, getattr(model, "config", None)))
         model.fast_forward = CForward(model, lib)
     return True
 
 
 def runs_whole_in_c(model: nn.Module) -> bool:
-    """Whether csrc/ runs the model's blocks and forward whole (CBlock, CForward): the plain Llama block
-    (ModelConfig.plain_block). Others (q/k norms, Gemma's) run their blocks in PyTorch around the kernels' linears."""
+    """Whether csrc/ runs the model's blocks and forward whole (CBlock, CForward): the Llama block, and what Qwen3
+    and Gemma 3 add to it (q/k norms, (1 + w) norms, post-norms, a GELU gate, scaled embeddings, sliding layers);
+    not an attention scale other than 1 / sqrt(head_dim) or soft-capped logits, whose blocks run in PyTorch around
+    the kernels' linears."""
     cfg = getattr(model, "config", None)
-    return cfg is None or cfg.plain_block
+    return cfg is None or cfg.plain_block or (cfg.query_pre_attn_scalar in (None, cfg.head_dim)
+                                              and cfg.final_logit_softcapping is None
+                                              and cfg.hidden_act in LayerWeights.ACTIVATIONS)
 
 
 def select_kernels(model: nn.Module, draft: bool = False) -> nn.Module:

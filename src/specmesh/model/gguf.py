@@ -16,6 +16,8 @@ import dataclasses
 import functools
 import hashlib
 import json
+import mmap
+import struct
 import math
 import os
 import warnings
@@ -150,8 +152,7 @@ def read_blocks(t: Tensor) -> Blocks | None:
 
 
 # GGUF's metadata value types: numpy dtypes of the scalars, 8 string, 9 array
-SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
-           12: "<f8"}
+SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<B", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
 
 
@@ -169,36 +170,43 @@ class GGUFFile:
 
     def __init__(self, path: Path):
         self.data, self.pos = np.memmap(path, mode="r"), len(MAGIC)
-        if (version := self.read("<u4")) not in (2, 3):
+        with open(path, "rb") as f:
+            self.raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)     # the header, read by struct
+        if (version := self.read("<I")) not in (2, 3):
             raise GGUFError(f"GGUF version {version} is not one this reader knows (2, 3)")
-        n_tensors, n_fields = self.read("<u8"), self.read("<u8")
+        n_tensors, n_fields = self.read("<Q"), self.read("<Q")
         self.fields = {}
         for _ in range(n_fields):
             key = self.string()
-            self.fields[key] = self.value(self.read("<u4"))
-        infos = [(self.string(), [self.read("<u8") for _ in range(self.read("<u4"))], self.read("<u4"),
-                  self.read("<u8")) for _ in range(n_tensors)]
+            self.fields[key] = self.value(self.read("<I"))
+        infos = [(self.string(), [self.read("<Q") for _ in range(self.read("<I"))], self.read("<I"),
+                  self.read("<Q")) for _ in range(n_tensors)]
         align = self.fields.get("general.alignment", 32)
         start = -(-self.pos // align) * align
         self.tensors = [self.tensor(name, dims, kind, start + offset) for name, dims, kind, offset in infos]
+        self.raw.close()
 
     def read(self, dtype: str, count: int | None = None):
-        size = np.dtype(dtype).itemsize * (count or 1)
-        if self.pos + size > len(self.data):
-            raise ValueError(f"the file ends at byte {len(self.data)}, inside its header")
-        values = self.data[self.pos:self.pos + size].view(dtype)
-        self.pos += size
-        return values if count is not None else values[0].item()
+        size = struct.calcsize(dtype) * (count or 1)
+        if self.pos + size > len(self.raw):
+            raise ValueError(f"the file ends at byte {len(self.raw)}, inside its header")
+        at, self.pos = self.pos, self.pos + size
+        if count is not None:
+            return np.frombuffer(self.raw, dtype, count, at)
+        return struct.unpack_from(dtype, self.raw, at)[0]
 
     def string(self) -> str:
-        n = self.read("<u8")
-        return bytes(self.read("<u1", n)).decode("utf-8", "replace") if n else ""
+        n = self.read("<Q")
+        if self.pos + n > len(self.raw):
+            raise ValueError(f"the file ends at byte {len(self.raw)}, inside its header")
+        self.pos += n
+        return self.raw[self.pos - n:self.pos].decode("utf-8", "replace")
 
     def value(self, kind: int):
         if kind == STRING:
             return self.string()
         if kind == ARRAY:
-            item, n = self.read("<u4"), self.read("<u8")
+            item, n = self.read("<I"), self.read("<Q")
             if item in SCALARS:
                 return self.read(SCALARS[item], n).tolist() if n else []
             return [self.value(item) for _ in range(n)]
@@ -350,24 +358,48 @@ def hf_to_file(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, 
     return out
 
 
-def read_weights(path: str | Path, cfg: ModelConfig, blocks: bool = False
+def read_weights(path: str | Path, cfg: ModelConfig, blocks: bool = False, vectors_only: bool = False
                  ) -> tuple[dict[str, torch.Tensor], dict[str, Blocks]]:
-    """The tensors by HF name in float32, and (`blocks`) the quantized matrices' blocks as they are."""
+    """The tensors by HF name in float32, and (`blocks`) the quantized matrices' blocks as they are; `vectors_only`:
+    the 1-D tensors alone (norms, biases: the matrices run from the file, matrices())."""
     hf_names = {gguf_name(n): n for n in hf_tensor_names(cfg)}
     weights, kept = {}, {}
     for t in open_gguf(path).tensors:
         name = hf_names.get(t.name)
-        if name is None:
+        if name is None or vectors_only and len(t.shape) > 1:
             continue                          # rope_freqs and the like: recomputed
         w, b = torch.from_numpy(dequantize(path, t)).view(t.shape), read_blocks(t) if blocks else None
-        heads = cfg.num_heads if t.name.endswith("attn_q.weight") else \
-            cfg.num_kv_heads if t.name.endswith("attn_k.weight") else None
+        heads = rope_heads(cfg, t.name)
         if heads:
             w, b = unpermute_rope(w, heads), b and b.rows(lambda x: unpermute_rope(x, heads))
         weights[name] = w
         if b is not None:
             kept[name] = b
     return weights, kept
+
+
+def matrices(path: str | Path, cfg: ModelConfig) -> dict[str, Tensor]:
+    """The file's 2-D tensors the model reads, by HF name: its matrices, as they are in the file."""
+    hf_names = {gguf_name(n): n for n in hf_tensor_names(cfg)}
+    return {hf_names[t.name]: t for t in open_gguf(path).tensors if t.name in hf_names and len(t.shape) == 2}
+
+
+def rope_heads(cfg: ModelConfig, name: str) -> int | None:
+    """The heads of a q or k projection whose rows the file holds in GGUF's interleaved rope pairs (llama.cpp's
+    converter permutes them for the Llama architecture, permute_rope), else None."""
+    if cfg.model_type not in ("llama", "mistral"):
+        return None
+    return cfg.num_heads if name.endswith("attn_q.weight") else \
+        cfg.num_kv_heads if name.endswith("attn_k.weight") else None
+
+
+def rope_rows(cfg: ModelConfig, name: str, rows: int) -> np.ndarray | None:
+    """For a q or k projection held in GGUF's rope order: the file row each of the model's rows reads (int32
+    [rows]); else None."""
+    heads = rope_heads(cfg, name)
+    if heads is None:
+        return None
+    return unpermute_rope(torch.arange(rows, dtype=torch.int32)[:, None], heads)[:, 0].numpy()
 
 
 def dequantize(path, t: Tensor) -> np.ndarray:

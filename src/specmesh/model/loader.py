@@ -16,7 +16,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from specmesh.kernels import draft_quant, q8_lib, select_kernels
+from torch import nn
+
+from specmesh.kernels import avx2_lib, draft_quant, q8_lib, select_kernels
+from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
 from specmesh.model import gguf
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
 from specmesh.model.quant import keep_blocks, quantize_model
@@ -138,6 +141,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     `draft` whose folder has HEAD_TOKENS computes logits for those tokens only (Transformer.restrict_head). `part=(rank, world)`: only that
     tensor-parallel rank's shard (model/shard.py), cut before quantization and kernels."""
     path = Path(path)
+    if pack and quant is None and part is None and runs_file_blocks(path, dtype, device):
+        return load_file_blocks(path, draft)
     has_blocks = quant is None and part is None and runs_blocks(path, dtype, device)
     blocks = has_blocks and pack
     if draft and quant is None and not has_blocks:  # as on every TP rank (they load unpacked)
@@ -199,6 +204,63 @@ def runs_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device
     on AVX512-VNNI or AVX2: kernels.Q8Linear); elsewhere they are dequantized (and rounded to the run's dtype)."""
     return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and q8_lib() is not None \
         and gguf.is_gguf(path) and gguf.layer_format(path) is not None
+
+
+def runs_file_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
+    """Whether a GGUF file's matrices run from the file as they are (load_file_blocks): a bfloat16 run on an x86 CPU
+    whose kernels build, of a file that is not all Q8_0 / Q4_0 / Q4_1 (runs_blocks repacks those), every matrix of
+    a type csrc/blocks.c multiplies (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) with its row a whole number
+    of blocks. Elsewhere a file is dequantized at load."""
+    lib = avx2_lib()
+    if dtype != torch.bfloat16 or torch.device(device).type != "cpu" or lib is None or not gguf.is_gguf(path) \
+            or runs_blocks(path, dtype, device):
+        return False
+    found = gguf.matrices(path, read_config(path)).values()
+    return bool(found) and all(lib.gguf_kernel(t.kind, t.shape[1]) for t in found)
+
+
+def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
+    """A GGUF file's model whose matrices and embedding stay in the file, memory-mapped, and run as they are
+    (kernels.GGUFLinear, GGUFEmbedding): resident memory is the pages a forward reads, not a copy. Norms and biases
+    are read into float32; the rest of the model gets this CPU's kernels (select_kernels) as any bf16 model."""
+    cfg, lib = read_config(path), avx2_lib()
+    found = gguf.matrices(path, cfg)
+    vectors = gguf.file_to_hf(cfg, gguf.read_weights(path, cfg, vectors_only=True)[0])
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    names = name_map(cfg)
+
+    def matrix(ours: str) -> GGUFLinear:
+        theirs = names[ours]
+        parts = [(found[n].data, found[n].kind, gguf.rope_rows(cfg, gguf.gguf_name(n), found[n].shape[0]))
+                 for n in theirs]
+        bias = names.get(ours.replace(".weight", ".bias"), [])
+        bias = torch.cat([vectors[n] for n in bias]) if bias and all(n in vectors for n in bias) else None
+        return GGUFLinear(parts, found[theirs[0]].shape[1], bias, lib)
+
+    missing = [n for ns in names.values() for n in ns if n not in found and n not in vectors and ".bias" not in n]
+    if missing:
+        raise CheckpointError(f"{path}: weight {missing[0]} is missing")
+    for module_name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{module_name}.{child_name}".lstrip(".")
+            if isinstance(child, nn.Linear) and f"{full}.weight" in names:
+                setattr(module, child_name, matrix(f"{full}.weight"))
+    model.embed = GGUFEmbedding(matrix("embed.weight"))
+    model.lm_head = model.embed.table if cfg.tie_word_embeddings else model.lm_head
+    state = {ours: torch.cat([vectors[n] for n in theirs]) for ours, theirs in names.items()
+             if all(n in vectors for n in theirs) and not ours.endswith(".bias")}
+    model.load_state_dict(state, strict=False, assign=True)
+    model.embed.weight = nn.Parameter(torch.empty(0, cfg.hidden_size), requires_grad=False)
+    meta = [n for n, p in model.named_parameters() if p.is_meta]
+    if meta:
+        raise CheckpointError(f"{path}: no weights for {meta[:3]}")
+    model.inv_freq = rope_inv_freq(cfg)
+    model = model.to(dtype=torch.bfloat16).eval()
+    model.quant = None
+    select_kernels(model, draft)
+    release_freed_memory()
+    return model
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -1,0 +1,163 @@
+"""A GGUF file's quantized matrices as they are (csrc/blocks.c, kernels.GGUFLinear): each block type dequantizes as
+the `gguf` package does, bit for bit; each product is within its type's tolerance of the float product and gives a
+row the same bits alone or in a batch; a mixed K-quant file (Q4_K_M's kind of mix) runs from its memory-mapped
+pages with no dequantized copy, close to its float32 model, every one-process method greedy-equal to `ar`, and
+its bytes unchanged."""
+import ctypes
+import hashlib
+import json
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_config
+from specmesh import LLM, SamplingParams, kernels
+from specmesh.kernels.build import Matrix
+from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
+from specmesh.model.cache import KVCache
+from specmesh.model.gguf import HPARAMS, gguf_name, hf_tensor_names, pre_name, write_tokenizer
+from specmesh.model.loader import load_model, load_tokenizer, runs_file_blocks
+
+Q = gguf.GGMLQuantizationType
+KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# where each block type keeps its fp16 scales (d, then dmin or m where it has one)
+SCALES = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_1: (0, 2), Q.Q5_1: (0, 2), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2),
+          Q.Q6_K: (208,)}
+
+pytestmark = pytest.mark.skipif(kernels.avx2_lib() is None, reason="needs csrc/ built (x86 with AVX2 and gcc)")
+
+
+def random_blocks(kind: Q, rows: int, K: int, rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:
+    """uint8 [rows, bytes per row] of random blocks of `kind` whose fp16 scales are of a sane size: random bytes
+    elsewhere are valid weights of every type (as llama-quantize's would be, with other statistics)."""
+    size, nbytes = gguf.GGML_QUANT_SIZES[kind]
+    n = rows * K // size
+    raw = rng.integers(0, 256, size=(n, nbytes), dtype=np.uint8)
+    for at in SCALES[kind]:
+        d = rng.uniform(0.3, 1.0, n) * scale * rng.choice([-1, 1], n) if at == 0 else rng.uniform(0, scale, n)
+        raw[:, at:at + 2] = d.astype(np.float16).view(np.uint8).reshape(n, 2)
+    return raw.reshape(rows, -1)
+
+
+def matrix_of(raw: np.ndarray, kind: Q, K: int) -> GGUFLinear:
+    return GGUFLinear([(raw, int(kind), None)], K, None, kernels.avx2_lib())
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_each_block_type_dequantizes_as_gguf_does(kind):
+    raw = random_blocks(kind, 3, 512, np.random.default_rng(0))
+    want = gguf.quants.dequantize(raw, kind).astype(np.float32)
+    got = np.empty((3, 512), np.float32)
+    assert kernels.avx2_lib().gguf_dequantize(int(kind), raw.ctypes.data, got.size, got.ctypes.data) == 0
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    table = GGUFEmbedding(matrix_of(raw, kind, 512))
+    assert torch.equal(table(torch.tensor([[2, 0]])), torch.from_numpy(want[[2, 0]])[None])
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_each_product_is_near_the_float_one_and_a_row_alike_alone_and_in_a_batch(kind):
+    rng = np.random.default_rng(1)
+    N, K = 40, 768
+    raw = random_blocks(kind, N, K, rng)
+    linear = matrix_of(raw, kind, K)
+    x = torch.randn(32, K, generator=torch.Generator().manual_seed(2))
+    y = linear(x)
+    want = x.double() @ torch.from_numpy(gguf.quants.dequantize(raw, kind).astype(np.float32)).double().T
+    # 8-bit activations per block: about 1/254 of a block's largest input per weight, a fraction of that summed
+    assert ((y - want).abs().max() / want.abs().max()).item() < 0.02
+    for rows in (1, 2, 5, 32):
+        batch = linear(x[:rows])
+        for i in range(rows):
+            assert torch.equal(linear(x[i:i + 1])[0], batch[i])
+
+
+def test_a_matrix_of_parts_reads_each_of_its_own_type_through_its_row_map():
+    rng = np.random.default_rng(3)
+    K = 512
+    a, b = random_blocks(Q.Q4_K, 8, K, rng), random_blocks(Q.Q6_K, 4, K, rng)
+    order = np.array([3, 1, 0, 2], dtype=np.int32)
+    fused = GGUFLinear([(a, int(Q.Q4_K), None), (b, int(Q.Q6_K), order)], K, torch.arange(12.0), kernels.avx2_lib())
+    x = torch.randn(3, K)
+    want = torch.cat([matrix_of(a, Q.Q4_K, K)(x), matrix_of(b, Q.Q6_K, K)(x)[:, order]], 1) + torch.arange(12.0)
+    assert torch.equal(fused(x), want)
+    with pytest.raises(ValueError, match="parts"):
+        GGUFLinear([(a, int(Q.Q4_K), None)] * (Matrix.MAX_PARTS + 1), K, None, kernels.avx2_lib())
+
+
+# -- a whole file ---------------------------------------------------------------------------------------------
+def q4_k_m_kind(name: str, layer: int) -> Q:
+    """A Q4_K_M-like mix: Q6_K for the head and embedding, v and down, Q4_K elsewhere; layer 1 mixes in the
+    32-blocks and Q5_K, as llama-quantize does for rows that are not whole 256-blocks or for some layers."""
+    if name in ("token_embd.weight", "output.weight") or name.endswith(("attn_v.weight", "ffn_down.weight")):
+        return Q.Q6_K
+    if layer == 1:
+        return {"attn_q.weight": Q.Q5_0, "attn_output.weight": Q.Q8_0, "ffn_up.weight": Q.Q5_K,
+                "attn_k.weight": Q.Q4_1}.get(name.split(".", 2)[-1], Q.Q4_0)
+    return Q.Q4_K
+
+
+@pytest.fixture(scope="module")
+def kquant_file(tiny_checkpoint, tmp_path_factory):
+    """A Llama GGUF of random K-quant blocks (hidden 256, MLP 512: whole 256-blocks), the tiny tokenizer."""
+    tokenizer = load_tokenizer(tiny_checkpoint)
+    cfg = tiny_config(vocab_size=tokenizer.vocab_size, hidden_size=256, intermediate_size=512, num_heads=4,
+                      num_kv_heads=2, head_dim=64, num_layers=3, eos_token_id=0)
+    path = tmp_path_factory.mktemp("kquant") / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, name in HPARAMS.items():
+        getattr(writer, f"add_{key}")(getattr(cfg, name))
+    write_tokenizer(writer, cfg, json.loads(tokenizer.inner.to_str()), pre_name(tokenizer))
+    rng = np.random.default_rng(4)
+    shapes = {"embed_tokens": (cfg.vocab_size, 256), "lm_head": (cfg.vocab_size, 256), "q_proj": (256, 256),
+              "k_proj": (128, 256), "v_proj": (128, 256), "o_proj": (256, 256), "gate_proj": (512, 256),
+              "up_proj": (512, 256), "down_proj": (256, 512)}
+    for hf in hf_tensor_names(cfg):
+        name = gguf_name(hf)
+        if "norm" in hf:
+            writer.add_tensor(name, rng.uniform(0.8, 1.2, 256).astype(np.float32))
+            continue
+        rows, K = next(s for key, s in shapes.items() if key in hf)
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        kind = q4_k_m_kind(name, layer)
+        writer.add_tensor(name, random_blocks(kind, rows, K, rng, 0.05 if "lm_head" in hf else 0.02), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_file):
+    assert runs_file_blocks(kquant_file, torch.bfloat16)
+    assert not runs_file_blocks(kquant_file, torch.float32)            # float32: the file's dequantized weights
+    blocks, exact = load_model(kquant_file, torch.bfloat16), load_model(kquant_file, torch.float32)
+    linears = [m for m in blocks.modules() if isinstance(m, GGUFLinear)]
+    assert len(linears) == 3 * 4 + 2 and isinstance(blocks.embed, GGUFEmbedding)      # the layers, head, table
+    assert {p.type for m in linears for p in m.matrix.part[:m.matrix.n]} == {int(k) for k in KINDS if k != Q.Q5_1}
+    copied = sum(t.numel() * t.element_size() for t in [*blocks.parameters(), *blocks.buffers()])
+    assert copied < 64 * 1024                                           # norms and rotary: no weights copied
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(5))
+    cfg = blocks.config
+    cache = KVCache(cfg.num_layers, 1, 64, cfg.num_kv_heads, cfg.head_dim, blocks.cache_dtype, "cpu")
+    with torch.no_grad():
+        want = exact(ids)[0, -1]
+        got = blocks(ids, cache)[0, -1]                                 # a prefill through the C forward
+        step = blocks(torch.tensor([[7]]), cache)[0, -1]                # then one token
+    assert torch.isfinite(got).all() and torch.isfinite(step).all()
+    assert ((got - want).abs().max() / want.abs().max()).item() < 0.05
+    assert got.argmax() == want.argmax()
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "tree", "easyspec", "selfdraft"])
+def test_every_one_process_method_gives_ars_tokens_on_a_k_quant_file(kquant_file, method):
+    digest = hashlib.sha256(kquant_file.read_bytes()).hexdigest()
+    prompts = ["def add(a, b):\n", "class Point:\n    def", "for i in range(10):"]
+    params = SamplingParams(max_new_tokens=24)
+    with LLM(target=str(kquant_file), draft=str(kquant_file), method="ar", dtype="bfloat16") as ar:
+        want = [o.tokens for o in ar.generate(prompts, params)]
+    with LLM(target=str(kquant_file), draft=str(kquant_file), method=method, dtype="bfloat16") as llm:
+        assert [o.tokens for o in llm.generate(prompts, params)] == want
+        assert [llm.generate(p, params).tokens for p in prompts] == want      # alone as in the batch
+    assert hashlib.sha256(kquant_file.read_bytes()).hexdigest() == digest       # the file's bytes unchanged
