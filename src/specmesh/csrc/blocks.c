@@ -235,6 +235,16 @@ static inline __m256i bit_bytes(uint32_t x) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
 
+// shuffles of 8 int16 held in both 128-bit lanes: SPREAD[e] puts element e in all 16 lanes; PAIRS[g] element 2g
+// in the low 8 and 2g + 1 in the high 8 (Q6_K's two sub-blocks of 16 in a vector of 32 weights)
+#define W16(e) 2 * (e), 2 * (e) + 1
+#define X8(e) W16(e), W16(e), W16(e), W16(e), W16(e), W16(e), W16(e), W16(e)
+static const int8_t SPREAD[8][32] __attribute__((aligned(32))) = {
+    {X8(0), X8(0)}, {X8(1), X8(1)}, {X8(2), X8(2)}, {X8(3), X8(3)},
+    {X8(4), X8(4)}, {X8(5), X8(5)}, {X8(6), X8(6)}, {X8(7), X8(7)}};
+static const int8_t PAIRS[4][32] __attribute__((aligned(32))) = {{X8(0), X8(1)}, {X8(2), X8(3)}, {X8(4), X8(5)},
+                                                                 {X8(6), X8(7)}};
+
 // The 32-blocks: w = d q (+ m), q the block's 32 integers in order. A block's int32 dot with the row's bytes,
 // times d d_x, into 8 float32 lanes; the offset m d_x sum(q_x) into a float of its own.
 static inline __attribute__((always_inline)) void dot32(const uint8_t *w, int QB, const Acts *a, int64_t m0,
@@ -284,9 +294,10 @@ static inline __attribute__((always_inline)) void dot_k45(const uint8_t *w, int 
     for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
     for (int b = 0; b < KB; b++, w += BB) {
         const float d = fp16(w), dmin = fp16(w + 2);
-        uint8_t sc[8], mn[8];
-        scale_min(w + 4, sc, mn);
-        __m128i m8 = _mm_loadl_epi64((const __m128i *)mn);
+        uint32_t u[4];
+        scale_min_words(w + 4, u);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)));
+        const __m128i m8 = _mm_loadl_epi64((const __m128i *)(u + 2));
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));    // mn_0 mn_0 mn_1 mn_1 ...
         const uint8_t *qs = w + 16 + 32 * FIVE;
         const __m256i hb = FIVE ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
@@ -299,7 +310,8 @@ static inline __attribute__((always_inline)) void dot_k45(const uint8_t *w, int 
                 lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one), 4));
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one), 4));
             }
-            const __m256i s0 = _mm256_set1_epi16(sc[2 * j]), s1 = _mm256_set1_epi16(sc[2 * j + 1]);
+            const __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_load_si256((const __m256i *)SPREAD[2 * j]));
+            const __m256i s1 = _mm256_shuffle_epi8(scales, _mm256_load_si256((const __m256i *)SPREAD[2 * j + 1]));
             for (int i = 0; i < MB; i++) {
                 const int8_t *x = a->q256 + ((m0 + i) * KB + b) * 256 + 64 * j;
                 const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), s0);
@@ -332,11 +344,12 @@ static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *w, int
         for (int i = 0; i < MB; i++) sum[i] = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             const __m256i hb = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+            const __m256i half = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8 * h))));
             for (int g = 0; g < 4; g++) {              // weights 128 h + 32 g ..: sub-blocks 8 h + 2 g and + 1
                 const __m256i l = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32 * (g % 2)));
                 const __m256i low = _mm256_and_si256(g < 2 ? l : _mm256_srli_epi16(l, 4), nib);
                 const __m256i q = _mm256_or_si256(low, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), two), 4));
-                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * g + 1]), _mm_set1_epi16(sc[8 * h + 2 * g]));
+                const __m256i s = _mm256_shuffle_epi8(half, _mm256_load_si256((const __m256i *)PAIRS[g]));
                 for (int i = 0; i < MB; i++) {
                     const int8_t *x = a->q256 + ((m0 + i) * KB + b) * 256 + 128 * h + 32 * g;
                     sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(
