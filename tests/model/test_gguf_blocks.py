@@ -17,7 +17,8 @@ from specmesh import LLM, SamplingParams, kernels
 from specmesh.kernels.build import Matrix
 from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
 from specmesh.model.cache import KVCache
-from specmesh.model.gguf import HPARAMS, gguf_name, hf_tensor_names, pre_name, write_tokenizer
+from specmesh.model.gguf import (GGUF_ARCHITECTURES, HPARAMS, gguf_name, hf_tensor_names, pre_name, write_architecture,
+                                 write_tokenizer)
 from specmesh.model.loader import load_model, load_tokenizer, runs_file_blocks
 
 Q = gguf.GGMLQuantizationType
@@ -98,16 +99,27 @@ def q4_k_m_kind(name: str, layer: int) -> Q:
     return Q.Q4_K
 
 
-@pytest.fixture(scope="module")
-def kquant_file(tiny_checkpoint, tmp_path_factory):
-    """A Llama GGUF of random K-quant blocks (hidden 256, MLP 512: whole 256-blocks), the tiny tokenizer."""
+# what each architecture adds to the tiny Llama config: Qwen3's q/k norms; Gemma 3's norms, GELU gate, scaled
+# embeddings and sliding layers (a window of 8 positions, shorter than the prompts)
+ARCHITECTURES = {"llama": {}, "qwen3": dict(model_type="qwen3", qk_norm=True, tie_word_embeddings=True),
+                 "gemma3": dict(model_type="gemma3_text", qk_norm=True, norm_offset=True, post_norms=True,
+                                hidden_act="gelu_pytorch_tanh", scale_embeddings=True, query_pre_attn_scalar=64,
+                                sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                rope_theta=1e6, rope_local_theta=1e4, tie_word_embeddings=True)}
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+def kquant_file(request, tiny_checkpoint, tmp_path_factory):
+    """A GGUF of random K-quant blocks (hidden 256, MLP 512: whole 256-blocks) of each architecture, the tiny
+    tokenizer."""
     tokenizer = load_tokenizer(tiny_checkpoint)
     cfg = tiny_config(vocab_size=tokenizer.vocab_size, hidden_size=256, intermediate_size=512, num_heads=4,
-                      num_kv_heads=2, head_dim=64, num_layers=3, eos_token_id=0)
+                      num_kv_heads=2, head_dim=64, num_layers=3, eos_token_id=0, **ARCHITECTURES[request.param])
     path = tmp_path_factory.mktemp("kquant") / "m.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), GGUF_ARCHITECTURES[cfg.model_type])
     for key, name in HPARAMS.items():
         getattr(writer, f"add_{key}")(getattr(cfg, name))
+    write_architecture(writer, cfg)
     write_tokenizer(writer, cfg, json.loads(tokenizer.inner.to_str()), pre_name(tokenizer))
     rng = np.random.default_rng(4)
     shapes = {"embed_tokens": (cfg.vocab_size, 256), "lm_head": (cfg.vocab_size, 256), "q_proj": (256, 256),
@@ -116,7 +128,10 @@ def kquant_file(tiny_checkpoint, tmp_path_factory):
     for hf in hf_tensor_names(cfg):
         name = gguf_name(hf)
         if "norm" in hf:
-            writer.add_tensor(name, rng.uniform(0.8, 1.2, 256).astype(np.float32))
+            writer.add_tensor(name, rng.uniform(0.8, 1.2, 64 if "q_norm" in hf or "k_norm" in hf else 256
+                                                ).astype(np.float32))
+            continue
+        if hf == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         rows, K = next(s for key, s in shapes.items() if key in hf)
         layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
@@ -134,7 +149,9 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
     assert not runs_file_blocks(kquant_file, torch.float32)            # float32: the file's dequantized weights
     blocks, exact = load_model(kquant_file, torch.bfloat16), load_model(kquant_file, torch.float32)
     linears = [m for m in blocks.modules() if isinstance(m, GGUFLinear)]
-    assert len(linears) == 3 * 4 + 2 and isinstance(blocks.embed, GGUFEmbedding)      # the layers, head, table
+    tied = blocks.config.tie_word_embeddings
+    assert len(linears) == 3 * 4 + 2 - tied and isinstance(blocks.embed, GGUFEmbedding)    # the layers, head, table
+    assert type(blocks.layers[0]).__name__ == "CBlock"                  # the whole forward in C
     assert {p.type for m in linears for p in m.matrix.part[:m.matrix.n]} == {int(k) for k in KINDS if k != Q.Q5_1}
     copied = sum(t.numel() * t.element_size() for t in [*blocks.parameters(), *blocks.buffers()])
     assert copied < 64 * 1024                                           # norms and rotary: no weights copied
@@ -161,3 +178,19 @@ def test_every_one_process_method_gives_ars_tokens_on_a_k_quant_file(kquant_file
         assert [o.tokens for o in llm.generate(prompts, params)] == want
         assert [llm.generate(p, params).tokens for p in prompts] == want      # alone as in the batch
     assert hashlib.sha256(kquant_file.read_bytes()).hexdigest() == digest       # the file's bytes unchanged
+
+
+def test_the_c_forward_is_the_models_own_forward(kquant_file):
+    """csrc/'s whole forward (a prefill in layer calls, then steps of one and of four tokens in one call) against the
+    model's PyTorch forward, both float32, past Gemma's sliding window."""
+    ref, fast = load_model(kquant_file, torch.float32, pack=False), load_model(kquant_file, torch.float32)
+    assert type(fast.layers[0]).__name__ == "CBlock" and type(ref.layers[0]).__name__ == "Block"
+    cfg = ref.config
+    caches = [KVCache(cfg.num_layers, 1, 64, cfg.num_kv_heads, cfg.head_dim, m.cache_dtype, "cpu") for m in (ref, fast)]
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        for chunk in (ids[:, :20], ids[:, 20:21], ids[:, 21:22], ids[:, 22:26], ids[:, 26:27]):
+            want, got = (m(chunk, c) for m, c in zip((ref, fast), caches))
+            assert (got - want).abs().max().item() < 1e-3 * want.abs().max().item()
+            for c in caches:
+                c.commit_all()
