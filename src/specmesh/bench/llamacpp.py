@@ -38,11 +38,12 @@ import torch
 from specmesh.engine.stats import Stats
 from specmesh.kernels import cache_dir
 from specmesh.model.gguf import is_gguf
-from specmesh.model.loader import read_config, runs_blocks, stamp, to_gguf
+from specmesh.model.loader import read_config, runs_blocks, runs_file_blocks, stamp, to_gguf
 
 PEERS = ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup")
 DRAFT_TOKENS = 4                # as specmesh's sd default γ
 LOOKUP_TOKENS = 10              # llama-cpp-python's documented example value
+PEER_CONTEXT = 4096             # llama.cpp's context (its KV cache): a prompt and its new tokens, not a 128k model's
 NATIVE_DRAFT = 6                # llama-speculative's --spec-draft-n-max (the figure the issue measured with)
 TOOLS = {"llama.cpp": "llama-completion", "llama.cpp-spec": "llama-speculative", "llama.cpp-lookup": "llama-lookup"}
 BUILT = (*TOOLS.values(), "llama-quantize", "llama-bench")       # the peers' tools, and bench/shapes.py's
@@ -51,8 +52,9 @@ PEER_WEIGHTS = ("file", "same-precision")
 
 def cached_gguf(checkpoint: Path, ftype: str) -> Path:
     """The GGUF file of `checkpoint` in `ftype`, written on first use; for a bf16 run the GGUF file itself where
-    specmesh runs its quantized blocks as they are (loader.runs_blocks: llama.cpp then runs the same weights)."""
-    if ftype == "bf16" and runs_blocks(checkpoint, torch.bfloat16):
+    specmesh runs its quantized blocks as they are (loader.runs_blocks, runs_file_blocks: llama.cpp then runs the same
+    weights)."""
+    if ftype == "bf16" and (runs_blocks(checkpoint, torch.bfloat16) or runs_file_blocks(checkpoint, torch.bfloat16)):
         return Path(checkpoint)
     checkpoint = Path(checkpoint).resolve()
     key = hashlib.sha256(stamp(checkpoint).encode()).hexdigest()[:16]
@@ -137,7 +139,7 @@ class NativeRunner:
     def __init__(self, kind: str, tool: Path, target: Path, draft: Path | None, ftype: str, threads: int, tokenizer,
                  weights: str = "file"):
         self.tokenizer = tokenizer
-        context = read_config(target).max_position_embeddings
+        context = min(read_config(target).max_position_embeddings, PEER_CONTEXT)
         self.model = peer_gguf(target, ftype, weights)
         self.weights = weights_label(self.model, target)
         self.cmd = [str(tool), "-m", str(self.model), "--temp", "0", "-t", str(threads),
@@ -185,7 +187,7 @@ class BindingRunner:
                  threads: int, weights: str = "file"):
         ftype = gguf_type(dtype, quant)
         cfg = read_config(target)
-        self.eos, context = set(cfg.eos_ids), cfg.max_position_embeddings
+        self.eos, context = set(cfg.eos_ids), min(cfg.max_position_embeddings, PEER_CONTEXT)
         extra = {}
         if kind == "llama.cpp-lookup":
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
