@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from specmesh.bench.llamacpp import TOOLS, make_runner, reported_seconds
+from specmesh.bench.llamacpp import TOOLS, make_runner, reported_seconds, reported_tokens
 from specmesh.model.gguf import permute_rope
 from specmesh.model.loader import load_tokenizer, read_config, read_weights, to_gguf
 
@@ -55,6 +55,7 @@ def test_the_tools_reported_time_is_read():
     assert reported_seconds(completion) == pytest.approx(0.21024)
     with pytest.raises(RuntimeError, match="no timings"):
         reported_seconds("nothing here")
+    assert (reported_tokens(speculative), reported_tokens(completion), reported_tokens("nothing")) == (66, 64, None)
 
 
 def test_the_peer_runs_a_gguf_target_as_it_is(tiny_checkpoint, tmp_path, monkeypatch):

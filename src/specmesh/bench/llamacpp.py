@@ -153,7 +153,8 @@ class NativeRunner:
         prompt = self.tokenizer.decode(ids, skip_special_tokens=False)      # the tools parse special tokens
         for attempt in range(3):            # the tools log from a thread of their own: now and then the
             run = subprocess.run(self.cmd + ["-p", prompt, "-n", str(max_new_tokens)], capture_output=True,
-                                 text=True)  # timings are lost at exit
+                                 text=True, errors="replace")  # timings are lost at exit; a random-weight
+                                                               # model's bytes need not be UTF-8
             if run.returncode != 0 or prompt not in run.stdout:
                 raise RuntimeError(f"{self.cmd[0]} failed (exit {run.returncode}): {run.stderr[-300:]}")
             try:
@@ -164,7 +165,7 @@ class NativeRunner:
                     raise
         text = run.stdout.split(prompt, 1)[1].split(" [end of text]")[0].removesuffix("\n\n")   # the tools end so
         tokens = self.tokenizer.encode(text)[:max_new_tokens] if text else []
-        return tokens, Stats(generated_tokens=len(tokens), elapsed_s=seconds)
+        return tokens, Stats(generated_tokens=reported_tokens(run.stderr) or len(tokens), elapsed_s=seconds)
 
 
 def reported_seconds(log: str) -> float:
@@ -177,6 +178,17 @@ def reported_seconds(log: str) -> float:
     if not spans:
         raise RuntimeError(f"no timings in llama.cpp's log: {log[-300:]}")
     return sum(map(float, spans)) / 1e3
+
+
+def reported_tokens(log: str) -> int | None:
+    """The new tokens the tool reports (llama-speculative and llama-lookup: 'decoded N tokens'; llama-completion:
+    its eval 'runs', one a token after the first, which the prompt's eval gives), where it says: text re-encoded
+    counts other tokens where it is not the tokens' own (bytes that are no UTF-8)."""
+    decoded = re.findall(r"decoded\s+(\d+) tokens in", log)
+    if decoded:
+        return int(decoded[-1])
+    runs = re.findall(r"\s eval time =\s+[\d.]+ ms /\s+(\d+) (?:runs|tokens)", log)
+    return int(runs[-1]) + 1 if runs else None
 
 
 class BindingRunner:
