@@ -126,8 +126,11 @@ def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights one decoding step of a loaded model reads: its linears' weights as the kernels hold them
     (packed, quantized: with their scales), the head included; the embedding's one row and the norms left out."""
     total = 0
+    lookups = {id(m.table) for m in model.modules() if hasattr(m, "table")} - {id(getattr(model, "lm_head", None))}
     for m in model.modules():
-        if hasattr(m, "in_features") and isinstance(getattr(m, "weight", None), torch.Tensor):
+        if isinstance(getattr(m, "nbytes", None), int):          # a GGUF file's matrix (kernels.GGUFLinear)
+            total += 0 if id(m) in lookups else m.nbytes
+        elif hasattr(m, "in_features") and isinstance(getattr(m, "weight", None), torch.Tensor):
             total += sum(t.numel() * t.element_size() for t in (m.weight, getattr(m, "scale", None))
                          if isinstance(t, torch.Tensor))
     return total

@@ -20,6 +20,7 @@ from specmesh.model.cache import KVCache
 from specmesh.model.gguf import (GGUF_ARCHITECTURES, HPARAMS, gguf_name, hf_tensor_names, pre_name, write_architecture,
                                  write_tokenizer)
 from specmesh.model.loader import load_model, load_tokenizer, runs_file_blocks
+from specmesh.timing import weight_bytes
 
 Q = gguf.GGMLQuantizationType
 KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -153,6 +154,8 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
     assert len(linears) == 3 * 4 + 2 - tied and isinstance(blocks.embed, GGUFEmbedding)    # the layers, head, table
     assert type(blocks.layers[0]).__name__ == "CBlock"                  # the whole forward in C
     assert {p.type for m in linears for p in m.matrix.part[:m.matrix.n]} == {int(k) for k in KINDS if k != Q.Q5_1}
+    reads = sum(m.nbytes for m in linears if m is not blocks.embed.table or tied)   # a lookup reads one row
+    assert weight_bytes(blocks) == reads
     copied = sum(t.numel() * t.element_size() for t in [*blocks.parameters(), *blocks.buffers()])
     assert copied < 64 * 1024                                           # norms and rotary: no weights copied
     ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(5))

@@ -179,6 +179,11 @@ class GGUFLinear(nn.Module):
         self.bias32 = None if bias is None else bias.detach().float().contiguous()
         self.address = ctypes.addressof(self.matrix)       # what csrc/avx2.c's Layer and Ends point to
 
+    @property
+    def nbytes(self) -> int:
+        """The file's bytes a product reads."""
+        return sum(rows.nbytes for rows, _ in self.held)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         flat = x.reshape(rows, self.in_features).float().contiguous()
