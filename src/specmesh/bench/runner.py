@@ -296,7 +296,7 @@ def bench(cfg: BenchConfig) -> dict:
                 is_near_tie(ref_runner.llm.models.target, ids[i] + ref[:div])
             near += tie
             result["per_prompt"].append({
-                "method": name, "prompt": i, "new_tokens": len(tokens), "elapsed_s": stats.elapsed_s,
+                "method": name, "prompt": i, "new_tokens": stats.generated_tokens, "elapsed_s": stats.elapsed_s,
                 "tokens_per_s": stats.tokens_per_s,
                 "target_forwards": stats.target_forwards, "equal_to_ar": div is None,
                 "first_divergence": div, "near_tie": tie})
