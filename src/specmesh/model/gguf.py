@@ -418,6 +418,19 @@ def gguf_version() -> str:
 
 
 def read_tokenizer(path: str | Path) -> Tokenizer:
+    """The file's tokenizer (read_file_tokenizer), read once per file and modification (the CLI checks a prompt
+    with it before the model loads it again)."""
+    path = Path(path)
+    stat = path.stat() if path.is_file() else None
+    return _tokenizer(path.resolve(), stat and (stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: Path, stamp: tuple | None) -> Tokenizer:
+    return read_file_tokenizer(path)
+
+
+def read_file_tokenizer(path: str | Path) -> Tokenizer:
     """The tokenizer in `tokenizer.ggml.*` as a tokenizers Tokenizer: a byte-level BPE (`gpt2`) or SentencePiece's
     BPE (`llama`: spm_model), with the file's chat template, special tokens and whether prompts begin with BOS."""
     meta = open_gguf(path).fields

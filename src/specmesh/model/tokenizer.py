@@ -95,6 +95,8 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    CHECKED_TOKENS = 8192       # token_bytes checks every token of a vocabulary this large, a sample of a larger one
+
     @functools.cached_property
     def token_bytes(self) -> list[bytes] | None:
         """Each token's bytes, where `decode` (skipping special tokens) is their concatenation read as
@@ -104,20 +106,18 @@ class Tokenizer:
         where the tokenizer is of another kind or any check fails."""
         if (json.loads(self.inner.to_str()).get("decoder") or {}).get("type") != "ByteLevel":
             return None
-        byte_of = {c: b for b, c in byte_level_alphabet().items()}
+        to_byte = {ord(c): b for b, c in byte_level_alphabet().items()}     # str.translate's table: char -> byte
         added = self.inner.get_added_tokens_decoder()
-        pieces = []
-        for i in range(self.vocab_size):
-            token = added.get(i)
-            if token is not None:
-                pieces.append(b"" if token.special else token.content.encode())
-                continue
-            text = self.inner.id_to_token(i)
-            if text is None or any(c not in byte_of for c in text):
-                return None
-            pieces.append(bytes(byte_of[c] for c in text))
+        texts = [None if i in added else self.inner.id_to_token(i) for i in range(self.vocab_size)]
+        if any(t is None for i, t in enumerate(texts) if i not in added) \
+                or not set("".join(t for t in texts if t)) <= {chr(c) for c in to_byte}:
+            return None
+        pieces = [(b"" if added[i].special else added[i].content.encode()) if t is None
+                  else t.translate(to_byte).encode("latin-1") for i, t in enumerate(texts)]
         rng = random.Random(0)
-        samples = [[i] for i in range(self.vocab_size)] + \
+        singles = range(self.vocab_size) if self.vocab_size <= self.CHECKED_TOKENS else \
+            sorted({*rng.sample(range(self.vocab_size), self.CHECKED_TOKENS), *added})     # a large vocabulary: a sample
+        samples = [[i] for i in singles] + \
             [[rng.randrange(self.vocab_size) for _ in range(rng.randrange(2, 40))] for _ in range(200)]
         if any(b"".join(pieces[i] for i in ids).decode("utf-8", "replace") != self.decode(ids) for ids in samples):
             return None
