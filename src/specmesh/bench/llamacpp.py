@@ -150,6 +150,9 @@ class NativeRunner:
             self.cmd += ["-md", str(peer_gguf(draft, ftype, weights)), "--spec-draft-n-max", str(NATIVE_DRAFT)]
 
     def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
+        bos = self.tokenizer.bos_id
+        if bos is not None and ids[:1] == [bos]:
+            ids = ids[1:]                       # the tool adds the BOS the file's tokenizer adds (Gemma's) itself
         prompt = self.tokenizer.decode(ids, skip_special_tokens=False)      # the tools parse special tokens
         for attempt in range(3):            # the tools log from a thread of their own: now and then the
             run = subprocess.run(self.cmd + ["-p", prompt, "-n", str(max_new_tokens)], capture_output=True,
@@ -164,7 +167,7 @@ class NativeRunner:
                 if attempt == 2:
                     raise
         text = run.stdout.split(prompt, 1)[1].split(" [end of text]")[0].removesuffix("\n\n")   # the tools end so
-        tokens = self.tokenizer.encode(text)[:max_new_tokens] if text else []
+        tokens = self.tokenizer.inner.encode(text, add_special_tokens=False).ids[:max_new_tokens] if text else []
         return tokens, Stats(generated_tokens=reported_tokens(run.stderr) or len(tokens), elapsed_s=seconds)
 
 
