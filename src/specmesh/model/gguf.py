@@ -657,6 +657,11 @@ def write_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict, pre: s
                             for i in range(len(tokens))])
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
     writer.add_add_bos_token(False)                 # specmesh's tokenizer adds none
+    write_special_ids(writer, cfg)
+
+
+def write_special_ids(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
+    """The config's BOS, and its end of sequence and of turn (read back by end_ids)."""
     if cfg.bos_token_id is not None:
         writer.add_bos_token_id(cfg.bos_token_id)
     ends = cfg.eos_ids
@@ -687,13 +692,7 @@ def write_spm_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict, bo
     unk = tok["model"].get("unk_token")
     if unk in vocab:
         writer.add_unk_token_id(vocab[unk])
-    if cfg.bos_token_id is not None:
-        writer.add_bos_token_id(cfg.bos_token_id)
-    ends = cfg.eos_ids
-    if ends:
-        writer.add_eos_token_id(ends[0])
-    if len(ends) > 1:
-        writer.add_eot_token_id(ends[1])
+    write_special_ids(writer, cfg)
 
 
 def write_tensors(writer: gguf.GGUFWriter, cfg: ModelConfig, weights: dict[str, torch.Tensor], ftype: str) -> None:

@@ -247,11 +247,11 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
             if isinstance(child, nn.Linear) and f"{full}.weight" in names:
                 setattr(module, child_name, matrix(f"{full}.weight"))
     model.embed = GGUFEmbedding(matrix("embed.weight"))
-    model.lm_head = model.embed.table if cfg.tie_word_embeddings else model.lm_head
+    if cfg.tie_word_embeddings:
+        model.lm_head = model.embed.table
     state = {ours: torch.cat([vectors[n] for n in theirs]) for ours, theirs in names.items()
              if all(n in vectors for n in theirs) and not ours.endswith(".bias")}
     model.load_state_dict(state, strict=False, assign=True)
-    model.embed.weight = nn.Parameter(torch.empty(0, cfg.hidden_size), requires_grad=False)
     meta = [n for n, p in model.named_parameters() if p.is_meta]
     if meta:
         raise CheckpointError(f"{path}: no weights for {meta[:3]}")
