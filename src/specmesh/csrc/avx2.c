@@ -12,6 +12,7 @@
 // KV caches hold float32, or bf16 (kv16): rounded to nearest even when written, widened exactly when read.
 // All compute each row the same way whatever M is, so results do not depend on batching.
 #include "pool.h"
+#include "vec.h"
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -21,13 +22,6 @@
 static inline __m256 load_bf16(const uint16_t *p) {    // 8 bf16 -> 8 float32 (exact)
     __m128i h = _mm_loadu_si128((const __m128i *)p);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 static inline float bf16_to_float(uint16_t h) {

@@ -8,6 +8,7 @@
 // A matrix is up to three parts of rows (a fused projection: q, k, v of their own types), each row read at a
 // stride from the file, through a map of rows where the model's order differs from the file's (rope's q and k).
 #include "pool.h"
+#include "vec.h"
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -218,13 +219,6 @@ static void free_acts(Acts *a) {
 
 // -- products: one weight row against MB rows of activations, each row's sum out[i] -------------------------
 #define MAXROWS 4
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 // byte l = 0xFF where bit l of x is set
 static inline __m256i bit_bytes(uint32_t x) {
