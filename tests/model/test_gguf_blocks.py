@@ -69,10 +69,30 @@ def test_each_product_is_near_the_float_one_and_a_row_alike_alone_and_in_a_batch
     want = x.double() @ torch.from_numpy(gguf.quants.dequantize(raw, kind).astype(np.float32)).double().T
     # 8-bit activations per block: about 1/254 of a block's largest input per weight, a fraction of that summed
     assert ((y - want).abs().max() / want.abs().max()).item() < 0.02
-    for rows in (1, 2, 5, 32):
+    for rows in (1, 2, 5, 8, 9, 32):
         batch = linear(x[:rows])
         for i in range(rows):
             assert torch.equal(linear(x[i:i + 1])[0], batch[i])
+
+
+@pytest.mark.cpu(*kernels.Q8)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_the_avx2_and_avx512_block_products_agree_bit_for_bit(kind):
+    """csrc/blocks512.c sums each lane's products as csrc/blocks.c does and shares its float part: a file's model
+    computes the same on a CPU with AVX-512 as on one with AVX2 only (an odd count of 32-blocks included)."""
+    lib = kernels.avx2_lib()
+    K = 800 if gguf.GGML_QUANT_SIZES[kind][0] == 32 else 1024
+    linear = matrix_of(random_blocks(kind, 24, K, np.random.default_rng(4)), kind, K)
+    x = torch.randn(19, K, generator=torch.Generator().manual_seed(5)) * torch.logspace(-2, 2, K)
+    try:
+        lib.use_vnni(1)
+        wide = [linear(x[:rows]) for rows in (1, 8, 19)]
+        lib.use_vnni(0)
+        narrow = [linear(x[:rows]) for rows in (1, 8, 19)]
+    finally:
+        lib.use_vnni(int(kernels.build.vnni_products(lib)))
+    for a, b in zip(wide, narrow):
+        assert torch.equal(a, b)
 
 
 def test_a_matrix_of_parts_reads_each_of_its_own_type_through_its_row_map():

@@ -50,7 +50,8 @@ static const int WBYTES[] = {2, 1, 4, 2, 2, 1, 1, 1, 2, 1};   // rows carry a fl
 
 // csrc/avx512.c, where it builds: kernels.py sets kind AMX only where it did and the CPU has AMX, and
 // switches the AVX-512 attention and int8 products on (use_avx512) only where the CPU has AVX-512
-static int avx512 = 0, vnni = 0;
+static int avx512 = 0;
+int vnni = 0;                                  // read by csrc/blocks.c too
 void use_avx512(int on) { avx512 = on; }
 void use_vnni(int on) { vnni = on; }         // the quantized products on AVX512-VNNI (else AVX2's, the same values)
 void amx_linear(const float *x, int M, int K, const uint16_t *w, int N, const float *bias, float *y)

@@ -7,47 +7,13 @@
 //   instructions for every row whatever M, so a row's result does not depend on the others.
 // A matrix is up to three parts of rows (a fused projection: q, k, v of their own types), each row read at a
 // stride from the file, through a map of rows where the model's order differs from the file's (rope's q and k).
+#include "blocks.h"
 #include "pool.h"
 #include "vec.h"
-#include <immintrin.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
-
-enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
-
-typedef struct {            // one part of a matrix (kernels.GGUFLinear fills it)
-    int type;               // a GGMLQuantizationType value
-    int rows;               // its output rows
-    int64_t stride;         // bytes per row in the file
-    const uint8_t *data;    // the file's rows
-    const int32_t *map;     // output row r reads file row map[r], or r where NULL
-} Part;
-
-#define MAX_PARTS 3
-typedef struct {
-    int n;
-    Part part[MAX_PARTS];   // output rows: part 0's, then part 1's ...
-} Matrix;
 
 // -- dequantization (gguf.quants' numpy arithmetic: products and differences rounded one by one) ---------------
 #define EXACT __attribute__((optimize("fp-contract=off")))
-
-static inline float fp16(const uint8_t *p) {          // IEEE half -> float32 (exact; F16C)
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-// Q4_K / Q5_K: 8 six-bit scales and 8 mins packed in 12 bytes -> words {sc 0-3, sc 4-7, mn 0-3, mn 4-7}, a byte each
-static inline void scale_min_words(const uint8_t *s, uint32_t *u) {
-    uint32_t a, b, c;
-    memcpy(&a, s, 4), memcpy(&b, s + 4, 4), memcpy(&c, s + 8, 4);
-    u[0] = a & 0x3f3f3f3f;
-    u[1] = (c & 0x0f0f0f0f) | ((a >> 2) & 0x30303030);
-    u[2] = b & 0x3f3f3f3f;
-    u[3] = ((c >> 4) & 0x0f0f0f0f) | ((b >> 2) & 0x30303030);
-}
 
 static inline void scale_min(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
     uint32_t u[4];
@@ -145,15 +111,6 @@ void gguf_rows(const Matrix *w, int K, const int64_t *ids, int n, float *out) {
 
 // -- activations ----------------------------------------------------------------------------------------------
 void q8_quantize_rows(const float *x, int M, int K, int QB, int8_t *xq, float *xd, int32_t *xsum);   // csrc/avx2.c
-
-typedef struct {            // x [M, K] quantized for the parts' kinds of block
-    int8_t *q32;            // per 32: [M][K / 32 * 32], scale d32 [M][K / 32], sums s32 [M][K / 32]
-    float *d32;
-    int32_t *s32;
-    int8_t *q256;           // per 256: [M][K], scale d256 [M][K / 256], sums of each 16 b256 [M][K / 16]
-    float *d256;
-    int16_t *b256;
-} Acts;
 
 static inline float amax8(__m256 a) {
     __m128 r = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -395,13 +352,20 @@ typedef struct {            // gguf_linear's arguments, for its parallel tasks
     float *y;
 } BlockProduct;
 
-// output columns n0 .. n1 for every row of x: MAXROWS rows at a time against each of the columns' weight rows (a
-// task's rows of weights stay in L1/L2 while the activations stream once; the next weight row is fetched ahead)
+// csrc/blocks512.c, where it builds; used where use_vnni is on (csrc/avx2.c), with the same results
+#define ROWS512 8
+void dot_rows512(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) __attribute__((weak));
+extern int vnni;
+
+// output columns n0 .. n1 for every row of x: a few rows at a time (MAXROWS, ROWS512) against each of the columns'
+// weight rows (a task's rows of weights stay in L1/L2 while the activations stream once; the next weight row is
+// fetched ahead)
 static void block_rows(void *ctx, int64_t n0, int64_t n1) {
     const BlockProduct *p = ctx;
-    float out[MAXROWS];
-    for (int m0 = 0; m0 < p->M; m0 += MAXROWS) {
-        const int mb = p->M - m0 < MAXROWS ? p->M - m0 : MAXROWS;
+    const int wide = vnni && dot_rows512, step = wide ? ROWS512 : MAXROWS;
+    float out[ROWS512];
+    for (int m0 = 0; m0 < p->M; m0 += step) {
+        const int mb = p->M - m0 < step ? p->M - m0 : step;
         for (int64_t n = n0; n < n1; n++) {
             int part = 0, r = (int)n;
             while (r >= p->w->part[part].rows) r -= p->w->part[part++].rows;
@@ -409,7 +373,8 @@ static void block_rows(void *ctx, int64_t n0, int64_t n1) {
             const uint8_t *row = pt->data + (int64_t)(pt->map ? pt->map[r] : r) * pt->stride;
             if (m0 == 0 && n + 1 < n1 && !pt->map && r + 1 < pt->rows)
                 for (int64_t at = 0; at < pt->stride; at += 64) _mm_prefetch((const char *)row + pt->stride + at, _MM_HINT_T0);
-            dot_row(pt->type, row, p->K, p->a, m0, mb, out);
+            if (wide) dot_rows512(pt->type, row, p->K, p->a, m0, mb, out);
+            else dot_row(pt->type, row, p->K, p->a, m0, mb, out);
             const float bias = p->bias ? p->bias[n] : 0.0f;
             for (int i = 0; i < mb; i++) p->y[(int64_t)(m0 + i) * p->N + n] = out[i] + bias;
         }

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parents[1] / "csrc"
-SOURCE, AVX512_SOURCE, POOL_SOURCE, BLOCKS_SOURCE = CSRC / "avx2.c", CSRC / "avx512.c", CSRC / "pool.c", CSRC / "blocks.c"
+SOURCE, AVX512_SOURCE, POOL_SOURCE = CSRC / "avx2.c", CSRC / "avx512.c", CSRC / "pool.c"
+BLOCKS_SOURCE, BLOCKS512_SOURCE = CSRC / "blocks.c", CSRC / "blocks512.c"
 
 
 class LayerWeights(ctypes.Structure):
@@ -74,8 +75,9 @@ def avx2_lib() -> ctypes.CDLL | None:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             out = Path(tmp) / lib.name
-            for files in ([SOURCE, AVX512_SOURCE, POOL_SOURCE, BLOCKS_SOURCE], [SOURCE, POOL_SOURCE, BLOCKS_SOURCE]):
-                # without avx512.c where gcc is too old for it
+            for files in ([SOURCE, AVX512_SOURCE, POOL_SOURCE, BLOCKS_SOURCE, BLOCKS512_SOURCE],
+                          [SOURCE, POOL_SOURCE, BLOCKS_SOURCE]):
+                # without avx512.c and blocks512.c where gcc is too old for them
                 build = subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", *map(str, files),
                                         "-o", str(out), *omp, "-lm", "-lpthread"], capture_output=True, text=True)
                 if build.returncode == 0:

@@ -1,0 +1,220 @@
+// gguf_linear's products on AVX-512 with VNNI (csrc/blocks.c calls dot_rows512 where use_vnni is on): up to
+// ROWS512 rows of activations per unpacked weight row, a 512-bit register holding two of blocks.c's 256-bit
+// vectors. Each int32 lane sums the same products as the AVX2 kernel's lane (the two halves are folded back
+// before the float part, which is blocks.c's, instruction for instruction), so a row's result is bit for bit
+// the same on either kernel, and the same whatever the batch.
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+#include "blocks.h"
+#include "vec.h"
+
+#define ROWS512 8
+
+// the 8 int32 lanes of AVX2's vector: lane u of v's low half plus lane u of its high half
+static inline __m256i fold(__m512i v) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+// rows i and i + 1 at once: [fold(a), fold(b)], and a float of each row's in its half
+static inline __m512i fold2(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+static inline __m512 halves_ps(float lo, float hi) {
+    return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+}
+
+static inline __m512i load2(const void *lo, const void *hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(lo)), _mm256_loadu_si256(hi), 1);
+}
+
+// the sums of rows 0 .. MB into out, from their accumulators: pairs of rows in acc2, an odd last row in acc1
+static inline __attribute__((always_inline)) void row_sums(const __m512 *acc2, __m256 acc1, const int MB, float *out) {
+    for (int i = 0; i + 1 < MB; i += 2)
+        out[i] = hsum(_mm512_castps512_ps256(acc2[i / 2])), out[i + 1] = hsum(_mm512_extractf32x8_ps(acc2[i / 2], 1));
+    if (MB % 2) out[MB - 1] = hsum(acc1);
+}
+
+// words of one value in the low half and another in the high half (the halves' shifts and scale indices)
+static inline __m512i halves16(short lo, short hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(lo)), _mm256_set1_epi16(hi), 1);
+}
+
+// The 32-blocks, two at a time: blocks b and b + 1 in the low and high halves. A block's int32 lanes are
+// AVX2's maddubs + madd(1) (no pair saturates: |q| <= 128, |x| <= 127) as one dpbusd; x takes q's sign as
+// AVX2's sign_epi8 gives it.
+static inline __attribute__((always_inline)) __m256i unpack32(const uint8_t *w, const int TYPE) {
+    const int mins = TYPE == Q4_1 || TYPE == Q5_1, five = TYPE == Q5_0 || TYPE == Q5_1;
+    if (TYPE == Q8_0) return _mm256_loadu_si256((const __m256i *)(w + 2));
+    const uint8_t *qs = w + 2 + 2 * mins + 4 * five;
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
+    if (five) {
+        uint32_t qh;
+        memcpy(&qh, w + 2 + 2 * mins, 4);
+        q = _mm256_or_si256(q, _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(0x10)));
+    }
+    return mins ? q : _mm256_sub_epi8(q, _mm256_set1_epi8(five ? 16 : 8));
+}
+
+static inline __attribute__((always_inline)) void dot32_512(const uint8_t *w, int QB, const Acts *a, int64_t m0,
+                                                            const int MB, const int TYPE, float *out) {
+    const int mins = TYPE == Q4_1 || TYPE == Q5_1;
+    const int BB = TYPE == Q8_0 ? 34 : TYPE == Q4_0 ? 18 : TYPE == Q4_1 ? 20 : TYPE == Q5_0 ? 22 : 24;
+    __m256 acc[ROWS512];
+    float off[ROWS512];
+    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps(), off[i] = 0;
+    for (int b = 0; b < QB; b += 2, w += 2 * BB) {
+        const int two = b + 1 < QB;                    // a last block alone: the high half is zero, unused
+        const float d0 = fp16(w), d1 = two ? fp16(w + BB) : 0;
+        const float m0w = mins ? fp16(w + 2) : 0, m1w = mins && two ? fp16(w + BB + 2) : 0;
+        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(unpack32(w, TYPE)),
+                                             two ? unpack32(w + BB, TYPE) : _mm256_setzero_si256(), 1);
+        const __m512i mag = mins ? q : _mm512_abs_epi8(q);
+        const __mmask64 neg = _mm512_movepi8_mask(q);
+        for (int i = 0; i < MB; i++) {
+            const int64_t at = (m0 + i) * QB + b;
+            __m512i x = two ? _mm512_loadu_si512(a->q32 + at * 32)
+                            : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(a->q32 + at * 32)));
+            if (!mins) x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), mag, x));
+            acc[i] = _mm256_fmadd_ps(_mm512_castps512_ps256(dot), _mm256_set1_ps(d0 * a->d32[at]), acc[i]);
+            if (mins) off[i] += m0w * a->d32[at] * (float)a->s32[at];
+            if (two) {
+                acc[i] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(dot, 1), _mm256_set1_ps(d1 * a->d32[at + 1]), acc[i]);
+                if (mins) off[i] += m1w * a->d32[at + 1] * (float)a->s32[at + 1];
+            }
+        }
+    }
+    for (int i = 0; i < MB; i++) out[i] = hsum(acc[i]) + off[i];
+}
+
+// Q4_K and Q5_K: sub-blocks 2j (low nibbles) and 2j + 1 (high) of a block in one register, each half with its
+// scale; maddubs, then dpwssd by the scales (AVX2's madd and add).
+static inline __attribute__((always_inline)) void dot_k45_512(const uint8_t *w, int KB, const Acts *a, int64_t m0,
+                                                              const int MB, const int FIVE, float *out) {
+    const int BB = FIVE ? 176 : 144;
+    const __m512i nib = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1), nibble_shift = halves16(0, 4);
+    __m512 acc2[ROWS512 / 2];
+    __m256 acc1 = _mm256_setzero_ps();
+    for (int i = 0; i < MB / 2; i++) acc2[i] = _mm512_setzero_ps();
+    for (int b = 0; b < KB; b++, w += BB) {
+        const float d = fp16(w), dmin = fp16(w + 2);
+        uint32_t u[4];
+        scale_min_words(w + 4, u);
+        const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)));
+        const __m128i m8 = _mm_loadl_epi64((const __m128i *)(u + 2));
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));    // mn_0 mn_0 mn_1 mn_1 ...
+        const uint8_t *qs = w + 16 + 32 * FIVE;
+        const __m512i hb = FIVE ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 16)))
+                                : _mm512_setzero_si512();
+        __m512i sum[ROWS512];
+        for (int i = 0; i < MB; i++) sum[i] = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
+            __m512i q = _mm512_and_si512(_mm512_srlv_epi16(v, nibble_shift), nib);
+            if (FIVE)
+                q = _mm512_or_si512(q, _mm512_slli_epi16(
+                    _mm512_and_si512(_mm512_srlv_epi16(hb, halves16(2 * j, 2 * j + 1)), one), 4));
+            const __m512i s = _mm512_permutexvar_epi16(halves16(2 * j, 2 * j + 1), scales);
+            for (int i = 0; i < MB; i++) {
+                const int8_t *x = a->q256 + ((m0 + i) * KB + b) * 256 + 64 * j;
+                sum[i] = _mm512_dpwssd_epi32(sum[i], _mm512_maddubs_epi16(q, _mm512_loadu_si512(x)), s);
+            }
+        }
+        const __m512i mins2 = _mm512_broadcast_i64x4(mins);
+        for (int i = 0; i + 1 < MB; i += 2) {          // the float part of two rows at once
+            const int64_t at = (m0 + i) * KB + b;
+            const float dx0 = a->d256[at], dx1 = a->d256[at + KB];
+            const __m512i low = _mm512_madd_epi16(load2(a->b256 + at * 16, a->b256 + (at + KB) * 16), mins2);
+            acc2[i / 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fold2(sum[i], sum[i + 1])), halves_ps(d * dx0, d * dx1), acc2[i / 2]);
+            acc2[i / 2] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(low), halves_ps(dmin * dx0, dmin * dx1), acc2[i / 2]);
+        }
+        if (MB % 2) {
+            const int64_t at = (m0 + MB - 1) * KB + b;
+            const __m256i low = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a->b256 + at * 16)), mins);
+            const float dx = a->d256[at];
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold(sum[MB - 1])), _mm256_set1_ps(d * dx), acc1);
+            acc1 = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(low), _mm256_set1_ps(dmin * dx), acc1);
+        }
+    }
+    row_sums(acc2, acc1, MB, out);
+}
+
+// Q6_K: AVX2's groups g = 2G and 2G + 1 of a half h in one register (64 weights, four sub-blocks of 16, one per
+// 128-bit lane: 8h + 4G + lane)
+static inline __attribute__((always_inline)) void dot_q6_k_512(const uint8_t *w, int KB, const Acts *a, int64_t m0,
+                                                               const int MB, float *out) {
+    const __m512i nib = _mm512_set1_epi8(0x0F), three = _mm512_set1_epi8(3);
+    __m512 acc2[ROWS512 / 2];
+    __m256 acc1 = _mm256_setzero_ps();
+    for (int i = 0; i < MB / 2; i++) acc2[i] = _mm512_setzero_ps();
+    for (int b = 0; b < KB; b++, w += 210) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const float d = fp16(w + 208);
+        const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        const __m512i scales512 = _mm512_castsi256_si512(scales);
+        __m512i sum[ROWS512];
+        for (int i = 0; i < MB; i++) sum[i] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h)));
+            const __m512i l = _mm512_loadu_si512(w + 64 * h);
+            for (int G = 0; G < 2; G++) {
+                const __m512i low = _mm512_and_si512(G ? _mm512_srli_epi16(l, 4) : l, nib);
+                const __m512i high = _mm512_and_si512(_mm512_srlv_epi16(hb, halves16(4 * G, 4 * G + 2)), three);
+                const __m512i q = _mm512_or_si512(low, _mm512_slli_epi16(high, 4));
+                const int first = 8 * h + 4 * G;       // word t of the scales: sub-block first + t / 8
+                const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)first), _mm512_srli_epi16(
+                    _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                     15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3));
+                const __m512i s = _mm512_permutexvar_epi16(idx, scales512);
+                for (int i = 0; i < MB; i++) {
+                    const int8_t *x = a->q256 + ((m0 + i) * KB + b) * 256 + 128 * h + 64 * G;
+                    sum[i] = _mm512_dpwssd_epi32(sum[i], _mm512_maddubs_epi16(q, _mm512_loadu_si512(x)), s);
+                }
+            }
+        }
+        const __m512i scales2 = _mm512_broadcast_i64x4(scales);
+        for (int i = 0; i + 1 < MB; i += 2) {          // - 32 sum_s sc_s sum(x over s), two rows at once
+            const int64_t at = (m0 + i) * KB + b;
+            const __m512i low = _mm512_madd_epi16(load2(a->b256 + at * 16, a->b256 + (at + KB) * 16), scales2);
+            const __m512i total = _mm512_sub_epi32(fold2(sum[i], sum[i + 1]), _mm512_slli_epi32(low, 5));
+            acc2[i / 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), halves_ps(d * a->d256[at], d * a->d256[at + KB]),
+                                          acc2[i / 2]);
+        }
+        if (MB % 2) {
+            const int64_t at = (m0 + MB - 1) * KB + b;
+            const __m256i low = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a->b256 + at * 16)), scales);
+            const __m256i total = _mm256_sub_epi32(fold(sum[MB - 1]), _mm256_slli_epi32(low, 5));
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * a->d256[at]), acc1);
+        }
+    }
+    row_sums(acc2, acc1, MB, out);
+}
+
+#define ROWS512_CASES(CALL) switch (mb) { \
+    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
+    case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; default: CALL(8); }
+
+// one weight row of `type` against rows m0 .. m0 + mb (mb <= ROWS512) of the activations
+void dot_rows512(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) {
+#define C32(T, n) dot32_512(w, K / 32, a, m0, n, T, out)
+#define C_Q4_0(n) C32(Q4_0, n)
+#define C_Q4_1(n) C32(Q4_1, n)
+#define C_Q5_0(n) C32(Q5_0, n)
+#define C_Q5_1(n) C32(Q5_1, n)
+#define C_Q8_0(n) C32(Q8_0, n)
+#define C_Q4_K(n) dot_k45_512(w, K / 256, a, m0, n, 0, out)
+#define C_Q5_K(n) dot_k45_512(w, K / 256, a, m0, n, 1, out)
+#define C_Q6_K(n) dot_q6_k_512(w, K / 256, a, m0, n, out)
+    switch (type) {
+        case Q4_0: ROWS512_CASES(C_Q4_0) break;
+        case Q4_1: ROWS512_CASES(C_Q4_1) break;
+        case Q5_0: ROWS512_CASES(C_Q5_0) break;
+        case Q5_1: ROWS512_CASES(C_Q5_1) break;
+        case Q8_0: ROWS512_CASES(C_Q8_0) break;
+        case Q4_K: ROWS512_CASES(C_Q4_K) break;
+        case Q5_K: ROWS512_CASES(C_Q5_K) break;
+        case Q6_K: ROWS512_CASES(C_Q6_K) break;
+    }
+}
