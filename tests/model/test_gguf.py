@@ -60,6 +60,31 @@ def test_gguf_config_tokenizer_and_chat_template(chat_checkpoint, tmp_path):
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_a_files_tokenizer_is_built_once_and_read_back_from_the_cache(chat_checkpoint, tmp_path, monkeypatch):
+    """The tokenizer.json, config and tokens' bytes a GGUF file's metadata gives are kept under the file's identity
+    and read back the same; a damaged entry is made again; a changed file gets its own."""
+    from specmesh.model import gguf as ours
+    monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path / "cache"))
+    path = to_gguf(chat_checkpoint, tmp_path / "m.gguf", "f32")
+    built = ours.read_file_tokenizer(path)
+    pieces = built.token_bytes
+    entries = sorted(p.name.split(".", 1)[1] for p in (tmp_path / "cache" / "tokenizers").iterdir())
+    assert entries == ["config.json", "json", "pieces"] and pieces is not None
+    calls = []
+    monkeypatch.setattr(ours, "tokenizer_spec", lambda p: calls.append(p) or pytest.fail("read the metadata again"))
+    cached = ours.read_file_tokenizer(path)
+    assert cached.token_bytes == pieces and cached.config == built.config and not calls
+    for text in (TEXT, "<|endoftext|> after"):
+        assert cached.encode(text) == built.encode(text)
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path / "cache"))
+    cached.pieces_file.write_bytes(b"specmesh-pieces-1\n" + b"\x05" * 9)        # cut short
+    assert ours.read_file_tokenizer(path).token_bytes == pieces
+    path.write_bytes(path.read_bytes())                  # another modification time: another entry
+    ours.read_file_tokenizer(path)
+    assert len(list((tmp_path / "cache" / "tokenizers").glob("*.config.json"))) == 2
+
+
 @pytest.mark.parametrize("messages, match", [
     ([], "messages must be a non-empty list"), ("hi", "messages must be a non-empty list"),
     ([{"content": "hi"}], r"messages\[0\] needs a string role and a string content"),

@@ -202,6 +202,17 @@ class GGUFFile:
         self.pos += n
         return self.raw[self.pos - n:self.pos].decode("utf-8", "replace")
 
+    def strings(self, n: int) -> list[str]:
+        """An array of n strings (a vocabulary's tokens and merges: string() inlined, the header's longest part)."""
+        raw, pos, out, length = self.raw, self.pos, [], struct.Struct("<Q").unpack_from
+        for _ in range(n):
+            if pos + 8 > len(raw) or pos + 8 + (k := length(raw, pos)[0]) > len(raw):
+                raise ValueError(f"the file ends at byte {len(raw)}, inside its header")
+            out.append(raw[pos + 8:pos + 8 + k].decode("utf-8", "replace"))
+            pos += 8 + k
+        self.pos = pos
+        return out
+
     def value(self, kind: int):
         if kind == STRING:
             return self.string()
@@ -209,6 +220,8 @@ class GGUFFile:
             item, n = self.read("<I"), self.read("<Q")
             if item in SCALARS:
                 return self.read(SCALARS[item], n).tolist() if n else []
+            if item == STRING:
+                return self.strings(n)
             return [self.value(item) for _ in range(n)]
         if kind not in SCALARS:
             raise ValueError(f"unknown metadata type {kind} at byte {self.pos}")
@@ -430,9 +443,35 @@ def _tokenizer(path: Path, stamp: tuple | None) -> Tokenizer:
     return read_file_tokenizer(path)
 
 
+TOKENIZER_BUILD = 3         # the cached tokenizer's version (bpe_spec, spm_spec): one of another is made again
+
+
 def read_file_tokenizer(path: str | Path) -> Tokenizer:
     """The tokenizer in `tokenizer.ggml.*` as a tokenizers Tokenizer: a byte-level BPE (`gpt2`) or SentencePiece's
-    BPE (`llama`: spm_model), with the file's chat template, special tokens and whether prompts begin with BOS."""
+    BPE (`llama`: spm_spec), with the file's chat template, special tokens and whether prompts begin with BOS.
+    Built once per file and kept in specmesh's cache by the file's identity (path, size, modification time), its
+    tokens' bytes too (Tokenizer.token_bytes): reading a large vocabulary's metadata and building its merges
+    (Gemma's 262k pieces, 515k merges) takes seconds."""
+    from tokenizers import Tokenizer as HFTokenizer
+    path = Path(path).resolve()
+    stat = path.stat()
+    from specmesh.kernels.build import cache_dir
+    key = hashlib.sha256(f"{TOKENIZER_BUILD}:{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:20]
+    base = cache_dir() / "tokenizers" / key
+    spec_file, config_file = base.with_suffix(".json"), base.with_suffix(".config.json")
+    try:                                        # the config is written last: where it is, the spec is whole
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        inner = HFTokenizer.from_file(str(spec_file))
+    except Exception:                           # none cached, or unreadable (tokenizers raises Exception)
+        spec, config = tokenizer_spec(path)
+        inner = HFTokenizer.from_str(spec)
+        write_whole(spec_file, spec.encode())
+        write_whole(config_file, json.dumps(config).encode())
+    return Tokenizer(inner, config, pieces_file=base.with_suffix(".pieces"))
+
+
+def tokenizer_spec(path: Path) -> tuple[str, dict]:
+    """The file's tokenizer.json and tokenizer config (read_file_tokenizer)."""
     meta = open_gguf(path).fields
     model = meta.get("tokenizer.ggml.model")
     if model not in ("gpt2", "llama"):
@@ -441,8 +480,7 @@ def read_file_tokenizer(path: str | Path) -> Tokenizer:
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
         raise GGUFError(f"{path}: the file has no tokenizer.ggml.tokens")
-    spec = json.dumps(bpe_spec(path, meta)) if model == "gpt2" else spm_json(path, meta)
-    from tokenizers import Tokenizer as HFTokenizer
+    spec = bpe_spec(path, meta) if model == "gpt2" else spm_spec(meta)
     # llama.cpp's default: a SentencePiece vocabulary's prompts begin with BOS, a byte-level one's not
     config = {"chat_template": meta.get("tokenizer.chat_template"),
               "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama"))}
@@ -450,7 +488,19 @@ def read_file_tokenizer(path: str | Path) -> Tokenizer:
         i = meta.get(f"tokenizer.ggml.{key}_token_id")
         if i is not None and i < len(tokens):
             config[f"{key}_token"] = tokens[i]
-    return Tokenizer(HFTokenizer.from_str(spec), config)
+    return json.dumps(spec), config
+
+
+def write_whole(file: Path, data: bytes) -> None:
+    """`data` written to a temporary name, then renamed: a reader never sees half of it; nothing where the cache
+    is read-only (made again next time)."""
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        part = file.with_suffix(f".{os.getpid()}.part")
+        part.write_bytes(data)
+        part.replace(file)
+    except OSError:
+        pass
 
 
 def bpe_spec(path, meta: dict) -> dict:
@@ -480,29 +530,6 @@ def added_token(i: int, content: str, special: bool) -> dict:
 
 
 SPACE = "\u2581"          # SentencePiece's visible space
-SPM_BUILD = 2               # spm_spec's version: a cached tokenizer.json of another is made again
-
-
-def spm_json(path, meta: dict) -> str:
-    """spm_spec's tokenizer.json, kept in specmesh's cache by the file's identity (path, size, modification time):
-    deriving a large vocabulary's merges (Gemma's 262k pieces, 515k merges) takes seconds."""
-    from specmesh.kernels.build import cache_dir
-    path, stat = Path(path).resolve(), Path(path).stat()
-    key = hashlib.sha256(f"{SPM_BUILD}:{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:20]
-    file = cache_dir() / "tokenizers" / f"{key}.json"
-    if file.is_file():
-        return file.read_text(encoding="utf-8")
-    text = json.dumps(spm_spec(meta))
-    try:                                        # written whole, then renamed: a reader never sees half of it
-        file.parent.mkdir(parents=True, exist_ok=True)
-        part = file.with_suffix(f".{os.getpid()}.part")
-        part.write_text(text, encoding="utf-8")
-        part.replace(file)
-    except OSError:
-        pass                                    # a read-only cache: made again next time
-    return text
-
-
 def spm_spec(meta: dict) -> dict:
     """SentencePiece's BPE (`tokenizer.ggml.model` llama: pieces, scores, types, byte-fallback pieces <0xXX>, no
     merges) as a tokenizers BPE with byte fallback, built as transformers builds it from a GGUF file (its

@@ -6,8 +6,11 @@ import datetime
 import functools
 import hashlib
 import json
+import os
 import random
 from pathlib import Path
+
+import numpy as np
 
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -15,9 +18,10 @@ LONG_TEXT = 16384            # characters from which encode lets go of the GIL (
 
 
 class Tokenizer:
-    def __init__(self, inner: HFTokenizer, config: dict | None = None):
+    def __init__(self, inner: HFTokenizer, config: dict | None = None, pieces_file: Path | None = None):
         self.inner = inner
         self.config = config or {}          # tokenizer_config.json's keys: chat_template, bos_token, eos_token ...
+        self.pieces_file = pieces_file      # where token_bytes is kept for this tokenizer (a GGUF file's: its cache)
         self.chat_template = self.config.get("chat_template")
         # the BOS a text's tokens begin with where the tokenizer adds one (add_bos_token: Gemma's, Llama 2's), else None
         bos = self.special_tokens().get("bos_token") if self.config.get("add_bos_token") else None
@@ -103,7 +107,17 @@ class Tokenizer:
         UTF-8 with replacement characters: a byte-level BPE, as the embedded models' and most current
         LLMs' tokenizers are. It lets a growing output be decoded in time linear in its length
         (engine/sequence.py). Checked against `decode` on every token and on random sequences; None
-        where the tokenizer is of another kind or any check fails."""
+        where the tokenizer is of another kind or any check fails. Read from `pieces_file` where it was kept."""
+        if self.pieces_file is None:
+            return self.checked_token_bytes()
+        try:
+            return read_pieces(self.pieces_file, self.vocab_size)
+        except (OSError, ValueError):
+            pieces = self.checked_token_bytes()
+            write_pieces(self.pieces_file, pieces)
+            return pieces
+
+    def checked_token_bytes(self) -> list[bytes] | None:
         if (json.loads(self.inner.to_str()).get("decoder") or {}).get("type") != "ByteLevel":
             return None
         to_byte = {ord(c): b for b, c in byte_level_alphabet().items()}     # str.translate's table: char -> byte
@@ -122,6 +136,39 @@ class Tokenizer:
         if any(b"".join(pieces[i] for i in ids).decode("utf-8", "replace") != self.decode(ids) for ids in samples):
             return None
         return pieces
+
+
+PIECES = b"specmesh-pieces-1\n"   # a pieces file: this, a count n (int64; -1: None), n lengths (int32), the bytes
+
+
+def write_pieces(file: Path, pieces: list[bytes] | None) -> None:
+    lengths = np.array([len(p) for p in pieces or []], np.int32)
+    data = PIECES + np.int64(-1 if pieces is None else len(lengths)).tobytes() + lengths.tobytes() + b"".join(pieces or [])
+    try:                                        # written whole, then renamed; nothing where the cache is read-only
+        file.parent.mkdir(parents=True, exist_ok=True)
+        part = file.with_suffix(f".{os.getpid()}.part")
+        part.write_bytes(data)
+        part.replace(file)
+    except OSError:
+        pass
+
+
+def read_pieces(file: Path, vocab_size: int) -> list[bytes] | None:
+    data = file.read_bytes()
+    if not data.startswith(PIECES):
+        raise ValueError(f"{file} is not a pieces file")
+    at = len(PIECES)
+    n = int(np.frombuffer(data, np.int64, 1, at)[0])
+    if n == -1:
+        return None
+    if n != vocab_size:
+        raise ValueError(f"{file} holds {n} pieces for a vocabulary of {vocab_size}")
+    lengths = np.frombuffer(data, np.int32, n, at + 8)
+    ends = (at + 8 + 4 * n + np.cumsum(lengths)).tolist()
+    if ends and ends[-1] != len(data):
+        raise ValueError(f"{file} is cut short")
+    starts = [at + 8 + 4 * n, *ends[:-1]]
+    return [data[a:b] for a, b in zip(starts, ends)]
 
 
 @functools.cache
