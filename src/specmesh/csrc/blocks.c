@@ -148,6 +148,14 @@ static void quantize_256(const float *x, int M, int K, int8_t *xq, float *xd, in
         }
 }
 
+// csrc/blocks512.c, where it builds; used where use_vnni is on (csrc/avx2.c), with the same results
+#define ROWS512 8
+void dot_rows512(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) __attribute__((weak));
+void pair_rows512(Acts *a, int M, int K) __attribute__((weak));
+extern int vnni;
+
+static int wide(void) { return vnni && dot_rows512; }
+
 static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
     int k256 = 0, k32 = 0;
     for (int i = 0; i < w->n; i++) {
@@ -167,11 +175,13 @@ static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a
         a->d256 = malloc(sizeof(float) * (int64_t)M * (K / 256));
         a->b256 = malloc(sizeof(int16_t) * (int64_t)M * (K / 16));
         quantize_256(x, M, K, a->q256, a->d256, a->b256);
+        if (wide() && M >= 2) pair_rows512(a, M, K);
     }
 }
 
 static void free_acts(Acts *a) {
     free(a->q32); free(a->d32); free(a->s32); free(a->q256); free(a->d256); free(a->b256);
+    free(a->q256p); free(a->d256p); free(a->b256p);
 }
 
 // -- products: one weight row against MB rows of activations, each row's sum out[i] -------------------------
@@ -352,17 +362,12 @@ typedef struct {            // gguf_linear's arguments, for its parallel tasks
     float *y;
 } BlockProduct;
 
-// csrc/blocks512.c, where it builds; used where use_vnni is on (csrc/avx2.c), with the same results
-#define ROWS512 8
-void dot_rows512(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) __attribute__((weak));
-extern int vnni;
-
 // output columns n0 .. n1 for every row of x: a few rows at a time (MAXROWS, ROWS512) against each of the columns'
 // weight rows (a task's rows of weights stay in L1/L2 while the activations stream once; the next weight row is
 // fetched ahead)
 static void block_rows(void *ctx, int64_t n0, int64_t n1) {
     const BlockProduct *p = ctx;
-    const int wide = vnni && dot_rows512, step = wide ? ROWS512 : MAXROWS;
+    const int wide512 = wide(), step = wide512 ? ROWS512 : MAXROWS;
     float out[ROWS512];
     for (int m0 = 0; m0 < p->M; m0 += step) {
         const int mb = p->M - m0 < step ? p->M - m0 : step;
@@ -373,7 +378,7 @@ static void block_rows(void *ctx, int64_t n0, int64_t n1) {
             const uint8_t *row = pt->data + (int64_t)(pt->map ? pt->map[r] : r) * pt->stride;
             if (m0 == 0 && n + 1 < n1 && !pt->map && r + 1 < pt->rows)
                 for (int64_t at = 0; at < pt->stride; at += 64) _mm_prefetch((const char *)row + pt->stride + at, _MM_HINT_T0);
-            if (wide) dot_rows512(pt->type, row, p->K, p->a, m0, mb, out);
+            if (wide512) dot_rows512(pt->type, row, p->K, p->a, m0, mb, out);
             else dot_row(pt->type, row, p->K, p->a, m0, mb, out);
             const float bias = p->bias ? p->bias[n] : 0.0f;
             for (int i = 0; i < mb; i++) p->y[(int64_t)(m0 + i) * p->N + n] = out[i] + bias;
