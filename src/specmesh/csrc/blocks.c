@@ -16,9 +16,9 @@
 #define EXACT __attribute__((optimize("fp-contract=off")))
 
 static inline void scale_min(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
-    uint32_t u[4];
-    scale_min_words(s, u);
-    memcpy(sc, u, 8), memcpy(mn, u + 2, 8);
+    uint64_t a, b;
+    scale_min_bytes(s, &a, &b);
+    memcpy(sc, &a, 8), memcpy(mn, &b, 8);
 }
 
 static int block_size(int type) { return type == Q4_K || type == Q5_K || type == Q6_K ? 256 : type <= F16 ? 1 : 32; }
@@ -165,15 +165,15 @@ static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a
     memset(a, 0, sizeof *a);
     if (k32) {
         const int QB = K / 32;
-        a->q32 = malloc((int64_t)M * QB * 32);
-        a->d32 = malloc(sizeof(float) * (int64_t)M * QB);
-        a->s32 = malloc(sizeof(int32_t) * (int64_t)M * QB);
+        a->q32 = lines((int64_t)M * QB * 32);
+        a->d32 = lines(sizeof(float) * (int64_t)M * QB);
+        a->s32 = lines(sizeof(int32_t) * (int64_t)M * QB);
         q8_quantize_rows(x, M, K, QB, a->q32, a->d32, a->s32);
     }
     if (k256) {
-        a->q256 = malloc((int64_t)M * K);
-        a->d256 = malloc(sizeof(float) * (int64_t)M * (K / 256));
-        a->b256 = malloc(sizeof(int16_t) * (int64_t)M * (K / 16));
+        a->q256 = lines((int64_t)M * K);
+        a->d256 = lines(sizeof(float) * (int64_t)M * (K / 256));
+        a->b256 = lines(sizeof(int16_t) * (int64_t)M * (K / 16));
         quantize_256(x, M, K, a->q256, a->d256, a->b256);
         if (wide() && M >= 2) pair_rows512(a, M, K);
     }
@@ -255,10 +255,10 @@ static inline __attribute__((always_inline)) void dot_k45(const uint8_t *w, int 
     for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
     for (int b = 0; b < KB; b++, w += BB) {
         const float d = fp16(w), dmin = fp16(w + 2);
-        uint32_t u[4];
-        scale_min_words(w + 4, u);
-        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)));
-        const __m128i m8 = _mm_loadl_epi64((const __m128i *)(u + 2));
+        uint64_t sc, mn;
+        scale_min_bytes(w + 4, &sc, &mn);
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((int64_t)sc)));
+        const __m128i m8 = _mm_cvtsi64_si128((int64_t)mn);
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));    // mn_0 mn_0 mn_1 mn_1 ...
         const uint8_t *qs = w + 16 + 32 * FIVE;
         const __m256i hb = FIVE ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();

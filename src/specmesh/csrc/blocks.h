@@ -3,6 +3,7 @@
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
@@ -33,18 +34,20 @@ typedef struct {            // x [M, K] quantized for the parts' kinds of block
     int16_t *b256p;
 } Acts;
 
+// a buffer of the activations: on cache lines of its own, so that no 64-byte vector of it straddles two
+static inline void *lines(int64_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
+
 static inline float fp16(const uint8_t *p) {          // IEEE half -> float32 (exact; F16C)
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
 }
 
-// Q4_K / Q5_K: 8 six-bit scales and 8 mins packed in 12 bytes -> words {sc 0-3, sc 4-7, mn 0-3, mn 4-7}, a byte each
-static inline void scale_min_words(const uint8_t *s, uint32_t *u) {
+// Q4_K / Q5_K: 8 six-bit scales and 8 mins packed in 12 bytes -> sc (scale s in byte s) and mn (min s in byte s),
+// in registers: a vector load of words just stored would wait on the stores (no store forwarding across them)
+static inline void scale_min_bytes(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
     uint32_t a, b, c;
     memcpy(&a, s, 4), memcpy(&b, s + 4, 4), memcpy(&c, s + 8, 4);
-    u[0] = a & 0x3f3f3f3f;
-    u[1] = (c & 0x0f0f0f0f) | ((a >> 2) & 0x30303030);
-    u[2] = b & 0x3f3f3f3f;
-    u[3] = ((c >> 4) & 0x0f0f0f0f) | ((b >> 2) & 0x30303030);
+    *sc = (a & 0x3f3f3f3f) | (uint64_t)((c & 0x0f0f0f0f) | ((a >> 2) & 0x30303030)) << 32;
+    *mn = (b & 0x3f3f3f3f) | (uint64_t)(((c >> 4) & 0x0f0f0f0f) | ((b >> 2) & 0x30303030)) << 32;
 }

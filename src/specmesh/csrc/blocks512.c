@@ -101,9 +101,9 @@ static inline __attribute__((always_inline)) void dot32_512(const uint8_t *w, in
 // 512-bit instruction and its int32 lanes are, half for half, the AVX2 kernel's lanes of each row.
 void pair_rows512(Acts *a, int M, int K) {
     const int KB = K / 256, P = M / 2;
-    a->q256p = malloc((int64_t)P * K * 2);
-    a->d256p = malloc(sizeof(float) * (int64_t)P * KB * 2);
-    a->b256p = malloc(sizeof(int16_t) * (int64_t)P * KB * 32);
+    a->q256p = lines((int64_t)P * K * 2);
+    a->d256p = lines(sizeof(float) * (int64_t)P * KB * 2);
+    a->b256p = lines(sizeof(int16_t) * (int64_t)P * KB * 32);
     for (int p = 0; p < P; p++)
         for (int b = 0; b < KB; b++) {
             const int64_t at = (int64_t)p * KB + b;
@@ -137,11 +137,10 @@ static inline __attribute__((always_inline)) void dot_k45_512(const uint8_t *w, 
     for (int p = 0; p < P; p++) acc2[p] = _mm512_setzero_ps();
     for (int b = 0; b < KB; b++, w += BB) {
         const float d = fp16(w), dmin = fp16(w + 2);
-        uint32_t u[4];
-        scale_min_words(w + 4, u);
-        const uint8_t *sc = (const uint8_t *)u;
-        const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)));
-        const __m128i m8 = _mm_loadl_epi64((const __m128i *)(u + 2));
+        uint64_t sc, mn;
+        scale_min_bytes(w + 4, &sc, &mn);
+        const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((int64_t)sc)));
+        const __m128i m8 = _mm_cvtsi64_si128((int64_t)mn);
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));    // mn_0 mn_0 mn_1 mn_1 ...
         const uint8_t *qs = w + 16 + 32 * FIVE;
         const __m256i hb = FIVE ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
@@ -158,7 +157,7 @@ static inline __attribute__((always_inline)) void dot_k45_512(const uint8_t *w, 
             }
             if (P) {
                 const __m512i lo2 = _mm512_broadcast_i64x4(lo), hi2 = _mm512_broadcast_i64x4(hi);
-                const __m512i s0 = _mm512_set1_epi16(sc[2 * j]), s1 = _mm512_set1_epi16(sc[2 * j + 1]);
+                const __m512i s0 = _mm512_set1_epi16((short)(sc >> 16 * j & 0xff)), s1 = _mm512_set1_epi16((short)(sc >> (16 * j + 8) & 0xff));
                 for (int p = 0; p < P; p++) {
                     const int8_t *x = a->q256p + ((p0 + p) * KB + b) * 512 + 128 * j;
                     sum2[p] = _mm512_dpwssd_epi32(sum2[p], _mm512_maddubs_epi16(lo2, _mm512_loadu_si512(x)), s0);
