@@ -244,3 +244,19 @@ def test_many_samples_of_one_prompt_share_its_prefill_in_bounded_memory(tmp_path
     assert len(samples) == 3000 and all(len(s["tokens"]) == 3 for s in samples)
     assert len({tuple(s["tokens"]) for s in samples}) > 1000          # independent draws
     assert peak_mib < 2048, f"peak resident memory {peak_mib:.0f} MiB"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["bench", "--help"], ["serve", "--help"],
+                                  ["models"]])
+def test_help_and_models_start_without_torch(argv):
+    """The parser is built from specmesh/options.py's declarations alone: `--help` and `models` never load torch
+    (nor the methods, kernels or model code), so they answer at once."""
+    probe = ("import sys, contextlib, io\nfrom specmesh.cli import main\nout = io.StringIO()\n"
+             f"with contextlib.redirect_stdout(out):\n    try:\n        main({argv!r})\n    except SystemExit:\n"
+             "        pass\nloaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('specmesh.'))\n"
+             "print(len(out.getvalue()), *loaded)\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    printed, *loaded = r.stdout.split()
+    assert int(printed) > 200 and "torch" not in loaded
+    assert not any(m.startswith(("specmesh.methods", "specmesh.kernels", "specmesh.engine")) for m in loaded), loaded

@@ -9,10 +9,16 @@ from pathlib import Path
 if "amx_tile" not in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""):
     os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
-from specmesh.engine.sequence import Output, Sample
-from specmesh.engine.stats import Stats
-from specmesh.llm import LLM
-from specmesh.spec.sampling import SamplingParams
-
 __all__ = ["LLM", "SamplingParams", "Stats", "Output", "Sample"]
 __version__ = "0.1.0"
+
+# imported on first use, so that `import specmesh` (the CLI's parser, `specmesh --help`) does not load torch
+_EXPORTS = {"LLM": "specmesh.llm", "SamplingParams": "specmesh.spec.sampling", "Stats": "specmesh.engine.stats",
+            "Output": "specmesh.engine.sequence", "Sample": "specmesh.engine.sequence"}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'specmesh' has no attribute {name!r}")

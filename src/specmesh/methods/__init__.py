@@ -7,8 +7,9 @@ across processes, one sequence at a time (methods/loop.py).
 from __future__ import annotations
 
 from specmesh.methods import ar, pearl, speculative
-from specmesh.methods.base import OPTIONS, Configured, MethodSpec, Models, configure
+from specmesh.methods.base import Configured, MethodSpec, Models, configure
 from specmesh.methods.pipeline import pipedec, pp, stpp
+from specmesh.options import OPTIONS
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     ar.SPEC, speculative.SD, speculative.TREE, speculative.EASYSPEC,

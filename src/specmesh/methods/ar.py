@@ -53,5 +53,4 @@ class AR:
         pass
 
 
-SPEC = MethodSpec("ar", "plain autoregressive decoding of the target: the reference", {}, False,
-                  build=lambda models, method, runner: AR(runner), slack=lambda options: 0)
+SPEC = MethodSpec.of("ar", build=lambda models, method, runner: AR(runner), slack=lambda options: 0)

@@ -1,8 +1,8 @@
 """What a decoding method is: its declaration (options with defaults, needs) and the step the engine runs.
 
-Every option is declared once, here (`OPTIONS`: its help and kind) and in each method's spec (its
-default there): the CLI's flags and help, the server's options and `LLM(**options)` are all read
-from these declarations.
+Every option and method is declared once, in specmesh/options.py (`OPTIONS`, `CARDS`: help, kinds, defaults): the
+CLI's flags and help, the server's options and `LLM(**options)` are all read from those declarations; a
+MethodSpec is a card with the hooks that build and run the method.
 
 A method instance runs over the engine's running sequences (running[i] holds cache row i):
   admit(seq, row) -> tokens   sets up a new sequence (prefill, proposer state); its first tokens
@@ -20,6 +20,7 @@ from typing import Protocol
 from specmesh.engine.sequence import Sequence
 from specmesh.model.model import Transformer
 from specmesh.model.tokenizer import Tokenizer
+from specmesh.options import CARDS, OPTIONS
 from specmesh.spec.sampling import InvalidParameter
 
 
@@ -54,68 +55,6 @@ class Method(Protocol):
     def release(self, seq: Sequence) -> None: ...
 
 
-@dataclass(frozen=True)
-class Option:
-    help: str
-    kind: type = int            # int: an integer >= least; float: a number in [0, most); bool: a flag; str: text
-    metavar: str | None = None
-    least: int = 1
-    most: float = 1.0           # float: a probability, or (inf) any number >= 0
-
-
-OPTIONS = {
-    "gamma": Option("draft length / tree depth (sd without it in a batch: by batch size; pearl without it: "
-                    "by gamma_rule; cosine without it: chosen each step up to its default by the scheduler)"),
-    "gamma_rule": Option("pearl's γ when gamma is not given: measured (each round, the γ with the most expected "
-                         "tokens per second from the measured draft step, target forward by width and acceptance "
-                         "so far) or c (round(c), the paper's rule)", str, "RULE"),
-    "draft_window": Option("prompt tokens the draft model reads"),
-    "stop_below": Option("a draft chain ends after a token the draft gives less probability than this (0: always "
-                         "gamma tokens)", float, "P"),
-    "min_prob": Option("tree: a node is drafted only where its path's probability (the draft's, from the root) is "
-                       "at least this; a level with none ends the tree (0: the full tree)", float, "P"),
-    "lookup": Option("sd, tree, pearl: where the last N or more tokens occurred before (prompt lookup), propose "
-                     "what followed them instead of drafting (0: off)", metavar="N", least=0),
-    "lookup_reach": Option("sd, tree: tokens the lookup proposes where it is sure of its match (matches of its length "
-                           "had their first token accepted 9 times in 10; 0: as deep as the draft)", least=0),
-    "layer_groups": Option("easyspec: the draft's layers in layer-parallel groups, as sizes in order (1,2,1); "
-                           "default: the first and last eighth alone, the rest in pairs", str, "SIZES"),
-    "calibration": Option("easyspec: when the draft's fuzzy cache entries are read again exactly: never, prefill, "
-                          "round (after every verification) or mismatch (after a rejection)", str, "POLICY"),
-    "tree_width": Option("nodes kept per tree level: w"),
-    "max_children": Option("children per node in the top-k expansion: c"),
-    "branches": Option("Self-Draft branches N"),
-    "branch_len": Option("Self-Draft branch length cap L"),
-    "gram": Option("n-gram size G"),
-    "max_candidates": Option("n-gram candidate continuations verified per step"),
-    "ngram_cache": Option("corpus n-gram cache (default: ngram.npz beside the target, if any)", str, "FILE"),
-    "drafters": Option("cosine: its drafters, comma-separated names or folders of draft checkpoints sharing the "
-                       "target's tokenizer, and `context` for the context n-gram drafter (default: the target's "
-                       "shipped drafters)", str, "DIR,DIR"),
-    "routed": Option("cosine: drafters routed to a request each round"),
-    "explore_below": Option("cosine: τ, explore (pick drafters partly at random) after a round that accepted fewer "
-                            "tokens than this"),
-    "tree_budget": Option("cosine: nodes of the fused tree kept for verification (those of highest confidence)"),
-    "solo_budget": Option("cosine: nodes of the chain the context drafter drafts alone where it is sure of the next "
-                          "token (a long repeat of the context)"),
-    "guess_budget": Option("cosine: nodes of the chain the context drafter drafts alone where it has a guess it is "
-                           "not sure of (0: the model drafters join those rounds)", least=0),
-    "token_budget": Option("cosine: Γ_max, tokens a verification takes at most (the scheduler's bound; adaptive "
-                           "speculation trims the longest trees to it)"),
-    "lam": Option("cosine: λ, the scheduler's weight of verification tokens against time per request", float, "L",
-                  most=float("inf")),
-    "max_step_ms": Option("cosine: T_max, the scheduler's bound on a step's drafting plus verification in ms "
-                          "(default 0: none)", metavar="MS", least=0),
-    "no_scheduler": Option("cosine: every request speculates every step, to the full depth (ablation)", bool),
-    "no_adaptive": Option("cosine: no trimming of trees to the token budget (ablation)", bool),
-    "drafter_processes": Option("cosine: each drafter in a process of its own, drafting at the same time as the "
-                                "others (one thread each)", bool),
-    "no_routing": Option("cosine: every drafter drafts for every request (ablation)", bool),
-    "no_fusion": Option("cosine: each drafter follows its own tokens, no fused spine (ablation)", bool),
-    "timeout": Option("seconds a rank waits for another before failing", metavar="SECONDS"),
-    "stages": Option("pipeline stages, one process each"),
-    "draft_apart": Option("run the draft S in a process of its own instead of beside stage 0", bool),
-}
 
 
 @dataclass(frozen=True)
@@ -133,6 +72,13 @@ class MethodSpec:
     check: Callable | None = None       # check(models, options): options that depend on the loaded models
     logprobs: bool = True               # it hands each sequence the target's logits at its tokens (Sequence.score)
     penalties: bool = True              # it applies each sequence's penalties and logit bias (spec/penalties.py)
+
+    @classmethod
+    def of(cls, name: str, build: Callable, slack: Callable[[dict], int], **hooks) -> "MethodSpec":
+        """The method declared as CARDS[name] (specmesh/options.py), with the hooks that build and run it."""
+        card = CARDS[name]
+        return cls(card.name, card.summary, card.defaults, card.needs_draft, build, slack,
+                   max_rows=None if card.batched else 1, **hooks)
 
     def check_params(self, params) -> None:
         """What `params` (SamplingParams) asks that this method cannot give: an InvalidParameter naming the field,

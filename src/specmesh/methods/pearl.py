@@ -47,8 +47,6 @@ from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict, verify
 from specmesh.timing import by_width, rank_threads
 
-DEFAULTS = {"gamma": 0, "gamma_rule": "measured", "draft_window": 64, "lookup": 0,   # gamma 0: by gamma_rule
-            "timeout": 30}
 GAMMA_RULES = ("measured", "c")
 SEEDED_GAMMA = 4        # a seeded sampling request's γ without --gamma: both rules time this machine, and how far the
                         # draft runs decides which random numbers each token takes
@@ -253,7 +251,5 @@ def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> Non
     models.remote = DraftPeer.start(models.target, draft, dtype, options["timeout"])
 
 
-SPEC = MethodSpec("pearl", "PEARL: draft and target in two processes, working at the same time (pre-verify / "
-                  "post-verify); γ chosen each round from measured costs and acceptance", DEFAULTS, True,
-                  build=lambda models, method, runner: Loop(models, decode, method.options),
-                  slack=slack, start=start, max_rows=1, logprobs=False)
+SPEC = MethodSpec.of("pearl", build=lambda models, method, runner: Loop(models, decode, method.options),
+                     slack=slack, start=start, logprobs=False)

@@ -207,29 +207,12 @@ def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
     return Speculative(runner, proposer, narrowing(o["gram"] - 1, False))
 
 
-SD = MethodSpec("sd", "a draft model proposes a chain of γ tokens, the target verifies them in one forward "
-                "(Leviathan/Chen)", {"gamma": 4, "draft_window": 64, "stop_below": 0.0, "lookup": 0, "lookup_reach": 31},
-                True, build_sd, slack=lambda o: max(o["gamma"], o["lookup_reach"] if o["lookup"] else 0) + 1)
-TREE = MethodSpec("tree", "the draft grows a top-k tree (the best `tree_width` per level), the target verifies it "
-                  "in one forward with tree attention (SpecInfer-style)",
-                  {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64, "min_prob": 0.0, "lookup": 0,
-                   "lookup_reach": 31}, True, build_tree,
-                  slack=lambda o: max(o["gamma"] * o["tree_width"], o["lookup_reach"] if o["lookup"] else 0) + 1)
-EASYSPEC = MethodSpec("easyspec", "EasySpec: the draft grows `tree`'s tree with its layers in layer-parallel "
-                      "groups (fuzzy), and bonus calibration reads the accepted tokens again exactly",
-                      {"gamma": 5, "tree_width": 3, "max_children": 2, "draft_window": 64, "layer_groups": "",
-                       "calibration": "round"}, True, build_easyspec,
-                      slack=lambda o: o["gamma"] * o["tree_width"] + 1, spread_draft=True, check=check_easyspec)
-COSINE = MethodSpec("cosine", "CoSine: several drafters, routed per request by their record, their tokens fused "
-                    "into one tree by confidence, batches and draft sizes scheduled for the verifier",
-                    {"gamma": 5, "draft_window": 256, "drafters": "", "routed": 2, "explore_below": 1,
-                     "tree_budget": 16, "solo_budget": 64, "guess_budget": 6, "token_budget": 64, "lam": 0.05,
-                     "max_step_ms": 0,
-                     "drafter_processes": False, "timeout": 30, "no_routing": False, "no_fusion": False,
-                     "no_scheduler": False, "no_adaptive": False}, False, build_cosine,
-                    slack=lambda o: max(o["tree_budget"], o["solo_budget"]) + 1, needs_drafters=True)
-SELFDRAFT = MethodSpec("selfdraft", "Multi-Branch Self-Drafting: no draft model; n-gram candidates and N draft "
-                       "branches in one target forward",
-                       {"branches": 1, "branch_len": 1, "gram": 6, "max_candidates": 1, "ngram_cache": ""}, False,
-                       build_selfdraft,
-                       slack=lambda o: 1 + o["max_candidates"] * (o["gram"] - 1) + o["branches"] * o["branch_len"])
+SD = MethodSpec.of("sd", build_sd, slack=lambda o: max(o["gamma"], o["lookup_reach"] if o["lookup"] else 0) + 1)
+TREE = MethodSpec.of("tree", build_tree,
+                     slack=lambda o: max(o["gamma"] * o["tree_width"], o["lookup_reach"] if o["lookup"] else 0) + 1)
+EASYSPEC = MethodSpec.of("easyspec", build_easyspec, slack=lambda o: o["gamma"] * o["tree_width"] + 1, spread_draft=True,
+                         check=check_easyspec)
+COSINE = MethodSpec.of("cosine", build_cosine, slack=lambda o: max(o["tree_budget"], o["solo_budget"]) + 1,
+                       needs_drafters=True)
+SELFDRAFT = MethodSpec.of("selfdraft", build_selfdraft,
+                          slack=lambda o: 1 + o["max_candidates"] * (o["gram"] - 1) + o["branches"] * o["branch_len"])

@@ -16,8 +16,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import mmap
-import struct
 import math
 import os
 import warnings
@@ -28,10 +26,10 @@ import gguf
 import numpy as np
 import torch
 
+from specmesh.model.gguf_file import GGUFError, GGUFFile, Tensor, is_gguf, open_gguf  # noqa: F401  (re-exported)
 from specmesh.model.model import FULL, SLIDING, ModelConfig
 from specmesh.model.tokenizer import Tokenizer, byte_level_alphabet
 
-MAGIC = b"GGUF"
 # a GGUF architecture -> the model_type it reads as (llama: Llama and Mistral alike), and back
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
@@ -81,18 +79,6 @@ def pre_name(tokenizer: Tokenizer) -> str:
     return next((name for name, spec in PRE_TOKENIZERS.items() if spec == pre), "gpt-2")
 
 
-class GGUFError(ValueError):
-    """A file that is not a GGUF specmesh can load (the message names the file and the problem)."""
-
-
-def is_gguf(path: str | Path) -> bool:
-    path = Path(path)
-    if path.suffix.lower() == ".gguf":
-        return True
-    if not path.is_file():
-        return False
-    with open(path, "rb") as f:
-        return f.read(4) == MAGIC
 
 
 @dataclass
@@ -151,115 +137,6 @@ def read_blocks(t: Tensor) -> Blocks | None:
     return Blocks(torch.from_numpy(q.reshape(N, K)), torch.from_numpy(d), None if m is None else torch.from_numpy(m), 4)
 
 
-# GGUF's metadata value types: numpy dtypes of the scalars, 8 string, 9 array
-SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<B", 10: "<Q", 11: "<q", 12: "<d"}
-STRING, ARRAY = 8, 9
-
-
-@dataclass
-class Tensor:
-    name: str
-    shape: tuple[int, ...]                    # numpy order: rows first
-    kind: int                                 # a GGMLQuantizationType value
-    data: np.ndarray                          # uint8 [rows, bytes per row], a view of the file
-
-
-class GGUFFile:
-    """A GGUF file's metadata (`fields`) and tensors, parsed from a memory map. gguf.GGUFReader makes a numpy
-    view per array element (4 s for SmolLM2's 49k tokens and merges); this reads them in a fraction of that."""
-
-    def __init__(self, path: Path):
-        self.data, self.pos = np.memmap(path, mode="r"), len(MAGIC)
-        with open(path, "rb") as f:
-            self.raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)     # the header, read by struct
-        if (version := self.read("<I")) not in (2, 3):
-            raise GGUFError(f"GGUF version {version} is not one this reader knows (2, 3)")
-        n_tensors, n_fields = self.read("<Q"), self.read("<Q")
-        self.fields = {}
-        for _ in range(n_fields):
-            key = self.string()
-            self.fields[key] = self.value(self.read("<I"))
-        infos = [(self.string(), [self.read("<Q") for _ in range(self.read("<I"))], self.read("<I"),
-                  self.read("<Q")) for _ in range(n_tensors)]
-        align = self.fields.get("general.alignment", 32)
-        start = -(-self.pos // align) * align
-        self.tensors = [self.tensor(name, dims, kind, start + offset) for name, dims, kind, offset in infos]
-        self.raw.close()
-
-    def read(self, dtype: str, count: int | None = None):
-        size = struct.calcsize(dtype) * (count or 1)
-        if self.pos + size > len(self.raw):
-            raise ValueError(f"the file ends at byte {len(self.raw)}, inside its header")
-        at, self.pos = self.pos, self.pos + size
-        if count is not None:
-            return np.frombuffer(self.raw, dtype, count, at)
-        return struct.unpack_from(dtype, self.raw, at)[0]
-
-    def string(self) -> str:
-        n = self.read("<Q")
-        if self.pos + n > len(self.raw):
-            raise ValueError(f"the file ends at byte {len(self.raw)}, inside its header")
-        self.pos += n
-        return self.raw[self.pos - n:self.pos].decode("utf-8", "replace")
-
-    def strings(self, n: int) -> list[str]:
-        """An array of n strings (a vocabulary's tokens and merges: string() inlined, the header's longest part)."""
-        raw, pos, out, length = self.raw, self.pos, [], struct.Struct("<Q").unpack_from
-        for _ in range(n):
-            if pos + 8 > len(raw) or pos + 8 + (k := length(raw, pos)[0]) > len(raw):
-                raise ValueError(f"the file ends at byte {len(raw)}, inside its header")
-            out.append(raw[pos + 8:pos + 8 + k].decode("utf-8", "replace"))
-            pos += 8 + k
-        self.pos = pos
-        return out
-
-    def value(self, kind: int):
-        if kind == STRING:
-            return self.string()
-        if kind == ARRAY:
-            item, n = self.read("<I"), self.read("<Q")
-            if item in SCALARS:
-                return self.read(SCALARS[item], n).tolist() if n else []
-            if item == STRING:
-                return self.strings(n)
-            return [self.value(item) for _ in range(n)]
-        if kind not in SCALARS:
-            raise ValueError(f"unknown metadata type {kind} at byte {self.pos}")
-        return self.read(SCALARS[kind])
-
-    def tensor(self, name: str, dims: list[int], kind: int, offset: int) -> Tensor:
-        try:
-            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
-        except (ValueError, KeyError):
-            raise GGUFError(f"tensor {name} has unknown type {kind}") from None
-        rows, row = int(np.prod(dims[1:])), dims[0]
-        nbytes = rows * row // block * size
-        if offset + nbytes > len(self.data):
-            raise ValueError(f"tensor {name} needs bytes up to {offset + nbytes}, the file ends at {len(self.data)}")
-        return Tensor(name, (*reversed(dims[1:]), row), kind, self.data[offset:offset + nbytes].reshape(rows, -1))
-
-
-@functools.lru_cache(maxsize=4)
-def _open(path: Path, stamp: tuple) -> GGUFFile:
-    return GGUFFile(path)
-
-
-def open_gguf(path: str | Path) -> GGUFFile:
-    """The parsed file (cached: the tokenizer and the weights read it once)."""
-    path = Path(path)
-    if not path.is_file():
-        raise GGUFError(f"GGUF file not found: {path}")
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if head != MAGIC:
-        raise GGUFError(f"{path} is not a GGUF file (it starts with {head!r}, not {MAGIC!r})")
-    stat = path.stat()
-    try:
-        return _open(path.resolve(), (stat.st_size, stat.st_mtime_ns))
-    except GGUFError as e:
-        raise GGUFError(f"{path}: {e}") from None
-    except Exception as e:
-        raise GGUFError(f"{path}: truncated or corrupt GGUF ({e})") from None
 
 
 def read_config(path: str | Path) -> ModelConfig:
@@ -455,7 +332,7 @@ def read_file_tokenizer(path: str | Path) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
     path = Path(path).resolve()
     stat = path.stat()
-    from specmesh.kernels.build import cache_dir
+    from specmesh.paths import cache_dir
     key = hashlib.sha256(f"{TOKENIZER_BUILD}:{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:20]
     base = cache_dir() / "tokenizers" / key
     spec_file, config_file = base.with_suffix(".json"), base.with_suffix(".config.json")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ from torch import nn
 from specmesh.kernels import avx2_lib, draft_quant, q8_lib, select_kernels
 from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
 from specmesh.model import gguf
+from specmesh.model.gguf_file import parameter_count
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
 from specmesh.model.quant import keep_blocks, quantize_model
 from specmesh.model.shard import shard
@@ -300,19 +300,7 @@ def _split_sizes(cfg: ModelConfig, name: str) -> list[int]:
 
 def count_parameters(path: str | Path) -> int:
     """Parameters of a checkpoint, read from safetensors or GGUF headers (tied weights counted once)."""
-    from safetensors import safe_open
-    path = Path(path)
-    if gguf.is_gguf(path):
-        return sum(math.prod(t.shape) for t in gguf.open_gguf(path).tensors)
-    index = path / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() \
-        else ["model.safetensors"]
-    total = 0
-    for name in files:
-        with safe_open(path / name, "pt") as f:
-            for key in f.keys():
-                total += math.prod(f.get_slice(key).get_shape())
-    return total
+    return parameter_count(path)
 
 
 def to_gguf(checkpoint: str | Path, out: str | Path, ftype: str) -> Path:

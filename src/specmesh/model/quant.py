@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specmesh.options import QUANTS  # noqa: F401  (name -> bits: declared with the CLI's options)
+
 BLOCK = 32
-QUANTS = {"int8": 8, "int4": 4}         # name -> bits
 
 
 def quantize_q8(weight: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,11 +26,11 @@ import torch
 from specmesh.engine.sequence import Sequence
 from specmesh.model.cache import KVCache
 from specmesh.model.model import Transformer
+from specmesh.options import POLICIES
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict
 
-POLICIES = ("never", "prefill", "round", "mismatch")
 
 
 def default_groups(layers: int, size: int = 2) -> list[int]:

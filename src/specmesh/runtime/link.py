@@ -51,6 +51,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from specmesh.runtime import PeerError  # noqa: F401  (raised here; declared where the CLI reads it)
+
 IDLE = datetime.timedelta(days=7)       # how long a rank may wait for work between jobs
 STARTUP_S = 120.0                        # a worker must load its model and join within this
 MAILBOX_SLOTS, MAILBOX_BYTES = 8, 1 << 18   # per ordered pair of ranks: messages in flight, bytes each
@@ -76,10 +78,6 @@ def futex_wait(address: int, seen: int, timeout_s: float) -> None:
 
 def futex_wake(address: int) -> None:
     LIBC.syscall(SYS_FUTEX, ctypes.c_void_p(address), FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
-
-
-class PeerError(RuntimeError):
-    """Another rank died or did not answer in time."""
 
 
 class Mailbox:

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 
 from specmesh import catalog
 from specmesh.engine.runner import PREFILL_CHUNK, PREFILL_SHARE
-from specmesh.methods import METHODS
+from specmesh.options import SERVED
 
-SERVED = [name for name, spec in METHODS.items() if spec.max_rows is None]     # the batched methods
 
 
 @dataclass

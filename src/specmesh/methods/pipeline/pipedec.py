@@ -28,7 +28,6 @@ from specmesh.proposers.dynamic_tree import TreeDrafter, draft_room, grow_ms
 from specmesh.runtime.pipeline import HIT, NONE, Pipeline, balanced_layers, check_stages, tree_meta
 from specmesh.timing import layer_and_head_ms, layer_ms, share_of_cores, torch_threads
 
-DEFAULTS = {"stages": 2, "tree_width": 3, "max_children": 2, "draft_window": 64, "draft_apart": False, "timeout": 30}
 
 
 def slack(options: dict) -> int:
@@ -144,7 +143,5 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
             emitted = [x]
 
 
-SPEC = MethodSpec("pipedec", "PipeDec: the draft grows a dynamic prediction tree one layer per timestep while "
-                  "every pipeline stage processes the layer it got the timestep before", DEFAULTS, True,
-                  build=lambda models, method, runner: Loop(models, decode, method.options), slack=slack,
-                  start=start, max_rows=1, logprobs=False, penalties=False)
+SPEC = MethodSpec.of("pipedec", build=lambda models, method, runner: Loop(models, decode, method.options), slack=slack,
+                     start=start, logprobs=False, penalties=False)

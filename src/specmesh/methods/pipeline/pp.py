@@ -39,7 +39,5 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
             tokens = [token]
 
 
-SPEC = MethodSpec("pp", "plain pipeline-parallel decoding: the target split into `stages` processes of "
-                  "contiguous layers, one token per full pass (PipeDec's baseline PP)", {"stages": 2, "timeout": 30},
-                  False, build=lambda models, method, runner: Loop(models, decode, method.options),
-                  slack=lambda options: 0, start=start, max_rows=1, logprobs=False, penalties=False)
+SPEC = MethodSpec.of("pp", build=lambda models, method, runner: Loop(models, decode, method.options),
+                     slack=lambda options: 0, start=start, logprobs=False, penalties=False)

@@ -24,8 +24,6 @@ from specmesh.runtime.pipeline import Pipeline, stage_layers, tree_meta
 from specmesh.spec.token_tree import TokenTree
 from specmesh.spec.verify import Verdict
 
-DEFAULTS = {"stages": 2, "gamma": 4, "tree_width": 4, "max_children": 4, "draft_window": 64, "draft_apart": False,
-            "timeout": 30}
 
 
 def slack(options: dict) -> int:
@@ -72,6 +70,5 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
             yield verdict.tokens
 
 
-SPEC = MethodSpec("stpp", "static-tree speculative decoding through the pipeline (PipeDec's baseline STPP)",
-                  DEFAULTS, True, build=lambda models, method, runner: Loop(models, decode, method.options),
-                  slack=slack, start=start, max_rows=1, logprobs=False, penalties=False)
+SPEC = MethodSpec.of("stpp", build=lambda models, method, runner: Loop(models, decode, method.options),
+                     slack=slack, start=start, logprobs=False, penalties=False)

@@ -1,0 +1,32 @@
+"""A wheel built from the tree (a non-editable install): it carries the C sources, lists the models it can
+reach, and says in one line what to do for the embedded ones that only a clone holds."""
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_wheel_built_from_the_tree_runs_models_and_names_what_it_lacks(tmp_path):
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                            str(tmp_path / "dist"), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("specmesh-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"specmesh/csrc/blocks.c", "specmesh/csrc/blocks512.c", "specmesh/csrc/blocks.h"} <= set(names)
+    site = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                              str(wheel)], capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr[-2000:]
+
+    def run(*argv):
+        code = f"import sys; sys.path.insert(0, {str(site)!r}); from specmesh.cli import main; sys.exit(main({list(argv)!r}))"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    models = run("models")
+    assert models.returncode == 0, models.stderr
+    assert "smollm2-135m-instruct" in models.stdout and str(site) not in models.stderr
+    embedded = run("generate", "--target", "embedded", "--method", "ar", "hi")
+    assert embedded.returncode == 2 and embedded.stderr.count("\n") == 1
+    assert "embedded target model not found" in embedded.stderr and "SPECMESH_HOME" in embedded.stderr
