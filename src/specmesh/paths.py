@@ -12,3 +12,15 @@ def cache_dir() -> Path:
     if os.environ.get("SPECMESH_CACHE_DIR"):
         return Path(os.environ["SPECMESH_CACHE_DIR"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specmesh"
+
+
+def write_whole(file: Path, data: bytes) -> None:
+    """`data` written to a temporary name, then renamed: a reader never sees half of it; nothing where the cache
+    is read-only (made again next time)."""
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        part = file.with_suffix(f".{os.getpid()}.part")
+        part.write_bytes(data)
+        part.replace(file)
+    except OSError:
+        pass

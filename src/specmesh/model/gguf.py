@@ -17,7 +17,6 @@ import functools
 import hashlib
 import json
 import math
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 
 from specmesh.model.gguf_file import GGUFError, GGUFFile, Tensor, is_gguf, open_gguf  # noqa: F401  (re-exported)
 from specmesh.model.model import FULL, SLIDING, ModelConfig
+from specmesh.paths import write_whole
 from specmesh.model.tokenizer import Tokenizer, byte_level_alphabet
 
 # a GGUF architecture -> the model_type it reads as (llama: Llama and Mistral alike), and back
@@ -378,18 +378,6 @@ def tokenizer_spec(path: Path) -> tuple[str, dict]:
         if i is not None and i < len(tokens):
             config[f"{key}_token"] = tokens[i]
     return json.dumps(spec), config
-
-
-def write_whole(file: Path, data: bytes) -> None:
-    """`data` written to a temporary name, then renamed: a reader never sees half of it; nothing where the cache
-    is read-only (made again next time)."""
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        part = file.with_suffix(f".{os.getpid()}.part")
-        part.write_bytes(data)
-        part.replace(file)
-    except OSError:
-        pass
 
 
 def bpe_spec(path, meta: dict) -> dict:

@@ -6,13 +6,14 @@ import datetime
 import functools
 import hashlib
 import json
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 
 from tokenizers import Tokenizer as HFTokenizer
+
+from specmesh.paths import write_whole
 
 LONG_TEXT = 16384            # characters from which encode lets go of the GIL (encode_batch)
 
@@ -143,14 +144,8 @@ PIECES = b"specmesh-pieces-1\n"   # a pieces file: this, a count n (int64; -1: N
 
 def write_pieces(file: Path, pieces: list[bytes] | None) -> None:
     lengths = np.array([len(p) for p in pieces or []], np.int32)
-    data = PIECES + np.int64(-1 if pieces is None else len(lengths)).tobytes() + lengths.tobytes() + b"".join(pieces or [])
-    try:                                        # written whole, then renamed; nothing where the cache is read-only
-        file.parent.mkdir(parents=True, exist_ok=True)
-        part = file.with_suffix(f".{os.getpid()}.part")
-        part.write_bytes(data)
-        part.replace(file)
-    except OSError:
-        pass
+    write_whole(file, PIECES + np.int64(-1 if pieces is None else len(lengths)).tobytes() + lengths.tobytes()
+                + b"".join(pieces or []))
 
 
 def read_pieces(file: Path, vocab_size: int) -> list[bytes] | None:
