@@ -55,8 +55,6 @@ class Method(Protocol):
     def release(self, seq: Sequence) -> None: ...
 
 
-
-
 @dataclass(frozen=True)
 class MethodSpec:
     name: str

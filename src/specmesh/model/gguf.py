@@ -27,8 +27,8 @@ import torch
 
 from specmesh.model.gguf_file import GGUFError, GGUFFile, Tensor, is_gguf, open_gguf  # noqa: F401  (re-exported)
 from specmesh.model.model import FULL, SLIDING, ModelConfig
-from specmesh.paths import write_whole
 from specmesh.model.tokenizer import Tokenizer, byte_level_alphabet
+from specmesh.paths import write_whole
 
 # a GGUF architecture -> the model_type it reads as (llama: Llama and Mistral alike), and back
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
