@@ -84,23 +84,54 @@ def test_choice_is_cached_per_key_and_measured_again_on_request(tiny_checkpoint,
                                                                monkeypatch):
     monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path))
     calls = []
-    real = tuning.measure
-    monkeypatch.setattr(tuning, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
-    first = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
-    again = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
-    assert len(calls) == 1 and again.choice == first.choice
-    LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, dtype="bfloat16")       # another key
-    LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, retune=True)
+    real = tuning.measure_choice
+    monkeypatch.setattr(tuning, "measure_choice", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint).tune()
+    again = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)         # the cached choice, without tune()
+    assert len(calls) == 1 and again.choice == first and again.tune() == first and len(calls) == 1
+    LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, dtype="bfloat16").tune()       # another key
+    LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint).tune(remeasure=True)
     assert len(calls) == 3
     monkeypatch.setattr(tuning, "kernel_version", lambda: "changed")                # other C kernels: measured again
-    LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
-    assert len(calls) == 4
+    assert LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint).choice.default_for     # not calibrated: default
+    assert len(calls) == 3
     stored = json.loads((tmp_path / "tune.json").read_text())
-    assert len(stored) == 3 and all(e["method"] in ("ar", "sd", "tree") for e in stored.values())
+    assert len(stored) == 2 and all(e["method"] in ("ar", "sd", "tree") for e in stored.values())
+
+
+def test_auto_without_a_calibration_runs_the_default_and_generates_nothing_in_the_constructor(
+        tiny_checkpoint, tiny_draft_checkpoint, tmp_path, monkeypatch):
+    """LLM(method="auto") with nothing cached takes its kind of machine's default (tuning.DEFAULTS) and runs no
+    step while it is built; the first request says it is a default; tune() then measures and replaces it."""
+    from specmesh.engine.engine import Engine
+    monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path))
+    step = Engine.step
+    monkeypatch.setattr(Engine, "step", lambda self: pytest.fail("the constructor ran a step"))
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
+    kind = tuning.cpu_kind(llm.device)
+    expected = next((m for m in tuning.DEFAULTS[kind] if m == "sd"), "ar")
+    assert llm.choice.default_for.startswith(kind) and llm.method.name == expected and not llm.choice.candidates
+    assert "the default on" in llm.choice.summary() and not (tmp_path / "tune.json").exists()
+    monkeypatch.setattr(Engine, "step", step)
+    ar = LLM(target=tiny_checkpoint, method="ar")
+    params = SamplingParams(max_new_tokens=12)
+    assert llm.generate("def f(x):", params).tokens == ar.generate("def f(x):", params).tokens
+    assert llm.tune().candidates and not llm.choice.default_for and (tmp_path / "tune.json").exists()
+
+
+def test_the_default_follows_the_kind_of_machine(tiny_checkpoint, tiny_draft_checkpoint, monkeypatch):
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="ar")
+    for units, kind in (("avx2+avx512f+amx_tile", "amx"), ("avx2+avx512f", "avx512"), ("avx2", "avx2"), ("", "cpu")):
+        monkeypatch.setattr(tuning, "vector_units", lambda: units)
+        assert tuning.cpu_kind(llm.device) == kind
+        choice = tuning.default_choice(llm, tiny_draft_checkpoint)
+        assert choice.method == next(iter(tuning.DEFAULTS[kind]), "ar") and choice.default_for.startswith(kind)
+    assert tuning.default_choice(llm, None).method == "ar"          # no draft, no n-gram table: nothing else runs
 
 
 def test_auto_is_lossless_and_uses_what_it_chose(tiny_checkpoint, tiny_draft_checkpoint):
     llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
+    llm.tune()
     assert llm.method.name == llm.choice.method and {c.method for c in llm.choice.candidates} == {"ar", "sd", "tree"}
     assert llm.choice.summary().startswith(f"auto: {llm.choice.method}")
     ar = LLM(target=tiny_checkpoint, method="ar")
@@ -110,13 +141,14 @@ def test_auto_is_lossless_and_uses_what_it_chose(tiny_checkpoint, tiny_draft_che
 
 
 def test_auto_without_a_draft_or_ngram_table_is_ar_unmeasured(tiny_checkpoint, monkeypatch):
-    monkeypatch.setattr(tuning, "measure", lambda *a, **k: pytest.fail("nothing to choose from: no measurement"))
+    monkeypatch.setattr(tuning, "measure_choice", lambda *a, **k: pytest.fail("nothing to choose from: no measurement"))
     llm = LLM(target=tiny_checkpoint)
-    assert llm.method.name == "ar" and llm.choice.candidates == []
+    assert llm.method.name == "ar" and llm.choice.candidates == [] and llm.tune().method == "ar"
 
 
 def test_given_options_override_the_choice(tiny_checkpoint, tiny_draft_checkpoint):
     llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, gamma=2, tree_width=2)
+    llm.tune()
     if llm.method.name in ("sd", "tree"):
         assert llm.method.options["gamma"] == 2
 
@@ -141,8 +173,9 @@ def test_auto_chooses_for_chat_and_for_text_prompts_apart(chat_checkpoint, tiny_
     assert tuning.prompt_kind(llm.tokenizer, llm.encode("def f(x):")) == "text"
     # scripted: tree for chat, sd for text; the engine of a prompt runs its kind's method
     kinds = {"chat": tuning.Choice("tree", {"gamma": 2}), "text": tuning.Choice("sd", {"gamma": 3})}
-    monkeypatch.setattr(tuning, "measure", lambda *a, **k: tuning.Choice("sd", {"gamma": 3}, kinds=kinds))
+    monkeypatch.setattr(tuning, "measure_choice", lambda *a, **k: tuning.Choice("sd", {"gamma": 3}, kinds=kinds))
     auto = LLM(target=chat_checkpoint, draft=tiny_draft_checkpoint)
+    auto.tune()
     assert auto.method_for([chat]).name == "tree" and auto.method_for([chat]).options["gamma"] == 2
     assert auto.method_for([llm.encode("x = 1")]).name == "sd"
     assert auto.method_for([chat, llm.encode("x = 1")]) is auto.method           # mixed: the overall choice
@@ -158,7 +191,8 @@ def test_calibration_on_both_kinds_chooses_for_each(chat_checkpoint, tiny_draft_
     monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path))
     plain = LLM(target=chat_checkpoint, method="ar")
     chat = plain.tokenizer.render_chat([{"role": "user", "content": "class A:"}])
-    llm = LLM(target=chat_checkpoint, draft=tiny_draft_checkpoint, retune=[chat, "def f(x):\n"])
+    llm = LLM(target=chat_checkpoint, draft=tiny_draft_checkpoint)
+    llm.tune([chat, "def f(x):\n"])
     assert set(llm.choice.kinds) == {"chat", "text"}
     for c in llm.choice.kinds.values():
         assert c.candidates and c.method in ("ar", "sd", "tree")
@@ -188,7 +222,8 @@ def test_a_winner_extrapolated_to_another_gamma_is_measured_before_it_is_chosen(
     """An sd γ predicted from γ = 6's acceptance that would win is run itself; the choice rests on what it measured
     (predict drops the prediction for a γ measured)."""
     monkeypatch.setattr(tuning, "predict", favouring(2))   # as if γ = 2 were predicted fastest by far
-    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, retune=["def f(x):\n"])
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
+    llm.tune(["def f(x):\n"])
     gamma_2 = [c for c in llm.choice.candidates if c.method == "sd" and c.options["gamma"] == 2
                and not c.options["lookup"] and not c.options["stop_below"]]
     assert len(gamma_2) == 1 and gamma_2[0].reason.endswith("measured")
@@ -200,7 +235,8 @@ def test_an_extrapolation_crowned_by_a_measurement_is_measured_in_turn(tiny_chec
     """γ = 2 and 3 predicted fastest by far: the first measured leaves the other the predicted winner, which is
     measured too (one round of measuring left it chosen unmeasured, or ar chosen beside a faster prediction)."""
     monkeypatch.setattr(tuning, "predict", favouring(2, 3))
-    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, retune=["def f(x):\n"])
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
+    llm.tune(["def f(x):\n"])
     plain = [c for c in llm.choice.candidates if c.method == "sd" and c.options["gamma"] in (2, 3)
              and not c.options["lookup"] and not c.options["stop_below"]]
     assert len(plain) == 2 and all(c.reason.endswith("measured") for c in plain)

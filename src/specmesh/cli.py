@@ -169,6 +169,20 @@ def add_model_args(p: argparse.ArgumentParser, tp: bool = False) -> None:
                             "and selfdraft; launched here, or one rank per torchrun process (docs/tensor-parallel.md)")
 
 
+def add_tune(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-tune", action="store_true",
+                   help="with --method auto and no calibration cached for this machine, pair and dtype: run this kind "
+                        "of CPU's default (docs/tuning.md) instead of calibrating first (about 20 s, once)")
+
+
+def tuned(llm, args) -> None:
+    """auto's first run calibrates, as a step of its own (cached: later runs start at once); --no-tune: the default."""
+    if llm.auto and llm.choice.default_for and not args.no_tune:
+        print("auto: calibrating for this machine, pair and dtype, once (cached; --no-tune skips it)",
+              file=sys.stderr, flush=True)
+        llm.tune()
+
+
 def option_help(name: str, methods: list[str] | None = None) -> str:
     """An option's help with the methods that have it and their defaults, from the declarations."""
     from specmesh.options import OPTIONS, having
@@ -230,6 +244,7 @@ def build_parser() -> Parser:
                    help=f"decoding method: auto, {', '.join(CARDS)} (default: auto, the fastest lossless method "
                         f"for this machine and pair, measured once and cached: specmesh tune)")
     add_model_args(g, tp=True)
+    add_tune(g)
     g.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help=AUTO_DTYPE)
     g.add_argument("--max-new-tokens", type=positive_int, default=128)
@@ -297,6 +312,7 @@ def build_parser() -> Parser:
                    "e.g. specmesh-target or smollm2-135m-instruct)")
     v.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=AUTO_DTYPE)
     add_model_args(v, tp=True)
+    add_tune(v)
     v.add_argument("--max-batch", type=positive_int, metavar="N",
                    help="requests decoded together (default: 16, fewer if their KV cache would pass --max-kv-mb)")
     v.add_argument("--max-kv-mb", type=float, metavar="MB",
@@ -510,6 +526,7 @@ def cmd_generate(args, parser) -> int:
               quant=args.quant, tp=args.tp, **method_options(args))
     stream = args.json != "-"
     with llm:
+        tuned(llm, args)
         run = llm.stream(prompt, params, progress=params.n > llm.max_batch)     # waves: count them
         if stream and params.n > 1:
             sys.stdout.write(f"--- sample 1 of {params.n} ---\n")
@@ -539,9 +556,8 @@ def cmd_tune(args, parser) -> int:
     from specmesh import LLM
     given = args.prompt is not None or args.prompt_file is not None
     llm = LLM(target=args.target, draft=args.draft, method="auto", device=args.device, dtype=args.dtype,
-              quant=args.quant,
-              retune=[read_prompt(args, parser)] if given else True)
-    choice = llm.choice
+              quant=args.quant)
+    choice = llm.tune([read_prompt(args, parser)] if given else None, remeasure=True)
     table = sys.stderr if args.json == "-" else sys.stdout
     for c in choice.candidates:
         opts = " ".join(f"{k}={v}" for k, v in c.options.items())
@@ -605,7 +621,7 @@ def cmd_serve(args, parser) -> int:
                            tp=args.tp, max_batch=args.max_batch, max_kv_mb=args.max_kv_mb, options=method_options(args),
                            grace_s=args.grace,
                            max_n=args.max_n, max_queued=args.max_queued, prefill_chunk=args.prefill_chunk,
-                           prefix_cache_mb=args.prefix_cache_mb))
+                           prefix_cache_mb=args.prefix_cache_mb, tune=not args.no_tune))
 
 
 def cmd_loadtest(args, parser) -> int:

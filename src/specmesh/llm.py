@@ -1,8 +1,10 @@
 """The Python API: `LLM(...).generate(prompts, SamplingParams(...))`.
 
-`generate` runs the engine (engine/engine.py) to completion in this process, as offline batched
-inference: a list of prompts (and the n samples of each) decode as one batch, each sequence with
-its own parameters and seeded generator; every result equals what the prompt gives alone.
+An `LLM` keeps one engine (engine/engine.py) per method it runs, built on the first request and sized once
+as the server sizes its own (engine/sizing.py); `generate`, `stream` and `chat` submit requests to it and step
+it until theirs are done, as offline batched inference: a list of prompts (and the n samples of each) decode as
+one batch, each sequence with its own parameters and seeded generator; every result equals what the prompt
+gives alone.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from specmesh import catalog, methods, tuning
+from specmesh.engine import sizing
 from specmesh.engine.engine import Engine
 from specmesh.engine.sequence import Output, Sequence
 from specmesh.methods import Models
@@ -27,9 +30,6 @@ from specmesh.runtime import tensor_parallel
 from specmesh.spec.sampling import SamplingParams
 
 Prompt = str | list[int]        # text, or token ids
-
-MAX_BATCH = 16                  # sequences decoded together by default
-
 
 class VocabularyMismatchError(ValueError):
     pass
@@ -84,40 +84,68 @@ class LLM:
     LLM(target=..., draft=..., method="sd") yours: a name from
     `specmesh models`, a HuggingFace folder or a GGUF file (a known target brings its draft).
     Method options (gamma=4, tree_width=4, ...) go to the methods that have them; cosine's `drafters` may be a list.
-    `max_batch`: sequences decoded together (the multi-process methods take one at a time).
+    `max_batch`, `max_len`, `max_kv_mb`: the engine's rows (sequences decoded together; the multi-process methods
+    take one at a time), the tokens a row holds and their KV cache's bound (engine/sizing.py: by default up to 16
+    rows of the target's full context within a quarter of the memory available).
     `tp=N`: the target split over N processes (tensor parallelism, runtime/tensor_parallel.py), for the
     methods that run in one process (ar, sd, tree, easyspec, cosine, selfdraft); drafts stay on rank 0.
-    method="auto" (the default): the fastest lossless method for this machine, pair and dtype
-    (tuning.py; measured once, then cached); `self.choice` says what it chose and why. `retune`:
-    True measures again on the shipped calibration prompts, a list of texts on those. `quant="int8"` (or "int4"):
+    method="auto" (the default): the fastest lossless method for this machine, pair and dtype (tuning.py): the
+    cached calibration, else the default for this CPU's kind; `tune()` calibrates (about 20 s) and caches it. The
+    constructor generates nothing. `self.choice` says what it chose and why. `quant="int8"` (or "int4"):
     target and draft quantized at load (model/quant.py); every method is lossless against that model.
     """
 
-    running: Engine | None = None       # a multi-process method's last engine: its processes serve one at a time
-
     def __init__(self, target: str | Path | None = None, draft: str | Path | None = None, method: str = "auto",
-                 device: str = "cpu", dtype: str | torch.dtype = "auto", max_batch: int = MAX_BATCH,
-                 quant: str | None = None, retune: bool | list[str] = False, tp: int = 1, **options):
-        auto = method == "auto"
+                 device: str = "cpu", dtype: str | torch.dtype = "auto", max_batch: int | None = None,
+                 quant: str | None = None, tp: int = 1, max_len: int | None = None, max_kv_mb: float | None = None,
+                 **options):
+        self.auto = method == "auto"
         if isinstance(options.get("drafters"), (list, tuple)):     # cosine's drafters as Python names them
             options["drafters"] = ",".join(map(str, options["drafters"]))
-        self.method = methods.get("ar" if auto else method, options)
+        self.given = {k: v for k, v in options.items() if v is not None}
+        self.method = methods.get("ar" if self.auto else method, options)
         check_tp(tp, method, self.method)
+        for name, value in (("max_batch", max_batch), ("max_len", max_len)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if max_kv_mb is not None and not max_kv_mb > 0:
+            raise ValueError(f"max_kv_mb must be a number of MB > 0, got {max_kv_mb!r}")
+        self.sizes = dict(max_batch=max_batch, max_len=max_len, max_kv_mb=max_kv_mb)
+        self.engines: dict[tuple, Engine] = {}          # one long-lived engine per method run (engine_for)
         self.choice: tuning.Choice | None = None
         self.by_kind: dict[str, methods.Configured] = {}      # auto: the method for each kind of prompt
-        if not isinstance(retune, bool) and not (isinstance(retune, list) and all(isinstance(t, str) for t in retune)):
-            raise TypeError(f"retune is True, False or a list of calibration texts, got {retune!r:.60}")
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
-        self.max_batch = max_batch
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.quant = quant
         target = catalog.resolve(target)
         self.tokenizer = load_tokenizer(target)
         self.models = Models(load_model(target, self.dtype, self.device, quant=quant,
                                         part=(0, tp) if tp > 1 else None), target_path=target,
                              tokenizer=self.tokenizer)
-        if draft is None and (self.method.needs_draft or auto):
+        self.draft_path = self._draft_path(target, draft)
+        if self.draft_path is not None and not self.auto:   # the draft's own defaults under the caller's options
+            self.method = methods.get(method, options, catalog.pair_options(self.draft_path).get(method))
+        if self.method.spec.start:          # other processes: pearl's draft, a pipeline's stages
+            self.method.spec.start(self.models, self.draft_path, self.dtype, self.method.options)
+        elif not self.auto:
+            self.load_draft()
+        if self.method.spec.needs_drafters:
+            self._load_drafters(target, quant)
+        if self.method.spec.check:
+            self.method.spec.check(self.models, self.method.options)
+        if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
+            spread = self.method.spec.spread_draft and self.draft_path is not None
+            self.models.remote = tensor_parallel.start(
+                self.models.target, Path(target), self.dtype, quant, tp,
+                options.get("timeout") or tensor_parallel.TIMEOUT_S,
+                self.models.draft if spread else None, self.draft_path if spread else None)
+        if self.auto:                       # the cached calibration, else this CPU kind's default: nothing runs
+            self._use(tuning.choose(self))
+
+    def _draft_path(self, target: Path, draft: str | Path | None) -> Path | None:
+        """The draft given (checked: its vocabulary is the target's), or the one a known target brings where the
+        method (or auto) may use one."""
+        if draft is None and (self.method.needs_draft or self.auto):
             draft = catalog.draft_for(target)
             if draft is None and self.method.needs_draft:
                 raise ValueError(f"method {self.method.name} needs a draft model and {target} has none here: "
@@ -126,31 +154,38 @@ class LLM:
             draft = catalog.resolve(draft, "draft")
         if draft is not None:
             check_vocabularies(self.tokenizer, load_tokenizer(draft), target, Path(draft))
-            if not auto:            # the draft's own defaults (catalog.pair_options) under the caller's options
-                self.method = methods.get(method, options, catalog.pair_options(Path(draft)).get(method))
-        if self.method.spec.start:          # other processes: pearl's draft, a pipeline's stages
-            self.method.spec.start(self.models, None if draft is None else Path(draft), self.dtype,
-                                   self.method.options)
-        elif draft is not None:
-            self.models.draft = load_model(draft, self.dtype, self.device, draft=True, quant=quant)
-        if self.method.spec.needs_drafters:
-            self._load_drafters(target, quant)
-        if self.method.spec.check:
-            self.method.spec.check(self.models, self.method.options)
-        if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
-            spread = self.method.spec.spread_draft and draft is not None
-            self.models.remote = tensor_parallel.start(
-                self.models.target, Path(target), self.dtype, quant, tp,
-                options.get("timeout") or tensor_parallel.TIMEOUT_S,
-                self.models.draft if spread else None, Path(draft) if spread else None)
-        if auto:
-            self.choice = tuning.choose(self, None if draft is None else Path(draft), bool(retune),
-                                        retune if isinstance(retune, list) else None)
-            if self.choice.candidates:                  # there was something to choose from
-                print(self.choice.summary(), file=sys.stderr, flush=True)
-            given = {k: v for k, v in options.items() if v is not None}
-            self.method = methods.get(self.choice.method, self.choice.options | given)
-            self.by_kind = {kind: methods.get(c.method, c.options | given) for kind, c in self.choice.kinds.items()}
+        return None if draft is None else Path(draft)
+
+    def load_draft(self) -> None:
+        """The draft model, once, where there is one (auto loads it when its choice, or `tune`, needs it)."""
+        if self.draft_path is not None and self.models.draft is None:
+            self.models.draft = load_model(self.draft_path, self.dtype, self.device, draft=True, quant=self.quant)
+
+    def tune(self, prompts: list[str] | None = None, remeasure: bool = False, progress: bool = True
+             ) -> tuning.Choice:
+        """`auto`'s calibration (tuning.py): measure this machine and pair (at most about 20 s on 2 cores, a progress
+        bar on stderr), cache the choice and use it from now on. A cached choice is taken as it is unless
+        `remeasure`, or `prompts` (texts to calibrate on instead of the shipped ones)."""
+        if not self.auto:
+            raise ValueError(f"tune chooses auto's method; this LLM runs {self.method.name} (method='auto' tunes)")
+        if prompts is not None and not (isinstance(prompts, list) and prompts and all(isinstance(p, str) and p
+                                                                                         for p in prompts)):
+            raise TypeError(f"prompts must be a non-empty list of texts, got {prompts!r:.60}")
+        self.load_draft()
+        self._use(tuning.choose(self, measure=True, remeasure=remeasure or prompts is not None, prompts=prompts,
+                                progress=progress))
+        return self.choice
+
+    def _use(self, choice: tuning.Choice) -> None:
+        """Run auto's `choice` from now on (the caller's options over its own); its draft loaded if it needs one."""
+        self.choice = choice
+        if choice.candidates:               # measured (a default says so on its first request)
+            print(choice.summary(), file=sys.stderr, flush=True)
+        self.method = methods.get(choice.method, choice.options | self.given)
+        self.by_kind = {kind: methods.get(c.method, c.options | self.given) for kind, c in choice.kinds.items()}
+        if any(m.needs_draft for m in (self.method, *self.by_kind.values())):
+            self.load_draft()
+        self.engines.clear()                # the last choice's engines, with the cache pages they wrote
 
     def _load_drafters(self, target: Path, quant: str | None) -> None:
         """cosine's drafters: here, or each in a process of its own (proposers/remote_drafter.py)."""
@@ -183,7 +218,9 @@ class LLM:
 
     @property
     def context(self) -> int:
-        return self.models.target.config.max_position_embeddings
+        """Tokens a sequence may reach (prompt and new tokens): the target's context, or less where the engine's
+        KV cache bound cuts it (engine/sizing.py)."""
+        return self.engine_for(self.method).context
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -200,25 +237,32 @@ class LLM:
         kinds = {tuning.prompt_kind(self.tokenizer, p) for p in prompts} if self.by_kind else set()
         return self.by_kind.get(kinds.pop(), self.method) if len(kinds) == 1 else self.method
 
-    def engine(self, prompts: list[list[int]], params: SamplingParams, rows: int | None = None) -> Engine:
-        """An engine sized for these prompts: its cache rows hold the longest prompt plus its new tokens."""
+    def engine_for(self, method: methods.Configured, **serving) -> Engine:
+        """The engine that runs `method`, built on its first request and kept: sized once by the server's rule
+        (engine/sizing.py: full-context rows within the KV cache bound), taking requests (`submit`) and stepping
+        (`step`) for every later `generate`, `stream` and `chat`. `serving`: the server's own Engine settings (its
+        prefix cache, prefill share), given where it builds it."""
         if self.closed:
             raise RuntimeError(f"this LLM was closed: {self.method.name}'s processes are stopped; make a new LLM")
-        if self.running is not None and not self.running.idle:
-            raise RuntimeError(f"{self.method.name} runs one request at a time in its processes, and a stream of this "
-                               f"LLM is still open: read it to its end (or close it) first")
-        method = self.method_for(prompts)
-        longest = max(len(p) for p in prompts)
-        if longest < self.context < longest + params.max_new_tokens:     # (a prompt that fills it: an error)
-            warnings.warn(f"max_new_tokens {params.max_new_tokens} runs past the context of {self.context} tokens: "
-                          f"after a prompt of {longest} generation stops at {self.context - longest} new tokens",
-                          stacklevel=3)
-        max_len = min(self.context, longest + params.max_new_tokens) + method.slack
-        rows = rows or min(self.max_batch, len(prompts) * params.n)
-        engine = Engine(self.models, method, self.tokenizer, rows, max_len)
-        if method.spec.start is not None:
-            self.running = engine
-        return engine
+        key = (method.name, repr(sorted(method.options.items())), method.given)
+        if key not in self.engines:
+            size = sizing.size(self.models, method.slack, **self.sizes)
+            self.engines[key] = Engine(self.models, method, self.tokenizer, size.rows, size.max_len, **serving)
+        return self.engines[key]
+
+    def _requests(self, ids: list[list[int]], params: SamplingParams) -> tuple[Engine, list[list[Sequence]]]:
+        """These prompts' engine and their requests (a prompt's n samples each)."""
+        if self.choice is not None and self.choice.default_for and not self.engines:
+            print(self.choice.summary(), file=sys.stderr, flush=True)
+        engine = self.engine_for(self.method_for(ids))
+        longest = max(len(p) for p in ids)
+        if longest < engine.context < longest + params.max_new_tokens:     # (a prompt that fills it: an error)
+            cut = "" if engine.context == self.models.target.config.max_position_embeddings else \
+                " (the KV cache bound's: max_len, max_kv_mb)"
+            warnings.warn(f"max_new_tokens {params.max_new_tokens} runs past the context of {engine.context} tokens"
+                          f"{cut}: after a prompt of {longest} generation stops at {engine.context - longest} new "
+                          f"tokens", stacklevel=3)
+        return engine, [engine.sequences(i, params) for i in ids]
 
     def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None
                  ) -> Output | list[Output]:
@@ -230,31 +274,19 @@ class LLM:
                             "(one prompt of ids is a list of ints)")
         if isinstance(prompts, (list, tuple)) and not prompts:
             raise ValueError("no prompts: give a prompt, or a non-empty list of them")
-        ids = [self.encode(p) for p in (prompts if batch else [prompts])]
-        engine = self.engine(ids, params)
-        requests = [engine.sequences(i, params) for i in ids]
-        start = time.perf_counter()
-        for seqs in requests:                   # a prompt a request: the batch shares the rows as the server's clients
-            engine.submit(seqs)
-        try:
-            while not engine.idle:
-                engine.step()
-        except BaseException:
-            engine.abandon()
-            raise
-        elapsed = time.perf_counter() - start
+        engine, requests = self._requests([self.encode(p) for p in (prompts if batch else [prompts])], params)
+        elapsed = engine.complete(requests)     # a prompt a request: the batch shares the rows as the server's clients
         outputs = [Output.of(seqs, elapsed) for seqs in requests]
         return outputs if batch else outputs[0]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, progress: bool = False) -> "Stream":
         """Iterate for the first sample's text as it grows; `.output` holds the result afterwards. `progress`: once
-        the first sample is done, a bar on stderr counts the others (n samples in waves of max_batch)."""
+        the first sample is done, a bar on stderr counts the others (n samples in waves of the engine's rows)."""
         params = checked(params)
         if is_batch(prompt):
             raise TypeError("stream takes one prompt (text, or a list of token ids); for a batch use generate")
-        ids = self.encode(prompt)
-        engine = self.engine([ids], params)
-        return Stream(engine, engine.sequences(ids, params), progress)
+        engine, (seqs,) = self._requests([self.encode(prompt)], params)
+        return Stream(engine, seqs, progress)
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None) -> Output:
         """The assistant's answer to `messages` ([{"role": "user", "content": ...}, ...]) through the model's chat
@@ -283,7 +315,7 @@ class Stream:
         self.engine.submit(self.seqs)
         bar = None
         try:
-            while not self.engine.idle:
+            while not all(seq.done for seq in self.seqs):
                 self.engine.step()
                 piece = first.stream_piece()
                 if piece:
@@ -292,7 +324,10 @@ class Stream:
                     done = sum(seq.done for seq in self.seqs)
                     bar = bar or tqdm(total=len(self.seqs), desc="samples", unit="sample", file=sys.stderr)
                     bar.update(done - bar.n)
-        except BaseException:                   # a failure, or the consumer stopped early (GeneratorExit)
+        except GeneratorExit:                   # the consumer stopped reading: these sequences end here
+            self.engine.cancel(self.seqs)
+            raise
+        except BaseException:                   # a failure in a step: every sequence in flight
             self.engine.abandon()
             raise
         finally:

@@ -1,6 +1,6 @@
 """`--method auto`: the fastest lossless method for this machine, model pair and dtype, from a short measurement.
 
-What is measured (`measure`):
+What is measured (`measure_choice`):
 * the target's forward by width and the draft's (timing.forward_ms, 128 cached tokens);
 * greedy calibration runs of each candidate configuration (`ar`, `sd`, `tree`, `selfdraft`, those the models
   allow) on the calibration prompts (calibration.jsonl): its tokens per step τ, the width of its target
@@ -16,9 +16,11 @@ run took beyond the modelled forwards; so a calibrated candidate predicts its me
 γ = 1..MAX_SD_GAMMA are extrapolated from its run with a per-draft acceptance α fitted to its τ
 ((1 − α^(γ+1)) / (1 − α) = τ). The fastest wins; a speculative method must beat `ar` by MARGIN.
 
-The choice is cached per machine (CPU, vector units, threads, device), model pair (paths, sizes, times)
-and dtype (tune.json in kernels.cache_dir(): ~/.cache/specmesh); `specmesh tune` measures
-again. `pearl` and the pipelines are not candidates: each needs processes of its own (docs/tuning.md).
+Calibrating is a step of its own (`LLM.tune()`, `specmesh tune`, or the CLI's first `auto` run), never part of
+building an `LLM`. The choice is cached per machine (CPU, vector units, threads, device), model pair (paths,
+sizes, times) and dtype (tune.json in paths.cache_dir(): ~/.cache/specmesh); where none is cached, `auto` runs
+its kind of machine's default (DEFAULTS). `pearl` and the pipelines are not candidates: each needs processes
+of its own (docs/tuning.md).
 """
 from __future__ import annotations
 
@@ -36,8 +38,12 @@ import torch
 from tqdm import tqdm
 
 from specmesh import catalog, methods
+from specmesh.engine.engine import Engine
+from specmesh.engine.sequence import Output
+from specmesh.engine.stats import Stats
 from specmesh.kernels import cache_dir, cpu_name, kernel_version, vector_units
 from specmesh.model.loader import stamp
+from specmesh.paths import write_whole
 from specmesh.spec.sampling import SamplingParams
 from specmesh.timing import by_width, forward_ms
 
@@ -53,6 +59,10 @@ LOOKUP = 2              # sd's calibrated prompt lookup: proposes what followed 
 BUDGET_S = 30.0         # calibration time aimed at (plan; $SPECMESH_TUNE_BUDGET_S overrides it)
 MARGIN = 0.03           # a speculative method must predict 3% faster than ar (measurement noise)
 PAIR_MARGIN = 0.10      # a few calibration prompts must beat the pair's own options (options.json) by 10%
+# auto where nothing is calibrated: by kind of machine (cpu_kind), the first of these the models allow, else ar
+# (docs/tuning.md gives the measurements behind them)
+DEFAULTS = {"amx": ("sd", "selfdraft"), "avx512": ("sd", "selfdraft"), "avx2": ("sd", "selfdraft"),
+            "cpu": (), "gpu": ()}
 
 
 @dataclass
@@ -96,10 +106,14 @@ class Choice:
     key: str = ""
     measured_at: str = ""
     kinds: dict[str, "Choice"] = field(default_factory=dict)
+    default_for: str = ""               # not measured: the default for this kind of CPU (DEFAULTS)
 
     def summary(self) -> str:
         """One line: the choice and its reason (its predicted ms per token, and the runner-up's: the fastest measured
         candidate where one beat the choice, with the rule that kept it), then each kind's choice."""
+        if self.default_for:
+            return f"auto: {self.label()}: the default on {self.default_for} (not calibrated here: `specmesh tune` or " \
+                   f"LLM.tune() measures this machine and caches the choice)"
         if not self.candidates:
             return f"auto: {self.label()}: no draft and no n-gram table to speculate with"
         won = self.won()
@@ -215,7 +229,7 @@ def families(llm, draft: Path | None = None) -> list[tuple[str, dict]]:
     and at the draft's own options (lookup, unlikely nodes left out), `selfdraft` at its defaults and with one
     more n-gram candidate."""
     out = [("ar", {})]
-    if llm.models.draft is not None:
+    if draft is not None:
         sd = [{"gamma": 6, "lookup": 0}, {"gamma": 6, "lookup": LOOKUP},
               {"gamma": 6, "stop_below": STOP_BELOW, "lookup": LOOKUP}]
         own = pair_sd(draft)
@@ -255,9 +269,9 @@ def calibration_prompts(tokenizer) -> list[str]:
     return [p for pair in itertools.zip_longest(chats, code) for p in pair if p is not None]
 
 
-def decode(llm, method, prompt: list[int], new_tokens: int):
-    llm.method = method
-    return llm.generate(prompt, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)).stats
+def decode(engine: Engine, prompt: list[int], new_tokens: int) -> Stats:
+    seqs = engine.sequences(prompt, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+    return Output.of(seqs, engine.complete([seqs])).stats
 
 
 def trial(name: str, given: dict, runs: list[tuple]) -> Trial:
@@ -310,8 +324,8 @@ def guessed_winners(choice: Choice) -> list[Candidate]:
     return list(guessed.values())
 
 
-def measure(llm, prompts: list[str] | None = None, progress: bool = True,
-            draft: Path | None = None) -> Choice:
+def measure_choice(llm, prompts: list[str] | None = None, progress: bool = True,
+                   draft: Path | None = None) -> Choice:
     """Measure this machine and pair, and choose. `llm` must have its draft loaded (if any). The families'
     runs are interleaved, in up to ROUNDS rounds (plan), so a machine whose speed drifts slows all of them
     alike; each run that counts is the fastest of its rounds."""
@@ -319,16 +333,19 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True,
     ids = [llm.encode(p) for p in prompts or calibration_prompts(llm.tokenizer)]
     kinds = [prompt_kind(llm.tokenizer, i) for i in ids]
     ids = [i[-room:] for i in ids]
-    chosen = llm.method
     configs = [methods.get(name, options) for name, options in families(llm, draft)]
+    engines: dict[int, Engine] = {}                 # family -> its engine of one row, for all its runs
     best: dict[tuple[int, int, int], object] = {}    # (family, prompt, tokens) -> fastest stats
 
     def run(which: range, bar) -> None:
         for _ in range(rounds):
             for f in which:
+                if f not in engines:
+                    engines[f] = Engine(llm.models, configs[f], llm.tokenizer, 1,
+                                        max(map(len, ids)) + NEW_TOKENS + configs[f].slack)
                 for p, prompt in enumerate(ids):
                     for n in (NEW_TOKENS, 1):
-                        stats = decode(llm, configs[f], prompt, n)
+                        stats = decode(engines[f], prompt, n)
                         if (f, p, n) not in best or stats.elapsed_s < best[f, p, n].elapsed_s:
                             best[f, p, n] = stats
                     bar.update()
@@ -349,30 +366,27 @@ def measure(llm, prompts: list[str] | None = None, progress: bool = True,
         won = pick(candidates, measured, pair)
         return Choice(won.method, won.options, candidates, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
-    try:
-        with torch.inference_mode():
-            costs = measure_costs(llm)
-            count, rounds = plan(costs, len(configs), len(ids)) if prompts is None else (len(ids), ROUNDS)
-            ids, kinds = ids[:count], kinds[:count]
-            with tqdm(total=rounds * len(configs) * len(ids), desc="auto: calibrating", unit="run",
-                      file=sys.stderr, disable=not progress, leave=False) as bar:
-                run(range(len(configs)), bar)
+    with torch.inference_mode():
+        costs = measure_costs(llm)
+        count, rounds = plan(costs, len(configs), len(ids)) if prompts is None else (len(ids), ROUNDS)
+        ids, kinds = ids[:count], kinds[:count]
+        with tqdm(total=rounds * len(configs) * len(ids), desc="auto: calibrating", unit="run",
+                  file=sys.stderr, disable=not progress, leave=False) as bar:
+            run(range(len(configs)), bar)
+            choice = choose()
+            # a winner extrapolated from another γ's acceptance is measured before it is chosen; what it measures
+            # may crown another extrapolation (SmolLM2 in float32: γ = 1 predicted fastest, measured slower than
+            # ar, then γ = 2 predicted 6% faster than ar), which is measured in turn
+            for _ in range(GUESSES):
+                if not (guessed := guessed_winners(choice)):
+                    break
+                configs += [methods.get(c.method, c.options) for c in guessed]
+                bar.total += rounds * len(guessed) * len(ids)      # the bar grows: say why
+                bar.set_description("auto: measuring a predicted winner")
+                run(range(len(configs) - len(guessed), len(configs)), bar)
                 choice = choose()
-                # a winner extrapolated from another γ's acceptance is measured before it is chosen; what it measures
-                # may crown another extrapolation (SmolLM2 in float32: γ = 1 predicted fastest, measured slower than
-                # ar, then γ = 2 predicted 6% faster than ar), which is measured in turn
-                for _ in range(GUESSES):
-                    if not (guessed := guessed_winners(choice)):
-                        break
-                    configs += [methods.get(c.method, c.options) for c in guessed]
-                    bar.total += rounds * len(guessed) * len(ids)      # the bar grows: say why
-                    bar.set_description("auto: measuring a predicted winner")
-                    run(range(len(configs) - len(guessed), len(configs)), bar)
-                    choice = choose()
-                if guessed_winners(choice):
-                    choice = choose(measured=True)
-    finally:
-        llm.method = chosen
+            if guessed_winners(choice):
+                choice = choose(measured=True)
     return choice
 
 
@@ -388,10 +402,9 @@ def cache_key(llm, draft: Path | None) -> str:
     """Machine (CPU model, vector units, threads, device), model pair, dtype and quantization, the kernels they
     run on, the candidates and the rounds of measuring guesses (a new version's kernels, calibration families or
     rule measure again)."""
-    models = [m for m in (llm.models.target, llm.models.draft) if m is not None]
     parts = [cpu_name(), vector_units(), f"{torch.get_num_threads()} threads", str(llm.device),
              str(llm.dtype).split(".")[-1], f"quant {llm.models.target.quant}", stamp(llm.models.target_path),
-             stamp(draft) if draft else "-", "+".join(type(m.lm_head).__name__ for m in models),
+             stamp(draft) if draft else "-", type(llm.models.target.lm_head).__name__,
              f"kernels {kernel_version()}", json.dumps(families(llm, draft)), f"guesses {GUESSES}"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:6])
 
@@ -409,23 +422,43 @@ def cached(key: str) -> Choice | None:
 
 
 def store(choice: Choice) -> None:
-    entries = load_cache() | {choice.key: asdict(choice)}
-    path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(entries, indent=1))
-    tmp.replace(path)
+    write_whole(cache_path(), json.dumps(load_cache() | {choice.key: asdict(choice)}, indent=1).encode())
 
 
-def choose(llm, draft: Path | None, remeasure: bool = False, prompts: list[str] | None = None) -> Choice:
-    """The cached choice for this machine, pair and dtype, or a new measurement (stored)."""
+def cpu_kind(device: torch.device) -> str:
+    """The kind of machine DEFAULTS knows: "amx", "avx512", "avx2" (x86 CPUs by their best vector unit), "cpu" (no
+    vector unit specmesh's kernels use) or "gpu"."""
+    if device.type != "cpu":
+        return "gpu"
+    units = vector_units().split("+")
+    return next((kind for kind, unit in (("amx", "amx_tile"), ("avx512", "avx512f"), ("avx2", "avx2"))
+                 if unit in units), "cpu")
+
+
+def default_choice(llm, draft: Path | None) -> Choice:
+    """auto without a calibration: DEFAULTS' method for this kind of machine, among those the models allow (with a
+    draft: `sd` at the draft's own options; an n-gram table: `selfdraft`), else `ar`."""
+    kind = cpu_kind(llm.device)
+    allowed = {name: options for name, options in (("sd", pair_sd(draft) or {}), ("selfdraft", {}))
+               if name == "sd" and draft is not None or name == "selfdraft" and has_ngram_table(llm)}
+    method = next((m for m in DEFAULTS[kind] if m in allowed), "ar")
+    return Choice(method, allowed.get(method, {}), default_for=f"{kind} {'CPUs' if kind != 'gpu' else ''}".strip())
+
+
+def choose(llm, measure: bool = False, remeasure: bool = False, prompts: list[str] | None = None,
+           progress: bool = True) -> Choice:
+    """The cached choice for this machine, pair and dtype; else a new measurement (`measure`, stored), or this kind
+    of machine's default. `remeasure`: measure whatever is cached."""
     budget_s()                                  # a bad $SPECMESH_TUNE_BUDGET_S is an error, measured or not
+    draft = llm.draft_path
     if len(families(llm, draft)) == 1:
         return Choice("ar", {})
     key = cache_key(llm, draft)
     choice = None if remeasure else cached(key)
+    if choice is None and not measure:
+        return default_choice(llm, draft)
     if choice is None:
-        choice = measure(llm, prompts, draft=draft)
+        choice = measure_choice(llm, prompts, progress, draft)
         choice.key = key
         store(choice)
     return choice

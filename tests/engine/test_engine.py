@@ -98,18 +98,31 @@ def test_a_stream_of_many_waves_counts_its_samples(tiny_checkpoint, capsys):
 def test_stream_of_a_stopped_consumer_ends_its_sequences(tiny_checkpoint):
     llm = LLM(target=tiny_checkpoint)
     stream = llm.stream("def add(a, b):", SamplingParams(max_new_tokens=50))
-    for _ in stream:
-        break
-    assert stream.engine.idle
+    pieces = iter(stream)
+    next(pieces)
+    pieces.close()                      # the consumer stops reading: its sequence leaves the engine at once
+    assert stream.engine.idle and stream.engine is llm.engine_for(llm.method)
+
+
+def test_one_engine_serves_every_request_of_an_llm(tiny_checkpoint):
+    """Built on the first request and sized once (engine/sizing.py), as the server's: later generate, stream and
+    chat calls reuse it; a stream left open shares it with a generate call, and each gets its own tokens."""
+    llm = LLM(target=tiny_checkpoint, max_batch=4)
+    params = SamplingParams(max_new_tokens=8)
+    first = llm.generate("def f(x):", params)
+    engine = llm.engine_for(llm.method)
+    assert llm.generate(["class A:", "import os"], params)[0].tokens and llm.engine_for(llm.method) is engine
+    assert len(llm.engines) == 1 and engine.scheduler.rows == 4 and engine.context == llm.context
+    stream = iter(llm.stream("def f(x):", params))
+    head = next(stream)
+    assert llm.generate("def f(x):", params).tokens == first.tokens        # beside the open stream
+    assert head + "".join(stream) == first.text and len(llm.engines) == 1 and engine.idle
 
 
 def test_the_engine_counts_what_it_runs(tiny_checkpoint):
-    llm = LLM(target=tiny_checkpoint)
-    engine = llm.engine([[1, 2, 3]], SamplingParams(max_new_tokens=4, n=5), rows=5)
-    with torch.inference_mode():
-        engine.submit(engine.sequences([1, 2, 3], SamplingParams(max_new_tokens=4, n=5)))
-        while not engine.idle:
-            engine.step()
+    llm = LLM(target=tiny_checkpoint, max_batch=5)
+    engine = llm.engine_for(llm.method)
+    engine.complete([engine.sequences([1, 2, 3], SamplingParams(max_new_tokens=4, n=5))])
     s = engine.stats
     assert s.prefills == 1 and s.generated_tokens == 20 and s.target_forwards == 1 + 3 and s.steps == 3
 
@@ -168,7 +181,7 @@ def test_logprobs_are_the_targets_whatever_the_method(tiny_checkpoint, tiny_draf
 def test_penalties_are_refused_by_a_method_that_does_not_apply_them(tiny_checkpoint):
     llm = LLM(target=tiny_checkpoint)
     params = SamplingParams(max_new_tokens=4, repetition_penalty=1.2)
-    engine = llm.engine([[1, 2]], params)
+    engine = llm.engine_for(llm.method)
     engine.spec = METHODS["pp"]                                         # as pp, stpp and pipedec declare
     with pytest.raises(InvalidParameter, match="repetition_penalty: pp does not apply") as e:
         engine.sequences([1, 2], params)

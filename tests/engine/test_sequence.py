@@ -189,8 +189,12 @@ def test_dtype_auto_is_bfloat16_where_the_cpu_multiplies_it_fast(monkeypatch, ti
 def test_misuses_of_the_python_api_get_clear_errors(tiny_checkpoint):
     import numpy as np
     for make, error, message in [(lambda: LLM(target=tiny_checkpoint, max_batch=True), ValueError, "max_batch must be"),
-                                 (lambda: LLM(target=tiny_checkpoint, retune="my text"), TypeError,
-                                  "retune is True, False or a list of calibration texts, got 'my text'"),
+                                 (lambda: LLM(target=tiny_checkpoint).tune("my text"), TypeError,
+                                  "prompts must be a non-empty list of texts, got 'my text'"),
+                                 (lambda: LLM(target=tiny_checkpoint, method="ar").tune(), ValueError,
+                                  "tune chooses auto's method; this LLM runs ar"),
+                                 (lambda: LLM(target=tiny_checkpoint, max_len=0), ValueError, "max_len must be"),
+                                 (lambda: LLM(target=tiny_checkpoint, max_kv_mb=-1), ValueError, "max_kv_mb must be"),
                                  (lambda: LLM(target=tiny_checkpoint, dtype=torch.int8), ValueError,
                                   "dtype torch.int8 is not one a model runs in")]:
         with pytest.raises(error, match=message):

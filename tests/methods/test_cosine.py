@@ -131,7 +131,7 @@ def test_the_prompt_is_compared_only_where_two_model_drafters_compete(tiny_check
     params = SamplingParams(max_new_tokens=4)
     def tail(**options):
         llm = LLM(target=tiny_checkpoint, method="cosine", **options)
-        return llm.engine([llm.encode(LONG)], params).runner.prompt_tail
+        return llm.engine_for(llm.method).runner.prompt_tail
     two = f"{tiny_checkpoint},{tiny_draft_checkpoint},context"
     assert tail(drafters=two) == fused_drafters.PROMPT_POSITIONS == 64 and tail(drafters=two, draft_window=32) == 32
     assert tail(drafters=f"{tiny_checkpoint},context") == 1 and tail(drafters=two, no_routing=True) == 1

@@ -74,7 +74,7 @@ def draft_cache_after_steps(tiny_checkpoint, calibration, steps=6):
     llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", layer_groups="2,1",
               calibration=calibration, gamma=3, tree_width=1, max_children=1)
     ids = llm.encode(PROMPTS[0])
-    engine = llm.engine([ids], SamplingParams(max_new_tokens=40))
+    engine = llm.engine_for(llm.method)
     seqs = engine.sequences(ids, SamplingParams(max_new_tokens=40))
     engine.submit(seqs)
     for _ in range(steps):

@@ -57,15 +57,13 @@ def test_an_unpenalised_verifier_fails_greedy(ar, tiny_checkpoint, monkeypatch):
 
 
 def test_a_batch_mixing_penalised_and_plain_requests(ar, tiny_checkpoint):
-    llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="sd", gamma=3)
     requests = [(p, SamplingParams(max_new_tokens=20, **PENALTIES[k])) for p in PROMPTS for k in ("all", "bias")]
     requests += [(p, SamplingParams(max_new_tokens=20)) for p in PROMPTS]
+    llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="sd", gamma=3, max_batch=len(requests))
     ids = [llm.encode(p) for p, _ in requests]
-    engine = llm.engine(ids, requests[0][1], rows=len(requests))
+    engine = llm.engine_for(llm.method)
     seqs = [engine.sequences(i, params)[0] for i, (_, params) in zip(ids, requests)]
-    engine.submit(seqs)
-    while not engine.idle:
-        engine.step()
+    engine.complete([seqs])
     assert [s.tokens for s in seqs] == [ar.generate(p, params).tokens for p, params in requests]
 
 

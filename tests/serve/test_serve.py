@@ -410,13 +410,25 @@ def test_the_server_refuses_a_method_it_cannot_batch(tiny_checkpoint):
 
 
 def test_the_batch_is_bounded_by_the_kv_cache_memory():
-    from specmesh.serve import batch_rows
-    assert batch_rows(ServeConfig(max_kv_mb=100), row_mb=8.0) == 12         # 16 would pass the bound
-    assert batch_rows(ServeConfig(max_kv_mb=1000), row_mb=8.0) == 16
-    assert batch_rows(ServeConfig(max_batch=20, max_kv_mb=1000), row_mb=8.0) == 20
-    for cfg in (ServeConfig(max_batch=20, max_kv_mb=100), ServeConfig(max_kv_mb=4)):
+    """engine/sizing.py, for LLM and the server alike: rows of a full context within the bound; a long-context
+    model's row cut to what fits; asked-for sizes past the bound refused."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from specmesh.engine.sizing import size
+    config = SimpleNamespace(num_layers=4, num_kv_heads=2, head_dim=64, max_position_embeddings=8191)
+    models = SimpleNamespace(target=SimpleNamespace(config=config, cache_dtype=torch.float32), draft=None)
+    # a token: 4 layers x 2 (k, v) x 2 heads x 64 x 4 bytes = 4 KiB; a row of 8192: 32 MB
+    assert size(models, 1, max_kv_mb=400) == (s := size(models, 1, max_kv_mb=400)) and s.rows == 12
+    assert size(models, 1, max_kv_mb=1000).rows == 16 and size(models, 1, max_kv_mb=1000).max_len == 8192
+    assert size(models, 1, max_batch=20, max_kv_mb=1000).rows == 20
+    cut = size(models, 1, max_kv_mb=8)                          # not one full row: the row holds what fits
+    assert cut.rows == 1 and cut.context == 2047 and cut.max_len == 2048
+    assert size(models, 1, max_len=1000, max_kv_mb=1000).context == 1000
+    for asked in (dict(max_batch=20, max_kv_mb=400), dict(max_len=8000, max_kv_mb=8)):
         with pytest.raises(ValueError, match="max-kv-mb"):
-            batch_rows(cfg, row_mb=8.0)
+            size(models, 1, **asked)
 
 
 def test_cosine_server_with_a_drafter_process_killed_mid_run(live, tiny_checkpoint, tiny_draft_checkpoint,

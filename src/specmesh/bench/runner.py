@@ -62,6 +62,8 @@ class OurRunner:
         from specmesh.llm import LLM
         self.llm = LLM(target=cfg.target, draft=cfg.draft, method=method, device=cfg.device, dtype=dtype,
                        quant=cfg.quant, tp=cfg.tp, **cfg.options)
+        if self.llm.auto:               # auto as it runs once calibrated (cached: the first bench measures)
+            self.llm.tune()
 
     def __call__(self, ids: list[int], max_new_tokens: int) -> tuple[list[int], Stats]:
         out = self.llm.generate(ids, SamplingParams(max_new_tokens=max_new_tokens))

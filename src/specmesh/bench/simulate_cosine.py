@@ -76,18 +76,16 @@ def run_traced(method: str, prompts: list[str], concurrency: int, max_new_tokens
         options = {"token_budget": profile.flat_tokens} | ({"drafters": drafters} if drafters else {})
     else:
         options = {"draft": draft} | ({"gamma": SD_GAMMA} if method == "sd" else {})
-    llm = LLM(target=target, method=method, **options)
+    llm = LLM(target=target, method=method, max_batch=concurrency, **options)
     params = SamplingParams(max_new_tokens=max_new_tokens)
     ids = [llm.encode(p) for p in prompts]
-    engine = llm.engine(ids, params, rows=concurrency)
+    engine = llm.engine_for(llm.method)
     engine.method.trace = []
     if hasattr(engine.method.policy, "costs"):             # cosine's scheduler: a level on the drafter nodes
         engine.method.policy.costs = (profile.verify_base_ms, profile.verify_per_token_ms,
                                       profile.drafter_ms + 2 * profile.hop_ms)
     seqs = [s for i in ids for s in engine.sequences(i, params)]
-    engine.submit(seqs)
-    while not engine.idle:
-        engine.step()
+    engine.complete([seqs])
     llm.close()
     return {"trace": engine.method.trace, "tokens": sum(len(s.tokens) for s in seqs)}
 

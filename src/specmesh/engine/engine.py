@@ -52,8 +52,7 @@ class Engine:
                  prefix_cache: PrefixCache | None = None, prefill_chunk: int = PREFILL_CHUNK,
                  prefill_share: float | None = None, per_request: int | None = None):
         self.models, self.tokenizer = models, tokenizer
-        self.context = models.target.config.max_position_embeddings
-        self.eos = set(models.target.config.eos_ids)
+        self.context = min(models.target.config.max_position_embeddings, max_len - method.slack)   # sizing.py
         self.stats = EngineStats()
         rows = min(rows, method.spec.max_rows or rows)
         self.runner = Runner(models.target, rows, max_len, self.stats, prefix_cache, prefill_chunk)
@@ -83,8 +82,8 @@ class Engine:
                                    f"vocabulary of {vocab} tokens")
         limit = min(params.max_new_tokens, self.context - len(ids))
         prompt = Prompt(list(ids), waiting=params.n)
-        device = self.models.target.device
-        return [Sequence(prompt, params, self.tokenizer, self.eos, limit,
+        device, eos = self.models.target.device, set(self.models.target.config.eos_ids)
+        return [Sequence(prompt, params, self.tokenizer, eos, limit,
                          make_generator(None if params.seed is None else params.seed + j, device))
                 for j in range(params.n)]
 
@@ -95,6 +94,27 @@ class Engine:
             self.scheduler.add(seqs)
             self.stats.waiting = self.scheduler.waiting
             self._wake.notify()
+
+    def complete(self, requests: list[list[Sequence]]) -> float:
+        """Submit the requests (each its sequences) and step until they are done, beside whatever else is in flight;
+        the seconds it took. A failure (or an interrupt) in a step abandons every sequence in flight."""
+        start = time.perf_counter()
+        for seqs in requests:
+            self.submit(seqs)
+        try:
+            while not all(seq.done for seqs in requests for seq in seqs):
+                self.step()
+        except BaseException:
+            self.abandon()
+            raise
+        return time.perf_counter() - start
+
+    def cancel(self, seqs: list[Sequence]) -> None:
+        """Drop these sequences now (their consumer stopped reading), between steps: their rows are freed and a loop
+        method hears the request is over."""
+        for seq in seqs:
+            seq.aborted = True
+        self._retire()
 
     def abort(self, seq: Sequence) -> None:
         """Drop a sequence (its client left); its row is freed at the end of the current step."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from specmesh import catalog
 from specmesh.engine.runner import PREFILL_CHUNK, PREFILL_SHARE
+from specmesh.engine.sizing import kv_mb_per_token
 from specmesh.options import SERVED
 
 
@@ -31,6 +32,7 @@ class ServeConfig:
     tp: int = 1                     # the target split over tp processes (tensor parallelism)
     max_batch: int | None = None    # running requests (None: 16, fewer where their KV cache would pass max_kv_mb)
     max_kv_mb: float | None = None  # the KV cache's bound (None: a quarter of the memory available at start)
+    tune: bool = True               # auto with no cached calibration: calibrate at start (False: the CPU kind's default)
     options: dict = field(default_factory=dict)     # method options (sd without gamma: γ by batch size)
     grace_s: float = 30.0           # SIGTERM: how long running requests may take to finish
     prefix_cache_mb: float = 256.0  # prompt prefixes' keys and values kept for reuse (0: off)
@@ -49,7 +51,6 @@ def build(cfg: ServeConfig):
     except ImportError as e:
         raise ValueError(f"specmesh serve needs {e.name}: pip install -e '.[serve]'") from None
     from specmesh import LLM
-    from specmesh.engine.engine import Engine
     from specmesh.serve.api import Server, create_app
     from specmesh.serve.metrics import Metrics
     from specmesh.serve.protocol import Limits
@@ -58,44 +59,21 @@ def build(cfg: ServeConfig):
     if not cfg.prefix_cache_mb >= 0:
         raise ValueError(f"--prefix-cache-mb must be >= 0, got {cfg.prefix_cache_mb}")
     llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype,
-              quant=cfg.quant, tp=cfg.tp, **cfg.options)
+              quant=cfg.quant, tp=cfg.tp, max_batch=cfg.max_batch, max_kv_mb=cfg.max_kv_mb, **cfg.options)
+    if cfg.tune and llm.auto and llm.choice.default_for:       # the first auto run calibrates, once (cached)
+        llm.tune()
     llm.tokenizer.token_bytes                           # checked once now, not on the first request
     metrics = Metrics()
-    max_len = llm.context + llm.method.slack
-    rows = batch_rows(cfg, kv_mb_per_row(llm.models, max_len))
-    engine = Engine(llm.models, llm.method, llm.tokenizer, rows, max_len, make_prefix_cache(cfg, llm),
-                    cfg.prefill_chunk, PREFILL_SHARE, per_request=rows - rows // 4)    # rows left for newcomers
+    engine = llm.engine_for(llm.method, prefix_cache=make_prefix_cache(cfg, llm), prefill_chunk=cfg.prefill_chunk,
+                            prefill_share=PREFILL_SHARE)
+    rows = engine.scheduler.rows
+    engine.scheduler.per_request = rows - rows // 4     # rows left for newcomers
     engine.on_finish = metrics.finish
-    limits = Limits.for_engine(rows, llm.context)
+    limits = Limits.for_engine(rows, engine.context)
     limits = dataclasses.replace(limits, **{k: v for k, v in (("max_n", cfg.max_n), ("max_queued", cfg.max_queued))
                                             if v is not None})
     server = Server(engine, cfg.model_name or catalog.served_name(cfg.target), metrics, limits)
     return server, create_app(server)
-
-
-def kv_mb_per_row(models, max_len: int) -> float:
-    """MB of keys and values one running request holds: a full context in the target's cache and the draft's."""
-    return sum(m.config.num_layers * 2 * m.config.num_kv_heads * m.config.head_dim * max_len * m.cache_dtype.itemsize
-               for m in (models.target, models.draft) if m is not None) / 2 ** 20
-
-
-def available_mb() -> float:
-    """Memory available for new allocations (Linux's MemAvailable; elsewhere the free physical pages)."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
-
-
-def batch_rows(cfg: ServeConfig, row_mb: float) -> int:
-    """The running requests' bound: --max-batch, or 16 where the KV cache bound allows; past that bound, an error."""
-    budget = cfg.max_kv_mb if cfg.max_kv_mb is not None else available_mb() / 4
-    rows = cfg.max_batch or max(1, min(16, int(budget // row_mb)))
-    if rows * row_mb > budget:
-        raise ValueError(f"a batch of {rows} needs {rows * row_mb:.0f} MB of KV cache ({row_mb:.1f} MB per request), "
-                         f"over the bound of {budget:.0f} MB: lower --max-batch or raise --max-kv-mb")
-    return rows
 
 
 def make_prefix_cache(cfg: ServeConfig, llm):
@@ -179,7 +157,7 @@ def run(cfg: ServeConfig) -> int:
     e = server.engine
     chosen = f" (chose {e.method_name})" if cfg.method == "auto" else ""
     print(f"specmesh serve: {cfg.method}{chosen} on {e.scheduler.rows} rows of {e.runner.max_len} tokens "
-          f"({e.scheduler.rows * kv_mb_per_row(e.models, e.runner.max_len):.0f} MB of KV cache), "
+          f"({e.scheduler.rows * e.runner.max_len * kv_mb_per_token(e.models):.0f} MB of KV cache at most), "
           f"http://{cfg.host}:{cfg.port}/v1", file=sys.stderr)
     web = Uvicorn(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
                                  timeout_graceful_shutdown=5))
