@@ -527,7 +527,7 @@ def cmd_generate(args, parser) -> int:
     stream = args.json != "-"
     with llm:
         tuned(llm, args)
-        run = llm.stream(prompt, params, progress=params.n > llm.max_batch)     # waves: count them
+        run = llm.stream(prompt, params, progress=params.n > 1)     # the other samples: count them
         if stream and params.n > 1:
             sys.stdout.write(f"--- sample 1 of {params.n} ---\n")
         for piece in run:

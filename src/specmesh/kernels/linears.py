@@ -48,8 +48,7 @@ class BF16Linear(nn.Module):
         self.weight = linear.weight.detach().contiguous()                     # [N, K] bf16
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.bias32 = None if self.bias is None else self.bias.float()
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(self.weight.float(), 1),
-                             persistent=False)
+        self._packed: torch.Tensor | None = None      # oneDNN's layout, for many rows: made on first use (_large)
         self.kernel = avx2_lib()
         self.quantized = getattr(linear, "quantized", None)       # --quant, GGUF blocks: (q, scales, bits, offset)
 
@@ -62,7 +61,9 @@ class BF16Linear(nn.Module):
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def _large(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias32, "none", [], "")
+        if self._packed is None:        # most BF16Linears become other kernels' linears before they run
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.float(), 1)
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias32, "none", [], "")
 
     def _small(self, x: torch.Tensor) -> torch.Tensor:
         """[M, K] float32 -> [M, N] float32 through the C kernel (which reads x densely)."""
@@ -92,7 +93,7 @@ class Int8Linear(BF16Linear):
         amx = amx_lib()
         self.tiles = None if amx is None else AMXLinear(dequantized, self.bias32, amx)
         if amx is None:
-            self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(dequantized, 1), persistent=False)
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(dequantized, 1)
 
     def _large(self, x: torch.Tensor) -> torch.Tensor:
         return super()._large(x) if self.tiles is None else self.tiles(x)

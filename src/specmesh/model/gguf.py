@@ -248,15 +248,16 @@ def hf_to_file(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, 
     return out
 
 
-def read_weights(path: str | Path, cfg: ModelConfig, blocks: bool = False, vectors_only: bool = False
-                 ) -> tuple[dict[str, torch.Tensor], dict[str, Blocks]]:
+def read_weights(path: str | Path, cfg: ModelConfig, blocks: bool = False, vectors_only: bool = False,
+                 also: frozenset[str] = frozenset()) -> tuple[dict[str, torch.Tensor], dict[str, Blocks]]:
     """The tensors by HF name in float32, and (`blocks`) the quantized matrices' blocks as they are; `vectors_only`:
-    the 1-D tensors alone (norms, biases: the matrices run from the file, matrices())."""
+    the 1-D tensors alone (norms, biases: the matrices run from the file, matrices()) and the matrices named in
+    `also`."""
     hf_names = {gguf_name(n): n for n in hf_tensor_names(cfg)}
     weights, kept = {}, {}
     for t in open_gguf(path).tensors:
         name = hf_names.get(t.name)
-        if name is None or vectors_only and len(t.shape) > 1:
+        if name is None or vectors_only and len(t.shape) > 1 and name not in also:
             continue                          # rope_freqs and the like: recomputed
         w, b = torch.from_numpy(dequantize(path, t)).view(t.shape), read_blocks(t) if blocks else None
         heads = rope_heads(cfg, t.name)

@@ -19,7 +19,7 @@ from torch import nn
 
 from specmesh.kernels import avx2_lib, draft_quant, q8_lib, select_kernels
 from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
-from specmesh.model import gguf
+from specmesh.model import gguf, packed
 from specmesh.model.gguf_file import parameter_count
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
 from specmesh.model.quant import keep_blocks, quantize_model
@@ -145,6 +145,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
         return load_file_blocks(path, draft)
     has_blocks = quant is None and part is None and runs_blocks(path, dtype, device)
     blocks = has_blocks and pack
+    if blocks and (cached := packed.read(stamp(path))) is not None:
+        return load_packed(path, cached, draft)
     if draft and quant is None and not has_blocks:  # as on every TP rank (they load unpacked)
         quant = draft_quant(dtype, device)      # a draft's guesses need not be exact: fewer bytes where that pays
     kept = {}
@@ -184,7 +186,42 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     model.quant = quant
     if pack:
         select_kernels(model, draft)
+    if blocks:
+        packed.write(stamp(path), model)
     del kept
+    release_freed_memory()
+    return model
+
+
+def load_packed(path: Path, cached: dict, draft: bool = False) -> Transformer:
+    """load_model's model of a GGUF file of Q8_0 / Q4_0 / Q4_1 layers from its matrices packed for Q8Linear
+    (model/packed.py, cached at its first load): the file gives only what the packed matrices do not hold."""
+    cfg, lib = read_config(path), q8_lib()
+    names = name_map(cfg)
+    unpacked = {ours for ours in names if ours.endswith(".weight") and ours.removesuffix(".weight") not in cached}
+    also = frozenset(n for ours in unpacked for n in names[ours])
+    hf = gguf.file_to_hf(cfg, gguf.read_weights(path, cfg, vectors_only=True, also=also)[0])
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    for module_name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{module_name}.{child_name}".lstrip(".")
+            if isinstance(child, nn.Linear) and full in cached:
+                bias = [n for n in names.get(f"{full}.bias", []) if n in hf]
+                setattr(module, child_name, packed.linear(child.in_features, child.out_features, cached[full],
+                                                          torch.cat([hf[n] for n in bias]) if bias else None, lib))
+    state = {ours: torch.cat([hf[n] for n in theirs]) for ours, theirs in names.items()
+             if not ours.endswith(".bias") and theirs and all(n in hf for n in theirs)}
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings and "lm_head" not in cached:
+        model.lm_head.weight = model.embed.weight
+    meta = [n for n, p in model.named_parameters() if p.is_meta]
+    if meta:
+        raise CheckpointError(f"{path}: no weights for {meta[:3]}")
+    model.inv_freq = rope_inv_freq(cfg)
+    model = model.to(dtype=torch.bfloat16).eval()
+    model.quant = None
+    select_kernels(model, draft)
     release_freed_memory()
     return model
 

@@ -36,6 +36,8 @@ def on_huge_pages(model: nn.Module) -> int:
         return 0
     places = [(m, name, _key(t), t) for m in model.modules() for name, t in _tensors(m)   # keyed before any move
               if t.device.type == "cpu" and t.layout == torch.strided and t.numel() and t.is_contiguous()]
+    streamed = {k for m, _, k, _ in places if not isinstance(m, nn.Embedding)}
+    places = [p for p in places if p[2] in streamed]     # a lookup table reads a few rows: unless a head reads it all
     unique = {k: t for _, _, k, t in places}
     if not unique:
         return 0
