@@ -129,7 +129,7 @@ def test_the_default_follows_the_kind_of_machine(tiny_checkpoint, tiny_draft_che
     assert tuning.default_choice(llm, None).method == "ar"          # no draft, no n-gram table: nothing else runs
 
 
-def test_auto_is_lossless_and_uses_what_it_chose(tiny_checkpoint, tiny_draft_checkpoint):
+def test_auto_is_lossless_and_uses_what_it_chose(tiny_checkpoint, tiny_draft_checkpoint, unscreened):
     llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
     llm.tune()
     assert llm.method.name == llm.choice.method and {c.method for c in llm.choice.candidates} == {"ar", "sd", "tree"}
@@ -187,7 +187,8 @@ def test_auto_chooses_for_chat_and_for_text_prompts_apart(chat_checkpoint, tiny_
     assert again.kinds["chat"].method == "tree" and again.kinds["text"].options == {"gamma": 3}
 
 
-def test_calibration_on_both_kinds_chooses_for_each(chat_checkpoint, tiny_draft_checkpoint, tmp_path, monkeypatch):
+def test_calibration_on_both_kinds_chooses_for_each(chat_checkpoint, tiny_draft_checkpoint, tmp_path, monkeypatch,
+                                                   unscreened):
     monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path))
     plain = LLM(target=chat_checkpoint, method="ar")
     chat = plain.tokenizer.render_chat([{"role": "user", "content": "class A:"}])
@@ -217,8 +218,25 @@ def test_the_drafts_own_sd_options_are_one_more_candidate(tiny_checkpoint, tiny_
     assert trial.options == tree                                # the choice carries them (no pair options in auto)
 
 
+@pytest.fixture
+def unscreened(monkeypatch):
+    """Every family runs every calibration prompt (no DROP): the tiny models' sub-millisecond steps are noise."""
+    monkeypatch.setattr(tuning, "DROP", float("inf"))
+
+
+def test_a_family_far_slower_than_the_fastest_is_dropped_early(tiny_checkpoint, tiny_draft_checkpoint, monkeypatch):
+    """Calibration stops a run past DROP x the fastest run's time on the first prompt, and runs a family that was
+    DROP x slower on the first prompts no more: it stays a candidate, marked dropped, never chosen."""
+    monkeypatch.setattr(tuning, "DROP", 1e-9)              # every family but ar is too slow
+    llm = LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint)
+    choice = llm.tune(["def f(x):\n", "class A:\n"])
+    assert choice.method == "ar"
+    dropped = [c for c in choice.candidates if c.reason.endswith("dropped")]
+    assert {c.method for c in dropped} == {"sd", "tree"} and all(c.ms_per_token > 0 for c in dropped)
+
+
 def test_a_winner_extrapolated_to_another_gamma_is_measured_before_it_is_chosen(tiny_checkpoint, tiny_draft_checkpoint,
-                                                                                 monkeypatch):
+                                                                                 monkeypatch, unscreened):
     """An sd γ predicted from γ = 6's acceptance that would win is run itself; the choice rests on what it measured
     (predict drops the prediction for a γ measured)."""
     monkeypatch.setattr(tuning, "predict", favouring(2))   # as if γ = 2 were predicted fastest by far
@@ -231,7 +249,7 @@ def test_a_winner_extrapolated_to_another_gamma_is_measured_before_it_is_chosen(
 
 
 def test_an_extrapolation_crowned_by_a_measurement_is_measured_in_turn(tiny_checkpoint, tiny_draft_checkpoint,
-                                                                       monkeypatch):
+                                                                       monkeypatch, unscreened):
     """γ = 2 and 3 predicted fastest by far: the first measured leaves the other the predicted winner, which is
     measured too (one round of measuring left it chosen unmeasured, or ar chosen beside a faster prediction)."""
     monkeypatch.setattr(tuning, "predict", favouring(2, 3))
@@ -243,10 +261,10 @@ def test_an_extrapolation_crowned_by_a_measurement_is_measured_in_turn(tiny_chec
     assert llm.choice.won().reason.endswith("measured")
 
 
-@pytest.mark.parametrize("target_ms, expected", [(0.5, (5, 2)), (5.5, (4, 1)), (23.0, (2, 1))])
+@pytest.mark.parametrize("target_ms, expected", [(0.5, (5, 2)), (2.0, (4, 1)), (5.5, (2, 1)), (23.0, (2, 1))])
 def test_calibration_covers_more_prompts_before_a_second_round(target_ms, expected, monkeypatch):
-    """9 families, 5 calibration prompts, a 30 s budget: a fast pair runs every prompt twice; SmolLM2 in bf16 (5.5
-    ms a forward) four prompts once rather than two twice; in float32 (23 ms) the first two, once."""
+    """9 families, 5 calibration prompts, a 12 s budget: a fast pair runs every prompt twice; at 2 ms a forward
+    four prompts once rather than two twice; SmolLM2 in bf16 (5.5 ms) or float32 (23 ms) the first two, once."""
     monkeypatch.delenv("SPECMESH_TUNE_BUDGET_S")                      # the default budget, not the suite's
     assert tuning.plan(Costs({1: target_ms}, {1: 0.1}), families=9, prompts=5) == expected
 

@@ -91,6 +91,25 @@ def forward_ms(model, tokens: int = 1, context: int = 128, reps: int = 20, layer
         return median_ms(step, reps)
 
 
+def widths_ms(model, widths: tuple[int, ...], context: int = 128, reps: int = 5) -> dict[int, float]:
+    """forward_ms at each width, after one prefill of `context` random tokens shared by all (one warm-up each)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(model.config.vocab_size, (1, context + max(widths)), generator=gen).to(model.device)
+    cache = KVCache.for_model(model, 1, context + max(widths))
+    out = {}
+    with torch.inference_mode():
+        model(x[:, :context], cache)
+        cache.commit_all()
+        for w in widths:
+            def step():
+                cache.rollback(0, context)
+                model(x[:, context:context + w], cache)
+                if model.device.type == "cuda":
+                    torch.cuda.synchronize(model.device)
+            out[w] = median_ms(step, reps, warmup=1)
+    return out
+
+
 def layer_ms(model, tokens: int = 1, context: int = 128, reps: int = 20) -> float:
     """A middle decoder layer's forward time in ms (every layer costs the same)."""
     L = model.config.num_layers

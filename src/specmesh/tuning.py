@@ -45,24 +45,24 @@ from specmesh.kernels import cache_dir, cpu_name, kernel_version, vector_units
 from specmesh.model.loader import stamp
 from specmesh.paths import write_whole
 from specmesh.spec.sampling import SamplingParams
-from specmesh.timing import by_width, forward_ms
+from specmesh.timing import by_width, widths_ms
 
 CALIBRATION = Path(__file__).with_name("calibration.jsonl")    # 3 code snippets and 2 chat requests, written for this
 NEW_TOKENS = 96         # Self-Draft's n-gram pool grows with its output: 48 tokens underrate it by a third
 ROUNDS = 2              # calibration runs per family and prompt, interleaved; the fastest counts
-TARGET_WIDTHS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
+TARGET_WIDTHS = (1, 2, 4, 6, 8, 12, 16)    # sd's extrapolations read up to MAX_SD_GAMMA + 1; wider: flat
 DRAFT_WIDTHS = (1, 2, 4, 8)
 MAX_SD_GAMMA = 8
 GUESSES = 3             # rounds of measuring extrapolated winners (each measured γ may crown another extrapolation)
 STOP_BELOW = 0.3        # sd's calibrated early stop (a weak draft's chains end where it is unsure)
 LOOKUP = 2              # sd's calibrated prompt lookup: proposes what followed the last 2+ tokens where they recur
-BUDGET_S = 30.0         # calibration time aimed at (plan; $SPECMESH_TUNE_BUDGET_S overrides it)
+BUDGET_S = 12.0         # calibration runs' time aimed at (plan; $SPECMESH_TUNE_BUDGET_S overrides it)
+DROP = 1.3              # a family this much slower than the fastest on the first prompt(s) runs no more
 MARGIN = 0.03           # a speculative method must predict 3% faster than ar (measurement noise)
 PAIR_MARGIN = 0.10      # a few calibration prompts must beat the pair's own options (options.json) by 10%
 # auto where nothing is calibrated: by kind of machine (cpu_kind), the first of these the models allow, else ar
 # (docs/tuning.md gives the measurements behind them)
-DEFAULTS = {"amx": ("sd", "selfdraft"), "avx512": ("sd", "selfdraft"), "avx2": ("sd", "selfdraft"),
-            "cpu": (), "gpu": ()}
+DEFAULTS = {"amx": ("sd", "selfdraft"), "avx512": ("sd", "selfdraft"), "avx2": (), "cpu": (), "gpu": ()}
 
 
 @dataclass
@@ -255,8 +255,8 @@ def has_ngram_table(llm) -> bool:
 
 def measure_costs(llm) -> Costs:
     draft = llm.models.draft
-    return Costs({w: forward_ms(llm.models.target, w, reps=8) for w in TARGET_WIDTHS},
-                 {w: forward_ms(draft, w, reps=8) for w in DRAFT_WIDTHS} if draft is not None else {1: 0.0})
+    return Costs(widths_ms(llm.models.target, TARGET_WIDTHS),
+                 widths_ms(draft, DRAFT_WIDTHS) if draft is not None else {1: 0.0})
 
 
 def calibration_prompts(tokenizer) -> list[str]:
@@ -269,9 +269,11 @@ def calibration_prompts(tokenizer) -> list[str]:
     return [p for pair in itertools.zip_longest(chats, code) for p in pair if p is not None]
 
 
-def decode(engine: Engine, prompt: list[int], new_tokens: int) -> Stats:
+def decode(engine: Engine, prompt: list[int], new_tokens: int, within_s: float | None = None) -> Stats | None:
+    """A greedy run's stats; None where it took longer than `within_s`."""
     seqs = engine.sequences(prompt, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
-    return Output.of(seqs, engine.complete([seqs])).stats
+    elapsed = engine.complete([seqs], within_s)
+    return None if elapsed is None else Output.of(seqs, elapsed).stats
 
 
 def trial(name: str, given: dict, runs: list[tuple]) -> Trial:
@@ -335,20 +337,43 @@ def measure_choice(llm, prompts: list[str] | None = None, progress: bool = True,
     ids = [i[-room:] for i in ids]
     configs = [methods.get(name, options) for name, options in families(llm, draft)]
     engines: dict[int, Engine] = {}                 # family -> its engine of one row, for all its runs
+    dropped: dict[int, int] = {}                    # family -> the prompts it ran before drop_slow dropped it
     best: dict[tuple[int, int, int], object] = {}    # (family, prompt, tokens) -> fastest stats
 
-    def run(which: range, bar) -> None:
-        for _ in range(rounds):
-            for f in which:
-                if f not in engines:
-                    engines[f] = Engine(llm.models, configs[f], llm.tokenizer, 1,
-                                        max(map(len, ids)) + NEW_TOKENS + configs[f].slack)
-                for p, prompt in enumerate(ids):
-                    for n in (NEW_TOKENS, 1):
-                        stats = decode(engines[f], prompt, n)
-                        if (f, p, n) not in best or stats.elapsed_s < best[f, p, n].elapsed_s:
-                            best[f, p, n] = stats
+    def run(which: list[int], bar) -> None:
+        for r in range(rounds):
+            for p, prompt in enumerate(ids):
+                for f in (f for f in which if f not in dropped):
+                    if f not in engines:
+                        engines[f] = Engine(llm.models, configs[f], llm.tokenizer, 1,
+                                            max(map(len, ids)) + NEW_TOKENS + configs[f].slack)
+                    fastest = min((best[g, p, NEW_TOKENS].elapsed_s for g in which if (g, p, NEW_TOKENS) in best),
+                                  default=None)
+                    screened = r == 0 and f != 0 and fastest is not None      # ar (family 0) is the reference
+                    stats = decode(engines[f], prompt, NEW_TOKENS, DROP * fastest if screened else None)
+                    if stats is None:                           # DROP times the fastest run's time, and not done
+                        drop(f, p, bar)
+                        continue
+                    for n, s in ((NEW_TOKENS, stats), (1, decode(engines[f], prompt, 1))):
+                        if (f, p, n) not in best or s.elapsed_s < best[f, p, n].elapsed_s:
+                            best[f, p, n] = s
                     bar.update()
+                if r == 0 and p + 1 < len(ids):
+                    drop_slow(which, p + 1, bar)
+
+    def drop(f: int, ran: int, bar) -> None:
+        """Family f runs no more: it ran `ran` prompts whole."""
+        dropped[f] = ran
+        bar.total -= rounds * len(ids) - ran
+
+    def drop_slow(which: list[int], ran: int, bar) -> None:
+        """Families DROP times slower than the fastest on the first `ran` prompts run no more (nor count)."""
+        speed = {f: trial(configs[f].name, {}, [(best[f, p, NEW_TOKENS], best[f, p, 1]) for p in range(ran)])
+                 for f in which if f not in dropped}
+        per_token = {f: t.ms / max(t.tokens, 1) for f, t in speed.items()}
+        for f, ms in per_token.items():
+            if f != 0 and ms > DROP * min(per_token.values()):
+                drop(f, ran, bar)
 
     pair = pair_sd(draft)
 
@@ -361,10 +386,23 @@ def measure_choice(llm, prompts: list[str] | None = None, progress: bool = True,
 
     def choice_on(prompts: list[int], measured: bool) -> Choice:
         trials = [trial(method.name, method.options, [(best[f, p, NEW_TOKENS], best[f, p, 1]) for p in prompts])
-                  for f, method in enumerate(configs)]
+                  for f, method in enumerate(configs) if f not in dropped]
         candidates = predict(costs, trials)
         won = pick(candidates, measured, pair)
-        return Choice(won.method, won.options, candidates, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        return Choice(won.method, won.options, candidates + [dropped_candidate(f, prompts) for f in dropped],
+                      measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+    def dropped_candidate(f: int, prompts: list[int]) -> Candidate:
+        ran = [p for p in prompts if p < dropped[f]]
+        name, options = configs[f].name, trial(configs[f].name, configs[f].options, []).options
+        if not ran:         # stopped on the first prompt: slower than DROP x the fastest family's ms per token there
+            bound = min(best[g, 0, NEW_TOKENS].elapsed_s / NEW_TOKENS for g in range(len(configs))
+                        if (g, 0, NEW_TOKENS) in best) * 1e3 * DROP
+            return Candidate(name, options, bound, f"over {DROP}x the fastest run's time on the first prompt "
+                                                   f"(stopped), dropped")
+        t = trial(name, options, [(best[f, p, NEW_TOKENS], best[f, p, 1]) for p in ran])
+        return Candidate(name, options, t.ms / max(t.tokens, 1),
+                         f"{t.tau:.2f} tokens per step, over {DROP}x the fastest on {len(ran)} prompt(s), dropped")
 
     with torch.inference_mode():
         costs = measure_costs(llm)
@@ -372,7 +410,7 @@ def measure_choice(llm, prompts: list[str] | None = None, progress: bool = True,
         ids, kinds = ids[:count], kinds[:count]
         with tqdm(total=rounds * len(configs) * len(ids), desc="auto: calibrating", unit="run",
                   file=sys.stderr, disable=not progress, leave=False) as bar:
-            run(range(len(configs)), bar)
+            run(list(range(len(configs))), bar)
             choice = choose()
             # a winner extrapolated from another γ's acceptance is measured before it is chosen; what it measures
             # may crown another extrapolation (SmolLM2 in float32: γ = 1 predicted fastest, measured slower than
@@ -383,7 +421,7 @@ def measure_choice(llm, prompts: list[str] | None = None, progress: bool = True,
                 configs += [methods.get(c.method, c.options) for c in guessed]
                 bar.total += rounds * len(guessed) * len(ids)      # the bar grows: say why
                 bar.set_description("auto: measuring a predicted winner")
-                run(range(len(configs) - len(guessed), len(configs)), bar)
+                run(list(range(len(configs) - len(guessed), len(configs))), bar)
                 choice = choose()
             if guessed_winners(choice):
                 choice = choose(measured=True)

@@ -95,15 +95,20 @@ class Engine:
             self.stats.waiting = self.scheduler.waiting
             self._wake.notify()
 
-    def complete(self, requests: list[list[Sequence]]) -> float:
+    def complete(self, requests: list[list[Sequence]], within_s: float | None = None) -> float | None:
         """Submit the requests (each its sequences) and step until they are done, beside whatever else is in flight;
-        the seconds it took. A failure (or an interrupt) in a step abandons every sequence in flight."""
+        the seconds it took. `within_s`: past that many seconds they are cancelled and the answer is None. A
+        failure (or an interrupt) in a step abandons every sequence in flight."""
         start = time.perf_counter()
         for seqs in requests:
             self.submit(seqs)
+        mine = [seq for seqs in requests for seq in seqs]
         try:
-            while not all(seq.done for seqs in requests for seq in seqs):
+            while not all(seq.done for seq in mine):
                 self.step()
+                if within_s is not None and time.perf_counter() - start > within_s:
+                    self.cancel(mine)
+                    return None
         except BaseException:
             self.abandon()
             raise

@@ -6,6 +6,7 @@ import functools
 import math
 import mmap
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,23 @@ def is_gguf(path: str | Path) -> bool:
 # GGUF's metadata value types: numpy dtypes of the scalars, 8 string, 9 array
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<B", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
+
+
+class Strings(Sequence):
+    """A header's array of strings: their bytes, decoded on first use (reading a file's config needs none of its
+    vocabulary; decoding 100k tokens and merges was most of reading SmolLM2's header)."""
+
+    def __init__(self, data: bytes, starts: list[int]):
+        self.data, self.starts, self._list = data, starts, None     # string i: data[starts[i]:starts[i + 1] - 8]
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def __getitem__(self, i):
+        if self._list is None:
+            data, at = self.data, self.starts
+            self._list = [data[at[j]:at[j + 1] - 8].decode("utf-8", "replace") for j in range(len(self))]
+        return self._list[i]
 
 
 @dataclass
@@ -80,16 +98,17 @@ class GGUFFile:
         self.pos += n
         return self.raw[self.pos - n:self.pos].decode("utf-8", "replace")
 
-    def strings(self, n: int) -> list[str]:
-        """An array of n strings (a vocabulary's tokens and merges: string() inlined, the header's longest part)."""
-        raw, pos, out, length = self.raw, self.pos, [], struct.Struct("<Q").unpack_from
+    def strings(self, n: int) -> "Strings":
+        """An array of n strings (a vocabulary's tokens and merges, the header's longest part), decoded when read."""
+        raw, pos, starts, length = self.raw, self.pos, [], struct.Struct("<Q").unpack_from
         for _ in range(n):
             if pos + 8 > len(raw) or pos + 8 + (k := length(raw, pos)[0]) > len(raw):
                 raise ValueError(f"the file ends at byte {len(raw)}, inside its header")
-            out.append(raw[pos + 8:pos + 8 + k].decode("utf-8", "replace"))
+            starts.append(pos + 8)
             pos += 8 + k
-        self.pos = pos
-        return out
+        starts.append(pos + 8)
+        base, self.pos = self.pos, pos
+        return Strings(raw[base:pos], [s - base for s in starts])
 
     def value(self, kind: int):
         if kind == STRING:
