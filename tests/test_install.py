@@ -1,5 +1,6 @@
 """A wheel built from the tree (a non-editable install): it carries the C sources, lists the models it can
-reach, and says in one line what to do for the embedded ones that only a clone holds."""
+reach, runs the default model, and says in one line what to do for the embedded ones that only a clone holds."""
+import os
 import subprocess
 import sys
 import zipfile
@@ -22,11 +23,16 @@ def test_a_wheel_built_from_the_tree_runs_models_and_names_what_it_lacks(tmp_pat
 
     def run(*argv):
         code = f"import sys; sys.path.insert(0, {str(site)!r}); from specmesh.cli import main; sys.exit(main({list(argv)!r}))"
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                              cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+        caches = {k: os.environ[k] for k in ("SPECMESH_CACHE", "SPECMESH_CACHE_DIR") if k in os.environ}
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)} | caches)
     models = run("models")
     assert models.returncode == 0, models.stderr
     assert "smollm2-135m-instruct" in models.stdout and str(site) not in models.stderr
     embedded = run("generate", "--target", "embedded", "--method", "ar", "hi")
     assert embedded.returncode == 2 and embedded.stderr.count("\n") == 1
     assert "embedded target model not found" in embedded.stderr and "SPECMESH_HOME" in embedded.stderr
+    # the default model: its file from the registry (or the cache), without its draft (a clone's): auto runs ar
+    smollm2 = run("generate", "--max-new-tokens", "4", "The capital of France is")
+    assert smollm2.returncode == 0, smollm2.stderr[-2000:]
+    assert "[ar, " in smollm2.stderr and "4 tokens" in smollm2.stderr

@@ -24,12 +24,13 @@ from specmesh.engine import sizing
 from specmesh.engine.engine import Engine
 from specmesh.engine.sequence import Output, Sequence
 from specmesh.methods import Models
-from specmesh.model.loader import DTYPES, load_model, load_tokenizer
+from specmesh.model.loader import DTYPES, load_model, load_tokenizer, vocabulary
 from specmesh.proposers.remote_drafter import DrafterPool
 from specmesh.runtime import tensor_parallel
 from specmesh.spec.sampling import SamplingParams
 
 Prompt = str | list[int]        # text, or token ids
+
 
 class VocabularyMismatchError(ValueError):
     pass
@@ -153,7 +154,7 @@ class LLM:
         elif draft is not None:
             draft = catalog.resolve(draft, "draft")
         if draft is not None:
-            check_vocabularies(self.tokenizer, load_tokenizer(draft), target, Path(draft))
+            check_vocabularies(target, Path(draft))
         return None if draft is None else Path(draft)
 
     def load_draft(self) -> None:
@@ -192,7 +193,7 @@ class LLM:
         o = self.method.options
         paths, self.models.context_drafter = catalog.drafters_for(target, o["drafters"])
         for path in paths:
-            check_vocabularies(self.tokenizer, load_tokenizer(path), target, path, "drafter (in --drafters)")
+            check_vocabularies(target, path, "drafter (in --drafters)")
         if o["drafter_processes"]:
             self.models.remote = DrafterPool.start(paths, self.dtype, str(self.device), quant, o["draft_window"],
                                                    o["timeout"])
@@ -357,8 +358,10 @@ def check_tp(tp: int, name: str, method: methods.Configured) -> None:
                          f"--tp is for ar, sd, tree, easyspec, cosine and selfdraft")
 
 
-def check_vocabularies(target_tok, draft_tok, target: Path, draft: Path, role: str = "draft") -> None:
-    if target_tok.inner.get_vocab() != draft_tok.inner.get_vocab():
+def check_vocabularies(target: Path, draft: Path, role: str = "draft") -> None:
+    """The draft's vocabulary is the target's (their fingerprints, cached per checkpoint: loader.vocabulary)."""
+    if vocabulary(target) != vocabulary(draft):
+        target_tok, draft_tok = load_tokenizer(target), load_tokenizer(draft)
         raise VocabularyMismatchError(
             f"{role} {draft} and target {target} have different vocabularies "
             f"({draft_tok.vocab_size} vs {target_tok.vocab_size} tokens); speculative decoding needs one tokenizer")

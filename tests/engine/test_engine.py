@@ -1,6 +1,5 @@
 """The one engine: a batch of prompts gives each prompt's solo output; n samples share one prefill."""
 import pytest
-import torch
 
 from specmesh import LLM, SamplingParams
 from specmesh.methods import METHODS

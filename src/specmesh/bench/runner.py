@@ -267,13 +267,14 @@ def bench(cfg: BenchConfig) -> dict:
     tokenizer = load_tokenizer(catalog.resolve(cfg.target))
     prompts = load_prompts(cfg.prompts, cfg.limit, tokenizer)
     ids = [tokenizer.encode(p) for p in prompts]
-    runners, dtypes, rss = {}, {}, {}
+    runners, dtypes, rss, load_s = {}, {}, {}, {}
     base = current_rss_mb()
     for name in tqdm(names, desc="load", unit="method"):      # load and calibrate one method at a time
         gc.collect()
         reset_peak_rss()
-        before = current_rss_mb()
+        before, start = current_rss_mb(), time.perf_counter()
         dtypes[name], runners[name] = choose_dtype(name, cfg, ids[0])
+        load_s[name] = time.perf_counter() - start             # models, kernels, a dtype or auto's calibration
         rss[name] = None if base is None else base + peak_rss_mb() - before
     # timed runs interleave the methods prompt by prompt (rotating the order), so that a
     # machine whose speed drifts over minutes affects every method alike
@@ -306,6 +307,7 @@ def bench(cfg: BenchConfig) -> dict:
                 "target_forwards": stats.target_forwards, "equal_to_ar": div is None,
                 "first_divergence": div, "near_tie": tie})
         result["methods"][name] = summarize(dtype, threads_used(name, cfg.options), runs[name], refs, near, rss[name])
+        result["methods"][name]["load_s"] = round(load_s[name], 2)
         if hasattr(runners[name], "impl"):                 # a llama.cpp peer: its tool or the bindings, its file
             result["methods"][name] |= {"impl": runners[name].impl, "peer_weights": runners[name].weights,
                                         "peer_model": runners[name].model.name}

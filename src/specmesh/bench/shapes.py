@@ -212,7 +212,9 @@ def tokenizer_fields(path: Path, vocab: int) -> dict[str, object]:
     """The `tokenizer.*` metadata of a GGUF file, its token lists padded to `vocab` (`[PAD{i}]`, UNUSED, score
     -1000 where the file has scores: as the converter pads)."""
     from specmesh.model.gguf import open_gguf
-    fields = {k: v for k, v in open_gguf(path).fields.items() if k.startswith("tokenizer.")}
+    from specmesh.model.gguf_file import Strings
+    fields = {k: list(v) if isinstance(v, Strings) else v for k, v in open_gguf(path).fields.items()
+              if k.startswith("tokenizer.")}
     tokens = fields["tokenizer.ggml.tokens"]
     if len(tokens) > vocab:
         raise ShapeError(f"{path}'s tokenizer has {len(tokens)} tokens, more than the shape's {vocab}")

@@ -117,7 +117,7 @@ class Simulator:
     def __init__(self, cfg: SimConfig):
         from specmesh import LLM, catalog
         from specmesh.llm import check_vocabularies
-        from specmesh.model.loader import load_model, load_tokenizer
+        from specmesh.model.loader import load_model
         self.cfg = cfg
         if cfg.method == "stpp":
             self.llm = LLM(target=cfg.target, draft=cfg.draft, method="tree", gamma=cfg.depth,
@@ -129,7 +129,7 @@ class Simulator:
         if cfg.method == "pipedec":
             target = catalog.resolve(cfg.target)
             draft = catalog.required_draft(target, cfg.draft, "pipedec")
-            check_vocabularies(self.llm.tokenizer, load_tokenizer(draft), target, draft)
+            check_vocabularies(target, draft)
             self.draft = load_model(draft, torch.float32, "cpu")
         self.layers = cfg.profile.layers(cfg.method, cfg.stages, self.llm.models.target.config.num_layers,
                                          cfg.tree_width)

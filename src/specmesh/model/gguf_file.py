@@ -45,6 +45,9 @@ class Strings(Sequence):
     def __len__(self) -> int:
         return len(self.starts) - 1
 
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, Strings)) else NotImplemented
+
     def __getitem__(self, i):
         if self._list is None:
             data, at = self.data, self.starts

@@ -25,6 +25,7 @@ from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
 from specmesh.model.quant import keep_blocks, quantize_model
 from specmesh.model.shard import shard
 from specmesh.model.tokenizer import Tokenizer
+from specmesh.paths import cache_dir, write_whole
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -124,7 +125,7 @@ def stamp(path: Path) -> str:
     modification time (new weights make a new stamp)."""
     path = Path(path).resolve()
     files = sorted(path.iterdir()) if path.is_dir() else [path]
-    return f"{path}:" + ",".join(f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files)
+    return f"{path}:" + ",".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
 
 
 HEAD_TOKENS = "head_tokens.safetensors"     # in a draft's folder: "ids", the tokens its head computes
@@ -309,6 +310,24 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         return Tokenizer.from_dir(path)
     except Exception as e:              # the tokenizers library raises a bare Exception for a file it cannot parse
         raise CheckpointError(f"{file} (or tokenizer_config.json beside it) could not be read: {e}") from None
+
+
+FINGERPRINTS = "fingerprints.json"      # in cache_dir()/tokenizers: a checkpoint's stamp -> its vocabulary's fingerprint
+
+
+def vocabulary(path: str | Path) -> str:
+    """The fingerprint of a checkpoint's vocabulary (Tokenizer.fingerprint), cached under the checkpoint's stamp:
+    checking that a draft speaks the target's vocabulary reads neither tokenizer again."""
+    file = cache_dir() / "tokenizers" / FINGERPRINTS
+    try:
+        known = json.loads(file.read_text())
+    except (OSError, ValueError):
+        known = {}
+    key = stamp(path)
+    if key not in known:
+        known[key] = load_tokenizer(path).fingerprint
+        write_whole(file, json.dumps(known).encode())
+    return known[key]
 
 
 def save_model(model: Transformer, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:

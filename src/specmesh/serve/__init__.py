@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import socket
 import sys
