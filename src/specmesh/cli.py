@@ -289,7 +289,8 @@ def build_parser() -> Parser:
     b.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts (default: all)")
     b.add_argument("--max-new-tokens", type=positive_int, default=128)
     b.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                   help="auto: each method in its fastest dtype, measured at start-up")
+                   help="auto: specmesh's methods in generate's dtype (bfloat16 where its kernels run it), a peer "
+                        "in the faster of float32 and bfloat16, measured at start-up")
     add_model_args(b, tp=True)
     b.add_argument("--peer-weights", choices=PEER_WEIGHTS, default="file",
                    help="the llama.cpp peers' weights: file, a GGUF target's own file as it is (a folder: as "

@@ -29,6 +29,7 @@ from specmesh.bench.peers import PEERS as HF_PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
 from specmesh.bench.report import ratio
 from specmesh.kernels import bf16_products, cpu_model
+from specmesh.llm import default_dtype
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.model.pages import huge_pages
 from specmesh.spec.sampling import SamplingParams
@@ -132,9 +133,11 @@ def threads_used(name: str, options: dict) -> int | str:
 
 
 def choose_dtype(method: str, cfg: BenchConfig, ids: list[int]) -> tuple[str, object]:
-    """The configured dtype, or for 'auto' the faster of float32/bfloat16 on a short calibration run."""
-    if cfg.dtype != "auto":
-        return cfg.dtype, make_runner(method, cfg, cfg.dtype)
+    """The configured dtype; for 'auto', specmesh's methods in the dtype `generate` takes (llm.default_dtype), a
+    peer in the faster of float32/bfloat16 on a short calibration run."""
+    if cfg.dtype != "auto" or split_threads(method)[0] not in PEERS:
+        dtype = default_dtype(cfg.device) if cfg.dtype == "auto" else cfg.dtype
+        return dtype, make_runner(method, cfg, dtype)
     best = None
     for dtype in ("float32", "bfloat16"):
         runner = make_runner(method, cfg, dtype)
