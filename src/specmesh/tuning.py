@@ -340,7 +340,9 @@ def measure_choice(llm, prompts: list[str] | None = None, progress: bool = True,
     dropped: dict[int, int] = {}                    # family -> the prompts it ran before drop_slow dropped it
     best: dict[tuple[int, int, int], object] = {}    # (family, prompt, tokens) -> fastest stats
 
-    def run(which: list[int], bar) -> None:
+    def run(which: list[int], bar, screen: bool = False) -> None:
+        """The families `which` on every prompt, `rounds` times; `screen`: in the first round, those that cannot win
+        are dropped as they show it (drop_slow)."""
         for r in range(rounds):
             for p, prompt in enumerate(ids):
                 for f in (f for f in which if f not in dropped):
@@ -349,7 +351,7 @@ def measure_choice(llm, prompts: list[str] | None = None, progress: bool = True,
                                             max(map(len, ids)) + NEW_TOKENS + configs[f].slack)
                     fastest = min((best[g, p, NEW_TOKENS].elapsed_s for g in which if (g, p, NEW_TOKENS) in best),
                                   default=None)
-                    screened = r == 0 and f != 0 and fastest is not None      # ar (family 0) is the reference
+                    screened = screen and r == 0 and f != 0 and fastest is not None    # ar (family 0): the reference
                     stats = decode(engines[f], prompt, NEW_TOKENS, DROP * fastest if screened else None)
                     if stats is None:                           # DROP times the fastest run's time, and not done
                         drop(f, p, bar)
@@ -358,7 +360,7 @@ def measure_choice(llm, prompts: list[str] | None = None, progress: bool = True,
                         if (f, p, n) not in best or s.elapsed_s < best[f, p, n].elapsed_s:
                             best[f, p, n] = s
                     bar.update()
-                if r == 0 and p + 1 < len(ids):
+                if screen and r == 0 and p + 1 < len(ids):
                     drop_slow(which, p + 1, bar)
 
     def drop(f: int, ran: int, bar) -> None:
@@ -410,7 +412,7 @@ def measure_choice(llm, prompts: list[str] | None = None, progress: bool = True,
         ids, kinds = ids[:count], kinds[:count]
         with tqdm(total=rounds * len(configs) * len(ids), desc="auto: calibrating", unit="run",
                   file=sys.stderr, disable=not progress, leave=False) as bar:
-            run(list(range(len(configs))), bar)
+            run(list(range(len(configs))), bar, screen=True)
             choice = choose()
             # a winner extrapolated from another γ's acceptance is measured before it is chosen; what it measures
             # may crown another extrapolation (SmolLM2 in float32: γ = 1 predicted fastest, measured slower than

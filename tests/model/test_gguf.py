@@ -13,7 +13,7 @@ from torch import nn
 from conftest import TEXT
 from specmesh import kernels
 from specmesh.model.gguf import GGUFError, permute_rope, read_gguf, unpermute_rope
-from specmesh.model.loader import load_model, load_tokenizer, to_gguf
+from specmesh.model.loader import load_model, load_tokenizer, stamp, to_gguf
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -170,6 +170,32 @@ def test_a_gguf_files_blocks_run_as_they_are(chat_checkpoint, tmp_path, ftype):
         got, want = model(ids).float(), load_model(source, torch.float32)(ids)
     assert (got - want).abs().max().item() <= 0.1 * want.abs().max().item()
     assert llamacpp.cached_gguf(source, "bf16") == source
+
+
+@pytest.mark.cpu("avx2")                   # Q8Linear's products (kernels.q8_lib): AVX2, or AVX512-VNNI
+@pytest.mark.parametrize("ftype", ["q8_0", "q4_1"])
+def test_a_gguf_files_packed_matrices_are_cached_and_load_the_same_model(chat_checkpoint, tmp_path, monkeypatch,
+                                                                           ftype):
+    """The first load of a Q8_0 / Q4_1 file writes its matrices packed for Q8Linear under the file's identity
+    (model/packed.py); a later load builds the linears from them without reading a block, and computes the same
+    logits bit for bit, one row and several; a damaged cache file is made again."""
+    from specmesh.model import gguf as gguf_module, packed
+    monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path / "cache"))
+    source = to_gguf(chat_checkpoint, tmp_path / f"{ftype}.gguf", ftype)
+    ids = torch.randint(0, 300, (3, 17), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        first = load_model(source, torch.bfloat16)
+        want, want_short = first(ids), first(ids[:1, :5])
+        (cached,) = (tmp_path / "cache" / "packed").glob("*.safetensors")
+        real = gguf_module.read_blocks
+        monkeypatch.setattr(gguf_module, "read_blocks", lambda t: pytest.fail("a cached load read the blocks"))
+        again = load_model(source, torch.bfloat16)
+        assert torch.equal(again(ids), want) and torch.equal(again(ids[:1, :5]), want_short)
+        assert {type(m) for m in again.layers.modules()} >= {kernels.Q8Linear}
+        cached.write_bytes(b"not a safetensors file")
+        monkeypatch.setattr(gguf_module, "read_blocks", real)
+        assert torch.equal(load_model(source, torch.bfloat16)(ids), want)       # repacked, and written again
+        assert packed.read(stamp(source)) is not None
 
 
 def test_generate_chat_sends_the_rendered_template(chat_checkpoint, tmp_path):

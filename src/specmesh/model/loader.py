@@ -20,7 +20,6 @@ from torch import nn
 from specmesh.kernels import avx2_lib, draft_quant, q8_lib, select_kernels
 from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
 from specmesh.model import gguf, packed
-from specmesh.model.gguf_file import parameter_count
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
 from specmesh.model.quant import keep_blocks, quantize_model
 from specmesh.model.shard import shard
@@ -204,22 +203,39 @@ def load_packed(path: Path, cached: dict, draft: bool = False) -> Transformer:
     hf = gguf.file_to_hf(cfg, gguf.read_weights(path, cfg, vectors_only=True, also=also)[0])
     with torch.device("meta"):
         model = Transformer(cfg)
+
+    def linear(full: str, child: nn.Linear) -> nn.Module | None:
+        if full not in cached:
+            return None
+        bias = [n for n in names.get(f"{full}.bias", []) if n in hf]
+        return packed.linear(child.in_features, child.out_features, cached[full],
+                             torch.cat([hf[n] for n in bias]) if bias else None, lib)
+
+    replace_linears(model, linear)
+    state = {ours: torch.cat([hf[n] for n in theirs]) for ours, theirs in names.items()
+             if not ours.endswith(".bias") and theirs and all(n in hf for n in theirs)}
+    return finished(model, path, state, draft, tie=cfg.tie_word_embeddings and "lm_head" not in cached)
+
+
+def replace_linears(model: Transformer, make) -> None:
+    """Each nn.Linear of `model` for which make(its full name, it) gives a module, replaced by that module."""
     for module_name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{module_name}.{child_name}".lstrip(".")
-            if isinstance(child, nn.Linear) and full in cached:
-                bias = [n for n in names.get(f"{full}.bias", []) if n in hf]
-                setattr(module, child_name, packed.linear(child.in_features, child.out_features, cached[full],
-                                                          torch.cat([hf[n] for n in bias]) if bias else None, lib))
-    state = {ours: torch.cat([hf[n] for n in theirs]) for ours, theirs in names.items()
-             if not ours.endswith(".bias") and theirs and all(n in hf for n in theirs)}
+            if isinstance(child, nn.Linear) and (made := make(full, child)) is not None:
+                setattr(module, child_name, made)
+
+
+def finished(model: Transformer, path: Path, state: dict, draft: bool, tie: bool = False) -> Transformer:
+    """A model whose matrices run from a GGUF file's blocks (packed or as they are), once the rest of its
+    weights (`state`) are in: bf16, this CPU's kernels, the load's freed memory returned."""
     model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_word_embeddings and "lm_head" not in cached:
+    if tie:
         model.lm_head.weight = model.embed.weight
     meta = [n for n, p in model.named_parameters() if p.is_meta]
     if meta:
         raise CheckpointError(f"{path}: no weights for {meta[:3]}")
-    model.inv_freq = rope_inv_freq(cfg)
+    model.inv_freq = rope_inv_freq(model.config)
     model = model.to(dtype=torch.bfloat16).eval()
     model.quant = None
     select_kernels(model, draft)
@@ -279,26 +295,13 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
     missing = [n for ns in names.values() for n in ns if n not in found and n not in vectors and ".bias" not in n]
     if missing:
         raise CheckpointError(f"{path}: weight {missing[0]} is missing")
-    for module_name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            full = f"{module_name}.{child_name}".lstrip(".")
-            if isinstance(child, nn.Linear) and f"{full}.weight" in names:
-                setattr(module, child_name, matrix(f"{full}.weight"))
+    replace_linears(model, lambda full, _: matrix(f"{full}.weight") if f"{full}.weight" in names else None)
     model.embed = GGUFEmbedding(matrix("embed.weight"))
     if cfg.tie_word_embeddings:
         model.lm_head = model.embed.table
     state = {ours: torch.cat([vectors[n] for n in theirs]) for ours, theirs in names.items()
              if all(n in vectors for n in theirs) and not ours.endswith(".bias")}
-    model.load_state_dict(state, strict=False, assign=True)
-    meta = [n for n, p in model.named_parameters() if p.is_meta]
-    if meta:
-        raise CheckpointError(f"{path}: no weights for {meta[:3]}")
-    model.inv_freq = rope_inv_freq(cfg)
-    model = model.to(dtype=torch.bfloat16).eval()
-    model.quant = None
-    select_kernels(model, draft)
-    release_freed_memory()
-    return model
+    return finished(model, path, state, draft)
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -352,11 +355,6 @@ def _split_sizes(cfg: ModelConfig, name: str) -> list[int]:
     if ".qkv." in name:
         return [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
     return [cfg.intermediate_size] * 2      # gate_up
-
-
-def count_parameters(path: str | Path) -> int:
-    """Parameters of a checkpoint, read from safetensors or GGUF headers (tied weights counted once)."""
-    return parameter_count(path)
 
 
 def to_gguf(checkpoint: str | Path, out: str | Path, ftype: str) -> Path:
