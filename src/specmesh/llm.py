@@ -25,8 +25,6 @@ from specmesh.engine.engine import Engine
 from specmesh.engine.sequence import Output, Sequence
 from specmesh.methods import Models
 from specmesh.model.loader import DTYPES, load_model, load_tokenizer, vocabulary
-from specmesh.proposers.remote_drafter import DrafterPool
-from specmesh.runtime import tensor_parallel
 from specmesh.spec.sampling import SamplingParams
 
 Prompt = str | list[int]        # text, or token ids
@@ -135,6 +133,7 @@ class LLM:
         if self.method.spec.check:
             self.method.spec.check(self.models, self.method.options)
         if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
+            from specmesh.runtime import tensor_parallel
             spread = self.method.spec.spread_draft and self.draft_path is not None
             self.models.remote = tensor_parallel.start(
                 self.models.target, Path(target), self.dtype, quant, tp,
@@ -195,6 +194,7 @@ class LLM:
         for path in paths:
             check_vocabularies(target, path, "drafter (in --drafters)")
         if o["drafter_processes"]:
+            from specmesh.proposers.remote_drafter import DrafterPool
             self.models.remote = DrafterPool.start(paths, self.dtype, str(self.device), quant, o["draft_window"],
                                                    o["timeout"])
         else:

@@ -85,6 +85,26 @@ def test_a_files_tokenizer_is_built_once_and_read_back_from_the_cache(chat_check
     assert len(list((tmp_path / "cache" / "tokenizers").glob("*.config.json"))) == 2
 
 
+
+def test_a_headers_string_arrays_are_walked_once_per_file(chat_checkpoint, tmp_path, monkeypatch):
+    """A second read of a GGUF header jumps over its vocabulary's strings to their cached end and gives the same
+    fields; a rewritten file is walked again."""
+    from specmesh.model import gguf_file
+    monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path / "cache"))
+    path = to_gguf(chat_checkpoint, tmp_path / "m.gguf", "f32")
+    key = f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}"
+    first = gguf_file.GGUFFile(path, key)
+    walks = []
+    real_walk = gguf_file.walk
+    monkeypatch.setattr(gguf_file, "walk", lambda *a: walks.append(a) or real_walk(*a))
+    second = gguf_file.GGUFFile(path, key)
+    assert not walks                                     # the header's arrays were skipped over
+    assert second.fields == first.fields and list(second.fields["tokenizer.ggml.tokens"])[:300] == \
+        list(first.fields["tokenizer.ggml.tokens"])[:300]
+    assert [(t.name, t.shape, t.kind) for t in second.tensors] == [(t.name, t.shape, t.kind) for t in first.tensors]
+    walks.clear()
+    gguf_file.GGUFFile(path, key + "-rewritten")
+    assert walks
 @pytest.mark.parametrize("messages, match", [
     ([], "messages must be a non-empty list"), ("hi", "messages must be a non-empty list"),
     ([{"content": "hi"}], r"messages\[0\] needs a string role and a string content"),
@@ -177,8 +197,9 @@ def test_a_gguf_files_blocks_run_as_they_are(chat_checkpoint, tmp_path, ftype):
 def test_a_gguf_files_packed_matrices_are_cached_and_load_the_same_model(chat_checkpoint, tmp_path, monkeypatch,
                                                                            ftype):
     """The first load of a Q8_0 / Q4_1 file writes its matrices packed for Q8Linear under the file's identity
-    (model/packed.py); a later load builds the linears from them without reading a block, and computes the same
-    logits bit for bit, one row and several; a damaged cache file is made again."""
+    (model/packed.py), the next one the other weights; later loads build the model from them without reading a
+    block or a weight of the file, and compute the same logits bit for bit, one row and several; a damaged cache
+    file is made again."""
     from specmesh.model import gguf as gguf_module, packed
     monkeypatch.setenv("SPECMESH_CACHE_DIR", str(tmp_path / "cache"))
     source = to_gguf(chat_checkpoint, tmp_path / f"{ftype}.gguf", ftype)
@@ -187,13 +208,18 @@ def test_a_gguf_files_packed_matrices_are_cached_and_load_the_same_model(chat_ch
         first = load_model(source, torch.bfloat16)
         want, want_short = first(ids), first(ids[:1, :5])
         (cached,) = (tmp_path / "cache" / "packed").glob("*.safetensors")
-        real = gguf_module.read_blocks
+        real, real_weights = gguf_module.read_blocks, gguf_module.read_weights
         monkeypatch.setattr(gguf_module, "read_blocks", lambda t: pytest.fail("a cached load read the blocks"))
         again = load_model(source, torch.bfloat16)
         assert torch.equal(again(ids), want) and torch.equal(again(ids[:1, :5]), want_short)
         assert {type(m) for m in again.layers.modules()} >= {kernels.Q8Linear}
+        assert len(list((tmp_path / "cache" / "packed").glob("*.state.safetensors"))) == 1
+        monkeypatch.setattr(gguf_module, "read_weights", lambda *a, **k: pytest.fail("a cached load read weights"))
+        third = load_model(source, torch.bfloat16)
+        assert torch.equal(third(ids), want) and torch.equal(third(ids[:1, :5]), want_short)
         cached.write_bytes(b"not a safetensors file")
         monkeypatch.setattr(gguf_module, "read_blocks", real)
+        monkeypatch.setattr(gguf_module, "read_weights", real_weights)
         assert torch.equal(load_model(source, torch.bfloat16)(ids), want)       # repacked, and written again
         assert packed.read(stamp(source)) is not None
 

@@ -6,14 +6,35 @@ across processes, one sequence at a time (methods/loop.py).
 """
 from __future__ import annotations
 
-from specmesh.methods import ar, pearl, speculative
-from specmesh.methods.base import Configured, MethodSpec, Models, configure
-from specmesh.methods.pipeline import pipedec, pp, stpp
-from specmesh.options import OPTIONS
+import importlib
+from collections.abc import Iterator, Mapping
 
-METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
-    ar.SPEC, speculative.SD, speculative.TREE, speculative.EASYSPEC,
-    speculative.COSINE, speculative.SELFDRAFT, pearl.SPEC, pp.SPEC, pipedec.SPEC, stpp.SPEC)}
+from specmesh.methods.base import Configured, MethodSpec, Models, configure
+from specmesh.options import CARDS, OPTIONS
+
+# where each method's MethodSpec is declared (module under specmesh.methods, name): imported when first asked for,
+# so a run imports only its own method's modules
+WHERE = {"ar": ("ar", "SPEC"), "sd": ("speculative", "SD"), "tree": ("speculative", "TREE"),
+         "easyspec": ("speculative", "EASYSPEC"), "cosine": ("speculative", "COSINE"),
+         "selfdraft": ("speculative", "SELFDRAFT"), "pearl": ("pearl", "SPEC"), "pp": ("pipeline.pp", "SPEC"),
+         "pipedec": ("pipeline.pipedec", "SPEC"), "stpp": ("pipeline.stpp", "SPEC")}
+
+
+class Registry(Mapping):
+    """name -> MethodSpec, in CARDS' order, each imported on first use."""
+
+    def __getitem__(self, name: str) -> MethodSpec:
+        module, attr = WHERE[name]
+        return getattr(importlib.import_module(f"specmesh.methods.{module}"), attr)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(CARDS)
+
+    def __len__(self) -> int:
+        return len(CARDS)
+
+
+METHODS = Registry()
 
 
 def get(name: str, options: dict | None = None, defaults: dict | None = None) -> Configured:
@@ -23,9 +44,4 @@ def get(name: str, options: dict | None = None, defaults: dict | None = None) ->
     return configure(METHODS[name], options or {}, defaults)
 
 
-def having(option: str) -> list[MethodSpec]:
-    """The methods that have `option`."""
-    return [spec for spec in METHODS.values() if option in spec.defaults]
-
-
-__all__ = ["METHODS", "OPTIONS", "Configured", "MethodSpec", "Models", "get", "having"]
+__all__ = ["METHODS", "OPTIONS", "Configured", "MethodSpec", "Models", "get"]

@@ -3,6 +3,7 @@ file's parameters with it); model/gguf.py makes a specmesh checkpoint of them.""
 from __future__ import annotations
 
 import functools
+import json
 import math
 import mmap
 import struct
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+
+from specmesh.paths import cache_dir, write_whole
 
 MAGIC = b"GGUF"
 
@@ -36,23 +39,37 @@ STRING, ARRAY = 8, 9
 
 
 class Strings(Sequence):
-    """A header's array of strings: their bytes, decoded on first use (reading a file's config needs none of its
-    vocabulary; decoding 100k tokens and merges was most of reading SmolLM2's header)."""
+    """A header's array of n strings: their bytes, split and decoded on first use (reading a file's config needs
+    none of its vocabulary; walking and decoding 100k tokens and merges was most of reading a header)."""
 
-    def __init__(self, data: bytes, starts: list[int]):
-        self.data, self.starts, self._list = data, starts, None     # string i: data[starts[i]:starts[i + 1] - 8]
+    def __init__(self, data: bytes, n: int, starts: list[int] | None = None):
+        self.data, self.n, self.starts, self._list = data, n, starts, None   # string i: data[starts[i]:starts[i+1]-8]
 
     def __len__(self) -> int:
-        return len(self.starts) - 1
+        return self.n
 
     def __eq__(self, other) -> bool:
         return list(self) == list(other) if isinstance(other, (list, Strings)) else NotImplemented
 
     def __getitem__(self, i):
         if self._list is None:
-            data, at = self.data, self.starts
-            self._list = [data[at[j]:at[j + 1] - 8].decode("utf-8", "replace") for j in range(len(self))]
+            data, at = self.data, self.starts or walk(self.data, 0, self.n)
+            self._list = [data[at[j]:at[j + 1] - 8].decode("utf-8", "replace") for j in range(self.n)]
         return self._list[i]
+
+
+def walk(raw: bytes, pos: int, n: int) -> list[int]:
+    """Where each of n length-prefixed strings from `pos` starts (its u64 length before it), then the end + 8."""
+    starts, length = [], struct.Struct("<Q").unpack_from
+    for _ in range(n):
+        if pos + 8 > len(raw) or pos + 8 + (k := length(raw, pos)[0]) > len(raw):
+            raise ValueError(f"the file ends at byte {len(raw)}, inside its header")
+        starts.append(pos + 8)
+        pos += 8 + k
+    return starts + [pos + 8]
+
+
+HEADERS = "headers.json"    # in cache_dir(): a file's stamp -> where each of its header's string arrays ends
 
 
 @dataclass
@@ -67,12 +84,14 @@ class GGUFFile:
     """A GGUF file's metadata (`fields`) and tensors, parsed from a memory map. gguf.GGUFReader makes a numpy
     view per array element (4 s for SmolLM2's 49k tokens and merges); this reads them in a fraction of that."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, stamp: str = ""):
         self.data, self.pos = np.memmap(path, mode="r"), len(MAGIC)
         with open(path, "rb") as f:
             self.raw = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)     # the header, read by struct
         if (version := self.read("<I")) not in (2, 3):
             raise GGUFError(f"GGUF version {version} is not one this reader knows (2, 3)")
+        known = self.array_ends(stamp)
+        self.ends, walked = dict(known), False
         n_tensors, n_fields = self.read("<Q"), self.read("<Q")
         self.fields = {}
         for _ in range(n_fields):
@@ -84,6 +103,25 @@ class GGUFFile:
         start = -(-self.pos // align) * align
         self.tensors = [self.tensor(name, dims, kind, start + offset) for name, dims, kind, offset in infos]
         self.raw.close()
+        if stamp and self.ends != known:
+            self.save_array_ends(stamp)
+
+    @staticmethod
+    def array_ends(stamp: str) -> dict[int, int]:
+        """The cached ends of this file's string arrays, by their start (none for a file not seen before)."""
+        try:
+            return {int(k): v for k, v in json.loads((cache_dir() / HEADERS).read_text()).get(stamp, {}).items()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def save_array_ends(self, stamp: str) -> None:
+        file = cache_dir() / HEADERS
+        try:
+            known = json.loads(file.read_text())
+        except (OSError, ValueError):
+            known = {}
+        known[stamp] = self.ends
+        write_whole(file, json.dumps(known).encode())
 
     def read(self, dtype: str, count: int | None = None):
         size = struct.calcsize(dtype) * (count or 1)
@@ -101,17 +139,17 @@ class GGUFFile:
         self.pos += n
         return self.raw[self.pos - n:self.pos].decode("utf-8", "replace")
 
-    def strings(self, n: int) -> "Strings":
-        """An array of n strings (a vocabulary's tokens and merges, the header's longest part), decoded when read."""
-        raw, pos, starts, length = self.raw, self.pos, [], struct.Struct("<Q").unpack_from
-        for _ in range(n):
-            if pos + 8 > len(raw) or pos + 8 + (k := length(raw, pos)[0]) > len(raw):
-                raise ValueError(f"the file ends at byte {len(raw)}, inside its header")
-            starts.append(pos + 8)
-            pos += 8 + k
-        starts.append(pos + 8)
-        base, self.pos = self.pos, pos
-        return Strings(raw[base:pos], [s - base for s in starts])
+    def strings(self, n: int) -> Strings:
+        """An array of n strings (a vocabulary's tokens and merges, the header's longest part), decoded when read;
+        its end found by walking its lengths once per file (then cached)."""
+        base, starts = self.pos, None
+        if base not in self.ends:
+            starts = walk(self.raw, base, n)
+            self.ends[base] = starts[-1] - 8
+        self.pos = self.ends[base]
+        if self.pos > len(self.raw):
+            raise ValueError(f"the file ends at byte {len(self.raw)}, inside its header")
+        return Strings(self.raw[base:self.pos], n, starts and [s - base for s in starts])
 
     def value(self, kind: int):
         if kind == STRING:
@@ -140,8 +178,8 @@ class GGUFFile:
 
 
 @functools.lru_cache(maxsize=4)
-def _open(path: Path, stamp: tuple) -> GGUFFile:
-    return GGUFFile(path)
+def _open(path: Path, stamp: str) -> GGUFFile:
+    return GGUFFile(path, stamp)
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
@@ -155,7 +193,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
         raise GGUFError(f"{path} is not a GGUF file (it starts with {head!r}, not {MAGIC!r})")
     stat = path.stat()
     try:
-        return _open(path.resolve(), (stat.st_size, stat.st_mtime_ns))
+        return _open(path.resolve(), f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}")
     except GGUFError as e:
         raise GGUFError(f"{path}: {e}") from None
     except Exception as e:

@@ -195,26 +195,34 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
 
 def load_packed(path: Path, cached: dict, draft: bool = False) -> Transformer:
     """load_model's model of a GGUF file of Q8_0 / Q4_0 / Q4_1 layers from its matrices packed for Q8Linear
-    (model/packed.py, cached at its first load): the file gives only what the packed matrices do not hold."""
+    (model/packed.py, cached at its first load) and the rest of its weights (cached at the first load from them)."""
     cfg, lib = read_config(path), q8_lib()
-    names = name_map(cfg)
-    unpacked = {ours for ours in names if ours.endswith(".weight") and ours.removesuffix(".weight") not in cached}
-    also = frozenset(n for ours in unpacked for n in names[ours])
-    hf = gguf.file_to_hf(cfg, gguf.read_weights(path, cfg, vectors_only=True, also=also)[0])
+    state = packed.read_state(stamp(path))
+    if state is None:
+        state = unpacked_state(path, cfg, cached)
+        packed.write_state(stamp(path), state)
     with torch.device("meta"):
         model = Transformer(cfg)
 
     def linear(full: str, child: nn.Linear) -> nn.Module | None:
         if full not in cached:
             return None
-        bias = [n for n in names.get(f"{full}.bias", []) if n in hf]
-        return packed.linear(child.in_features, child.out_features, cached[full],
-                             torch.cat([hf[n] for n in bias]) if bias else None, lib)
+        return packed.linear(child.in_features, child.out_features, cached[full], state.pop(f"{full}.bias", None), lib)
 
     replace_linears(model, linear)
-    state = {ours: torch.cat([hf[n] for n in theirs]) for ours, theirs in names.items()
-             if not ours.endswith(".bias") and theirs and all(n in hf for n in theirs)}
     return finished(model, path, state, draft, tie=cfg.tie_word_embeddings and "lm_head" not in cached)
+
+
+def unpacked_state(path: Path, cfg: ModelConfig, cached: dict) -> dict[str, torch.Tensor]:
+    """The weights of a GGUF file that the packed matrices do not hold, by our names: the embedding, norms,
+    biases, and any matrix not packed (a head without blocks)."""
+    names = name_map(cfg)
+    unpacked = {ours for ours in names if ours.endswith(".weight") and ours.removesuffix(".weight") not in cached}
+    also = frozenset(n for ours in unpacked for n in names[ours])
+    hf = gguf.file_to_hf(cfg, gguf.read_weights(path, cfg, vectors_only=True, also=also)[0])
+    return {ours: hf[theirs[0]] if len(theirs) == 1 else torch.cat([hf[n] for n in theirs])
+            for ours, theirs in names.items() if theirs and all(n in hf for n in theirs)
+            and (not ours.endswith(".bias") or ours.removesuffix(".bias") in cached)}
 
 
 def replace_linears(model: Transformer, make) -> None:

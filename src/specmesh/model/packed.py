@@ -20,13 +20,15 @@ from torch import nn
 
 from specmesh.kernels.build import kernel_version
 from specmesh.kernels.linears import Q8Linear
+from specmesh.model import pages
 from specmesh.paths import cache_dir
 
 
-def cache_file(identity: str) -> Path:
-    """Where the packed matrices of the file of this identity (loader.stamp) live."""
+def cache_file(identity: str, part: str = "") -> Path:
+    """Where the packed matrices (part "") or the other weights (part "state") of the file of this identity
+    (loader.stamp) live."""
     key = hashlib.sha256(f"{identity}|{kernel_version()}".encode()).hexdigest()[:20]
-    return cache_dir() / "packed" / f"{key}.safetensors"
+    return cache_dir() / "packed" / f"{key}{'.' + part if part else ''}.safetensors"
 
 
 def read(identity: str) -> dict[str, tuple[torch.Tensor, torch.Tensor, int]] | None:
@@ -36,8 +38,8 @@ def read(identity: str) -> dict[str, tuple[torch.Tensor, torch.Tensor, int]] | N
     if not file.is_file():
         return None
     try:
-        tensors = load_file(file)
-    except (SafetensorError, OSError):
+        tensors = pages.load(file)          # read onto huge pages at once
+    except (SafetensorError, OSError, ValueError, KeyError):
         return None
     names = [n.removesuffix(".weight") for n in tensors if n.endswith(".weight")]
     return {n: (tensors[f"{n}.weight"], tensors[f"{n}.scale"], int(tensors[f"{n}.kind"])) for n in names}
@@ -52,7 +54,26 @@ def write(identity: str, model: nn.Module) -> None:
             name = name.replace(".block.", ".")         # kernels.CBlock holds the Block it runs
             tensors |= {f"{name}.weight": m.weight.clone(), f"{name}.scale": m.scale.clone(),
                         f"{name}.kind": torch.tensor(m.KIND)}
-    file = cache_file(identity)
+    save(tensors, cache_file(identity))
+
+
+def read_state(identity: str) -> dict[str, torch.Tensor] | None:
+    """The weights beside the packed matrices (embedding, norms, biases: by our names, in bf16) as write_state
+    stored them, or None."""
+    try:
+        return load_file(cache_file(identity, "state"))
+    except (SafetensorError, OSError):
+        return None
+
+
+def write_state(identity: str, state: dict[str, torch.Tensor]) -> None:
+    """Store them in bf16 (the model rounds them to bf16: the same values), so a later load neither reads nor
+    dequantizes them from the file again."""
+    save({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, cache_file(identity, "state"))
+
+
+def save(tensors: dict[str, torch.Tensor], file: Path) -> None:
+    """Written whole under a temporary name, then renamed; a read-only cache is left alone."""
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         part = file.with_suffix(f".{os.getpid()}.part")

@@ -11,13 +11,17 @@ request's first token would fill 2 MiB of every layer's every head.
 from __future__ import annotations
 
 import functools
+import json
 import mmap
+import weakref
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 ALIGN = 64                  # each tensor starts on a cache line, as PyTorch's allocator places them
+LIVE: dict[int, tuple[int, int]] = {}       # the huge mappings alive: id -> [first byte's address, end)
 
 
 @functools.cache
@@ -37,7 +41,8 @@ def on_huge_pages(model: nn.Module) -> int:
     places = [(m, name, _key(t), t) for m in model.modules() for name, t in _tensors(m)   # keyed before any move
               if t.device.type == "cpu" and t.layout == torch.strided and t.numel() and t.is_contiguous()]
     streamed = {k for m, _, k, _ in places if not isinstance(m, nn.Embedding)}
-    places = [p for p in places if p[2] in streamed]     # a lookup table reads a few rows: unless a head reads it all
+    places = [p for p in places if p[2] in streamed      # a lookup table reads a few rows: unless a head reads it all
+              and not placed(p[3])]                      # read onto huge pages already (load_file)
     unique = {k: t for _, _, k, t in places}
     if not unique:
         return 0
@@ -56,7 +61,45 @@ def huge_zeros(nbytes: int) -> torch.Tensor:
     tensor holds the mapping. Only where huge_pages()."""
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     buf.madvise(mmap.MADV_HUGEPAGE)          # before the first write: pages fault in as huge ones
-    return torch.frombuffer(buf, dtype=torch.uint8)
+    raw = torch.frombuffer(buf, dtype=torch.uint8)
+    LIVE[id(buf)] = (raw.data_ptr(), raw.data_ptr() + nbytes)
+    weakref.finalize(buf, LIVE.pop, id(buf), None)        # unmapped when its last tensor goes
+    return raw
+
+
+def placed(t: torch.Tensor) -> bool:
+    """Whether `t` lies in a huge mapping made here."""
+    return any(start <= t.data_ptr() < end for start, end in LIVE.values())
+
+
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+          "BOOL": torch.bool}
+
+
+def load(file: str | Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors, read from the file straight into one mapping advised for huge pages, each on a
+    cache line (safetensors' load_file reads into memory of its own, which on_huge_pages would copy again). Its
+    layout (safetensors' format): a u64 header length, the JSON header (name -> dtype, shape, data_offsets), the
+    data. Where the system gives no huge pages: load_file."""
+    if not huge_pages():
+        return load_file(file)
+    file = Path(file)
+    with open(file, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if n > file.stat().st_size:
+            raise ValueError(f"{file} is not a safetensors file")
+        header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        spans = {k: v["data_offsets"] for k, v in header.items()}
+        raw, at, out = huge_zeros(max(sum(-(-(e - b) // ALIGN) * ALIGN for b, e in spans.values()), ALIGN)), 0, {}
+        for k, (b, e) in spans.items():
+            f.seek(8 + n + b)
+            if f.readinto(raw[at:at + e - b].numpy()) != e - b:
+                raise ValueError(f"{file}: {k} ends past the file")
+            out[k] = raw[at:at + e - b].view(DTYPES[header[k]["dtype"]]).view(header[k]["shape"])
+            at += -(-(e - b) // ALIGN) * ALIGN
+    return out
 
 
 def _key(t: torch.Tensor) -> tuple:

@@ -46,7 +46,7 @@ class Tokenizer:
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise ValueError(f"messages[{i}] needs a string role and a string content, got {m!r:.80}")
-        return chat_environment().from_string(self.chat_template).render(
+        return chat_template(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens())
 
     @functools.cached_property
@@ -164,6 +164,12 @@ def read_pieces(file: Path, vocab_size: int) -> list[bytes] | None:
         raise ValueError(f"{file} is cut short")
     starts = [at + 8 + 4 * n, *ends[:-1]]
     return [data[a:b] for a, b in zip(starts, ends)]
+
+
+@functools.lru_cache(maxsize=8)
+def chat_template(source: str):
+    """A chat template compiled once per process (jinja2's compile is most of a render)."""
+    return chat_environment().from_string(source)
 
 
 @functools.cache
