@@ -12,7 +12,7 @@ from specmesh.model.model import ModelConfig, Transformer
 torch.set_num_threads(int(os.environ.get("SPECMESH_TEST_THREADS", "2")))
 # --method auto's choices go to a cache of this run (inherited by the CLI and server processes tests start); the
 # compiled kernels stay in this machine's cache (one build, not one a run)
-os.environ.setdefault("SPECMESH_CACHE", str(cache_dir()))
+os.environ.setdefault("SPECMESH_KERNEL_DIR", str(cache_dir()))
 os.environ["SPECMESH_CACHE_DIR"] = tempfile.mkdtemp(prefix="specmesh-tune-")
 # ... measured on two calibration prompts (plan's least), not 30 s of them: the suite tests how it chooses
 os.environ["SPECMESH_TUNE_BUDGET_S"] = "0"

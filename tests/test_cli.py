@@ -192,7 +192,7 @@ def test_bench_methods_and_peers_json_and_plot(tiny_checkpoint, tiny_draft_check
                  "--gamma", 2, "--layer-groups", 2, "--json", dest, "--plot", png)
     assert r.returncode == 0, r.stderr
     out = json.loads(dest.read_text())
-    assert set(out) == {"machine", "date", "methods", "per_prompt", "memory_bound"}
+    assert set(out) == {"machine", "date", "commit", "config", "methods", "per_prompt", "memory_bound"}
     assert set(out["memory_bound"]) == {"copy_gb_s", "target_weight_mb", "ar_tokens_per_s_bound"}
     assert out["memory_bound"]["copy_gb_s"] > 0 and "ar's memory bound" in r.stdout
     fields = {"dtype", "threads", "tokens_per_s", "speedup_vs_ar", "speedup_ci95", "tokens_per_forward",

@@ -5,8 +5,8 @@ import json
 import torch
 
 from specmesh import LLM, SamplingParams
-from specmesh.distill import DistillConfig, run
-from specmesh.instructions import instructions
+from specmesh.training.distill import DistillConfig, run
+from specmesh.training.instructions import instructions
 from specmesh.model.loader import load_model
 
 

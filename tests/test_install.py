@@ -23,7 +23,7 @@ def test_a_wheel_built_from_the_tree_runs_models_and_names_what_it_lacks(tmp_pat
 
     def run(*argv):
         code = f"import sys; sys.path.insert(0, {str(site)!r}); from specmesh.cli import main; sys.exit(main({list(argv)!r}))"
-        caches = {k: os.environ[k] for k in ("SPECMESH_CACHE", "SPECMESH_CACHE_DIR") if k in os.environ}
+        caches = {k: os.environ[k] for k in ("SPECMESH_KERNEL_DIR", "SPECMESH_CACHE_DIR") if k in os.environ}
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                               cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)} | caches)
     models = run("models")

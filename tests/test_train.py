@@ -2,7 +2,7 @@
 import numpy as np
 import torch
 
-from specmesh import train
+from specmesh.training import train
 from specmesh.model.model import Transformer
 from conftest import tiny_config
 

@@ -8,7 +8,6 @@ import difflib
 import importlib
 import importlib.util
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 from specmesh import embedded
 from specmesh.paths import cache_dir
 from specmesh.registry import FetchError, WheelFile, fetch
+from specmesh.settings import settings
 
 DOMAINS = ("tests", "lib")               # cosine's specialised drafters (drafters.py)
 CONTEXT = "context"                      # cosine's context n-gram drafter (proposers/context_drafter.py)
@@ -108,7 +108,7 @@ def ready(model: Model) -> Path:
 
 def default() -> str:
     """The target used when none is named: $SPECMESH_TARGET if set (the test suite sets `embedded`), else SmolLM2."""
-    return os.environ.get("SPECMESH_TARGET") or DEFAULT
+    return settings().target or DEFAULT
 
 
 def resolve(spec: str | Path | None, role: str = "target") -> Path:
@@ -117,7 +117,7 @@ def resolve(spec: str | Path | None, role: str = "target") -> Path:
     loaded)."""
     if spec is not None and not isinstance(spec, (str, Path)):
         raise TypeError(f"{role} must be a model name or a path, got {type(spec).__name__}")
-    from_env = spec is None and role == "target" and bool(os.environ.get("SPECMESH_TARGET"))
+    from_env = spec is None and role == "target" and bool(settings().target)
     if spec is None and role == "target":
         spec = default()
     if spec is None or str(spec) == EMBEDDED:

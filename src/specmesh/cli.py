@@ -9,6 +9,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from specmesh.options import natural, non_negative, port, positive_int, probability, seconds
+
 EXIT_USAGE = 2
 
 
@@ -36,48 +38,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def natural(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
-
-
-def port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port from 1 to 65535, got {text}")
-    return value
-
-
-def seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
-    return value
-
-
-def probability(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text}")
-    return value
-
-
-def non_negative(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
-    return value
 
 
 def logit_bias(text: str) -> tuple[int, float]:
@@ -715,16 +675,16 @@ def cmd_ngram(args, parser) -> int:
 
 def cmd_train(args, parser) -> int:
     if args.specialise:
-        from specmesh.drafters import specialise
+        from specmesh.training.drafters import specialise
         specialise(args.specialise, out=args.out or "models/drafters", work=args.work or "runs/drafters", init=args.init)
         return 0
     if args.teacher:
-        from specmesh.distill import DistillConfig, run as distill
+        from specmesh.training.distill import DistillConfig, run as distill
         distill(DistillConfig(teacher=args.teacher, out=args.out or "models/smollm2-draft",
                               work=args.work or "runs/distill", steps=args.steps, threads=args.threads or 0,
                               init=args.init or "", lr=args.lr))
         return 0
-    from specmesh.train import TrainConfig, run
+    from specmesh.training.train import TrainConfig, run
     run(TrainConfig(work=args.work or "runs/train", out=args.out or "models", tokens=args.tokens,
                     distill_tokens=args.distill_tokens, resume_from=args.resume_from or "", threads=args.threads or 0))
     return 0

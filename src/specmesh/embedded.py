@@ -1,10 +1,11 @@
 """The embedded model family and prompt set shipped in the repository."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-ROOT = Path(os.environ.get("SPECMESH_HOME", Path(__file__).resolve().parents[2]))
+from specmesh.settings import settings
+
+ROOT = settings().home or Path(__file__).resolve().parents[2]
 HELDOUT_PROMPTS = ROOT / "prompts" / "stdlib-heldout.jsonl"
 CHAT_PROMPTS = ROOT / "prompts" / "chat-heldout.jsonl"
 

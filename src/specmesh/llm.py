@@ -9,7 +9,6 @@ gives alone.
 from __future__ import annotations
 
 import numbers
-import os
 import sys
 import time
 import warnings
@@ -26,6 +25,7 @@ from specmesh.engine.sequence import Output, Sequence
 from specmesh.methods import Models
 from specmesh.model.loader import DTYPES, load_model, load_tokenizer, vocabulary
 from specmesh.spec.sampling import SamplingParams
+from specmesh.settings import settings
 
 Prompt = str | list[int]        # text, or token ids
 
@@ -39,9 +39,7 @@ def default_dtype(device: str | torch.device = "cpu") -> str:
     products run fast here (specmesh's kernels, x86 with AVX2, or native bf16), where they compute a row alike in
     any batch, so every method still gives `ar`'s tokens (docs/kernels.md); else float32, the exact reference (on a
     GPU bf16 products round by the batch's shape)."""
-    if chosen := os.environ.get("SPECMESH_DTYPE"):
-        if chosen not in DTYPES:
-            raise ValueError(f"$SPECMESH_DTYPE must be one of {', '.join(DTYPES)}, got {chosen!r}")
+    if chosen := settings().dtype:
         return chosen
     if torch.device(device).type != "cpu":
         return "float32"
@@ -248,7 +246,7 @@ class LLM:
         key = (method.name, repr(sorted(method.options.items())), method.given)
         if key not in self.engines:
             size = sizing.size(self.models, method.slack, **self.sizes)
-            self.engines[key] = Engine(self.models, method, self.tokenizer, size.rows, size.max_len, **serving)
+            self.engines[key] = methods.engine(self.models, method, self.tokenizer, size.rows, size.max_len, **serving)
         return self.engines[key]
 
     def _requests(self, ids: list[list[int]], params: SamplingParams) -> tuple[Engine, list[list[Sequence]]]:

@@ -5,6 +5,7 @@ the CLI builds its parser and help from these alone; methods/ builds each method
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 
@@ -127,3 +128,46 @@ def having(option: str) -> list[Card]:
 QUANTS = {"int8": 8, "int4": 4}                  # --quant: name -> bits (model/quant.py)
 PEER_WEIGHTS = ("file", "same-precision")        # bench --peer-weights (bench/llamacpp.py)
 POLICIES = ("never", "prefill", "round", "mismatch")     # easyspec's calibration (proposers/fuzzy_draft.py)
+
+
+# -- the values' parsers (argparse types: the CLI's flags and the bench's tools) --------------------------------
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def natural(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port from 1 to 65535, got {text}")
+    return value
+
+
+def seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value

@@ -9,8 +9,9 @@ from pathlib import Path
 def cache_dir() -> Path:
     """`--method auto`'s choices, the kernels, GGUF copies, tokenizers, llama.cpp's tools, downloaded model files:
     $SPECMESH_CACHE_DIR, else specmesh/ under $XDG_CACHE_HOME or ~/.cache."""
-    if os.environ.get("SPECMESH_CACHE_DIR"):
-        return Path(os.environ["SPECMESH_CACHE_DIR"])
+    from specmesh.settings import settings
+    if (chosen := settings().cache_dir) is not None:
+        return chosen
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specmesh"
 
 

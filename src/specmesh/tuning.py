@@ -27,8 +27,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -44,6 +42,7 @@ from specmesh.engine.stats import Stats
 from specmesh.kernels import cache_dir, cpu_name, kernel_version, vector_units
 from specmesh.model.loader import stamp
 from specmesh.paths import write_whole
+from specmesh.settings import settings
 from specmesh.spec.sampling import SamplingParams
 from specmesh.timing import by_width, widths_ms
 
@@ -209,8 +208,8 @@ def pick(candidates: list[Candidate], measured: bool = False, pair: dict | None 
 
 def for_kind(kind: Choice, overall: Choice) -> Choice:
     """A kind of prompt's choice: its own winner on its few calibration prompts where that is PAIR_MARGIN faster there
-    than the overall choice (measured on every prompt), else the overall choice. (SmolLM2 in bf16 on Zen 4: on two chat
-    prompts `ar` stayed within 1% of `sd`, so chat chose `ar`, where `sd` ran 1.31x `ar` on 20 held-out ones.)"""
+    than the overall choice (measured on every prompt), else the overall choice: a few prompts of a kind are too few
+    to overrule the choice measured on all of them by less (docs/tuning.md)."""
     theirs = next((c for c in kind.candidates if c.method == overall.method and c.options == overall.options), None)
     if theirs is None or kind.won().ms_per_token * (1 + PAIR_MARGIN) < theirs.ms_per_token:
         return kind
@@ -294,16 +293,8 @@ def trial(name: str, given: dict, runs: list[tuple]) -> Trial:
 
 def budget_s() -> float:
     """BUDGET_S, or $SPECMESH_TUNE_BUDGET_S (seconds; 0: the fewest calibration runs, as the tests set it)."""
-    text = os.environ.get("SPECMESH_TUNE_BUDGET_S")
-    if text is None:
-        return BUDGET_S
-    try:
-        budget = float(text)
-    except ValueError:
-        budget = math.nan
-    if not 0 <= budget < math.inf:
-        raise ValueError(f"$SPECMESH_TUNE_BUDGET_S must be a number of seconds >= 0, got {text!r}")
-    return budget
+    chosen = settings().tune_budget_s
+    return BUDGET_S if chosen is None else chosen
 
 
 def plan(costs: Costs, families: int, prompts: int) -> tuple[int, int]:
@@ -347,8 +338,8 @@ def measure_choice(llm, prompts: list[str] | None = None, progress: bool = True,
             for p, prompt in enumerate(ids):
                 for f in (f for f in which if f not in dropped):
                     if f not in engines:
-                        engines[f] = Engine(llm.models, configs[f], llm.tokenizer, 1,
-                                            max(map(len, ids)) + NEW_TOKENS + configs[f].slack)
+                        engines[f] = methods.engine(llm.models, configs[f], llm.tokenizer, 1,
+                                                    max(map(len, ids)) + NEW_TOKENS + configs[f].slack)
                     fastest = min((best[g, p, NEW_TOKENS].elapsed_s for g in which if (g, p, NEW_TOKENS) in best),
                                   default=None)
                     screened = screen and r == 0 and f != 0 and fastest is not None    # ar (family 0): the reference

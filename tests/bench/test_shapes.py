@@ -116,7 +116,7 @@ def test_quantized_by_llama_quantize(small_tokenizer, tmp_path, monkeypatch):
     """llama-quantize makes Q4_K_M (Q4_K with Q6_K where llama.cpp's rule says) and Q8_0, the F16 goes, and llama.cpp
     runs the files."""
     if not os.environ.get("SPECMESH_LLAMACPP_BIN"):         # the suite's cache is a temporary one: the machine's
-        monkeypatch.setenv("SPECMESH_LLAMACPP_BIN", str(Path(os.environ["SPECMESH_CACHE"]) / "llama.cpp" / "bin"))
+        monkeypatch.setenv("SPECMESH_LLAMACPP_BIN", str(Path(os.environ["SPECMESH_KERNEL_DIR"]) / "llama.cpp" / "bin"))
     try:
         shapes.tool("llama-quantize")
     except shapes.ShapeError as e:

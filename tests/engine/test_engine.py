@@ -181,7 +181,7 @@ def test_penalties_are_refused_by_a_method_that_does_not_apply_them(tiny_checkpo
     llm = LLM(target=tiny_checkpoint)
     params = SamplingParams(max_new_tokens=4, repetition_penalty=1.2)
     engine = llm.engine_for(llm.method)
-    engine.spec = METHODS["pp"]                                         # as pp, stpp and pipedec declare
+    engine.check_params = METHODS["pp"].check_params                   # as pp, stpp and pipedec declare
     with pytest.raises(InvalidParameter, match="repetition_penalty: pp does not apply") as e:
         engine.sequences([1, 2], params)
     assert e.value.param == "repetition_penalty"

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from specmesh import kernels
+from specmesh.model import kernel_choice
 from specmesh.model.cache import KVCache
 from specmesh.model.model import Transformer
 from specmesh.engine.prefix_cache import BLOCK, MIN_REST, PrefixCache, unsupported
@@ -18,7 +19,7 @@ def tile_model(seed: int = 3) -> Transformer:
     model = Transformer(tiny_config(head_dim=64, max_position_embeddings=512)).eval()
     for p in model.parameters():
         nn.init.normal_(p, std=0.2)
-    return kernels.use_avx2_kernels(model.bfloat16())
+    return kernel_choice.use_avx2_kernels(model.bfloat16())
 
 
 def exact_prefills_here() -> bool:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specmesh import LLM, SamplingParams
-from specmesh.engine.engine import Engine
+from specmesh import methods
 
 LONG = "def add(a, b):\n    return a + b\n\n" * 12          # well over the chunk below
 CHUNK = 16
@@ -16,7 +16,7 @@ def llm(tiny_checkpoint):
 
 
 def engine(llm, chunk=CHUNK, rows=4):
-    return Engine(llm.models, llm.method, llm.tokenizer, rows, 512, prefill_chunk=chunk)
+    return methods.engine(llm.models, llm.method, llm.tokenizer, rows, 512, prefill_chunk=chunk)
 
 
 def run(engine, seqs):

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmesh import kernels
+from specmesh.model import kernel_choice, c_forward
 from specmesh.model.model import RMSNorm
 from specmesh.model.quant import dequantize_q8, quantize_model, quantize_q8
 
@@ -53,7 +54,7 @@ def test_use_cpu_kernels_picks_a_linear_that_matches():
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(64, 48, bias=True), nn.Linear(48, 8192, bias=False)).bfloat16()
     originals = list(model)
-    kernels.use_cpu_kernels(model)
+    kernel_choice.use_cpu_kernels(model)
     expected = kernels.AMXLinear if kernels.amx_lib() is not None else kernels.DPLinear if kernels.dp_lib() else \
         kernels.FMALinear if kernels.fma_lib() else \
         kernels.PackedLinear if kernels.avx2_lib() is None and kernels.native_bf16() else kernels.BF16Linear
@@ -66,14 +67,14 @@ def test_benchmarks_name_the_product_a_bf16_model_runs_on():
     """`specmesh bench`'s machine line says which kernel multiplied (figures from two kernels are not comparable)."""
     from specmesh.bench.runner import machine
     model = nn.Sequential(nn.Linear(64, 48)).bfloat16()
-    kernels.use_cpu_kernels(model)
+    kernel_choice.use_cpu_kernels(model)
     name = {kernels.AMXLinear: "AMX tiles", kernels.DPLinear: "the AVX512-BF16 dot product"}.get(type(model[0]))
     if isinstance(model[0], kernels.FMALinear):
         name = "512-bit FMA" if cpu_has_avx512() and hasattr(kernels.avx2_lib(), "fma512_linear") else "256-bit FMA"
     if name is None:                            # no C kernels here: PyTorch's
-        assert kernels.bf16_products().startswith("PyTorch")
+        assert kernel_choice.bf16_products().startswith("PyTorch")
     else:
-        assert kernels.bf16_products() == name and f"bf16 products on {name}" in machine()
+        assert kernel_choice.bf16_products() == name and f"bf16 products on {name}" in machine()
 
 
 def test_int8_linear_computes_its_dequantized_product():
@@ -105,7 +106,7 @@ def test_c_rms_norm_matches_the_model_norm():
     torch.manual_seed(3)
     norm = RMSNorm(100, 1e-5)                  # D not a multiple of 8: the tail loop
     norm.weight.data = torch.randn(100)
-    fast = kernels.CRMSNorm(norm, lib)
+    fast = c_forward.CRMSNorm(norm, lib)
     for rows in (1, 5, 17):
         x = torch.randn(2, rows, 100) * 3
         assert torch.allclose(fast(x), norm(x), rtol=1e-5, atol=1e-6)
@@ -160,16 +161,16 @@ def test_amx_kernels_apply_where_the_cpu_has_them():
 def test_the_dot_product_kernel_applies_where_the_cpu_has_avx512_bf16_without_amx_and_it_pays():
     """AMD Zen 4 and later: without it a 16-token verification costs 6.7x a decode step, with it about 3x. An Intel
     core without AMX runs 512-bit FMA twice as fast as the dot product: there FMALinear does the products. The
-    choice is measured once and passed on in SPECMESH_DP to the processes this one starts (pipeline stages,
+    choice is measured once and passed on in SPECMESH_KERNELS to the processes this one starts (pipeline stages,
     drafters), so that no rank measures its way to the other kernel (its outputs would differ from `ar`'s)."""
     import os
-    from specmesh.kernels.build import best_rate
+    from specmesh.kernels.build import best_rate, inherited_kernels
     has_dp = kernels.DP <= kernels.cpu_flags() and not cpu_has_amx() and kernels.avx2_lib() is not None \
-        and os.environ.get("SPECMESH_AVX512", "1") != "0"
+        and "no-avx512" not in os.environ.get("SPECMESH_KERNELS", "")
     lib = kernels.dp_lib()
     assert lib is None or has_dp
     if has_dp:
-        assert os.environ.get("SPECMESH_DP") == ("1" if lib is not None else "0")
+        assert ("dp" if lib is not None else "no-dp") in inherited_kernels()["SPECMESH_KERNELS"].split(",")
         ratio = best_rate(kernels.avx2_lib(), 0) / best_rate(kernels.avx2_lib(), 1)
         if not 1.3 < ratio < 1.7:                       # far from the rule's 1.5x: measured again, the same choice
             assert (lib is not None) == (ratio < 1.5), ratio
@@ -432,10 +433,10 @@ def fused_model(int8: bool = False, std: float = 0.2, **cfg):
     model = model.bfloat16()
     reference = Transformer(model.config).eval().bfloat16()
     reference.load_state_dict(model.state_dict())
-    kernels.use_avx2_kernels(model, int8=int8)
-    kernels.use_avx2_kernels(reference, int8=int8)
+    kernel_choice.use_avx2_kernels(model, int8=int8)
+    kernel_choice.use_avx2_kernels(reference, int8=int8)
     for i, block in enumerate(reference.layers):
-        if isinstance(block, kernels.CBlock):
+        if isinstance(block, c_forward.CBlock):
             reference.layers[i] = block.block
     reference.fast_forward = None                   # the reference's forwards all in PyTorch (its cache as the model's)
     return model, reference
@@ -443,7 +444,7 @@ def fused_model(int8: bool = False, std: float = 0.2, **cfg):
 
 def needs_cblock(model) -> None:
     assert kernels.avx2_lib() is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
-    assert all(isinstance(b, kernels.CBlock) for b in model.layers)
+    assert all(isinstance(b, c_forward.CBlock) for b in model.layers)
 
 
 @pytest.mark.parametrize("head_dim", [16, 36, 64])      # 36: head dims past a multiple of 8; 64: AVX-512
@@ -550,7 +551,7 @@ def test_a_long_forward_of_several_rows_computes_each_token_as_decoding_it_alone
             alone.commit_all()
             assert torch.equal(torch.cat([model(x[b:b + 1, t:t + 1], alone) for t in range(T)], 1)[0], together[b]), b
     one_forward = model.fast_forward.long and model.fast_forward.c_attention
-    assert Runner(model, B, 64, None).group_tokens == (None if one_forward else kernels.SMALL_ROWS)
+    assert Runner(model, B, 64).group_tokens == (None if one_forward else kernels.SMALL_ROWS)
 
 
 def batch_invariant_fp32_model():
@@ -560,7 +561,7 @@ def batch_invariant_fp32_model():
     model = Transformer(tiny_config(head_dim=36)).eval()
     for p in model.parameters():
         nn.init.normal_(p, std=0.2)
-    assert kernels.use_batch_invariant_kernels(model), "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
+    assert kernel_choice.use_batch_invariant_kernels(model), "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
     return model
 
 
@@ -718,7 +719,7 @@ def test_a_prefill_attends_as_decoding_steps_do_without_amx():
     from specmesh.model.model import Transformer
     torch.manual_seed(5)
     model = Transformer(tiny_config(head_dim=64, max_position_embeddings=256)).eval()
-    model = kernels.use_avx2_kernels(model.bfloat16())
+    model = kernel_choice.use_avx2_kernels(model.bfloat16())
     forward = model.fast_forward
     if forward.amx is not None:
         assert not forward.c_attention
@@ -781,7 +782,7 @@ def test_swiglu_in_the_tile_product_gives_the_same_values():
     for p in models[0].parameters():
         nn.init.normal_(p, std=0.2)
     models[1].load_state_dict(models[0].state_dict())
-    fused, apart = (kernels.use_avx2_kernels(m.bfloat16(), glu=glu) for m, glu in zip(models, (True, False)))
+    fused, apart = (kernel_choice.use_avx2_kernels(m.bfloat16(), glu=glu) for m, glu in zip(models, (True, False)))
     assert fused.layers[0].weights.glu and not apart.layers[0].weights.glu
     prompt = torch.randint(1, 97, (1, 90))
     with torch.inference_mode():

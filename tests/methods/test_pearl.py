@@ -251,7 +251,7 @@ def test_start_up_measures_c_and_the_target_by_width(pair):
 
 
 def test_lending_can_be_turned_off_to_compare(tiny_checkpoint, ar, monkeypatch):
-    monkeypatch.setenv("SPECMESH_LEND", "0")
+    monkeypatch.setenv("SPECMESH_KERNELS", "no-lend")
     with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma=3, lookup=2) as llm:
         peer = llm.models.remote
         assert peer.link.boxes is None and peer.lent_ms_by_width is None      # no core lent, none measured

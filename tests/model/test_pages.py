@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from specmesh import kernels
+from specmesh.model import kernel_choice
 from specmesh.model import pages
 from specmesh.model.cache import KVCache
 
@@ -30,9 +31,9 @@ def test_moved_weights_give_the_same_logits(tiny_model, monkeypatch):
         pytest.fail("the C kernels did not build on this machine: csrc/avx2.c needs gcc and AVX2")
     model = tiny_model.bfloat16()
     apart = copy.deepcopy(model)
-    kernels.use_avx2_kernels(model)                      # moves its tensors onto huge pages
-    monkeypatch.setattr(kernels.select, "on_huge_pages", lambda m: 0)
-    kernels.use_avx2_kernels(apart)
+    kernel_choice.use_avx2_kernels(model)                      # moves its tensors onto huge pages
+    monkeypatch.setattr(kernel_choice, "on_huge_pages", lambda m: 0)
+    kernel_choice.use_avx2_kernels(apart)
     x = torch.randint(97, (2, 5))
     with torch.inference_mode():
         a = model(x, KVCache.for_model(model, 2, 32))

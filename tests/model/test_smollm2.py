@@ -162,7 +162,7 @@ def test_sampling_runs_and_is_reproducible(prompts, truncated_draft, method):
 
 
 def test_teacher_writes_its_own_instructions(ar):
-    from specmesh.distill import self_instructions
+    from specmesh.training.distill import self_instructions
     asks = self_instructions(ar, 8, seed=0)
     assert len(asks) == len(set(asks)) == 8
     assert all(len(a) >= 12 and "<|im_" not in a for a in asks)

@@ -446,7 +446,7 @@ def test_cosine_server_with_a_drafter_process_killed_mid_run(live, tiny_checkpoi
         with ThreadPoolExecutor(8) as pool:
             assert list(pool.map(ask, PROMPTS)) == expected
             later = pool.map(ask, PROMPTS)
-            os.kill(cos.server.engine.models.remote.link.pids[1], signal.SIGKILL)
+            os.kill(cos.server.llm.models.remote.link.pids[1], signal.SIGKILL)
             assert list(later) == expected
         assert list(map(ask, PROMPTS[:4])) == expected[:4]
         assert metric(cos, f'specmesh_drafter_rounds_total{{drafter="{tiny_checkpoint.name}"}}') > 0

@@ -38,6 +38,7 @@ import torch
 from specmesh.engine.stats import Stats
 from specmesh.kernels import cache_dir
 from specmesh.model.gguf import is_gguf
+from specmesh.settings import settings
 from specmesh.model.loader import read_config, runs_blocks, runs_file_blocks, stamp, to_gguf
 from specmesh.options import PEER_WEIGHTS
 
@@ -129,7 +130,7 @@ def make_runner(kind: str, target: Path, draft: Path | None, dtype: torch.dtype,
 
 
 def native_bin() -> Path:
-    return Path(os.environ.get("SPECMESH_LLAMACPP_BIN") or cache_dir() / "llama.cpp" / "bin")
+    return settings().llamacpp_bin or cache_dir() / "llama.cpp" / "bin"
 
 
 class NativeRunner:

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specmesh import catalog, corpus
-from specmesh.cli import positive_int
+from specmesh import catalog
+from specmesh.training import corpus
+from specmesh.options import positive_int
 from specmesh.model.loader import load_model, load_tokenizer
 from specmesh.model.quant import QUANTS
 

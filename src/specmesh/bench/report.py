@@ -1,10 +1,16 @@
-"""Bench results as a terminal table, a plot, and ratios between any two methods of a bench's JSON:
-`python -m specmesh.bench.report BENCH.json tree/sd pipedec/pp` prints each ratio with its 95% interval."""
+"""Bench results as a terminal table, a plot, ratios between any two methods of a bench's JSON, and the README's
+table of figures:
+
+    python -m specmesh.bench.report BENCH.json tree/sd pipedec/pp     # each ratio with its 95% interval
+    python -m specmesh.bench.report --readme README.md                # its table again, from the JSON files it names
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -103,13 +109,59 @@ def ratio(result: dict, a: str, b: str) -> tuple[float, list[float] | None, int]
     return speed(ours) / speed(theirs), speedup_interval(ours, theirs), len(prompts)
 
 
+def is_peer(method: str) -> bool:
+    """Another engine run beside specmesh's methods (llama.cpp's tools or bindings, transformers)."""
+    return method.startswith(("llama.cpp", "hf"))
+
+
+def figures_row(result: dict) -> str:
+    """One bench as a row of the README's table: the model and prompts, the machine, `ar`'s speed, specmesh's fastest
+    method over `ar`, and against the peer where one ran (its plain decoding and its fastest)."""
+    config, methods = result.get("config", {}), result["methods"]
+    speed = {name: m["tokens_per_s"] for name, m in methods.items()}
+    ours = max((n for n in speed if not is_peer(n)), key=speed.get)
+    peers = [n for n in speed if is_peer(n)]
+    plain = next((n for n in ("llama.cpp", "hf") if n in speed), None)
+    cells = [config.get("target", "?"), config.get("prompts", "?"), result["machine"].split("), ")[0] + ")",
+             f"{speed['ar']:.1f}", f"`{ours}` {speed[ours] / speed['ar']:.2f}x",
+             f"{speed['ar'] / speed[plain]:.2f}x" if plain else "–",
+             f"{speed[ours] / max(speed[n] for n in peers):.2f}x (`{max(peers, key=speed.get)}`)" if peers else "–",
+             f"{min(m['greedy_equal_to_ar'] for n, m in methods.items() if not is_peer(n))}/"
+             f"{methods['ar']['prompts']}", result["date"][:10], result.get("commit", "?")]
+    return "| " + " | ".join(cells) + " |"
+
+
+FIGURES = re.compile(r"(<!-- figures from: (?P<files>[^>]*?) -->\n)(?P<table>.*?)(<!-- end of figures -->)", re.S)
+FIGURES_HEAD = ("| model | prompts | machine | `ar` tok/s | fastest vs `ar` | `ar` vs llama.cpp | fastest vs the peer's "
+                "fastest | = `ar` | date | commit |\n|---|---|---|---|---|---|---|---|---|---|\n")
+
+
+def readme_figures(readme: Path) -> str:
+    """The README's text with its table of figures made again from the bench JSON files its marker names (paths
+    relative to the README)."""
+    text = readme.read_text()
+    found = FIGURES.search(text)
+    if found is None:
+        raise ValueError(f"{readme}: no '<!-- figures from: FILE.json ... -->' ... '<!-- end of figures -->' block")
+    rows = [figures_row(json.loads((readme.parent / f).read_text())) for f in found["files"].split()]
+    return text[:found.start("table")] + FIGURES_HEAD + "\n".join(rows) + "\n" + text[found.end("table"):]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specmesh.bench.report",
-                                     description="ratios between methods of a `specmesh bench --json` file")
-    parser.add_argument("bench", help="the bench's JSON file")
-    parser.add_argument("pairs", nargs="+", metavar="A/B", help="method A's speed over method B's, e.g. tree/sd")
+                                     description="ratios between methods of a `specmesh bench --json` file, or the "
+                                                 "README's table of figures made again from its bench files")
+    parser.add_argument("bench", nargs="?", help="the bench's JSON file")
+    parser.add_argument("pairs", nargs="*", metavar="A/B", help="method A's speed over method B's, e.g. tree/sd")
+    parser.add_argument("--readme", type=Path, metavar="README.md",
+                        help="write this file's table of figures again from the bench JSON files it names")
     args = parser.parse_args(argv)
+    if args.readme is None and (args.bench is None or not args.pairs):
+        parser.error("give BENCH.json and at least one A/B pair, or --readme README.md")
     try:
+        if args.readme is not None:
+            args.readme.write_text(readme_figures(args.readme))
+            return
         result = json.loads(open(args.bench).read())
         for pair in args.pairs:
             a, slash, b = pair.partition("/")

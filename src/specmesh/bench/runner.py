@@ -15,6 +15,7 @@ import datetime
 import gc
 import os
 import re
+import subprocess
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -28,7 +29,8 @@ from specmesh.bench import llamacpp
 from specmesh.bench.peers import PEERS as HF_PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts
 from specmesh.bench.report import ratio
-from specmesh.kernels import bf16_products, cpu_model
+from specmesh.kernels import cpu_model
+from specmesh.model.kernel_choice import bf16_products
 from specmesh.llm import default_dtype
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.model.pages import huge_pages
@@ -253,6 +255,24 @@ def memory_bound(target: torch.nn.Module) -> dict:
             "ar_tokens_per_s_bound": round(gb_s * 1e3 / mb, 1)}
 
 
+def commit() -> str | None:
+    """The checkout's commit (short), or None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def described(cfg: BenchConfig) -> dict:
+    """What a bench ran, as its JSON records it: the models and prompts by name, the new tokens, the dtype."""
+    name = lambda path: Path(path).name if path else None           # noqa: E731
+    return {"target": name(cfg.target) or "default", "draft": name(cfg.draft),
+            "prompts": Path(cfg.prompts).stem if cfg.prompts else "held-out default",
+            "prompt_count": cfg.limit, "max_new_tokens": cfg.max_new_tokens, "dtype": cfg.dtype}
+
+
 def machine(device: str = "cpu") -> str:
     gpu = f", {torch.cuda.get_device_name(device)}" if torch.device(device).type == "cuda" else ""
     pages = "" if gpu else ", weights on 2 MiB pages" if huge_pages() else ", weights on 4 KiB pages"   # model/pages.py
@@ -291,7 +311,7 @@ def bench(cfg: BenchConfig) -> dict:
     bar.close()
     references = {dtypes["ar"]: (runners["ar"], [t for t, _ in runs["ar"]])}   # dtype -> (ar runner, outputs)
     result = {"machine": machine(cfg.device), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "methods": {}, "per_prompt": []}
+              "commit": commit(), "config": described(cfg), "methods": {}, "per_prompt": []}
     for name in names:
         dtype = dtypes[name]
         if dtype not in references:                    # ar's output in this method's dtype, untimed

@@ -304,7 +304,7 @@ static inline __attribute__((always_inline)) void q_rows(const int8_t *xq, const
         if (MB >= 3) {       // not unrolled: GCC would issue all 8 MB products first and spill them to the stack
 #pragma GCC unroll 1
             for (int s = 0; s < 8; s += 2) q_quads(xq, QB, wb, h0, b, s, dot, MB, H, BITS);
-        } else {             // 1 or 2 rows fit unrolled (one row of int4: 1.2x faster so)
+        } else {             // 1 or 2 rows fit unrolled (faster so)
             for (int s = 0; s < 8; s += 2) q_quads(xq, QB, wb, h0, b, s, dot, MB, H, BITS);
         }
         for (int h = 0; h < H; h++) {
@@ -341,7 +341,7 @@ static inline __attribute__((always_inline)) void q_columns(const int8_t *xq, co
         const int8_t *xm = xq + (int64_t)m0 * QB * 32;
         const float *dm = xd + (int64_t)m0 * QB;
         const int32_t *sm = xsum + (int64_t)m0 * QB;
-        if (mb <= 2 && cols > 8) {                 // 1 or 2 rows: both halves in one pass (one row: 1.1-1.3x)
+        if (mb <= 2 && cols > 8) {                 // 1 or 2 rows: both halves in one pass (faster)
             const int h = 0;
             switch (mb) {
                 Q_CASE(1, 2) default: Q_CASE(2, 2)
@@ -694,7 +694,7 @@ static inline __attribute__((always_inline)) void weigh_values(float *o, const f
     for (int c = 0; c < NV; c++) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
 }
 
-// (not inlined: GCC makes one copy per BF; inlined both into attend_head, the float32-block one ran 0.9x)
+// (not inlined: GCC makes one copy per BF; inlined both into attend_head, the float32-block one ran slower)
 static __attribute__((noinline)) void attend_rows(const float *q, int qs, const void *kc, const void *vc, int kv16,
                                                   int max_len, int start, int kv_len, const uint8_t *mask, int ms,
                                                   int H, int Hkv, int hd, float *out, int g, int r0, int r1,

@@ -1,5 +1,5 @@
 // Kernels for x86 CPUs with AVX-512 (see kernels.py): attention and int8 products as in avx2.c with
-// twice the width, and where the CPU also has AMX (Intel Sapphire Rapids and later) a bf16 tile product.
+// twice the width, and where the CPU also has AMX a bf16 tile product.
 // amx_linear: y[M,N] = bf16(x)[M,K] . w[N,K]^T (+ bias[N]) with the tile unit: one tile product
 //   multiplies 16 rows of x by 16 weight columns over 32 of K, so 1 to 16 rows cost one pass
 //   over the weights (the product is memory-bound) and a verification or a batch of 16 costs
@@ -189,7 +189,7 @@ static inline float softmax_row(float *pr, int P, float *packed) {
         _mm512_store_ps(pr + j0, w);
         __mmask16 live = _mm512_cmp_ps_mask(w, _mm512_setzero_ps(), _CMP_NEQ_UQ);
         // compressed in a register, then stored whole (the lanes past the live ones are 0, and the next store or
-        // the tail below covers them): a compressing store to memory is microcoded on Zen 4, ~40% of attention
+        // the tail below covers them): a compressing store to memory is microcoded on some cores
         _mm512_storeu_ps(packed + n, _mm512_maskz_compress_ps(live, w));
         n += __builtin_popcount(live);
     }
@@ -367,7 +367,7 @@ static inline __attribute__((always_inline)) void weigh_group(float *const *o, c
 // kv head (row r = t * H/Hkv + i: token t, query head g * H/Hkv + i). A block of KB keys (then values) is
 // widened to float32 once (block_f32; keys transposed, block_t32, for TRANSPOSED_ROWS rows or more), then each of
 // the rows goes through it: a row costs its products, not a conversion of every key it reads. These buffered rows
-// score one by one (in pairs they measured 0.8x) and weigh values in pairs (weigh_group). A task of DIRECT_ROWS
+// score one by one (in pairs they ran slower) and weigh values in pairs (weigh_group). A task of DIRECT_ROWS
 // rows or fewer (BF) widens each key in registers instead, two rows at a time where HV is 4 (each key widened once
 // for both; both rows' registers fit). Without a mask a row scores only the keys up to its own (a prefill's rows
 // skip the keys after them): those past it would weigh exactly 0, so the result is the same.
@@ -574,7 +574,7 @@ void i8_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
 }
 
 // dp_linear: y[M,N] = bf16(x)[M,K] . w[N,K]^T (+ bias[N]) with AVX512-BF16's dot product (vdpbf16ps: 16
-//   float32 lanes, each += two bf16 products), for CPUs with AVX512-BF16 but no AMX (AMD Zen 4 and later).
+//   float32 lanes, each += two bf16 products), for CPUs with AVX512-BF16 but no AMX.
 //   A step loads the packed weights of 64 output columns (4 x 64 bytes: 16 columns x 2 of K each) and
 //   serves up to 6 rows of x with them, each row's pair of x broadcast once for all four (a broadcast
 //   takes a vector slot as a product does: 6 of them feed 24 products, where 2 columns blocks and 12 rows
@@ -725,8 +725,8 @@ void fma512_linear(const float *x, int M, int K, const uint16_t *w, int N, const
 
 // mac_rate: multiply-adds a nanosecond that one core does in a register loop of vdpbf16ps (dot = 1: 32 a
 //   instruction) or of 512-bit FMA (dot = 0: 16), 24 independent chains, ~0.1-0.4 ms: which of dp_linear and
-//   fma512_linear multiplies faster on this core (kernels.dp_lib). Zen 4 runs both at 16 a cycle; an Intel
-//   core with two 512-bit FMA units runs FMA at 32 a cycle and vdpbf16ps at ~16.
+//   fma512_linear multiplies faster on this core (kernels.dp_lib): a core with two 512-bit FMA units runs FMA at
+//   twice the rate of vdpbf16ps, one with a single unit (or split 256-bit ones) at the same.
 double mac_rate(int dot) {
     __m512 acc[24];
     for (int i = 0; i < 24; i++) acc[i] = _mm512_setzero_ps();

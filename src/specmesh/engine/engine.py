@@ -19,12 +19,10 @@ from collections.abc import Callable
 
 import torch
 
-from specmesh.engine.prefix_cache import PrefixCache
-from specmesh.engine.runner import PREFILL_CHUNK, Runner
+from specmesh.engine.method import Method
+from specmesh.engine.runner import Runner
 from specmesh.engine.scheduler import Scheduler
 from specmesh.engine.sequence import Event, Prompt, Sequence
-from specmesh.engine.stats import EngineStats
-from specmesh.methods import Configured, Models
 from specmesh.model.tokenizer import Tokenizer
 from specmesh.spec.sampling import InvalidParameter, SamplingParams, make_generator
 
@@ -48,20 +46,19 @@ def check_prompt(ids: list[int], context: int, vocab: int) -> None:
 
 
 class Engine:
-    def __init__(self, models: Models, method: Configured, tokenizer: Tokenizer, rows: int, max_len: int,
-                 prefix_cache: PrefixCache | None = None, prefill_chunk: int = PREFILL_CHUNK,
+    """`method` stepping over `runner`'s rows (methods.engine builds both). `context`: the tokens a sequence may
+    reach (the target's context, less the slots the method's steps need beyond it: engine/sizing.py);
+    `check_params(params)` raises InvalidParameter for what the method cannot give."""
+
+    def __init__(self, runner: Runner, method: Method, tokenizer: Tokenizer, name: str, context: int,
+                 check_params: Callable[[SamplingParams], None] = lambda params: None,
                  prefill_share: float | None = None, per_request: int | None = None):
-        self.models, self.tokenizer = models, tokenizer
-        self.context = min(models.target.config.max_position_embeddings, max_len - method.slack)   # sizing.py
-        self.stats = EngineStats()
-        rows = min(rows, method.spec.max_rows or rows)
-        self.runner = Runner(models.target, rows, max_len, self.stats, prefix_cache, prefill_chunk)
-        self.method, self.method_name = method.spec.build(models, method, self.runner), method.name
-        self.spec = method.spec
-        self.chunked = getattr(self.method, "chunked_prefill", False)     # it prefills through the runner
+        self.runner, self.method, self.tokenizer, self.name = runner, method, tokenizer, name
+        self.context, self.check_params = context, check_params
+        self.target, self.stats = runner.model, runner.stats
         self.prefill_share = prefill_share      # of the engine's time, for prefills while others decode (None: all)
         self.busy_s = [0.0, 0.0]                # seconds of prefills, of decoding steps, since the batch was empty
-        self.scheduler = Scheduler(rows, per_request)
+        self.scheduler = Scheduler(runner.rows, per_request)
         self.deliver: Callable[[list[tuple[Sequence, Event]]], None] = deliver_here
         self.on_finish: Callable[[Sequence], None] | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
@@ -74,15 +71,15 @@ class Engine:
     # -- requests -------------------------------------------------------------------------------
     def sequences(self, ids: list[int], params: SamplingParams) -> list[Sequence]:
         """The n sequences of one request (sample j of a seeded request uses seed + j)."""
-        check_prompt(ids, self.context, self.models.target.config.vocab_size)
-        self.spec.check_params(params)
-        vocab = self.models.target.config.vocab_size
+        vocab = self.target.config.vocab_size
+        check_prompt(ids, self.context, vocab)
+        self.check_params(params)
         if any(t >= vocab for t in params.logit_bias):
             raise InvalidParameter("logit_bias", f"logit_bias: token id {max(params.logit_bias)} is past the "
                                    f"vocabulary of {vocab} tokens")
         limit = min(params.max_new_tokens, self.context - len(ids))
         prompt = Prompt(list(ids), waiting=params.n)
-        device, eos = self.models.target.device, set(self.models.target.config.eos_ids)
+        device, eos = self.target.device, set(self.target.config.eos_ids)
         return [Sequence(prompt, params, self.tokenizer, eos, limit,
                          make_generator(None if params.seed is None else params.seed + j, device))
                 for j in range(params.n)]
@@ -184,7 +181,7 @@ class Engine:
                 self.runner.drop_staged()       # its requests left, or another prompt's turn came first
             if seq is None:
                 break
-            if self.chunked and self.runner.needs_chunks(seq.prompt) and not self.runner.prefill_chunk(seq):
+            if self.method.chunked_prefill and self.runner.needs_chunks(seq.prompt) and not self.runner.prefill_chunk(seq):
                 break
             with self._wake:
                 row = self.scheduler.admit(seq)

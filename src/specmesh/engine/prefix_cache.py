@@ -5,7 +5,7 @@ tokens [0, BLOCK (i + 1)) (a chain: each block's digest covers its predecessor's
 pool evicts the least recently used block.
 
 Exact, not approximate. A block is reused only where computing it again would give the same
-bits: where a prefill runs in the C kernels (kernels.CForward: on the tile unit with AMX, a bf16 cache
+bits: where a prefill runs in the C kernels (c_forward.CForward: on the tile unit with AMX, a bf16 cache
 and head dim 64; or, without AMX, with a decoding step's attention (AVX2's or AVX-512's) beside products
 that run prefills) it computes every row alone (products row by row; each query's attention over the keys
 it sees, in a fixed order from key 0), so the keys, values and logits of tokens P.. computed after P cached
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from specmesh.model.cache import KVCache
-from specmesh.kernels import CForward
+from specmesh.model.c_forward import CForward
 from specmesh.model.model import PREFILL_TOKENS
 
 BLOCK = 16                          # tokens per block

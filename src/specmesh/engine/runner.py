@@ -30,9 +30,10 @@ PREFILL_SHARE = 1 / 3       # the server's share of time for prefills while requ
 
 
 class Runner:
-    def __init__(self, model: Transformer, rows: int, max_len: int, stats: EngineStats,
-                 prefix_cache: PrefixCache | None = None, chunk: int = PREFILL_CHUNK):
-        self.model, self.stats, self.prefix_cache = model, stats, prefix_cache
+    def __init__(self, model: Transformer, rows: int, max_len: int, prefix_cache: PrefixCache | None = None,
+                 chunk: int = PREFILL_CHUNK):
+        self.model, self.prefix_cache = model, prefix_cache
+        self.stats = EngineStats()              # the engine's counters (Engine.stats)
         self.rows, self.max_len = rows, max_len
         # the prefix cache's bits need every chunk on the prefill kernels' path: MIN_REST tokens at least
         self.chunk, self.min_chunk = (max(chunk, MIN_REST), MIN_REST) if prefix_cache else (chunk, 1)

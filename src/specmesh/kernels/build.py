@@ -4,7 +4,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import os
 import platform
 import shutil
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import torch
 
 from specmesh.paths import cache_dir  # noqa: F401  (kernels.cache_dir: where the builds go)
+from specmesh.settings import settings
 
 CSRC = Path(__file__).parents[1] / "csrc"
 SOURCE, AVX512_SOURCE, POOL_SOURCE = CSRC / "avx2.c", CSRC / "avx512.c", CSRC / "pool.c"
@@ -61,14 +61,14 @@ def kernel_version() -> str:
 def avx2_lib() -> ctypes.CDLL | None:
     """csrc/avx2.c (and csrc/avx512.c where gcc can build it) compiled for this machine (cached by
     source hash), or None where it cannot be. Where the CPU has AVX-512 its attention and int8
-    products are switched on from the start (SPECMESH_AVX512=0 keeps AVX2's, to compare), so a
+    products are switched on from the start (SPECMESH_KERNELS=no-avx512 keeps AVX2's, to compare), so a
     process computes every forward the same way.
 
     Its loops run on threads of its own (csrc/pool.c), as many as torch.set_num_threads says; it links
     PyTorch's own libgomp, whose team runs them where AMX does the products (amx_lib)."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or shutil.which("gcc") is None:
         return None
-    cache = Path(os.environ.get("SPECMESH_CACHE") or cache_dir())     # SPECMESH_CACHE: another build, to compare
+    cache = settings().kernel_dir or cache_dir()
     lib = cache / f"avx2-{kernel_version()}.so"
     if not lib.exists():
         torch_lib = Path(torch.__file__).parent / "lib"
@@ -161,13 +161,14 @@ Q8 = AVX512 | {"avx512_vnni"}
 
 
 def avx512_on(lib: ctypes.CDLL) -> bool:
-    """Whether `lib` runs its AVX-512 kernels (csrc/avx512.c built, the CPU has AVX-512, SPECMESH_AVX512 not 0)."""
-    return hasattr(lib, "amx_init") and AVX512 <= cpu_flags() and os.environ.get("SPECMESH_AVX512", "1") != "0"
+    """Whether `lib` runs its AVX-512 kernels (csrc/avx512.c built, the CPU has AVX-512, SPECMESH_KERNELS
+    without no-avx512)."""
+    return hasattr(lib, "amx_init") and AVX512 <= cpu_flags() and settings().kernel("avx512") is not False
 
 
 def vnni_products(lib: ctypes.CDLL) -> bool:
-    """Whether `lib`'s quantized products run on AVX512-VNNI (csrc/avx512.c built, the CPU has it, SPECMESH_AVX512
-    not 0), else on AVX2's (the same values)."""
+    """Whether `lib`'s quantized products run on AVX512-VNNI (csrc/avx512.c built, the CPU has it, SPECMESH_KERNELS
+    without no-avx512), else on AVX2's (the same values)."""
     return avx512_on(lib) and Q8 <= cpu_flags()
 
 
@@ -191,8 +192,8 @@ def cpu_name() -> str:
 
 
 def cpu_model() -> str:
-    """The CPU's model name with its family and model numbers and the vector units the kernels use, e.g. "AMD EPYC
-    (family 25 model 1; avx2)": a VM's model name alone ("AMD EPYC") does not say which kind it is."""
+    """The CPU's model name with its family and model numbers and the vector units the kernels use, e.g. "<name>
+    (family F model M; avx2)": a VM's model name alone may not say which kind it is."""
     info = cpu_info()
     ids = f"family {info['cpu family']} model {info['model']}; " if {"cpu family", "model"} <= info.keys() else ""
     return f"{cpu_name()} ({ids}{vector_units() or 'no known vector units'})"
@@ -216,9 +217,9 @@ def cpu_flags() -> set[str]:
 @functools.cache
 def amx_lib() -> ctypes.CDLL | None:
     """The kernel library where this CPU has AMX with bf16 tiles (and AVX-512) and Linux lends the
-    tile registers to this process, else None. SPECMESH_AMX=0 turns it off (to compare)."""
+    tile registers to this process, else None. SPECMESH_KERNELS=no-amx turns it off (to compare)."""
     lib = avx2_lib()
-    if lib is None or not avx512_on(lib) or os.environ.get("SPECMESH_AMX", "1") == "0" or not AMX <= cpu_flags():
+    if lib is None or not avx512_on(lib) or settings().kernel("amx") is False or not AMX <= cpu_flags():
         return None
     if lib.amx_init() != 0:
         return None
@@ -229,18 +230,28 @@ def amx_lib() -> ctypes.CDLL | None:
 @functools.cache
 def dp_lib() -> ctypes.CDLL | None:
     """The kernel library where this CPU has AVX512-BF16's dot product but no AMX (where AMX is, its tiles
-    are the faster product) and the dot product multiplies about as fast as 512-bit FMA (AMD Zen 4), else None:
+    are the faster product) and the dot product multiplies about as fast as 512-bit FMA, else None:
     an Intel core without AMX (or with AMX hidden by its hypervisor) runs FMA on the widened weights twice as
-    fast (fma_lib; measured, dot_product_pays). SPECMESH_DP=0 turns it off, SPECMESH_DP=1 on (to compare)."""
+    fast (fma_lib; measured, dot_product_pays). SPECMESH_KERNELS=no-dp turns it off, =dp on (to
+    compare)."""
     lib = avx2_lib()
-    setting = os.environ.get("SPECMESH_DP", "")
-    if lib is None or not avx512_on(lib) or amx_lib() is not None or setting == "0" or not DP <= cpu_flags():
+    chosen = settings().kernel("dp")
+    if lib is None or not avx512_on(lib) or amx_lib() is not None or chosen is False or not DP <= cpu_flags():
         return None
-    if setting != "1":
-        setting = "1" if dot_product_pays(best_rate(lib, 1), best_rate(lib, 0)) else "0"
-        os.environ["SPECMESH_DP"] = setting     # for the processes this one starts (pipeline stages, drafters):
-                                                # every rank multiplies alike, whatever its own measurement
-    return lib if setting == "1" else None
+    if chosen is None:
+        chosen = dot_product_pays(best_rate(lib, 1), best_rate(lib, 0))
+        MEASURED["dp"] = chosen
+    return lib if chosen else None
+
+
+MEASURED: dict[str, bool] = {}      # what this process measured to choose its kernels (dp_lib)
+
+
+def inherited_kernels() -> dict[str, str]:
+    """The environment a process this one starts gets, so that it chooses the kernels this one measured (every rank
+    of a method multiplies alike, whatever its own measurement would say)."""
+    switches = settings().kernels | {unit if on else f"no-{unit}" for unit, on in MEASURED.items()}
+    return {"SPECMESH_KERNELS": ",".join(sorted(switches))} if switches else {}
 
 
 def best_rate(lib: ctypes.CDLL, dot: int, tries: int = 5) -> float:
@@ -251,18 +262,18 @@ def best_rate(lib: ctypes.CDLL, dot: int, tries: int = 5) -> float:
 def dot_product_pays(dot: float, fma: float) -> bool:
     """Whether bf16 products go on the dot product (vdpbf16ps, `dot` multiply-adds a ns) rather than on 512-bit
     FMA over the widened weights (`fma`): the FMA kernel also spends an instruction widening each weight vector,
-    so it must multiply 1.5x as fast to pay. Zen 4: 1.0x; an Intel Xeon (family 6 model 207) without AMX: 2.0x."""
+    so it must multiply half as fast again to pay (the rates per CPU kind: docs/kernels.md)."""
     return fma < 1.5 * dot
 
 
 @functools.cache
 def fma_lib() -> ctypes.CDLL | None:
-    """The kernel library where neither AMX nor a dot product that pays is (AVX2 CPUs, AVX-512 ones before Zen 4
-    and Cooper Lake, Intel cores without AMX): bf16 products on FMA over dp_pack's layout (FMALinear; 512-bit FMA
-    where the CPU has AVX-512, the same values), else None. SPECMESH_FMA=0 keeps the
+    """The kernel library where neither AMX nor a dot product that pays is (AVX2 CPUs, AVX-512 ones without
+    AVX512-BF16, Intel cores without AMX): bf16 products on FMA over dp_pack's layout (FMALinear; 512-bit FMA
+    where the CPU has AVX-512, the same values), else None. SPECMESH_KERNELS=no-fma keeps the
     older row-by-row kernel (BF16Linear), to compare."""
     lib = avx2_lib()
-    if lib is None or amx_lib() is not None or dp_lib() is not None or os.environ.get("SPECMESH_FMA", "1") == "0":
+    if lib is None or amx_lib() is not None or dp_lib() is not None or settings().kernel("fma") is False:
         return None
     return lib
 
@@ -272,9 +283,9 @@ def q8_lib() -> ctypes.CDLL | None:
     """The kernel library where it builds and the CPU has no AMX (whose tiles multiply the dequantized weights
     faster), else None: `--quant int8` / `int4` models and GGUF blocks run their Q8_0 / Q4_0 / Q4_1 products on
     it, on AVX512-VNNI's int8 dot product where the CPU has it, else on AVX2's (the same values).
-    SPECMESH_Q8=0 turns it off (to compare)."""
+    SPECMESH_KERNELS=no-q8 turns it off (to compare)."""
     lib = avx2_lib()
-    if lib is None or amx_lib() is not None or os.environ.get("SPECMESH_Q8", "1") == "0":
+    if lib is None or amx_lib() is not None or settings().kernel("q8") is False:
         return None
     return lib
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 
+from specmesh.engine.engine import Engine
+from specmesh.engine.prefix_cache import PrefixCache
+from specmesh.engine.runner import PREFILL_CHUNK, Runner
 from specmesh.methods.base import Configured, MethodSpec, Models, configure
+from specmesh.model.tokenizer import Tokenizer
 from specmesh.options import CARDS, OPTIONS
 
 # where each method's MethodSpec is declared (module under specmesh.methods, name): imported when first asked for,
@@ -44,4 +48,16 @@ def get(name: str, options: dict | None = None, defaults: dict | None = None) ->
     return configure(METHODS[name], options or {}, defaults)
 
 
-__all__ = ["METHODS", "OPTIONS", "Configured", "MethodSpec", "Models", "get"]
+def engine(models: Models, method: Configured, tokenizer: Tokenizer, rows: int, max_len: int,
+           prefix_cache: PrefixCache | None = None, prefill_chunk: int = PREFILL_CHUNK,
+           prefill_share: float | None = None, per_request: int | None = None) -> Engine:
+    """An engine running `method` on `models` over `rows` cache rows of `max_len` slots (engine/sizing.py sizes
+    them; a method that takes one sequence at a time gets one row)."""
+    rows = min(rows, method.spec.max_rows or rows)
+    runner = Runner(models.target, rows, max_len, prefix_cache, prefill_chunk)
+    context = min(models.target.config.max_position_embeddings, max_len - method.slack)
+    return Engine(runner, method.spec.build(models, method, runner), tokenizer, method.name, context,
+                  method.spec.check_params, prefill_share, per_request)
+
+
+__all__ = ["METHODS", "OPTIONS", "Configured", "MethodSpec", "Models", "engine", "get"]

@@ -2,13 +2,8 @@
 
 Every option and method is declared once, in specmesh/options.py (`OPTIONS`, `CARDS`: help, kinds, defaults): the
 CLI's flags and help, the server's options and `LLM(**options)` are all read from those declarations; a
-MethodSpec is a card with the hooks that build and run the method.
-
-A method instance runs over the engine's running sequences (running[i] holds cache row i):
-  admit(seq, row) -> tokens   sets up a new sequence (prefill, proposer state); its first tokens
-  step(seqs) -> blocks        one step for every running sequence: the tokens each committed
-  move_row(src, dst)          the engine moved a sequence to another row (a finished one left)
-  release(seq)                the sequence left the batch
+MethodSpec is a card with the hooks that build and run the method. What it builds is an engine.method.Method, the
+step the engine runs over its rows.
 """
 from __future__ import annotations
 
@@ -17,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from specmesh.engine.sequence import Sequence
 from specmesh.model.model import Transformer
 from specmesh.model.tokenizer import Tokenizer
 from specmesh.options import CARDS, OPTIONS
@@ -48,20 +42,13 @@ class Models:
             self.remote = None
 
 
-class Method(Protocol):
-    def admit(self, seq: Sequence, row: int) -> list[int]: ...
-    def step(self, seqs: list[Sequence]) -> list[list[int]]: ...
-    def move_row(self, src: int, dst: int) -> None: ...
-    def release(self, seq: Sequence) -> None: ...
-
-
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
     summary: str
     defaults: dict                      # its options, with their defaults
     needs_draft: bool
-    build: Callable                     # build(models, options, rows, max_len, stats) -> Method
+    build: Callable                     # build(models, configured, runner) -> engine.method.Method
     slack: Callable[[dict], int]        # cache slots a step needs beyond prompt + new tokens
     start: Callable | None = None       # start(models, draft, dtype, options): its other processes
     max_rows: int | None = None         # sequences a step takes at most (None: any)

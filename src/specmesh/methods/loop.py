@@ -17,6 +17,8 @@ from specmesh.model.model import Transformer
 
 
 class Loop:
+    chunked_prefill = False     # each loop prefills in its own processes
+
     def __init__(self, models: Models, decode: Callable[[Models, Sequence, dict], Iterator[list[int]]],
                  options: dict):
         self.models, self.decode, self.options = models, decode, options

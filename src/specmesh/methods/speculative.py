@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specmesh.engine.batch_plan import Scheduled
+from specmesh.methods.cosine_schedule import Scheduled
 from specmesh.engine.runner import Runner
 from specmesh.engine.sequence import Sequence
 from specmesh.methods.ar import AR
@@ -36,8 +36,7 @@ SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow t
 
 def depth_by_width(width: int, depth: int = 4) -> int:
     """How deep `sd`, `tree`, `easyspec` and `selfdraft` draft for a batch of this many sequences, `depth` the single
-    sequence's; 0: decode plainly (`sd` measured on an Intel Xeon with AMX, all four from 4 rows on Zen 4:
-    docs/serving.md)."""
+    sequence's; 0: decode plainly (the widths where drafting stopped paying: docs/serving.md)."""
     return depth if width <= 2 else min(depth, 3) if width == 3 else min(depth, 2) if width == 4 else 0
 
 
@@ -75,7 +74,7 @@ class DraftDepth:
 
     def observe(self, draft_s: float, verify_s: float, trees: list[tuple[int, int, int]]) -> None:
         """What a step cost and gave: its drafting, its verification, and each row's (depth drafted, tree tokens,
-        draft tokens accepted) (batch_plan.Scheduled plans on these)."""
+        draft tokens accepted) (cosine_schedule.Scheduled plans on these)."""
 
 
 class Speculative(AR):

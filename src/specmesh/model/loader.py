@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 
 from torch import nn
 
-from specmesh.kernels import avx2_lib, draft_quant, q8_lib, select_kernels
+from specmesh.kernels import avx2_lib, q8_lib
+from specmesh.model.kernel_choice import draft_quant, select_kernels
 from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
 from specmesh.model import gguf, packed
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
@@ -133,9 +134,9 @@ HEAD_TOKENS = "head_tokens.safetensors"     # in a draft's folder: "ids", the to
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                pack: bool = True, draft: bool = False, quant: str | None = None,
                part: tuple[int, int] | None = None) -> Transformer:
-    """Load a checkpoint for inference; `pack` puts this CPU's kernels in place (kernels.select_kernels: the
+    """Load a checkpoint for inference; `pack` puts this CPU's kernels in place (kernel_choice.select_kernels: the
     one place they are chosen, for `LLM` and the server alike); a bf16 `draft` is held in Q4_0 blocks on CPUs
-    without AMX (kernels.draft_quant), unless `quant` says otherwise. `quant="int8"` / `"int4"`: the
+    without AMX (kernel_choice.draft_quant), unless `quant` says otherwise. `quant="int8"` / `"int4"`: the
     linears quantized (model/quant.py); the model as loaded is the quantized one, `model.quant` says so. A GGUF
     file's quantized matrices run as they are where the kernels multiply them (runs_blocks), else dequantized. A
     `draft` whose folder has HEAD_TOKENS computes logits for those tokens only (Transformer.restrict_head). `part=(rank, world)`: only that
@@ -346,7 +347,7 @@ def save_model(model: Transformer, path: str | Path, dtype: torch.dtype = torch.
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.config
-    ours = {k.replace(".block.", "."): v for k, v in model.state_dict().items()}     # kernels.CBlock wraps Block
+    ours = {k.replace(".block.", "."): v for k, v in model.state_dict().items()}     # c_forward.CBlock wraps Block
     out = {}
     for name, theirs in name_map(cfg).items():
         if name not in ours:

@@ -141,7 +141,7 @@ class ModelConfig:
 
     @property
     def plain_block(self) -> bool:
-        """Whether the model is the plain Llama block and ends that csrc/ runs whole (kernels/forward.py's CBlock and
+        """Whether the model is the plain Llama block and ends that csrc/ runs whole (model/c_forward.py's CBlock and
         CForward): none of the q/k norms, Gemma's norms, GELU, embedding scale, attention scale, soft-capping, or
         sliding windows."""
         return not (self.qk_norm or self.norm_offset or self.post_norms or self.hidden_act != "silu"
@@ -275,7 +275,7 @@ def rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 PREFILL_TOKENS = 64     # forwards of more tokens (prefills) may attend in a 16-bit dtype (Attention.prefill_dtype)
 # On CUDA, PyTorch prefers cuDNN's attention where it can (Hopper), and cuDNN builds a new plan for every key
-# length, that is at every decoding step: 5 ms of host time a call on an H100 (docs/results/2026-11-26-gpu-h100.md).
+# length, that is at every decoding step: milliseconds of host time a call.
 # The other backends plan nothing.
 CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -368,7 +368,7 @@ def layer_parallel(blocks: list[nn.Module], h: torch.Tensor, cos, sin, cache: KV
     of each other (one device each, or computed together); the MLPs then run in order on the attention
     outputs added in order: h' = h_j + A_j(h), h_{j+1} = h' + MLP_j(h'). The keys and values written are
     "fuzzy" (not those of the exact forward). A one-block group is the block."""
-    parts = [getattr(b, "block", b) for b in blocks]           # kernels wrap a Block (kernels/forward.py)
+    parts = [getattr(b, "block", b) for b in blocks]           # kernels wrap a Block (model/c_forward.py)
     together = len(parts) > 1 and all(isinstance(p.attn.qkv, nn.Linear) for p in parts) \
         and all(type(p.attn_norm) is RMSNorm and p.attn.q_norm is None and p.attn.scale is None for p in parts)
     outs = (group_attention(parts, h, cos, sin, cache, mask) if together    # not packed (kernels), plain attention
@@ -471,7 +471,7 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq_local", local, persistent=False)
         self.register_buffer("head_ids", None, persistent=False)     # restrict_head's tokens [K], or None
         # forward's arguments -> its result, or None where it does not apply: a whole small
-        # forward in one call, put in place by the kernels (kernels/select.py)
+        # forward in one call, put in place by the kernels (model/kernel_choice.py)
         self.fast_forward: Callable | None = None
         self.kv_dtype: torch.dtype | None = None     # the KV cache's, where the kernels chose one
         self.layer_parallel = layer_parallel        # a group's forward (a draft spread over ranks: tensor_parallel)

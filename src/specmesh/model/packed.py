@@ -51,7 +51,7 @@ def write(identity: str, model: nn.Module) -> None:
     tensors = {}
     for name, m in model.named_modules():
         if isinstance(m, Q8Linear):
-            name = name.replace(".block.", ".")         # kernels.CBlock holds the Block it runs
+            name = name.replace(".block.", ".")         # c_forward.CBlock holds the Block it runs
             tensors |= {f"{name}.weight": m.weight.clone(), f"{name}.scale": m.scale.clone(),
                         f"{name}.kind": torch.tensor(m.KIND)}
     save(tensors, cache_file(identity))

@@ -3,7 +3,7 @@
 
 A forward streams every weight once. On 4 KiB pages the embedded target's 55 MB span 13,000 pages, far more than
 the TLB holds, so every forward walks the page tables again (in a virtual machine, guest and host tables both);
-on 2 MiB pages they are 28. Its forward ran 1.04-1.10x faster, `ar` 1.09-1.13x (docs/kernels.md). Where
+on 2 MiB pages they are 28, and the walks go (the measured gain: docs/kernels.md). Where
 the system gives no huge pages (THP `never`, not Linux) nothing moves. KV caches stay on 4 KiB pages: the server's
 is sized for full contexts and costs memory only where requests write (model/cache.py), and on huge pages a
 request's first token would fill 2 MiB of every layer's every head.
@@ -35,7 +35,7 @@ def huge_pages() -> bool:
 def on_huge_pages(model: nn.Module) -> int:
     """Move the CPU tensors of `model` (parameters, buffers, and the packed weights kernels keep as plain attributes)
     into one mapping advised for huge pages, in place; tensors that were one stay one. Returns the bytes moved.
-    Call it before anything keeps the tensors' addresses (kernels.forward's CBlock, CForward)."""
+    Call it before anything keeps the tensors' addresses (model.c_forward's CBlock, CForward)."""
     if not huge_pages():
         return 0
     places = [(m, name, _key(t), t) for m in model.modules() for name, t in _tensors(m)   # keyed before any move

@@ -40,7 +40,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specmesh.engine.batch_plan import trim
 from specmesh.engine.sequence import Sequence
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.runtime.link import PeerError
@@ -50,8 +49,7 @@ from specmesh.spec.verify import Verdict
 EXPLOIT, EXPLORE = 1.0, 0.5         # α, β: the share of routed drafters picked by score (the rest at random)
 ETA = 0.2                           # the weight of a round's score in the running one
 START = 0.5                         # a drafter's score before it was routed
-SOLO = 0.8                          # a free drafter this confident at the root drafts a long chain alone (0.9 and
-                                    # 32 nodes before 2026-11-28: docs/cosine.md)
+SOLO = 0.8                          # a free drafter this confident at the root drafts a long chain alone
 PROMPT_TOP = 32                     # the prompt's routing: the target's most likely tokens compared, per position
 PROMPT_SKIP = 16                    # ... past the first tokens of a drafter's window (too little context before),
                                     # and at least as many positions (fewer, as after a prefix-cache hit: no start)
@@ -92,6 +90,15 @@ def keep_best(tree: TokenTree, budget: int) -> TokenTree:
     for old in keep[1:]:
         out.add(tree.tokens[old], new[tree.parents[old]], tree.prob[old])
     return out
+
+
+def trim(sizes: list[int], budget: int, floor: int = 1) -> list[int]:
+    """Adaptive speculation: one token off the longest draft (the first of equals) until the sizes fit
+    `budget` or every one is down to `floor` (a tree of its root alone: plain decoding)."""
+    sizes = list(sizes)
+    while sum(sizes) > budget and max(sizes) > floor:
+        sizes[sizes.index(max(sizes))] -= 1
+    return sizes
 
 
 @dataclass

@@ -127,7 +127,7 @@ def prefix_key(tokens: Sequence[int]) -> int:
 class CorpusCache:
     def __init__(self, tables: dict[int, tuple[np.ndarray, np.ndarray]], cont_len: int, tokenizer: str = ""):
         # tables[p] = (prefixes [M, p], continuations [M, cont_len]), most frequent first per prefix;
-        # tokenizer: the fingerprint of the tokenizer that counted them ("": not recorded, files before 2026-11-28)
+        # tokenizer: the fingerprint of the tokenizer that counted them ("": a file written before it was recorded)
         if tables and (max(tables) * KEY_BITS > 63 or max(int(pre.max(initial=0)) for pre, _ in tables.values())
                        >= 1 << KEY_BITS):
             raise ValueError(f"n-gram cache: prefixes of at most {63 // KEY_BITS} tokens with ids below "
@@ -246,7 +246,7 @@ TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst"}
 def read_corpus(root: Path, tokenizer, skip_heldout: bool = False) -> list[np.ndarray]:
     """Token arrays of the text files under root (UTF-8 only). skip_heldout: the embedded models' training
     split exactly, i.e. the .py files outside the stdlib held-out rule."""
-    from specmesh.corpus import is_heldout
+    from specmesh.training.corpus import is_heldout
     if not root.is_dir():
         raise FileNotFoundError(f"corpus directory not found: {root}")
     suffixes = {".py"} if skip_heldout else TEXT_SUFFIXES

@@ -51,7 +51,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from specmesh.kernels.build import inherited_kernels
 from specmesh.runtime import PeerError  # noqa: F401  (raised here; declared where the CLI reads it)
+from specmesh.settings import settings
 
 IDLE = datetime.timedelta(days=7)       # how long a rank may wait for work between jobs
 STARTUP_S = 120.0                        # a worker must load its model and join within this
@@ -393,8 +395,9 @@ def as_bytes(tensor: torch.Tensor) -> np.ndarray:
 
 
 def lending_wanted() -> bool:
-    """Whether ranks that take turns lend their cores (the default; SPECMESH_LEND=0 turns it off, to compare)."""
-    return os.environ.get("SPECMESH_LEND") != "0"
+    """Whether ranks that take turns lend their cores (the default; SPECMESH_KERNELS=no-lend turns it off, to
+    compare)."""
+    return settings().kernel("lend") is not False
 
 
 def connect(roles: list[str], config: dict, timeout_s: float, lend: bool = False) -> Link:
@@ -414,7 +417,8 @@ def launch(roles: list[str], config: dict, timeout_s: float) -> Link:
     for rank in range(1, len(roles)):
         env = os.environ | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "RANK": str(rank),
                             "WORLD_SIZE": str(len(roles)),
-                            "SPECMESH_WORKER": json.dumps(config | {"roles": roles, "parent": os.getpid()})}
+                            "SPECMESH_WORKER": json.dumps(config | {"roles": roles, "parent": os.getpid()}),
+                            **inherited_kernels()}
         procs[rank] = subprocess.Popen([sys.executable, "-m", "specmesh.runtime.worker"], env=env)
         print(f"rank {rank} role {roles[rank]} pid {procs[rank].pid}", file=sys.stderr, flush=True)
     try:

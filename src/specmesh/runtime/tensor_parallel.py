@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from specmesh.model.cache import KVCache
-from specmesh.kernels import select_kernels
+from specmesh.model.kernel_choice import select_kernels
 from specmesh.model.loader import DTYPES, load_model
 from specmesh.model.model import Transformer
 from specmesh.model.shard import drop_head
@@ -92,7 +92,7 @@ class Group:
         (and i + N's, ... in a group larger than the N ranks) on the group's input, writing its cache entries;
         the ranks exchange outputs and new keys and values; then every rank writes them and runs the MLPs in
         order. [B,T,D] -> [B,T,D], the same on every rank."""
-        parts = [getattr(b, "block", b) for b in blocks]       # kernels wrap a Block (kernels/forward.py)
+        parts = [getattr(b, "block", b) for b in blocks]       # kernels wrap a Block (model/c_forward.py)
         B, T, D = h.shape
         kv = (B, parts[0].attn.hkv, T, parts[0].attn.hd)
         outs = []
@@ -137,7 +137,7 @@ class Group:
         the C kernels (Layer.reduce)."""
         for layer in model.layers:
             getattr(layer, "block", layer).all_reduce = self.all_reduce
-            if hasattr(layer, "weights"):           # kernels.CBlock
+            if hasattr(layer, "weights"):           # c_forward.CBlock
                 layer.weights.reduce = ctypes.cast(self.c_reduce, ctypes.c_void_p).value
 
 

@@ -71,7 +71,7 @@ def build(cfg: ServeConfig):
     limits = Limits.for_engine(rows, engine.context)
     limits = dataclasses.replace(limits, **{k: v for k, v in (("max_n", cfg.max_n), ("max_queued", cfg.max_queued))
                                             if v is not None})
-    server = Server(engine, cfg.model_name or catalog.served_name(cfg.target), metrics, limits)
+    server = Server(engine, cfg.model_name or catalog.served_name(cfg.target), metrics, limits, llm)
     return server, create_app(server)
 
 
@@ -154,9 +154,9 @@ def run(cfg: ServeConfig) -> int:
     server.engine.on_failure = on_failure
     warnings.showwarning = lambda message, *_, **__: print(f"specmesh serve: warning: {message}", file=sys.stderr)
     e = server.engine
-    chosen = f" (chose {e.method_name})" if cfg.method == "auto" else ""
+    chosen = f" (chose {e.name})" if cfg.method == "auto" else ""
     print(f"specmesh serve: {cfg.method}{chosen} on {e.scheduler.rows} rows of {e.runner.max_len} tokens "
-          f"({e.scheduler.rows * e.runner.max_len * kv_mb_per_token(e.models):.0f} MB of KV cache at most), "
+          f"({e.scheduler.rows * e.runner.max_len * kv_mb_per_token(server.llm.models):.0f} MB of KV cache at most), "
           f"http://{cfg.host}:{cfg.port}/v1", file=sys.stderr)
     web = Uvicorn(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
                                  timeout_graceful_shutdown=5))

@@ -44,10 +44,11 @@ class Choices:
 
 
 class Server:
-    """State shared by the routes: the engine, the model name, metrics, the request bounds, draining flag."""
+    """State shared by the routes: the engine, the model name, metrics, the request bounds, draining flag. `llm`:
+    the LLM the engine belongs to (held, so its models and processes live as long as the server)."""
 
-    def __init__(self, engine: Engine, model_name: str, metrics: Metrics, limits: Limits | None = None):
-        self.engine, self.model_name, self.metrics = engine, model_name, metrics
+    def __init__(self, engine: Engine, model_name: str, metrics: Metrics, limits: Limits | None = None, llm=None):
+        self.engine, self.model_name, self.metrics, self.llm = engine, model_name, metrics, llm
         self.limits = limits or Limits.for_engine(engine.scheduler.rows, engine.context)
         self.draining = False
 
