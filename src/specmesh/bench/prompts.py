@@ -17,9 +17,14 @@ def utf8(data: bytes, name) -> str:
         raise ValueError(f"prompt file {name} is not UTF-8 text: {e.reason} at byte {e.start}") from None
 
 
-def load_prompts(path: str | Path | None = None, limit: int | None = None, tokenizer=None) -> list[str]:
+def prompt_file(path: str | Path | None, tokenizer=None) -> Path:
+    """`path`, or the default set for this tokenizer's model."""
     chat = tokenizer is not None and tokenizer.chat_template
-    path = Path(path) if path else embedded.CHAT_PROMPTS if chat else embedded.HELDOUT_PROMPTS
+    return Path(path) if path else embedded.CHAT_PROMPTS if chat else embedded.HELDOUT_PROMPTS
+
+
+def load_prompts(path: str | Path | None = None, limit: int | None = None, tokenizer=None) -> list[str]:
+    path = prompt_file(path, tokenizer)
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
     prompts = []

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from specmesh import catalog, methods
 from specmesh.bench import llamacpp
 from specmesh.bench.peers import PEERS as HF_PEERS, HFRunner
-from specmesh.bench.prompts import load_prompts
+from specmesh.bench.prompts import load_prompts, prompt_file
 from specmesh.bench.report import ratio
 from specmesh.kernels import cpu_model
 from specmesh.model.kernel_choice import bf16_products
@@ -265,11 +265,10 @@ def commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def described(cfg: BenchConfig) -> dict:
+def described(cfg: BenchConfig, prompts: Path) -> dict:
     """What a bench ran, as its JSON records it: the models and prompts by name, the new tokens, the dtype."""
     name = lambda path: Path(path).name if path else None           # noqa: E731
-    return {"target": name(cfg.target) or "default", "draft": name(cfg.draft),
-            "prompts": Path(cfg.prompts).stem if cfg.prompts else "held-out default",
+    return {"target": name(cfg.target) or catalog.default(), "draft": name(cfg.draft), "prompts": prompts.stem,
             "prompt_count": cfg.limit, "max_new_tokens": cfg.max_new_tokens, "dtype": cfg.dtype}
 
 
@@ -311,7 +310,7 @@ def bench(cfg: BenchConfig) -> dict:
     bar.close()
     references = {dtypes["ar"]: (runners["ar"], [t for t, _ in runs["ar"]])}   # dtype -> (ar runner, outputs)
     result = {"machine": machine(cfg.device), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "commit": commit(), "config": described(cfg), "methods": {}, "per_prompt": []}
+              "commit": commit(), "config": described(cfg, prompt_file(cfg.prompts, tokenizer)), "methods": {}, "per_prompt": []}
     for name in names:
         dtype = dtypes[name]
         if dtype not in references:                    # ar's output in this method's dtype, untimed
