@@ -24,7 +24,7 @@ def prompt_file(path: str | Path | None, tokenizer=None) -> Path:
 
 
 def load_prompts(path: str | Path | None = None, limit: int | None = None, tokenizer=None) -> list[str]:
-    path = prompt_file(path, tokenizer)
+    path, chat = prompt_file(path, tokenizer), tokenizer is not None and tokenizer.chat_template
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
     prompts = []
