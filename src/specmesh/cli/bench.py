@@ -1,0 +1,187 @@
+"""bench, loadtest, simulate: methods side by side, a running server under load, the pipelines and clusters on a
+virtual clock."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from specmesh.cli.args import (DTYPE_CHOICES, add_json, add_method_options, add_model_args, device_counts,
+                               json_took_prompt, method_options, plot_path, warn_unused, write_json)
+from specmesh.options import PEER_WEIGHTS, POLICIES, positive_int
+
+
+def add(sub) -> None:
+    b = sub.add_parser("bench", help="run methods side by side on the same prompts")
+    b.add_argument("--methods", help="comma-separated methods (default: ar,hf; with --quant: ar, since transformers "
+                   "runs no quantized weights)")
+    b.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (default: prompts/chat-heldout.jsonl for a "
+                   "target with a chat template, else prompts/stdlib-heldout.jsonl)")
+    b.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts (default: all)")
+    b.add_argument("--max-new-tokens", type=positive_int, default=128)
+    b.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                   help="auto: specmesh's methods in generate's dtype (bfloat16 where its kernels run it), a peer "
+                        "in the faster of float32 and bfloat16, measured at start-up")
+    add_model_args(b, tp=True)
+    b.add_argument("--peer-weights", choices=PEER_WEIGHTS, default="file",
+                   help="the llama.cpp peers' weights: file, a GGUF target's own file as it is (a folder: as "
+                        "same-precision); same-precision, a GGUF copy at specmesh's dtype or --quant "
+                        "(bf16, f32, Q8_0, Q4_0)")
+    add_method_options(b)
+    add_json(b)
+    b.add_argument("--plot", metavar="OUT.png", type=plot_path,
+                   help="draw speedup and tokens per target forward per method")
+    b.add_argument("--layer-similarity", action="store_true",
+                   help="instead of timing methods: how fuzzy easyspec's layer groups of 2, 3 and 4 are for the draft "
+                        "(mean cosine of a layer's exact input and attention output with the group's, on the prompts)")
+
+    lt = sub.add_parser("loadtest", help="load a running server with streaming completions; latency percentiles")
+    lt.add_argument("--url", required=True, help="the server root, without /v1 (e.g. http://127.0.0.1:8000)")
+    mode = lt.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--rate", type=float, help="open loop: Poisson arrivals, requests per second")
+    mode.add_argument("--concurrency", type=positive_int, help="closed loop: this many clients")
+    lt.add_argument("--duration", type=float, required=True, metavar="SECONDS", help="how long to send requests")
+    lt.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (default: the shipped held-out set)")
+    lt.add_argument("--max-tokens", type=positive_int, default=64)
+    lt.add_argument("--model", help="model id to send (default: none; the server's own)")
+    add_json(lt)
+
+    sm = sub.add_parser("simulate", help="pipedec / pp / stpp on a virtual clock for N pipeline stages, easyspec / tree "
+                        "for a target split over N devices, or cosine / sd / tree on a cluster (simulated)")
+    sm.add_argument("prompt", nargs="?", help="the prompt text (or --prompts FILE)")
+    sm.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (one JSON object with 'prompt' per line)")
+    sm.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts of --prompts")
+    sm.add_argument("--method", choices=["pipedec", "pp", "stpp", "easyspec", "tree", "cosine", "sd"],
+                    default="pipedec",
+                    help="pipedec, pp, stpp: pipeline stages (--stages); easyspec, tree: a split target (--tp); "
+                         "cosine, sd, tree with --concurrency: drafter nodes around a verification server")
+    sm.add_argument("--concurrency", type=positive_int, metavar="N",
+                    help="cosine / sd / tree: the prompts N at a time (a finished one's row goes to the next) on "
+                         "CoSine's cluster, each method shown with sd's")
+    sm.add_argument("--stages", type=positive_int, default=14, help="pipeline stages to simulate (default: 14)")
+    sm.add_argument("--tp", type=device_counts, default=[2, 4, 8], metavar="N[,N...]",
+                    help="easyspec / tree: devices the target is split over (default: 2,4,8); easyspec is shown next "
+                         "to exact drafting of the same tree")
+    sm.add_argument("--calibration", choices=POLICIES, default="round",
+                    help="easyspec: its calibration policy in the real runs; the clock prices the exact reads each "
+                         "policy makes (default: round, the method's)")
+    sm.add_argument("--profile", default="gpu-cluster",
+                    help="gpu-cluster (the paper's setting), local (measured here: the pipeline methods), or a JSON "
+                         "file of the gpu-cluster profile's shape")
+    sm.add_argument("--max-new-tokens", type=positive_int, default=128)
+    sm.add_argument("--tree-width", type=positive_int,
+                    help="w: nodes per tree layer (default: the paper's 32 on gpu-cluster, else pipedec's default)")
+    sm.add_argument("--max-children", type=positive_int,
+                    help="c: children per node (default: the paper's 16 on gpu-cluster, else pipedec's default)")
+    sm.add_argument("--depth", type=positive_int,
+                    help="stpp: levels of its static tree (default: 5 on gpu-cluster, else stpp's default)")
+    sm.add_argument("--draft-window", type=positive_int, default=64,
+                    help="prompt tokens the draft reads (default: 64, as the methods')")
+    sm.add_argument("--target", metavar="DIR")
+    sm.add_argument("--draft", metavar="DIR")
+    sm.add_argument("--drafters", metavar="DIR,DIR", help="cosine: its drafters (default: the target's shipped ones)")
+    sm.add_argument("--calibrate", metavar="OUT.json", nargs="?", const="",
+                    help="measure this machine's costs into a profile (default: the `local` profile, "
+                         "models/profile-local.json of the checkout) and exit")
+    sm.add_argument("--plot", metavar="OUT.png", type=plot_path,
+                    help="simulate all three methods at 7, 14 and 21 stages and plot ms per token against depth")
+    add_json(sm)
+
+
+def cmd_bench(args, parser) -> int:
+    from specmesh.bench.runner import BenchConfig, run_bench
+    from specmesh.bench.report import print_table
+    methods = [m.strip() for m in (args.methods or ("ar" if args.quant else "ar,hf")).split(",") if m.strip()]
+    if not methods:
+        parser.error("--methods is empty")
+    warn_unused(args, methods)
+    if args.layer_similarity:
+        from specmesh.bench.similarity import print_similarity, similarity_table
+        result = similarity_table(args.target, args.draft, args.prompts, args.limit)
+        print_similarity(result, file=sys.stderr if args.json == "-" else sys.stdout)
+        if args.json:
+            write_json(result, args.json)
+        return 0
+    cfg = BenchConfig(methods=methods, prompts=args.prompts, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                      dtype=args.dtype, threads=args.threads, target=args.target, draft=args.draft, quant=args.quant,
+                      device=args.device, tp=args.tp, peer_weights=args.peer_weights, options=method_options(args))
+    result = run_bench(cfg)
+    print_table(result, file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.json:
+        write_json(result, args.json)
+    if args.plot:
+        from specmesh.bench.report import plot
+        plot(result, args.plot)
+    return 0
+
+
+def cmd_loadtest(args, parser) -> int:
+    from specmesh.bench.prompts import load_prompts
+    from specmesh.bench.loadtest import LoadConfig, print_summary, run
+    if args.rate is not None and args.rate <= 0:
+        parser.error("--rate must be positive")
+    if args.duration <= 0:
+        parser.error("--duration must be positive")
+    cfg = LoadConfig(url=args.url, rate=args.rate, concurrency=args.concurrency, duration=args.duration,
+                     prompts=load_prompts(args.prompts), max_tokens=args.max_tokens, model=args.model)
+    summary, errors = run(cfg)
+    print_summary(summary, sys.stderr if args.json == "-" else sys.stdout)
+    for message in errors[:5]:
+        print(f"error: {message}", file=sys.stderr)
+    if args.json:
+        write_json(summary, args.json)
+    return 1 if summary["requests"] and summary["errors"] == summary["requests"] else 0     # none got through
+
+
+def cmd_simulate(args, parser) -> int:
+    from specmesh.bench.prompts import load_prompts
+    from specmesh.bench.simulate import LOCAL, Profile, SimConfig, calibrate, simulate
+    if args.calibrate is not None:
+        out = Path(args.calibrate) if args.calibrate else LOCAL
+        profile = calibrate(out)
+        print(f"{out}: a target layer {profile['stage']['layer_ms'][0]:.2f} ms per token, "
+              f"hop {profile['hop_ms']:.3f} ms", file=sys.stderr)
+        return 0
+    if (args.prompt is None) == (args.prompts is None):
+        parser.error("give exactly one of PROMPT or --prompts FILE" + json_took_prompt(args))
+    prompts = [args.prompt] if args.prompt is not None else load_prompts(args.prompts, args.limit)
+    if args.method in ("cosine", "sd") or args.concurrency:
+        from specmesh.bench.simulate_cosine import ClusterProfile, print_cluster, simulate_cluster
+        methods = [args.method] + [m for m in ("sd",) if m != args.method]
+        result = simulate_cluster(methods, args.concurrency or 8, ClusterProfile.load(args.profile), prompts,
+                                  args.max_new_tokens, args.target, args.draft, args.drafters)
+        print_cluster(result, sys.stderr if args.json == "-" else sys.stdout)
+        if args.json:
+            write_json(result, args.json)
+        return 0
+    if args.method in ("easyspec", "tree"):
+        from specmesh.bench.simulate_tp import TPProfile, print_tp, simulate_tp
+        result = simulate_tp(args.method, args.tp, TPProfile.load(args.profile), prompts, args.max_new_tokens,
+                             args.target, args.draft, args.calibration)
+        print_tp(result, sys.stderr if args.json == "-" else sys.stdout)
+        if args.json:
+            write_json(result, args.json)
+        return 0
+    from specmesh.methods import METHODS
+    pipedec, stpp = METHODS["pipedec"].defaults, METHODS["stpp"].defaults
+    paper = args.profile == "gpu-cluster"
+    cfg = SimConfig(args.method, args.stages, Profile.load(args.profile), args.max_new_tokens,
+                    args.tree_width or (32 if paper else pipedec["tree_width"]),
+                    args.max_children or (16 if paper else pipedec["max_children"]),
+                    args.depth or (5 if paper else stpp["gamma"]), args.draft_window, args.target, args.draft)
+    if args.plot:
+        from specmesh.bench.simulate import sweep_plot
+        table = sweep_plot(cfg, prompts, args.plot)
+        for method, ms in table["ms_per_token"].items():
+            print(f"[simulated] {method:8} " + "  ".join(f"{n} stages {v:7.2f} ms/token"
+                                                         for n, v in zip(table["stages"], ms)), file=sys.stderr)
+        if args.json:
+            write_json(table, args.json)
+        return 0
+    result = simulate(cfg, prompts)
+    print(f"[simulated, profile {result['profile']}] {args.method} on {args.stages} stages: "
+          f"{result['ms_per_token']:.2f} ms/token, {result['tokens_per_s']:.1f} tokens/s, "
+          f"{result['tokens_per_timestep']:.3f} tokens/timestep"
+          + (f", hit rate {result['hit_rate']:.3f}" if result["hit_rate"] is not None else ""), file=sys.stderr)
+    if args.json:
+        write_json(result, args.json)
+    return 0

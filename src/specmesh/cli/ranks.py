@@ -1,0 +1,50 @@
+"""Under torchrun every rank runs the same command: rank 0 decodes, the ranks after it serve what the method asks
+of them (pearl's draft rank, a pipeline's stages, a tensor-parallel target's shards)."""
+from __future__ import annotations
+
+import os
+
+
+def serve_torchrun_rank(args) -> int:
+    """Under torchrun every rank runs the same command; the ranks after 0 serve: pearl's draft rank,
+    a pipeline's stages."""
+    import torch
+    from specmesh import catalog
+    from specmesh.methods import METHODS
+    from specmesh.proposers import remote_chain
+    from specmesh.methods.pipeline.stages import StageServer
+    from specmesh.runtime import pipeline
+    from specmesh.runtime.link import join_env
+    device = args.device
+    if device == "cuda" and "LOCAL_RANK" in os.environ:
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
+    timeout = args.timeout or METHODS[args.method].defaults["timeout"]
+    torch.set_num_threads(1)
+    if args.method == "pearl":
+        draft = catalog.required_draft(catalog.resolve(args.target), args.draft, "pearl")
+        config = {"draft": str(draft), "dtype": args.dtype, "quant": args.quant, "device": device}
+        remote_chain.DraftServer(config).run(join_env(remote_chain.ROLES, timeout))
+        return 0
+    config = {"target": str(catalog.resolve(args.target)), "dtype": args.dtype, "quant": args.quant,
+              "device": device}
+    roles = pipeline.roles(args.stages or 2, args.method != "pp", bool(args.draft_apart))
+    StageServer(config).run(join_env(roles, timeout))
+    return 0
+
+
+def serve_tp_rank(args) -> int:
+    """Under torchrun with --tp N every rank runs the same command; the ranks after 0 keep their shard of the
+    target and repeat rank 0's forwards."""
+    from specmesh import catalog
+    from specmesh.runtime import tensor_parallel
+    from specmesh.runtime.link import join_env
+    config = {"target": str(catalog.resolve(args.target)), "dtype": args.dtype, "quant": args.quant,
+              "device": args.device, "world": args.tp}
+    timeout = getattr(args, "timeout", None) or tensor_parallel.TIMEOUT_S
+    tensor_parallel.Follower(config).run(join_env(tensor_parallel.roles(args.tp), timeout))
+    return 0
+
+
+def torchrun_rank() -> int:
+    from specmesh.runtime.link import under_torchrun
+    return int(os.environ["RANK"]) if under_torchrun() else 0

@@ -1,0 +1,51 @@
+"""serve: the OpenAI-compatible HTTP server."""
+from __future__ import annotations
+
+from specmesh.cli.args import (AUTO_DTYPE, DTYPE_CHOICES, add_method_options, add_model_args, add_tune,
+                               method_options, warn_unused)
+from specmesh.cli.ranks import serve_tp_rank, torchrun_rank
+from specmesh.options import SERVED, port, positive_int, seconds
+
+
+def add(sub) -> None:
+    v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
+    v.add_argument("--method", default="auto", choices=["auto", *SERVED],
+                   help="decoding method (default: auto, as in generate)")
+    v.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    v.add_argument("--port", type=port, default=8000)
+    v.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name, "
+                   "e.g. specmesh-target or smollm2-135m-instruct)")
+    v.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=AUTO_DTYPE)
+    add_model_args(v, tp=True)
+    add_tune(v)
+    v.add_argument("--max-batch", type=positive_int, metavar="N",
+                   help="requests decoded together (default: 16, fewer if their KV cache would pass --max-kv-mb)")
+    v.add_argument("--max-kv-mb", type=float, metavar="MB",
+                   help="bound on the KV cache of the running requests (default: a quarter of the memory available "
+                        "at start); a --max-batch past it is refused")
+    v.add_argument("--grace", type=seconds, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM, how long running requests may take to finish (default: 30)")
+    v.add_argument("--prefix-cache-mb", type=float, default=256.0, metavar="MB",
+                   help="memory for the keys and values of prompt prefixes served before, reused exactly "
+                        "where the kernels allow (default: 256; 0: off)")
+    v.add_argument("--max-n", type=positive_int, metavar="N",
+                   help="samples per prompt one request may ask for (default: --max-batch); more: 400")
+    v.add_argument("--max-queued", type=positive_int, metavar="N",
+                   help="sequences that may wait for a free row (default: 16 x --max-batch); more: 429")
+    v.add_argument("--prefill-chunk", type=positive_int, default=128, metavar="TOKENS",
+                   help="a longer prompt is computed this many tokens per engine step, between the running "
+                        "requests' steps (default: 128)")
+    add_method_options(v, SERVED)
+
+
+def cmd_serve(args, parser) -> int:
+    from specmesh.serve import ServeConfig, run
+    if torchrun_rank() > 0 and args.tp > 1:
+        return serve_tp_rank(args)
+    warn_unused(args, [args.method])
+    return run(ServeConfig(method=args.method, host=args.host, port=args.port, model_name=args.model_name,
+                           dtype=args.dtype, target=args.target, draft=args.draft, device=args.device, quant=args.quant,
+                           tp=args.tp, max_batch=args.max_batch, max_kv_mb=args.max_kv_mb, options=method_options(args),
+                           grace_s=args.grace,
+                           max_n=args.max_n, max_queued=args.max_queued, prefill_chunk=args.prefill_chunk,
+                           prefix_cache_mb=args.prefix_cache_mb, tune=not args.no_tune))
