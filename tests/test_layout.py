@@ -110,12 +110,12 @@ def test_the_engine_knows_no_method_or_proposer():
 
 
 def test_runtime_knows_no_methods_verifier_or_sampling():
-    assert violations("specmesh.runtime", ["specmesh.methods", "specmesh.spec.verify", "specmesh.spec.sampling",
-                                           "specmesh.proposers"]) == []
+    assert violations("specmesh.runtime", ["specmesh.methods", "specmesh.lossless.verify",
+                                           "specmesh.lossless.sampling", "specmesh.proposers"]) == []
 
 
 def test_serve_knows_no_kernels_verifier_or_proposers():
-    assert violations("specmesh.serve", ["specmesh.kernels", "specmesh.spec.verify", "specmesh.proposers"]) == []
+    assert violations("specmesh.serve", ["specmesh.kernels", "specmesh.lossless.verify", "specmesh.proposers"]) == []
 
 
 def test_no_module_beside_methods_shares_a_methods_name():

@@ -13,7 +13,7 @@ __all__ = ["LLM", "SamplingParams", "Stats", "Output", "Sample"]
 __version__ = "0.1.0"
 
 # imported on first use, so that `import specmesh` (the CLI's parser, `specmesh --help`) does not load torch
-_EXPORTS = {"LLM": "specmesh.llm", "SamplingParams": "specmesh.spec.sampling", "Stats": "specmesh.engine.stats",
+_EXPORTS = {"LLM": "specmesh.llm", "SamplingParams": "specmesh.lossless.sampling", "Stats": "specmesh.engine.stats",
             "Output": "specmesh.engine.sequence", "Sample": "specmesh.engine.sequence"}
 
 

@@ -24,7 +24,7 @@ from specmesh.engine.engine import Engine
 from specmesh.engine.sequence import Output, Sequence
 from specmesh.methods import Models
 from specmesh.model.loader import DTYPES, load_model, load_tokenizer, vocabulary
-from specmesh.spec.sampling import SamplingParams
+from specmesh.lossless.sampling import SamplingParams
 from specmesh.settings import settings
 
 Prompt = str | list[int]        # text, or token ids

@@ -43,7 +43,7 @@ from specmesh.kernels import cache_dir, cpu_name, kernel_version, vector_units
 from specmesh.model.loader import stamp
 from specmesh.paths import write_whole
 from specmesh.settings import settings
-from specmesh.spec.sampling import SamplingParams
+from specmesh.lossless.sampling import SamplingParams
 from specmesh.timing import by_width, widths_ms
 
 CALIBRATION = Path(__file__).with_name("calibration.jsonl")    # 3 code snippets and 2 chat requests, written for this

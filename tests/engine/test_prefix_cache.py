@@ -93,7 +93,7 @@ def test_the_server_reads_cached_prompts_and_answers_the_same():
     """Through the engine: a prompt served again, and one that shares its beginning, read their
     prefix from the cache and get the tokens they get without one (the embedded target, bf16)."""
     from specmesh.bench.prompts import load_prompts
-    from specmesh.spec.sampling import SamplingParams
+    from specmesh.lossless.sampling import SamplingParams
     from specmesh.serve import ServeConfig, build
 
     def answers(prefix_cache_mb):

@@ -160,7 +160,7 @@ def test_option_bounds_follow_their_meaning():
 
 def test_each_method_refuses_at_once_what_it_cannot_give():
     from specmesh.methods import METHODS
-    from specmesh.spec.sampling import InvalidParameter
+    from specmesh.lossless.sampling import InvalidParameter
     asks = [(SamplingParams(logprobs=2), "logprobs", "logprobs"), (SamplingParams(frequency_penalty=0.5), "penalties",
                                                                    "frequency_penalty")]
     for name, spec in METHODS.items():

@@ -16,8 +16,8 @@ from specmesh.methods import pearl
 from specmesh.methods.pearl import Rounds
 from specmesh.model.loader import load_model
 from specmesh.proposers.remote_chain import ChainDrafter, one_hot
-from specmesh.spec.sampling import SamplingParams as Params
-from specmesh.spec.verify import Verdict, verify
+from specmesh.lossless.sampling import SamplingParams as Params
+from specmesh.lossless.verify import Verdict, verify
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x", "self.y = y\n\n" * 3]
 

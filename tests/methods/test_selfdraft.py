@@ -9,7 +9,7 @@ from specmesh import LLM, SamplingParams
 from specmesh.model.cache import KVCache
 from specmesh.proposers.ngram import ContextCache, build_corpus_cache
 from specmesh.proposers.multibranch import candidates
-from specmesh.spec.token_tree import TokenTree
+from specmesh.lossless.token_tree import TokenTree
 
 
 def test_context_cache_is_lru_and_bounded_per_key():

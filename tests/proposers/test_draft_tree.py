@@ -9,7 +9,7 @@ import torch
 
 from specmesh import LLM, SamplingParams
 from specmesh.proposers.draft_model import DraftModel
-from specmesh.spec.token_tree import TokenTree
+from specmesh.lossless.token_tree import TokenTree
 
 
 def level_logits(*rows: list[float], vocab: int) -> torch.Tensor:

@@ -42,7 +42,7 @@ def test_the_lookup_reads_every_committed_token_the_first_included():
     """The first token is committed after the proposer admits the sequence: the first lookup must see it."""
     from types import SimpleNamespace
     from specmesh.proposers.lookup import LookupFirst
-    from specmesh.spec.token_tree import TokenTree
+    from specmesh.lossless.token_tree import TokenTree
     draft = SimpleNamespace(admit=lambda row, seq: None, propose=lambda seqs, budgets: [TokenTree.root(s.last) for s in seqs])
     seq = SimpleNamespace(ids=[1, 2, 3, 9, 8, 1, 2], tokens=[])
     lookup = LookupFirst(draft, 1, min_n=2)
@@ -67,7 +67,7 @@ def test_suffix_index_chain_follows_a_repeat_past_the_end():
 def test_a_sure_lookup_proposes_its_reach_and_learns_from_verdicts():
     from types import SimpleNamespace
     from specmesh.proposers.lookup import LookupFirst
-    from specmesh.spec.token_tree import TokenTree
+    from specmesh.lossless.token_tree import TokenTree
     draft = SimpleNamespace(admit=lambda row, seq: None, queue=lambda row, tokens: None,
                             propose=lambda seqs, budgets: [TokenTree.root(s.last) for s in seqs])
     seq = SimpleNamespace(ids=[1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2], tokens=[3], last=3, remaining=50)

@@ -9,7 +9,7 @@ from openai import BadRequestError
 from test_serve import LiveServer, complete
 
 from specmesh.serve.protocol import APIError, Limits, sampling_params
-from specmesh.spec.sampling import SamplingParams
+from specmesh.lossless.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -132,8 +132,8 @@ def figures_row(result: dict) -> str:
 
 
 FIGURES = re.compile(r"(<!-- figures from: (?P<files>[^>]*?) -->\n)(?P<table>.*?)(<!-- end of figures -->)", re.S)
-FIGURES_HEAD = ("| model | prompts | machine | `ar` tok/s | fastest vs `ar` | `ar` vs llama.cpp | fastest vs the peer's "
-                "fastest | = `ar` | date | commit |\n|---|---|---|---|---|---|---|---|---|---|\n")
+FIGURES_HEAD = ("| model | prompts | machine | `ar` tok/s | fastest vs `ar` | `ar` vs llama.cpp | fastest vs the "
+                "peer's fastest | = `ar` | date | commit |\n|---|---|---|---|---|---|---|---|---|---|\n")
 
 
 def readme_figures(readme: Path) -> str:

@@ -34,7 +34,7 @@ from specmesh.model.kernel_choice import bf16_products
 from specmesh.llm import default_dtype
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.model.pages import huge_pages
-from specmesh.spec.sampling import SamplingParams
+from specmesh.lossless.sampling import SamplingParams
 from specmesh.engine.stats import Stats
 from specmesh.timing import CHOSEN, chosen_threads, copy_bandwidth_gb_s, share_of_cores, weight_bytes
 
@@ -310,7 +310,8 @@ def bench(cfg: BenchConfig) -> dict:
     bar.close()
     references = {dtypes["ar"]: (runners["ar"], [t for t, _ in runs["ar"]])}   # dtype -> (ar runner, outputs)
     result = {"machine": machine(cfg.device), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "commit": commit(), "config": described(cfg, prompt_file(cfg.prompts, tokenizer)), "methods": {}, "per_prompt": []}
+              "commit": commit(), "config": described(cfg, prompt_file(cfg.prompts, tokenizer)), "methods": {},
+              "per_prompt": []}
     for name in names:
         dtype = dtypes[name]
         if dtype not in references:                    # ar's output in this method's dtype, untimed

@@ -134,7 +134,7 @@ def cmd_loadtest(args, parser) -> int:
 
 def cmd_simulate(args, parser) -> int:
     from specmesh.bench.prompts import load_prompts
-    from specmesh.bench.simulate import LOCAL, Profile, SimConfig, calibrate, simulate
+    from specmesh.simulator.pipelines import LOCAL, Profile, SimConfig, calibrate, simulate
     if args.calibrate is not None:
         out = Path(args.calibrate) if args.calibrate else LOCAL
         profile = calibrate(out)
@@ -145,7 +145,7 @@ def cmd_simulate(args, parser) -> int:
         parser.error("give exactly one of PROMPT or --prompts FILE" + json_took_prompt(args))
     prompts = [args.prompt] if args.prompt is not None else load_prompts(args.prompts, args.limit)
     if args.method in ("cosine", "sd") or args.concurrency:
-        from specmesh.bench.simulate_cosine import ClusterProfile, print_cluster, simulate_cluster
+        from specmesh.simulator.cluster import ClusterProfile, print_cluster, simulate_cluster
         methods = [args.method] + [m for m in ("sd",) if m != args.method]
         result = simulate_cluster(methods, args.concurrency or 8, ClusterProfile.load(args.profile), prompts,
                                   args.max_new_tokens, args.target, args.draft, args.drafters)
@@ -154,7 +154,7 @@ def cmd_simulate(args, parser) -> int:
             write_json(result, args.json)
         return 0
     if args.method in ("easyspec", "tree"):
-        from specmesh.bench.simulate_tp import TPProfile, print_tp, simulate_tp
+        from specmesh.simulator.split_target import TPProfile, print_tp, simulate_tp
         result = simulate_tp(args.method, args.tp, TPProfile.load(args.profile), prompts, args.max_new_tokens,
                              args.target, args.draft, args.calibration)
         print_tp(result, sys.stderr if args.json == "-" else sys.stdout)
@@ -169,7 +169,7 @@ def cmd_simulate(args, parser) -> int:
                     args.max_children or (16 if paper else pipedec["max_children"]),
                     args.depth or (5 if paper else stpp["gamma"]), args.draft_window, args.target, args.draft)
     if args.plot:
-        from specmesh.bench.simulate import sweep_plot
+        from specmesh.simulator.pipelines import sweep_plot
         table = sweep_plot(cfg, prompts, args.plot)
         for method, ms in table["ms_per_token"].items():
             print(f"[simulated] {method:8} " + "  ".join(f"{n} stages {v:7.2f} ms/token"

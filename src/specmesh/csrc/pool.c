@@ -228,3 +228,12 @@ void pool_lend(const int32_t *busy, int ranks, int cores) {
     pool.ranks = ranks, pool.cores = cores;
     atomic_store(&pool.busy, (const _Atomic int32_t *)busy);
 }
+
+// Python (runtime/link.py): futexes on 32-bit words that processes share (the mailboxes' counters; not PRIVATE):
+// sleep while *word holds `seen`, at most `timeout_s`; wake every process sleeping on it.
+void shared_wait(uint32_t *word, uint32_t seen, double timeout_s) {
+    struct timespec ts = {(time_t)timeout_s, (long)((timeout_s - (double)(time_t)timeout_s) * 1e9)};
+    syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
+}
+
+void shared_wake(uint32_t *word) { syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0); }

@@ -24,7 +24,7 @@ from specmesh.engine.runner import Runner
 from specmesh.engine.scheduler import Scheduler
 from specmesh.engine.sequence import Event, Prompt, Sequence
 from specmesh.model.tokenizer import Tokenizer
-from specmesh.spec.sampling import InvalidParameter, SamplingParams, make_generator
+from specmesh.lossless.sampling import InvalidParameter, SamplingParams, make_generator
 
 
 def deliver_here(batch: list[tuple[Sequence, Event]]) -> None:

@@ -22,7 +22,7 @@ from specmesh.engine.stats import EngineStats
 from specmesh.kernels import SMALL_ROWS
 from specmesh.model.cache import KVCache
 from specmesh.model.model import Transformer
-from specmesh.spec.token_tree import TokenTree
+from specmesh.lossless.token_tree import TokenTree
 
 GROUP_TOKENS = SMALL_ROWS
 PREFILL_CHUNK = 128         # prompt tokens a step computes (docs/serving.md)

@@ -18,8 +18,8 @@ import torch
 
 from specmesh.engine.stats import Stats
 from specmesh.model.tokenizer import Tokenizer
-from specmesh.spec.penalties import penalty_for
-from specmesh.spec.sampling import SamplingParams
+from specmesh.lossless.penalties import penalty_for
+from specmesh.lossless.sampling import SamplingParams
 
 
 @dataclass

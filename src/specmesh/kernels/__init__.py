@@ -20,7 +20,7 @@ from specmesh.kernels.build import (AMX, AVX512, DP, Q8, amx_lib, avx2_lib, cach
 from specmesh.kernels.linears import (GEMV_ROWS, SMALL_ROWS, AMXLinear, BF16Linear, DPLinear, F32Linear, FMALinear,
                                       Int8Linear, PackedLinear, Q8Linear, amx_pack, can_pack, dp_pack, glu_order)
 
-__all__ = ["AMX", "AVX512", "DP", "Q8", "amx_lib", "avx2_lib", "cache_dir", "cpu_flags", "cpu_info", "cpu_model", "cpu_name", "dp_lib", "fma_lib", "q8_lib", "kernel_version", "native_bf16", "vector_units",
-           "GEMV_ROWS", "SMALL_ROWS", "AMXLinear", "BF16Linear", "DPLinear", "F32Linear", "FMALinear", "Int8Linear",
-           "PackedLinear", "Q8Linear", "amx_pack", "can_pack", "dp_pack", "glu_order",
-           "use_cpu_kernels"]
+__all__ = ["AMX", "AVX512", "DP", "Q8", "amx_lib", "avx2_lib", "cache_dir", "cpu_flags", "cpu_info", "cpu_model",
+           "cpu_name", "dp_lib", "fma_lib", "q8_lib", "kernel_version", "native_bf16", "vector_units", "GEMV_ROWS",
+           "SMALL_ROWS", "AMXLinear", "BF16Linear", "DPLinear", "F32Linear", "FMALinear", "Int8Linear", "PackedLinear",
+           "Q8Linear", "amx_pack", "can_pack", "dp_pack", "glu_order"]

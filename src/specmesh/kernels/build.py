@@ -146,6 +146,10 @@ def avx2_lib() -> ctypes.CDLL | None:
     kernel.pool_lend.restype = None
     kernel.pool_use.argtypes = [ctypes.c_int]
     kernel.pool_use.restype = None
+    kernel.shared_wait.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_double]
+    kernel.shared_wait.restype = None
+    kernel.shared_wake.argtypes = [ctypes.c_void_p]
+    kernel.shared_wake.restype = None
     kernel.fma_linear.argtypes = kernel.bf16_linear.argtypes
     kernel.fma_linear.restype = None
     for product in ("q8_linear", "q4_linear", "q41_linear"):

@@ -15,7 +15,7 @@ from typing import Protocol
 from specmesh.model.model import Transformer
 from specmesh.model.tokenizer import Tokenizer
 from specmesh.options import CARDS, OPTIONS
-from specmesh.spec.sampling import InvalidParameter
+from specmesh.lossless.sampling import InvalidParameter
 
 
 class Remote(Protocol):
@@ -56,7 +56,7 @@ class MethodSpec:
     needs_drafters: bool = False        # several drafters (Models.drafters, option `drafters`): cosine
     check: Callable | None = None       # check(models, options): options that depend on the loaded models
     logprobs: bool = True               # it hands each sequence the target's logits at its tokens (Sequence.score)
-    penalties: bool = True              # it applies each sequence's penalties and logit bias (spec/penalties.py)
+    penalties: bool = True              # it applies each sequence's penalties and logit bias (lossless/penalties.py)
 
     @classmethod
     def of(cls, name: str, build: Callable, slack: Callable[[dict], int], **hooks) -> "MethodSpec":

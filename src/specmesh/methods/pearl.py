@@ -43,8 +43,8 @@ from specmesh.methods.base import MethodSpec, Models
 from specmesh.methods.loop import Loop, prefill
 from specmesh.model.cache import KVCache
 from specmesh.proposers.remote_chain import MAX_GAMMA, DraftPeer
-from specmesh.spec.token_tree import TokenTree
-from specmesh.spec.verify import Verdict, verify
+from specmesh.lossless.token_tree import TokenTree
+from specmesh.lossless.verify import Verdict, verify
 from specmesh.timing import by_width, rank_threads
 
 GAMMA_RULES = ("measured", "c")

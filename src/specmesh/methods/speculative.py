@@ -28,7 +28,7 @@ from specmesh.proposers.fuzzy_draft import FuzzyDraft, check_policy, layer_group
 from specmesh.proposers.lookup import LookupFirst
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
 from specmesh.proposers.remote_drafter import DrafterPool
-from specmesh.spec.verify import verify
+from specmesh.lossless.verify import verify
 from specmesh.timing import forward_ms
 
 SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow this long before speculation resumes

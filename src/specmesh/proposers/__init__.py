@@ -24,8 +24,8 @@ from typing import Protocol
 import torch
 
 from specmesh.engine.sequence import Sequence
-from specmesh.spec.token_tree import TokenTree
-from specmesh.spec.verify import Verdict
+from specmesh.lossless.token_tree import TokenTree
+from specmesh.lossless.verify import Verdict
 
 
 class Proposer(Protocol):

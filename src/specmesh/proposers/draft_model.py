@@ -36,10 +36,10 @@ import torch
 from specmesh.engine.sequence import Sequence
 from specmesh.model.cache import KVCache
 from specmesh.model.model import Transformer
-from specmesh.spec.penalties import penalise
-from specmesh.spec.sampling import argmax, probs_from_logits
-from specmesh.spec.token_tree import TokenTree
-from specmesh.spec.verify import Verdict
+from specmesh.lossless.penalties import penalise
+from specmesh.lossless.sampling import argmax, probs_from_logits
+from specmesh.lossless.token_tree import TokenTree
+from specmesh.lossless.verify import Verdict
 
 
 class DraftModel:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specmesh.model.cache import KVCache
-from specmesh.spec.token_tree import TokenTree
+from specmesh.lossless.token_tree import TokenTree
 from specmesh.timing import median_ms
 
 

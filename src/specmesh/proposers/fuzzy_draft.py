@@ -16,7 +16,7 @@ cache. Policies (`calibration`):
 A batched root read is exact when any of its rows is due for calibration.
 
 The proposals are the draft's own: chains drawn from q carry that q, top-k trees are deterministic, and the
-one verifier (spec/verify.py) decides. Fuzziness costs acceptance, never losslessness (unlike the authors'
+one verifier (lossless/verify.py) decides. Fuzziness costs acceptance, never losslessness (unlike the authors'
 sampling path, which verifies greedy drafts against a softmax q).
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ from specmesh.model.cache import KVCache
 from specmesh.model.model import Transformer
 from specmesh.options import POLICIES
 from specmesh.proposers.draft_model import DraftModel
-from specmesh.spec.token_tree import TokenTree
-from specmesh.spec.verify import Verdict
+from specmesh.lossless.token_tree import TokenTree
+from specmesh.lossless.verify import Verdict
 
 
 

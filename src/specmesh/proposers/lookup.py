@@ -17,8 +17,8 @@ import torch
 from specmesh.engine.sequence import Sequence
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.ngram import MatchRecord, SuffixIndex
-from specmesh.spec.token_tree import TokenTree
-from specmesh.spec.verify import Verdict
+from specmesh.lossless.token_tree import TokenTree
+from specmesh.lossless.verify import Verdict
 
 
 SURE = 0.9          # a match length whose first token was accepted this often proposes `reach` tokens

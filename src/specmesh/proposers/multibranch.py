@@ -19,9 +19,9 @@ from specmesh import catalog
 from specmesh.engine.sequence import Sequence
 from specmesh.proposers.branches import Branches
 from specmesh.proposers.ngram import ContextCache, CorpusCache
-from specmesh.spec.sampling import argmax
-from specmesh.spec.token_tree import TokenTree
-from specmesh.spec.verify import Verdict
+from specmesh.lossless.sampling import argmax
+from specmesh.lossless.token_tree import TokenTree
+from specmesh.lossless.verify import Verdict
 
 CORPUS: dict[Path, CorpusCache] = {}       # loaded corpus caches, by path
 

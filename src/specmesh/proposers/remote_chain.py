@@ -24,9 +24,9 @@ from specmesh.model.loader import DTYPES, load_model
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.ngram import SuffixIndex
 from specmesh.runtime.link import Link, PeerError, connect, lending_wanted
-from specmesh.spec.penalties import Penalty, penalty_for
-from specmesh.spec.sampling import SamplingParams
-from specmesh.spec.verify import Verdict
+from specmesh.lossless.penalties import Penalty, penalty_for
+from specmesh.lossless.sampling import SamplingParams
+from specmesh.lossless.verify import Verdict
 from specmesh.timing import forward_ms, rank_threads, share_of_cores, torch_threads
 
 MAX_GAMMA = 16

@@ -32,7 +32,6 @@ every message between machines, go through gloo.
 """
 from __future__ import annotations
 
-import ctypes
 import datetime
 import functools
 import json
@@ -51,7 +50,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from specmesh.kernels.build import inherited_kernels
+from specmesh.kernels.build import avx2_lib, inherited_kernels
 from specmesh.runtime import PeerError  # noqa: F401  (raised here; declared where the CLI reads it)
 from specmesh.settings import settings
 
@@ -64,22 +63,18 @@ LEND_SPIN_S = 30e-6                      # a rank that lends its core polls this
 
 WRITTEN, READ = 0, 1                    # a mailbox's counters
 
-LIBC = ctypes.CDLL(None, use_errno=True)
-SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 0, 1     # x86-64 Linux; shared (not PRIVATE): across processes
-
-
-class Timespec(ctypes.Structure):
-    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
-
-
 def futex_wait(address: int, seen: int, timeout_s: float) -> None:
-    """Sleep while the 32-bit word at `address` holds `seen` (at most `timeout_s`)."""
-    ts = Timespec(int(timeout_s), int(timeout_s % 1 * 1e9))
-    LIBC.syscall(SYS_FUTEX, ctypes.c_void_p(address), FUTEX_WAIT, ctypes.c_uint32(seen), ctypes.byref(ts), None, 0)
+    """Sleep while the 32-bit word at `address` holds `seen` (at most `timeout_s`): csrc/pool.c's futex, or a plain
+    sleep where the kernels do not build (the waiter then looks again after `timeout_s`)."""
+    if (lib := avx2_lib()) is None:
+        time.sleep(timeout_s)
+    else:
+        lib.shared_wait(address, seen, timeout_s)
 
 
 def futex_wake(address: int) -> None:
-    LIBC.syscall(SYS_FUTEX, ctypes.c_void_p(address), FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+    if (lib := avx2_lib()) is not None:
+        lib.shared_wake(address)
 
 
 class Mailbox:

@@ -24,7 +24,7 @@ from specmesh.engine.sequence import Sequence
 from specmesh.serve.metrics import Metrics
 from specmesh.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, Limits, chat_prompt, check_fields,
                                      completion_prompts, encode, sampling_params, streaming)
-from specmesh.spec.sampling import InvalidParameter, SamplingParams
+from specmesh.lossless.sampling import InvalidParameter, SamplingParams
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:

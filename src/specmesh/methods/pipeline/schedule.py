@@ -26,7 +26,7 @@ import torch
 from specmesh.model.cache import KVCache
 from specmesh.proposers.dynamic_tree import TreeDrafter, draft_room
 from specmesh.runtime.pipeline import check_stages, stage_seed
-from specmesh.spec.sampling import SamplingParams, make_generator, next_tokens
+from specmesh.lossless.sampling import SamplingParams, make_generator, next_tokens
 
 
 @dataclass

@@ -21,8 +21,8 @@ from specmesh.methods.pipeline import stages
 from specmesh.model.loader import load_model
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.runtime.pipeline import Pipeline, stage_layers, tree_meta
-from specmesh.spec.token_tree import TokenTree
-from specmesh.spec.verify import Verdict
+from specmesh.lossless.token_tree import TokenTree
+from specmesh.lossless.verify import Verdict
 
 
 

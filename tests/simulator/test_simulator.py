@@ -4,7 +4,7 @@ import json
 import pytest
 
 from specmesh import LLM, SamplingParams
-from specmesh.bench.simulate import LOCAL, Profile
+from specmesh.simulator.pipelines import LOCAL, Profile
 from specmesh.cli import main
 
 KEYS = {"method", "stages", "simulated", "profile", "ms_per_token", "tokens_per_s", "tokens_per_timestep",
@@ -49,8 +49,8 @@ def test_profiles_load_and_fail_clearly(tmp_path):
     assert local.draft_beside_stage0 and sum(local.layers("pipedec", 2, 8, 4)) == 8
     with pytest.raises(FileNotFoundError, match="profile not found"):
         Profile.load(str(tmp_path / "missing.json"))
-    from specmesh.bench.simulate_cosine import ClusterProfile
-    from specmesh.bench.simulate_tp import TPProfile
+    from specmesh.simulator.cluster import ClusterProfile
+    from specmesh.simulator.split_target import TPProfile
     (tmp_path / "empty.json").write_text("{}")
     (tmp_path / "text.json").write_text("not json")
     for load, spec, message in [(Profile.load, tmp_path / "empty.json", "it needs broadcast_ms, draft, hop_ms"),
@@ -91,7 +91,7 @@ def test_plot_sweeps_three_methods_over_depths(tmp_path, tiny_checkpoint):
 
 def test_tp_clock_arithmetic():
     """The TP clock by hand: a target split over N devices, exact and layer-parallel draft forwards."""
-    from specmesh.bench.simulate_tp import TPProfile, clock
+    from specmesh.simulator.split_target import TPProfile, clock
     p = TPProfile("test", target_layers=10, target_layer_ms=2.0, flat_tokens=64, all_reduce_ms={"1": 0, "2": 0.1, "8": 0.4},
                   draft_layers=8, draft_attention_ms=0.5, draft_mlp_ms=1.0)
     assert p.collective_ms(4) == pytest.approx(0.25)                 # log2-interpolated (2 -> 0.1, 8 -> 0.4)
@@ -127,7 +127,7 @@ def test_tp_simulation_runs_the_real_methods(tmp_path, tiny_checkpoint):
 
 
 def test_cluster_clock_arithmetic():
-    from specmesh.bench.simulate_cosine import ClusterProfile
+    from specmesh.simulator.cluster import ClusterProfile
     p = ClusterProfile("test", verify_base_ms=30, verify_per_token_ms=0.1, flat_tokens=100, drafter_ms=6,
                        server_draft_ms=4, hop_ms=0.5)
     assert p.verify_ms(80) == 30 and p.verify_ms(150) == pytest.approx(35)

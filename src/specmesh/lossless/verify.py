@@ -14,7 +14,7 @@ walk down from the root:
   multi-step rejection; with one child this is the standard chain rule); when
   every child is rejected, x ~ p (the residual); at a leaf the bonus token x ~ p.
 
-With a request's `penalty` (spec/penalties.py), each node's logits are penalised over the generated
+With a request's `penalty` (lossless/penalties.py), each node's logits are penalised over the generated
 tokens plus that node's own path before anything else: p is the penalised target at every node.
 
 `logits` may lack the rows of the deepest nodes (PEARL's post-verify checks its newest
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specmesh.spec.penalties import Penalty, penalise
-from specmesh.spec.sampling import SamplingParams, argmax, probs_from_logits
-from specmesh.spec.token_tree import TokenTree
+from specmesh.lossless.penalties import Penalty, penalise
+from specmesh.lossless.sampling import SamplingParams, argmax, probs_from_logits
+from specmesh.lossless.token_tree import TokenTree
 
 
 @dataclass

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from specmesh import embedded
-from specmesh.bench.simulate_tp import load_profile
 from specmesh.runtime.pipeline import balanced_layers, stage_layers
+from specmesh.simulator.split_target import load_profile
 
 METHODS = ("pipedec", "pp", "stpp")
 GPU_CLUSTER = {"name": "gpu-cluster", "stage": {"base_ms": 10.0, "flat_tokens": 64, "per_token_ms": 0.1},
@@ -151,7 +151,7 @@ class Simulator:
 
     def __call__(self, ids: list[int]) -> Result:
         from specmesh.methods.pipeline import schedule as pipedec
-        from specmesh.spec.sampling import SamplingParams
+        from specmesh.lossless.sampling import SamplingParams
         cfg, p = self.cfg, self.cfg.profile
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens)
         if cfg.method == "pipedec":

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specmesh.bench.simulate_tp import load_profile
+from specmesh.simulator.split_target import load_profile
 
 CLUSTER = {"name": "gpu-cluster", "verify_base_ms": 30.0, "verify_per_token_ms": 0.02, "flat_tokens": 128,
            "drafter_ms": 6.0, "server_draft_ms": 4.0, "hop_ms": 0.5}

@@ -2,16 +2,16 @@
 import pytest
 import torch
 
-from specmesh.spec.penalties import Penalty
-from specmesh.spec.sampling import InvalidParameter, SamplingParams
-from specmesh.spec.token_tree import TokenTree
+from specmesh.lossless.penalties import Penalty
+from specmesh.lossless.sampling import InvalidParameter, SamplingParams
+from specmesh.lossless.token_tree import TokenTree
 
 V = 12
 PARAMS = dict(frequency_penalty=0.5, presence_penalty=0.25, repetition_penalty=1.5, logit_bias={3: 2.0, 7: -1.0})
 
 
 def direct(logits: torch.Tensor, prompt: list[int], generated: list[int], p: SamplingParams) -> torch.Tensor:
-    """The formulas of spec/penalties.py, one token at a time."""
+    """The formulas of lossless/penalties.py, one token at a time."""
     z = logits.clone()
     for t in range(V):
         if t in prompt or t in generated:

@@ -5,9 +5,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specmesh.spec import verify as V
-from specmesh.spec.sampling import SamplingParams
-from specmesh.spec.token_tree import TokenTree
+from specmesh.lossless import verify as V
+from specmesh.lossless.sampling import SamplingParams
+from specmesh.lossless.token_tree import TokenTree
 
 SAMPLE = SamplingParams(temperature=1.0)
 GREEDY = SamplingParams()
@@ -128,7 +128,7 @@ def test_from_paths_merges_shared_prefixes_in_bfs_order():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_argmax_is_the_first_maximum_in_every_dtype(dtype):
-    from specmesh.spec.sampling import argmax
+    from specmesh.lossless.sampling import argmax
     logits = torch.randn(9, 513).to(dtype)
     logits[:, 7] = logits[:, 400] = logits.max() + 1      # a tie: the first one wins, as torch's argmax
     logits[3, 2] = logits.max() + 2

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from specmesh.spec.sampling import SamplingParams
-from specmesh.spec.token_tree import TokenTree
+from specmesh.lossless.sampling import SamplingParams
+from specmesh.lossless.token_tree import TokenTree
 
 
 class Penalty:

@@ -37,7 +37,7 @@ class SamplingParams:
     n: int = 1
     ignore_eos: bool = False
     logprobs: int | None = None     # report each token's log-probability and this many top alternatives
-    frequency_penalty: float = 0.0  # spec/penalties.py: logit -= f * count in the generated tokens
+    frequency_penalty: float = 0.0  # lossless/penalties.py: logit -= f * count in the generated tokens
     presence_penalty: float = 0.0   # logit -= p once a token was generated
     repetition_penalty: float = 1.0  # logits of prompt and generated tokens divided (> 0) or multiplied by it
     logit_bias: dict[int, float] = field(default_factory=dict)     # token id -> added to its logit
@@ -107,7 +107,7 @@ class SamplingParams:
 
     @property
     def penalties(self) -> list[str]:
-        """The fields asking for penalties or a logit bias, which change the target's logits (spec/penalties.py)."""
+        """The fields asking for penalties or a logit bias, which change the target's logits (lossless/penalties.py)."""
         return [name for name, neutral in NEUTRAL_PENALTIES.items() if getattr(self, name) != neutral]
 
 
