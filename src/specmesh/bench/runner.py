@@ -286,6 +286,7 @@ def run_bench(cfg: BenchConfig) -> dict:
 
 def bench(cfg: BenchConfig) -> dict:
     names = check_methods(cfg.methods, cfg.quant)
+    measured = commit()                                     # the code that runs, before the runs take minutes
     tokenizer = load_tokenizer(catalog.resolve(cfg.target))
     prompts = load_prompts(cfg.prompts, cfg.limit, tokenizer)
     ids = [tokenizer.encode(p) for p in prompts]
@@ -310,7 +311,7 @@ def bench(cfg: BenchConfig) -> dict:
     bar.close()
     references = {dtypes["ar"]: (runners["ar"], [t for t, _ in runs["ar"]])}   # dtype -> (ar runner, outputs)
     result = {"machine": machine(cfg.device), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "commit": commit(), "config": described(cfg, prompt_file(cfg.prompts, tokenizer)), "methods": {},
+              "commit": measured, "config": described(cfg, prompt_file(cfg.prompts, tokenizer)), "methods": {},
               "per_prompt": []}
     for name in names:
         dtype = dtypes[name]
