@@ -43,8 +43,8 @@ def default_dtype(device: str | torch.device = "cpu") -> str:
         return chosen
     if torch.device(device).type != "cpu":
         return "float32"
-    from specmesh.kernels.build import avx2_lib, native_bf16
-    return "bfloat16" if avx2_lib() is not None or native_bf16() else "float32"
+    from specmesh.kernels.build import kernel_lib, native_bf16
+    return "bfloat16" if kernel_lib() is not None or native_bf16() else "float32"
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:

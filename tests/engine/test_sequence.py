@@ -175,10 +175,10 @@ def test_each_method_refuses_at_once_what_it_cannot_give():
 
 
 def test_dtype_auto_is_bfloat16_where_the_cpu_multiplies_it_fast(monkeypatch, tiny_checkpoint):
-    from specmesh.kernels.build import avx2_lib, native_bf16
+    from specmesh.kernels.build import kernel_lib, native_bf16
     from specmesh.llm import default_dtype
     monkeypatch.delenv("SPECMESH_DTYPE")                 # the suite's float32
-    fast = avx2_lib() is not None or native_bf16()
+    fast = kernel_lib() is not None or native_bf16()
     assert default_dtype("cpu") == ("bfloat16" if fast else "float32") and default_dtype("cuda") == "float32"
     assert LLM(target=tiny_checkpoint, method="ar").dtype == (torch.bfloat16 if fast else torch.float32)
     monkeypatch.setenv("SPECMESH_DTYPE", "half")

@@ -57,7 +57,7 @@ def test_use_cpu_kernels_picks_a_linear_that_matches():
     kernel_choice.use_cpu_kernels(model)
     expected = kernels.AMXLinear if kernels.amx_lib() is not None else kernels.DPLinear if kernels.dp_lib() else \
         kernels.FMALinear if kernels.fma_lib() else \
-        kernels.PackedLinear if kernels.avx2_lib() is None and kernels.native_bf16() else kernels.BF16Linear
+        kernels.PackedLinear if kernels.kernel_lib() is None and kernels.native_bf16() else kernels.BF16Linear
     for fast, linear in zip(model, originals):
         assert isinstance(fast, expected)
         check(fast, linear)
@@ -70,7 +70,7 @@ def test_benchmarks_name_the_product_a_bf16_model_runs_on():
     kernel_choice.use_cpu_kernels(model)
     name = {kernels.AMXLinear: "AMX tiles", kernels.DPLinear: "the AVX512-BF16 dot product"}.get(type(model[0]))
     if isinstance(model[0], kernels.FMALinear):
-        name = "512-bit FMA" if cpu_has_avx512() and hasattr(kernels.avx2_lib(), "fma512_linear") else "256-bit FMA"
+        name = "512-bit FMA" if cpu_has_avx512() and hasattr(kernels.kernel_lib(), "fma512_linear") else "256-bit FMA"
     if name is None:                            # no C kernels here: PyTorch's
         assert kernel_choice.bf16_products().startswith("PyTorch")
     else:
@@ -80,7 +80,7 @@ def test_benchmarks_name_the_product_a_bf16_model_runs_on():
 def test_int8_linear_computes_its_dequantized_product():
     """Draft models' int8 weights: the C kernel (few rows) and the float32 path (many) compute
     x . (scale * q)^T, and q is the bf16 weight rounded to the nearest step of its row's scale."""
-    lib = kernels.avx2_lib()
+    lib = kernels.kernel_lib()
     assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
     torch.manual_seed(5)
     linear = nn.Linear(100, 37, bias=True).bfloat16()
@@ -101,7 +101,7 @@ def test_int8_linear_computes_its_dequantized_product():
 
 
 def test_c_rms_norm_matches_the_model_norm():
-    lib = kernels.avx2_lib()
+    lib = kernels.kernel_lib()
     assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
     torch.manual_seed(3)
     norm = RMSNorm(100, 1e-5)                  # D not a multiple of 8: the tail loop
@@ -116,7 +116,7 @@ def test_c_rms_norm_matches_the_model_norm():
 def test_avx2_kernels_build_where_they_apply():
     """On an x86 CPU with AVX2 and gcc the C kernel must build (else bf16 verification is 2-5x slower)."""
     applies = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and shutil.which("gcc") is not None
-    assert (kernels.avx2_lib() is not None) == applies
+    assert (kernels.kernel_lib() is not None) == applies
 
 
 def cpu_has_amx() -> bool:
@@ -138,7 +138,7 @@ def test_a_drafts_weights_by_cpu_kind(tiny_checkpoint):
                kernels.FMALinear, kernels.Q8Linear)
     kinds = lambda model: {type(m) for m in model.modules() if isinstance(m, linears)}
     draft = load_model(tiny_checkpoint, torch.bfloat16, draft=True)
-    if kernels.avx2_lib() is None:
+    if kernels.kernel_lib() is None:
         assert kernels.Int8Linear not in kinds(draft) and draft.quant is None
     elif kernels.q8_lib() and (kernels.dp_lib() or kernels.fma_lib()):
         assert kinds(draft) == {kernels.Q8Linear} and draft.quant == "int4"
@@ -154,7 +154,7 @@ def test_a_drafts_weights_by_cpu_kind(tiny_checkpoint):
 
 def test_amx_kernels_apply_where_the_cpu_has_them():
     """Intel CPUs with AMX must get the tile kernel (else verification costs 2x a decode step)."""
-    applies = cpu_has_amx() and kernels.avx2_lib() is not None
+    applies = cpu_has_amx() and kernels.kernel_lib() is not None
     assert (kernels.amx_lib() is not None) == applies
 
 
@@ -165,13 +165,13 @@ def test_the_dot_product_kernel_applies_where_the_cpu_has_avx512_bf16_without_am
     drafters), so that no rank measures its way to the other kernel (its outputs would differ from `ar`'s)."""
     import os
     from specmesh.kernels.build import best_rate, inherited_kernels
-    has_dp = kernels.DP <= kernels.cpu_flags() and not cpu_has_amx() and kernels.avx2_lib() is not None \
+    has_dp = kernels.DP <= kernels.cpu_flags() and not cpu_has_amx() and kernels.kernel_lib() is not None \
         and "no-avx512" not in os.environ.get("SPECMESH_KERNELS", "")
     lib = kernels.dp_lib()
     assert lib is None or has_dp
     if has_dp:
         assert ("dp" if lib is not None else "no-dp") in inherited_kernels()["SPECMESH_KERNELS"].split(",")
-        ratio = best_rate(kernels.avx2_lib(), 0) / best_rate(kernels.avx2_lib(), 1)
+        ratio = best_rate(kernels.kernel_lib(), 0) / best_rate(kernels.kernel_lib(), 1)
         if not 1.3 < ratio < 1.7:                       # far from the rule's 1.5x: measured again, the same choice
             assert (lib is not None) == (ratio < 1.5), ratio
 
@@ -179,7 +179,7 @@ def test_the_dot_product_kernel_applies_where_the_cpu_has_avx512_bf16_without_am
 def test_the_fma_kernel_applies_where_the_cpu_has_neither_amx_nor_a_dot_product_that_pays():
     """AVX2 CPUs (AMD before Zen 4, Intel before Cooper Lake), AVX-512 ones whose dot product is slow: bf16
     products on FMA, columns in lanes."""
-    applies = kernels.dp_lib() is None and not cpu_has_amx() and kernels.avx2_lib() is not None
+    applies = kernels.dp_lib() is None and not cpu_has_amx() and kernels.kernel_lib() is not None
     assert (kernels.fma_lib() is not None) == applies
 
 
@@ -195,7 +195,7 @@ def test_the_dot_product_pays_where_fma_is_not_half_again_as_fast():
 def test_the_dot_product_and_fma_rates_are_measured_on_this_core():
     """mac_rate's register loops run: the rates are positive and a core's FMA does not run 10x its dot product."""
     from specmesh.kernels.build import best_rate
-    lib = kernels.avx2_lib()
+    lib = kernels.kernel_lib()
     assert hasattr(lib, "mac_rate"), "the CPU has AVX-512 but csrc/avx512.c did not build"
     fma = best_rate(lib, 0)
     assert 1.0 < fma < 1000.0
@@ -207,7 +207,7 @@ def test_the_q8_kernel_applies_wherever_the_kernels_build_without_amx(tiny_check
     """`--quant int8` models multiply their quantized weights (on VNNI's int8 dot product or AVX2's); with AMX
     they hold the dequantized weights in the tile product."""
     from specmesh.model.loader import load_model
-    applies = not cpu_has_amx() and kernels.avx2_lib() is not None
+    applies = not cpu_has_amx() and kernels.kernel_lib() is not None
     assert (kernels.q8_lib() is not None) == applies
     model = load_model(tiny_checkpoint, torch.bfloat16, quant="int8")
     kinds = {type(m) for m in model.modules() if isinstance(m, (kernels.Q8Linear, kernels.BF16Linear, nn.Linear,
@@ -221,7 +221,7 @@ def test_the_q8_kernel_applies_wherever_the_kernels_build_without_amx(tiny_check
 def test_dp_linear_matches_exact_product_and_is_row_invariant(shape, bias):
     """csrc/avx512.c's dp_linear: x rounded to bf16, float32 accumulation (tolerance: float32 rounding over
     K terms); a row's result is bit-identical alone and among any number of others."""
-    lib = kernels.avx2_lib()
+    lib = kernels.kernel_lib()
     assert hasattr(lib, "dp_linear"), "the CPU has AVX512-BF16 but csrc/avx512.c did not build"
     torch.manual_seed(7)
     K, N = shape
@@ -242,7 +242,7 @@ def test_dp_linear_matches_exact_product_and_is_row_invariant(shape, bias):
 def test_fma_linear_matches_exact_product_and_is_row_invariant(shape, bias):
     """csrc/avx2.c's fma_linear (AVX2 CPUs): float32 x times bf16 weights, one float32 FMA chain per output
     (tolerance: float32 rounding over K terms); a row's result is bit-identical alone and among any others."""
-    lib = kernels.avx2_lib()
+    lib = kernels.kernel_lib()
     assert lib is not None, "csrc/ did not build on this x86 CPU"
     torch.manual_seed(7)
     K, N = shape
@@ -262,7 +262,7 @@ def test_fma_linear_matches_exact_product_and_is_row_invariant(shape, bias):
 def test_fma_linear_on_avx512_computes_what_avx2s_computes(shape):
     """fma_linear runs csrc/avx512.c's fma512_linear where the CPU has AVX-512 (16 columns an FMA, up to 12 rows
     a pass): the same chain per output as AVX2's 8-column kernel, so the same bits, for every row count."""
-    lib = kernels.avx2_lib()
+    lib = kernels.kernel_lib()
     assert hasattr(lib, "fma512_linear"), "the CPU has AVX-512 but csrc/avx512.c did not build"
     torch.manual_seed(3)
     K, N = shape
@@ -322,7 +322,7 @@ def quantized_linear(shape, bias, quant, seed=8, weight=None):
     if quant == "q4_1":                                          # GGUF's Q4_1 blocks: w = d q + m (quant.keep_blocks)
         offset = torch.randn(scale.shape) * scale.abs()
         linear.quantized = (q, scale, bits, offset)
-    lib = kernels.avx2_lib()
+    lib = kernels.kernel_lib()
     assert lib is not None, "csrc/ did not build on this x86 CPU"
     return linear, kernels.Q8Linear(kernels.BF16Linear(linear.bfloat16()), lib)
 
@@ -433,8 +433,8 @@ def fused_model(int8: bool = False, std: float = 0.2, **cfg):
     model = model.bfloat16()
     reference = Transformer(model.config).eval().bfloat16()
     reference.load_state_dict(model.state_dict())
-    kernel_choice.use_avx2_kernels(model, int8=int8)
-    kernel_choice.use_avx2_kernels(reference, int8=int8)
+    kernel_choice.use_c_kernels(model, int8=int8)
+    kernel_choice.use_c_kernels(reference, int8=int8)
     for i, block in enumerate(reference.layers):
         if isinstance(block, c_forward.CBlock):
             reference.layers[i] = block.block
@@ -443,7 +443,7 @@ def fused_model(int8: bool = False, std: float = 0.2, **cfg):
 
 
 def needs_cblock(model) -> None:
-    assert kernels.avx2_lib() is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
+    assert kernels.kernel_lib() is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
     assert all(isinstance(b, c_forward.CBlock) for b in model.layers)
 
 
@@ -603,7 +603,7 @@ ATTENTION_KERNELS = ["attend", pytest.param("attend512", marks=pytest.mark.cpu(*
 
 def attention_kernel(name: str):
     """The C attention `name` (attend: AVX2, attend512: AVX-512), its argument types set by kernels.build."""
-    lib = kernels.avx2_lib()
+    lib = kernels.kernel_lib()
     assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
     return getattr(lib, name)
 
@@ -712,14 +712,14 @@ def test_a_prefill_attends_as_decoding_steps_do_without_amx():
     """Without AMX a bf16 model's prefill attends through the C attention of a decoding step (CForward._attend:
     AVX2's, or AVX-512's for head dim 64), so the logits of a prompt's last token equal a prefill of all but it
     followed by that token's decode step."""
-    lib = kernels.avx2_lib()
+    lib = kernels.kernel_lib()
     assert lib is not None, "needs the AVX2 kernels (x86 CPU with AVX2 and gcc)"
     from conftest import tiny_config
     from specmesh.model.cache import KVCache
     from specmesh.model.model import Transformer
     torch.manual_seed(5)
     model = Transformer(tiny_config(head_dim=64, max_position_embeddings=256)).eval()
-    model = kernel_choice.use_avx2_kernels(model.bfloat16())
+    model = kernel_choice.use_c_kernels(model.bfloat16())
     forward = model.fast_forward
     if forward.amx is not None:
         assert not forward.c_attention
@@ -782,7 +782,7 @@ def test_swiglu_in_the_tile_product_gives_the_same_values():
     for p in models[0].parameters():
         nn.init.normal_(p, std=0.2)
     models[1].load_state_dict(models[0].state_dict())
-    fused, apart = (kernel_choice.use_avx2_kernels(m.bfloat16(), glu=glu) for m, glu in zip(models, (True, False)))
+    fused, apart = (kernel_choice.use_c_kernels(m.bfloat16(), glu=glu) for m, glu in zip(models, (True, False)))
     assert fused.layers[0].weights.glu and not apart.layers[0].weights.glu
     prompt = torch.randint(1, 97, (1, 90))
     with torch.inference_mode():

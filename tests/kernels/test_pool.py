@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from specmesh.kernels.build import avx2_lib
+from specmesh.kernels.build import kernel_lib
 from specmesh.model.cache import KVCache
 from specmesh.model.loader import load_model
 from specmesh.timing import torch_threads
 
 
 def kernel():
-    lib = avx2_lib()
+    lib = kernel_lib()
     assert lib is not None, "the pool needs csrc/ built: an x86 CPU with AVX2 and gcc"
     lib.team_size.restype = ctypes.c_int
     return lib
@@ -146,11 +146,11 @@ UNLENDER = """
 import ctypes, mmap, sys
 import numpy as np
 import torch
-from specmesh.kernels.build import avx2_lib
+from specmesh.kernels.build import kernel_lib
 from specmesh.model.cache import KVCache
 from specmesh.model.loader import load_model
 torch.set_num_threads(1)
-lib, model = avx2_lib(), load_model(sys.argv[1], torch.bfloat16)
+lib, model = kernel_lib(), load_model(sys.argv[1], torch.bfloat16)
 ids = torch.randint(0, model.config.vocab_size, (1, 8))
 with torch.inference_mode():
     for _ in range(1500):

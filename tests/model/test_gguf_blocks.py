@@ -28,7 +28,7 @@ KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 SCALES = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_1: (0, 2), Q.Q5_1: (0, 2), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2),
           Q.Q6_K: (208,)}
 
-pytestmark = pytest.mark.skipif(kernels.avx2_lib() is None, reason="needs csrc/ built (x86 with AVX2 and gcc)")
+pytestmark = pytest.mark.skipif(kernels.kernel_lib() is None, reason="needs csrc/ built (x86 with AVX2 and gcc)")
 
 
 def random_blocks(kind: Q, rows: int, K: int, rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:
@@ -44,7 +44,7 @@ def random_blocks(kind: Q, rows: int, K: int, rng: np.random.Generator, scale: f
 
 
 def matrix_of(raw: np.ndarray, kind: Q, K: int) -> GGUFLinear:
-    return GGUFLinear([(raw, int(kind), None)], K, None, kernels.avx2_lib())
+    return GGUFLinear([(raw, int(kind), None)], K, None, kernels.kernel_lib())
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
@@ -52,7 +52,7 @@ def test_each_block_type_dequantizes_as_gguf_does(kind):
     raw = random_blocks(kind, 3, 512, np.random.default_rng(0))
     want = gguf.quants.dequantize(raw, kind).astype(np.float32)
     got = np.empty((3, 512), np.float32)
-    assert kernels.avx2_lib().gguf_dequantize(int(kind), raw.ctypes.data, got.size, got.ctypes.data) == 0
+    assert kernels.kernel_lib().gguf_dequantize(int(kind), raw.ctypes.data, got.size, got.ctypes.data) == 0
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     table = GGUFEmbedding(matrix_of(raw, kind, 512))
     assert torch.equal(table(torch.tensor([[2, 0]])), torch.from_numpy(want[[2, 0]])[None])
@@ -80,7 +80,7 @@ def test_each_product_is_near_the_float_one_and_a_row_alike_alone_and_in_a_batch
 def test_the_avx2_and_avx512_block_products_agree_bit_for_bit(kind):
     """csrc/blocks512.c sums each lane's products as csrc/blocks.c does and shares its float part: a file's model
     computes the same on a CPU with AVX-512 as on one with AVX2 only (an odd count of 32-blocks included)."""
-    lib = kernels.avx2_lib()
+    lib = kernels.kernel_lib()
     K = 800 if gguf.GGML_QUANT_SIZES[kind][0] == 32 else 1024
     linear = matrix_of(random_blocks(kind, 24, K, np.random.default_rng(4)), kind, K)
     x = torch.randn(19, K, generator=torch.Generator().manual_seed(5)) * torch.logspace(-2, 2, K)
@@ -100,12 +100,12 @@ def test_a_matrix_of_parts_reads_each_of_its_own_type_through_its_row_map():
     K = 512
     a, b = random_blocks(Q.Q4_K, 8, K, rng), random_blocks(Q.Q6_K, 4, K, rng)
     order = np.array([3, 1, 0, 2], dtype=np.int32)
-    fused = GGUFLinear([(a, int(Q.Q4_K), None), (b, int(Q.Q6_K), order)], K, torch.arange(12.0), kernels.avx2_lib())
+    fused = GGUFLinear([(a, int(Q.Q4_K), None), (b, int(Q.Q6_K), order)], K, torch.arange(12.0), kernels.kernel_lib())
     x = torch.randn(3, K)
     want = torch.cat([matrix_of(a, Q.Q4_K, K)(x), matrix_of(b, Q.Q6_K, K)(x)[:, order]], 1) + torch.arange(12.0)
     assert torch.equal(fused(x), want)
     with pytest.raises(ValueError, match="parts"):
-        GGUFLinear([(a, int(Q.Q4_K), None)] * (Matrix.MAX_PARTS + 1), K, None, kernels.avx2_lib())
+        GGUFLinear([(a, int(Q.Q4_K), None)] * (Matrix.MAX_PARTS + 1), K, None, kernels.kernel_lib())
 
 
 # -- a whole file ---------------------------------------------------------------------------------------------

@@ -27,13 +27,13 @@ def mapping_of(t: torch.Tensor) -> dict[str, str]:
 
 
 def test_moved_weights_give_the_same_logits(tiny_model, monkeypatch):
-    if kernels.avx2_lib() is None:
+    if kernels.kernel_lib() is None:
         pytest.fail("the C kernels did not build on this machine: csrc/avx2.c needs gcc and AVX2")
     model = tiny_model.bfloat16()
     apart = copy.deepcopy(model)
-    kernel_choice.use_avx2_kernels(model)                      # moves its tensors onto huge pages
+    kernel_choice.use_c_kernels(model)                      # moves its tensors onto huge pages
     monkeypatch.setattr(kernel_choice, "on_huge_pages", lambda m: 0)
-    kernel_choice.use_avx2_kernels(apart)
+    kernel_choice.use_c_kernels(apart)
     x = torch.randint(97, (2, 5))
     with torch.inference_mode():
         a = model(x, KVCache.for_model(model, 2, 32))

@@ -15,12 +15,12 @@ Every kernel computes a row the same way whatever the number of rows, and the at
 the keys a query sees, so a token's logits are bit for bit the same in a 1-token `ar` step, in a
 verification, as a node of a tree and among other sequences of a batch (tests/kernels/test_kernels.py).
 """
-from specmesh.kernels.build import (AMX, AVX512, DP, Q8, amx_lib, avx2_lib, cache_dir, cpu_flags, cpu_info, cpu_model,
+from specmesh.kernels.build import (AMX, AVX512, DP, Q8, amx_lib, kernel_lib, cache_dir, cpu_flags, cpu_info, cpu_model,
                                     cpu_name, dp_lib, fma_lib, kernel_version, native_bf16, q8_lib, vector_units)
 from specmesh.kernels.linears import (GEMV_ROWS, SMALL_ROWS, AMXLinear, BF16Linear, DPLinear, F32Linear, FMALinear,
                                       Int8Linear, PackedLinear, Q8Linear, amx_pack, can_pack, dp_pack, glu_order)
 
-__all__ = ["AMX", "AVX512", "DP", "Q8", "amx_lib", "avx2_lib", "cache_dir", "cpu_flags", "cpu_info", "cpu_model",
+__all__ = ["AMX", "AVX512", "DP", "Q8", "amx_lib", "kernel_lib", "cache_dir", "cpu_flags", "cpu_info", "cpu_model",
            "cpu_name", "dp_lib", "fma_lib", "q8_lib", "kernel_version", "native_bf16", "vector_units", "GEMV_ROWS",
            "SMALL_ROWS", "AMXLinear", "BF16Linear", "DPLinear", "F32Linear", "FMALinear", "Int8Linear", "PackedLinear",
            "Q8Linear", "amx_pack", "can_pack", "dp_pack", "glu_order"]

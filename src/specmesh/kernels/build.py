@@ -58,7 +58,7 @@ def kernel_version() -> str:
 
 
 @functools.cache
-def avx2_lib() -> ctypes.CDLL | None:
+def kernel_lib() -> ctypes.CDLL | None:
     """csrc/avx2.c (and csrc/avx512.c where gcc can build it) compiled for this machine (cached by
     source hash), or None where it cannot be. Where the CPU has AVX-512 its attention and int8
     products are switched on from the start (SPECMESH_KERNELS=no-avx512 keeps AVX2's, to compare), so a
@@ -222,7 +222,7 @@ def cpu_flags() -> set[str]:
 def amx_lib() -> ctypes.CDLL | None:
     """The kernel library where this CPU has AMX with bf16 tiles (and AVX-512) and Linux lends the
     tile registers to this process, else None. SPECMESH_KERNELS=no-amx turns it off (to compare)."""
-    lib = avx2_lib()
+    lib = kernel_lib()
     if lib is None or not avx512_on(lib) or settings().kernel("amx") is False or not AMX <= cpu_flags():
         return None
     if lib.amx_init() != 0:
@@ -238,7 +238,7 @@ def dp_lib() -> ctypes.CDLL | None:
     an Intel core without AMX (or with AMX hidden by its hypervisor) runs FMA on the widened weights twice as
     fast (fma_lib; measured, dot_product_pays). SPECMESH_KERNELS=no-dp turns it off, =dp on (to
     compare)."""
-    lib = avx2_lib()
+    lib = kernel_lib()
     chosen = settings().kernel("dp")
     if lib is None or not avx512_on(lib) or amx_lib() is not None or chosen is False or not DP <= cpu_flags():
         return None
@@ -276,7 +276,7 @@ def fma_lib() -> ctypes.CDLL | None:
     AVX512-BF16, Intel cores without AMX): bf16 products on FMA over dp_pack's layout (FMALinear; 512-bit FMA
     where the CPU has AVX-512, the same values), else None. SPECMESH_KERNELS=no-fma keeps the
     older row-by-row kernel (BF16Linear), to compare."""
-    lib = avx2_lib()
+    lib = kernel_lib()
     if lib is None or amx_lib() is not None or dp_lib() is not None or settings().kernel("fma") is False:
         return None
     return lib
@@ -288,7 +288,7 @@ def q8_lib() -> ctypes.CDLL | None:
     faster), else None: `--quant int8` / `int4` models and GGUF blocks run their Q8_0 / Q4_0 / Q4_1 products on
     it, on AVX512-VNNI's int8 dot product where the CPU has it, else on AVX2's (the same values).
     SPECMESH_KERNELS=no-q8 turns it off (to compare)."""
-    lib = avx2_lib()
+    lib = kernel_lib()
     if lib is None or amx_lib() is not None or settings().kernel("q8") is False:
         return None
     return lib

@@ -12,7 +12,7 @@ from torch import nn
 
 import numpy as np
 
-from specmesh.kernels.build import Matrix, amx_lib, avx2_lib
+from specmesh.kernels.build import Matrix, amx_lib, kernel_lib
 
 SMALL_ROWS = 16     # AVX2: up to this many rows the C kernel beats the packed float32 copy
 GEMV_ROWS = 3       # without the C kernel: up to this many rows PyTorch's bf16 product beats it
@@ -49,7 +49,7 @@ class BF16Linear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.bias32 = None if self.bias is None else self.bias.float()
         self._packed: torch.Tensor | None = None      # oneDNN's layout, for many rows: made on first use (_large)
-        self.kernel = avx2_lib()
+        self.kernel = kernel_lib()
         self.quantized = getattr(linear, "quantized", None)       # --quant, GGUF blocks: (q, scales, bits, offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -300,8 +300,8 @@ def dequantize(path, t: Tensor) -> np.ndarray:
     """A tensor's values in float32, as the `gguf` package computes them (through csrc/blocks.c where it builds: the
     same bits, without numpy's temporaries)."""
     kind = gguf.GGMLQuantizationType(t.kind)
-    from specmesh.kernels.build import avx2_lib
-    lib = avx2_lib() if t.kind in C_DEQUANTIZED else None
+    from specmesh.kernels.build import kernel_lib
+    lib = kernel_lib() if t.kind in C_DEQUANTIZED else None
     if lib is not None:
         raw = np.ascontiguousarray(t.data)
         out = np.empty(t.shape, np.float32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specmesh.kernels.build import LayerWeights, amx_lib, avx2_lib, avx512_on, dp_lib, fma_lib, native_bf16, q8_lib
+from specmesh.kernels.build import LayerWeights, amx_lib, kernel_lib, avx512_on, dp_lib, fma_lib, native_bf16, q8_lib
 from specmesh.model.c_forward import CBlock, CForward, CRMSNorm
 from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, FMALinear, Int8Linear, PackedLinear,
                                       Q8Linear, can_pack, glu_order)
@@ -16,17 +16,17 @@ from specmesh.model.pages import on_huge_pages
 def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
     """Put this CPU's bf16 kernels in place (in place): ours wherever csrc/avx2.c builds, else
     oneDNN's pre-packed bf16 linears on CPUs with native bf16, else BF16Linear's PyTorch paths."""
-    if avx2_lib() is None and native_bf16():
+    if kernel_lib() is None and native_bf16():
         _replace(model, nn.Linear, PackedLinear)
         return model
     # a draft's int8 weights halve one row's bytes, but its bf16 weights fit in the L3 anyway, and on the bf16 dot
     # product (DPLinear) or on FMA over the same layout (FMALinear) its 3-8 rows (tree levels, catch-up reads) cost
     # a half to two thirds of Int8Linear's, and one row the same or less (docs/kernels.md)
-    return use_avx2_kernels(model, int8=draft and dp_lib() is None and fma_lib() is None)
+    return use_c_kernels(model, int8=draft and dp_lib() is None and fma_lib() is None)
 
 
 def bf16_products() -> str:
-    """What multiplies a bf16 model's linears on this CPU (use_avx2_kernels' choice), for benchmark reports."""
+    """What multiplies a bf16 model's linears on this CPU (use_c_kernels' choice), for benchmark reports."""
     if amx_lib() is not None:
         return "AMX tiles"
     if dp_lib() is not None:
@@ -45,7 +45,7 @@ def draft_quant(dtype: torch.dtype, device: torch.device | str) -> str | None:
     return "int4" if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and q8_lib() is not None else None
 
 
-def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.Module:
+def use_c_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.Module:
     """bf16 linear weights (int8 with `int8`: draft models), float32 everywhere else, C norms
     and blocks where they build (in place); without AMX, products on the AVX512-BF16 dot product where the
     CPU has it, else on FMA over the same layout (`--quant` models and GGUF blocks: Q8_0 / Q4_0 / Q4_1 products
@@ -58,7 +58,7 @@ def use_avx2_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> 
     else:
         _replace(model, nn.Linear, BF16Linear)
     model.float()                               # the linears' bf16 weights are no parameters: they stay
-    if (lib := avx2_lib()) is not None:
+    if (lib := kernel_lib()) is not None:
         dp, fma, q8 = dp_lib(), fma_lib(), q8_lib()
         bf16 = (lambda linear: DPLinear(linear, dp)) if dp is not None else \
             (lambda linear: FMALinear(linear, fma)) if fma is not None else (lambda linear: linear)
@@ -86,7 +86,7 @@ def use_batch_invariant_kernels(model: nn.Module) -> bool:
     """float32 models on x86 CPUs: few-row forwards (decode steps of up to SMALL_ROWS sequences) through
     csrc/avx2.c, so a sequence's logits do not depend on what else is in its batch (the server).
     Returns whether the kernels could be put in place."""
-    lib = avx2_lib()
+    lib = kernel_lib()
     already = any(isinstance(m, (BF16Linear, DPLinear, PackedLinear, CBlock)) for m in model.modules())   # a bf16 model
     if lib is None or already or model.dtype != torch.float32 or model.device.type != "cpu":
         return False

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from torch import nn
 
-from specmesh.kernels import avx2_lib, q8_lib
+from specmesh.kernels import kernel_lib, q8_lib
 from specmesh.model.kernel_choice import draft_quant, select_kernels
 from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
 from specmesh.model import gguf, packed
@@ -274,7 +274,7 @@ def runs_file_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.d
     whose kernels build, of a file that is not all Q8_0 / Q4_0 / Q4_1 (runs_blocks repacks those), every matrix of
     a type csrc/blocks.c multiplies (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) with its row a whole number
     of blocks. Elsewhere a file is dequantized at load."""
-    lib = avx2_lib()
+    lib = kernel_lib()
     if dtype != torch.bfloat16 or torch.device(device).type != "cpu" or lib is None or not gguf.is_gguf(path) \
             or runs_blocks(path, dtype, device):
         return False
@@ -286,7 +286,7 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
     """A GGUF file's model whose matrices and embedding stay in the file, memory-mapped, and run as they are
     (kernels.GGUFLinear, GGUFEmbedding): resident memory is the pages a forward reads, not a copy. Norms and biases
     are read into float32; the rest of the model gets this CPU's kernels (select_kernels) as any bf16 model."""
-    cfg, lib = read_config(path), avx2_lib()
+    cfg, lib = read_config(path), kernel_lib()
     found = gguf.matrices(path, cfg)
     vectors = gguf.file_to_hf(cfg, gguf.read_weights(path, cfg, vectors_only=True)[0])
     with torch.device("meta"):

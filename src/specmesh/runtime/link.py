@@ -50,7 +50,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from specmesh.kernels.build import avx2_lib, inherited_kernels
+from specmesh.kernels.build import kernel_lib, inherited_kernels
 from specmesh.runtime import PeerError  # noqa: F401  (raised here; declared where the CLI reads it)
 from specmesh.settings import settings
 
@@ -66,14 +66,14 @@ WRITTEN, READ = 0, 1                    # a mailbox's counters
 def futex_wait(address: int, seen: int, timeout_s: float) -> None:
     """Sleep while the 32-bit word at `address` holds `seen` (at most `timeout_s`): csrc/pool.c's futex, or a plain
     sleep where the kernels do not build (the waiter then looks again after `timeout_s`)."""
-    if (lib := avx2_lib()) is None:
+    if (lib := kernel_lib()) is None:
         time.sleep(timeout_s)
     else:
         lib.shared_wait(address, seen, timeout_s)
 
 
 def futex_wake(address: int) -> None:
-    if (lib := avx2_lib()) is not None:
+    if (lib := kernel_lib()) is not None:
         lib.shared_wake(address)
 
 
@@ -377,8 +377,8 @@ class Link:
 def lend_cores(boxes: Mailboxes | None) -> None:
     """Run this process's kernel loops on its own threads plus the cores no busy rank of `boxes` holds
     (None: OpenMP's team again)."""
-    from specmesh.kernels.build import avx2_lib
-    kernel = avx2_lib()
+    from specmesh.kernels.build import kernel_lib
+    kernel = kernel_lib()
     if kernel is not None:
         kernel.pool_lend(None if boxes is None else boxes.busy.ctypes.data, 0 if boxes is None else boxes.world,
                          len(os.sched_getaffinity(0)))
