@@ -28,6 +28,8 @@ def test_next_after_looks_up_a_path_without_changing_the_index():
 
 class Scripted:
     """A model drafter that always proposes `token` with probability 0.5, and counts its reads."""
+    free = dead = False                 # the Drafter interface's (proposers/fused_drafters.py)
+
     def __init__(self, token: int):
         self.token, self.reads, self.rows = token, 0, 1
 

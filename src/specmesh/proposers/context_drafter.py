@@ -22,6 +22,7 @@ MIN_N, MAX_N = 2, 6
 
 class ContextDrafter:
     free = True                                   # costs no forward: joins every round, not routed
+    dead = False                                  # it lives in this process
 
     def __init__(self, rows: int, min_n: int = MIN_N, max_n: int = MAX_N):
         self.min_n, self.max_n = min_n, max_n

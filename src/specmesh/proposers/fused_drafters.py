@@ -143,7 +143,13 @@ class Drafter:
     each read, `result()` is the most likely next token after each node read and its probability.
 
     Its view of a row's tree: per level two siblings below the node it continued, the token it continues now
-    (the fused one) and its own candidate, so one forward per level reads both (one where they are the same)."""
+    (the fused one) and its own candidate, so one forward per level reads both (one where they are the same).
+
+    Every drafter (this one, context_drafter.ContextDrafter, remote_drafter.RemoteDrafter) says whether it costs
+    no forward (`free`: it joins every round, never routed out) and whether its process died (`dead`: never
+    routed)."""
+    free = False
+    dead = False
 
     def __init__(self, draft: DraftModel):
         self.draft, self.views, self.continued, self.top = draft, [], [], None
@@ -212,8 +218,8 @@ class FusedDrafters:
         self.token_budget = token_budget            # adaptive speculation: a step's trees hold at most this
         self.names = names or [f"drafter{n}" for n in range(len(drafters))]
         self.routing, self.fusion = routing, fusion
-        self.alive = [not getattr(d, "dead", False) for d in drafters]    # a drafter whose process died: not routed
-        self.free = {n for n, d in enumerate(drafters) if getattr(d, "free", False)}  # no forward: never routed out
+        self.alive = [not d.dead for d in drafters]    # a drafter whose process died: not routed
+        self.free = {n for n, d in enumerate(drafters) if d.free}  # no forward: never routed out
         # the router starts from the prompt where model drafters compete (build_cosine asks the prefill for it)
         self.compares_prompt = routing and len(drafters) - len(self.free) > 1
         self.scores = [[START] * len(drafters) for _ in range(rows)]

@@ -81,6 +81,7 @@ class DrafterServer:
 
 class RemoteDrafter:
     """Rank 0's handle on drafter process `rank` (the Drafter interface)."""
+    free = False
 
     def __init__(self, link: Link, rank: int, window: int):
         self.link, self.rank, self.window = link, rank, window
