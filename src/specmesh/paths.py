@@ -15,6 +15,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specmesh"
 
 
+def stamp(path: Path) -> str:
+    """A checkpoint folder's (or file's) identity on this machine: its path, and each file's name, size and
+    modification time (new weights make a new stamp)."""
+    path = Path(path).resolve()
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    return f"{path}:" + ",".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+
+
 def write_whole(file: Path, data: bytes) -> None:
     """`data` written to a temporary name, then renamed: a reader never sees half of it; nothing where the cache
     is read-only (made again next time)."""

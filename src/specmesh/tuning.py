@@ -40,10 +40,9 @@ from specmesh.engine.engine import Engine
 from specmesh.engine.sequence import Output
 from specmesh.engine.stats import Stats
 from specmesh.kernels import cache_dir, cpu_name, kernel_version, vector_units
-from specmesh.model.loader import stamp
-from specmesh.paths import write_whole
-from specmesh.settings import settings
 from specmesh.lossless.sampling import SamplingParams
+from specmesh.paths import stamp, write_whole
+from specmesh.settings import settings
 from specmesh.timing import by_width, widths_ms
 
 CALIBRATION = Path(__file__).with_name("calibration.jsonl")    # 3 code snippets and 2 chat requests, written for this

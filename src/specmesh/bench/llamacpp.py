@@ -38,9 +38,10 @@ import torch
 from specmesh.engine.stats import Stats
 from specmesh.kernels import cache_dir
 from specmesh.model.gguf import is_gguf
-from specmesh.settings import settings
-from specmesh.model.loader import read_config, runs_blocks, runs_file_blocks, stamp, to_gguf
+from specmesh.model.loader import read_config, runs_blocks, runs_file_blocks, to_gguf
 from specmesh.options import PEER_WEIGHTS
+from specmesh.paths import stamp
+from specmesh.settings import settings
 
 PEERS = ("llama.cpp", "llama.cpp-spec", "llama.cpp-lookup")
 DRAFT_TOKENS = 4                # as specmesh's sd default γ

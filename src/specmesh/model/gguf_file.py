@@ -14,7 +14,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from specmesh.paths import cache_dir, write_whole
+from specmesh.paths import cache_dir, stamp, write_whole
 
 MAGIC = b"GGUF"
 
@@ -91,7 +91,7 @@ class GGUFFile:
         if (version := self.read("<I")) not in (2, 3):
             raise GGUFError(f"GGUF version {version} is not one this reader knows (2, 3)")
         known = self.array_ends(stamp)
-        self.ends, walked = dict(known), False
+        self.ends = dict(known)
         n_tensors, n_fields = self.read("<Q"), self.read("<Q")
         self.fields = {}
         for _ in range(n_fields):
@@ -191,9 +191,8 @@ def open_gguf(path: str | Path) -> GGUFFile:
         head = f.read(4)
     if head != MAGIC:
         raise GGUFError(f"{path} is not a GGUF file (it starts with {head!r}, not {MAGIC!r})")
-    stat = path.stat()
     try:
-        return _open(path.resolve(), f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}")
+        return _open(path.resolve(), stamp(path))
     except GGUFError as e:
         raise GGUFError(f"{path}: {e}") from None
     except Exception as e:

@@ -18,14 +18,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specmesh.kernels import kernel_lib, q8_lib
-from specmesh.model.kernel_choice import draft_quant, select_kernels
 from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
 from specmesh.model import gguf, packed
+from specmesh.model.kernel_choice import draft_quant, select_kernels
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
 from specmesh.model.quant import keep_blocks, quantize_model
 from specmesh.model.shard import shard
 from specmesh.model.tokenizer import Tokenizer
-from specmesh.paths import cache_dir, write_whole
+from specmesh.paths import cache_dir, stamp, write_whole
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -120,14 +120,6 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
-def stamp(path: Path) -> str:
-    """A checkpoint folder's (or file's) identity on this machine: its path, and each file's name, size and
-    modification time (new weights make a new stamp)."""
-    path = Path(path).resolve()
-    files = sorted(path.iterdir()) if path.is_dir() else [path]
-    return f"{path}:" + ",".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
-
-
 HEAD_TOKENS = "head_tokens.safetensors"     # in a draft's folder: "ids", the tokens its head computes
 
 
@@ -146,8 +138,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
         return load_file_blocks(path, draft)
     has_blocks = quant is None and part is None and runs_blocks(path, dtype, device)
     blocks = has_blocks and pack
-    if blocks and (cached := packed.read(stamp(path))) is not None:
-        return load_packed(path, cached, draft)
+    identity = stamp(path) if blocks else ""
+    if blocks and (cached := packed.read(identity)) is not None:
+        return load_packed(path, identity, cached, draft)
     if draft and quant is None and not has_blocks:  # as on every TP rank (they load unpacked)
         quant = draft_quant(dtype, device)      # a draft's guesses need not be exact: fewer bytes where that pays
     kept = {}
@@ -188,20 +181,20 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     if pack:
         select_kernels(model, draft)
     if blocks:
-        packed.write(stamp(path), model)
+        packed.write(identity, model)
     del kept
     release_freed_memory()
     return model
 
 
-def load_packed(path: Path, cached: dict, draft: bool = False) -> Transformer:
+def load_packed(path: Path, identity: str, cached: dict, draft: bool = False) -> Transformer:
     """load_model's model of a GGUF file of Q8_0 / Q4_0 / Q4_1 layers from its matrices packed for Q8Linear
     (model/packed.py, cached at its first load) and the rest of its weights (cached at the first load from them)."""
     cfg, lib = read_config(path), q8_lib()
-    state = packed.read_state(stamp(path))
+    state = packed.read_state(identity)
     if state is None:
         state = unpacked_state(path, cfg, cached)
-        packed.write_state(stamp(path), state)
+        packed.write_state(identity, state)
     with torch.device("meta"):
         model = Transformer(cfg)
 

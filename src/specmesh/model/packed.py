@@ -26,7 +26,7 @@ from specmesh.paths import cache_dir
 
 def cache_file(identity: str, part: str = "") -> Path:
     """Where the packed matrices (part "") or the other weights (part "state") of the file of this identity
-    (loader.stamp) live."""
+    (paths.stamp) live."""
     key = hashlib.sha256(f"{identity}|{kernel_version()}".encode()).hexdigest()[:20]
     return cache_dir() / "packed" / f"{key}{'.' + part if part else ''}.safetensors"
 

@@ -42,11 +42,11 @@ def on_huge_pages(model: nn.Module) -> int:
               if t.device.type == "cpu" and t.layout == torch.strided and t.numel() and t.is_contiguous()]
     streamed = {k for m, _, k, _ in places if not isinstance(m, nn.Embedding)}
     places = [p for p in places if p[2] in streamed      # a lookup table reads a few rows: unless a head reads it all
-              and not placed(p[3])]                      # read onto huge pages already (load_file)
+              and not placed(p[3])]                      # read onto huge pages already (load)
     unique = {k: t for _, _, k, t in places}
     if not unique:
         return 0
-    sizes = {k: -(-t.nbytes // ALIGN) * ALIGN for k, t in unique.items()}
+    sizes = {k: aligned(t.nbytes) for k, t in unique.items()}
     raw, at, moved = huge_zeros(sum(sizes.values())), 0, {}
     for k, t in unique.items():
         moved[k] = raw[at:at + t.nbytes].view(t.dtype).view(t.shape).copy_(t)
@@ -54,6 +54,11 @@ def on_huge_pages(model: nn.Module) -> int:
     for m, name, k, _ in places:
         _put(m, name, moved[k])
     return at
+
+
+def aligned(nbytes: int) -> int:
+    """`nbytes` rounded up to a whole number of cache lines (ALIGN)."""
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 def huge_zeros(nbytes: int) -> torch.Tensor:
@@ -92,13 +97,13 @@ def load(file: str | Path) -> dict[str, torch.Tensor]:
         header = json.loads(f.read(n))
         header.pop("__metadata__", None)
         spans = {k: v["data_offsets"] for k, v in header.items()}
-        raw, at, out = huge_zeros(max(sum(-(-(e - b) // ALIGN) * ALIGN for b, e in spans.values()), ALIGN)), 0, {}
+        raw, at, out = huge_zeros(max(sum(aligned(e - b) for b, e in spans.values()), ALIGN)), 0, {}
         for k, (b, e) in spans.items():
             f.seek(8 + n + b)
             if f.readinto(raw[at:at + e - b].numpy()) != e - b:
                 raise ValueError(f"{file}: {k} ends past the file")
             out[k] = raw[at:at + e - b].view(DTYPES[header[k]["dtype"]]).view(header[k]["shape"])
-            at += -(-(e - b) // ALIGN) * ALIGN
+            at += aligned(e - b)
     return out
 
 
