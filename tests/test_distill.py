@@ -5,9 +5,9 @@ import json
 import torch
 
 from specmesh import LLM, SamplingParams
+from specmesh.model.loader import load_model
 from specmesh.training.distill import DistillConfig, run
 from specmesh.training.instructions import instructions
-from specmesh.model.loader import load_model
 
 
 def test_heldout_instructions_ask_about_other_subjects():

@@ -2,8 +2,8 @@
 import numpy as np
 import torch
 
-from specmesh.training import train
 from specmesh.model.model import Transformer
+from specmesh.training import train
 from conftest import tiny_config
 
 

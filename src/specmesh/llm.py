@@ -22,9 +22,9 @@ from specmesh import catalog, methods, tuning
 from specmesh.engine import sizing
 from specmesh.engine.engine import Engine
 from specmesh.engine.sequence import Output, Sequence
+from specmesh.lossless.sampling import SamplingParams
 from specmesh.methods import Models
 from specmesh.model.loader import DTYPES, load_model, load_tokenizer, vocabulary
-from specmesh.lossless.sampling import SamplingParams
 from specmesh.settings import settings
 
 Prompt = str | list[int]        # text, or token ids

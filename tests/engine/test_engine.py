@@ -2,8 +2,8 @@
 import pytest
 
 from specmesh import LLM, SamplingParams
-from specmesh.methods import METHODS
 from specmesh.lossless.sampling import InvalidParameter
+from specmesh.methods import METHODS
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x", "self.y = y\n\n" * 3,
            "import os\n", "print(", "return self", "while True:"]

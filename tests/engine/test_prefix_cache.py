@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from specmesh import kernels
+from specmesh.engine.prefix_cache import BLOCK, MIN_REST, PrefixCache, unsupported
 from specmesh.model import kernel_choice
 from specmesh.model.cache import KVCache
 from specmesh.model.model import Transformer
-from specmesh.engine.prefix_cache import BLOCK, MIN_REST, PrefixCache, unsupported
 
 
 def tile_model(seed: int = 3) -> Transformer:

@@ -7,9 +7,9 @@ import torch
 from conftest import assert_same_distribution, sampled_pairs
 
 from specmesh import LLM, SamplingParams
+from specmesh.lossless.token_tree import TokenTree
 from specmesh.proposers import fused_drafters
 from specmesh.proposers.fused_drafters import FusedDrafters, Round, cross_entropy, keep_best, round_score, route
-from specmesh.lossless.token_tree import TokenTree
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n"]
 LONG = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"

@@ -7,8 +7,8 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from specmesh import LLM, SamplingParams
-from specmesh.methods import speculative
 from specmesh.lossless.verify import verify as real_verify
+from specmesh.methods import speculative
 
 PROMPT = "class Point:"
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "x", "self.y = y\n\n" * 3]

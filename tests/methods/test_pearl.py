@@ -12,12 +12,12 @@ from scipy.stats import chi2_contingency
 from conftest import fail_rank_mid_stream
 
 from specmesh import LLM, SamplingParams
+from specmesh.lossless.sampling import SamplingParams as Params
+from specmesh.lossless.verify import Verdict, verify
 from specmesh.methods import pearl
 from specmesh.methods.pearl import Rounds
 from specmesh.model.loader import load_model
 from specmesh.proposers.remote_chain import ChainDrafter, one_hot
-from specmesh.lossless.sampling import SamplingParams as Params
-from specmesh.lossless.verify import Verdict, verify
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x", "self.y = y\n\n" * 3]
 

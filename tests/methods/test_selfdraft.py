@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from specmesh import LLM, SamplingParams
-from specmesh.model.cache import KVCache
-from specmesh.proposers.ngram import ContextCache, build_corpus_cache
-from specmesh.proposers.multibranch import candidates
 from specmesh.lossless.token_tree import TokenTree
+from specmesh.model.cache import KVCache
+from specmesh.proposers.multibranch import candidates
+from specmesh.proposers.ngram import ContextCache, build_corpus_cache
 
 
 def test_context_cache_is_lru_and_bounded_per_key():

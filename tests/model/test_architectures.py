@@ -17,10 +17,10 @@ except ImportError:
     pytest.fail("tests need the [test] extra: pip install -e .[test]", pytrace=False)
 
 from specmesh import LLM, SamplingParams, catalog
+from specmesh.lossless.token_tree import TokenTree
 from specmesh.model.cache import KVCache
 from specmesh.model.gguf import GGUFError, read_config, read_gguf
 from specmesh.model.loader import load_model, load_tokenizer, save_model, to_gguf
-from specmesh.lossless.token_tree import TokenTree
 
 WINDOW = 6                   # the sliding layers' window: prompts here are longer
 SMALL = dict(hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

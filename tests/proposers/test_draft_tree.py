@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specmesh import LLM, SamplingParams
-from specmesh.proposers.draft_model import DraftModel
 from specmesh.lossless.token_tree import TokenTree
+from specmesh.proposers.draft_model import DraftModel
 
 
 def level_logits(*rows: list[float], vocab: int) -> torch.Tensor:

@@ -8,8 +8,8 @@ import pytest
 from openai import BadRequestError
 from test_serve import LiveServer, complete
 
-from specmesh.serve.protocol import APIError, Limits, sampling_params
 from specmesh.lossless.sampling import SamplingParams
+from specmesh.serve.protocol import APIError, Limits, sampling_params
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from specmesh import LLM, SamplingParams
-from specmesh.simulator.pipelines import LOCAL, Profile
 from specmesh.cli import main
+from specmesh.simulator.pipelines import LOCAL, Profile
 
 KEYS = {"method", "stages", "simulated", "profile", "ms_per_token", "tokens_per_s", "tokens_per_timestep",
         "hit_rate", "tokens"}

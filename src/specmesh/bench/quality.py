@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from specmesh import catalog
-from specmesh.training import corpus
-from specmesh.options import positive_int
 from specmesh.model.loader import load_model, load_tokenizer
 from specmesh.model.quant import QUANTS
+from specmesh.options import positive_int
+from specmesh.training import corpus
 
 CONTEXT = 1024
 VARIANTS = [("float32", torch.float32, None), ("bfloat16", torch.bfloat16, None)] + \

@@ -29,13 +29,13 @@ from specmesh.bench import llamacpp
 from specmesh.bench.peers import PEERS as HF_PEERS, HFRunner
 from specmesh.bench.prompts import load_prompts, prompt_file
 from specmesh.bench.report import ratio
+from specmesh.engine.stats import Stats
 from specmesh.kernels import cpu_model
-from specmesh.model.kernel_choice import bf16_products
 from specmesh.llm import default_dtype
+from specmesh.lossless.sampling import SamplingParams
+from specmesh.model.kernel_choice import bf16_products
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.model.pages import huge_pages
-from specmesh.lossless.sampling import SamplingParams
-from specmesh.engine.stats import Stats
 from specmesh.timing import CHOSEN, chosen_threads, copy_bandwidth_gb_s, share_of_cores, weight_bytes
 
 PEERS = HF_PEERS + llamacpp.PEERS

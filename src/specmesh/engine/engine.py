@@ -23,8 +23,8 @@ from specmesh.engine.method import Method
 from specmesh.engine.runner import Runner
 from specmesh.engine.scheduler import Scheduler
 from specmesh.engine.sequence import Event, Prompt, Sequence
-from specmesh.model.tokenizer import Tokenizer
 from specmesh.lossless.sampling import InvalidParameter, SamplingParams, make_generator
+from specmesh.model.tokenizer import Tokenizer
 
 
 def deliver_here(batch: list[tuple[Sequence, Event]]) -> None:

@@ -23,8 +23,8 @@ import hashlib
 import numpy as np
 import torch
 
-from specmesh.model.cache import KVCache
 from specmesh.model.c_forward import CForward
+from specmesh.model.cache import KVCache
 from specmesh.model.model import PREFILL_TOKENS
 
 BLOCK = 16                          # tokens per block

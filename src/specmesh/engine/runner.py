@@ -20,9 +20,9 @@ from specmesh.engine.prefix_cache import MIN_REST, PrefixCache
 from specmesh.engine.sequence import Prompt, Sequence
 from specmesh.engine.stats import EngineStats
 from specmesh.kernels import SMALL_ROWS
+from specmesh.lossless.token_tree import TokenTree
 from specmesh.model.cache import KVCache
 from specmesh.model.model import Transformer
-from specmesh.lossless.token_tree import TokenTree
 
 GROUP_TOKENS = SMALL_ROWS
 PREFILL_CHUNK = 128         # prompt tokens a step computes (docs/serving.md)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from specmesh.engine.stats import Stats
-from specmesh.model.tokenizer import Tokenizer
 from specmesh.lossless.penalties import penalty_for
 from specmesh.lossless.sampling import SamplingParams
+from specmesh.model.tokenizer import Tokenizer
 
 
 @dataclass

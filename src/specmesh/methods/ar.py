@@ -8,9 +8,9 @@ import torch
 
 from specmesh.engine.runner import Runner
 from specmesh.engine.sequence import Sequence
-from specmesh.methods.base import MethodSpec
 from specmesh.lossless.penalties import penalise
 from specmesh.lossless.sampling import argmax, next_tokens
+from specmesh.methods.base import MethodSpec
 
 
 def target_token(logits: torch.Tensor, seq: Sequence) -> int:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from specmesh.lossless.sampling import InvalidParameter
 from specmesh.model.model import Transformer
 from specmesh.model.tokenizer import Tokenizer
 from specmesh.options import CARDS, OPTIONS
-from specmesh.lossless.sampling import InvalidParameter
 
 
 class Remote(Protocol):

@@ -38,13 +38,13 @@ from pathlib import Path
 import torch
 
 from specmesh.engine.sequence import Sequence
+from specmesh.lossless.token_tree import TokenTree
+from specmesh.lossless.verify import Verdict, verify
 from specmesh.methods.ar import target_token
 from specmesh.methods.base import MethodSpec, Models
 from specmesh.methods.loop import Loop, prefill
 from specmesh.model.cache import KVCache
 from specmesh.proposers.remote_chain import MAX_GAMMA, DraftPeer
-from specmesh.lossless.token_tree import TokenTree
-from specmesh.lossless.verify import Verdict, verify
 from specmesh.timing import by_width, rank_threads
 
 GAMMA_RULES = ("measured", "c")

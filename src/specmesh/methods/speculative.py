@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specmesh.methods.cosine_schedule import Scheduled
 from specmesh.engine.runner import Runner
 from specmesh.engine.sequence import Sequence
+from specmesh.lossless.verify import verify
 from specmesh.methods.ar import AR
 from specmesh.methods.base import Configured, MethodSpec
+from specmesh.methods.cosine_schedule import Scheduled
 from specmesh.proposers import Proposer
 from specmesh.proposers.context_drafter import ContextDrafter
 from specmesh.proposers.draft_model import DraftModel
@@ -28,7 +29,6 @@ from specmesh.proposers.fuzzy_draft import FuzzyDraft, check_policy, layer_group
 from specmesh.proposers.lookup import LookupFirst
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
 from specmesh.proposers.remote_drafter import DrafterPool
-from specmesh.lossless.verify import verify
 from specmesh.timing import forward_ms
 
 SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow this long before speculation resumes

@@ -34,12 +34,12 @@ import numpy as np
 import torch
 
 from specmesh.engine.sequence import Sequence
-from specmesh.model.cache import KVCache
-from specmesh.model.model import Transformer
 from specmesh.lossless.penalties import penalise
 from specmesh.lossless.sampling import argmax, probs_from_logits
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
+from specmesh.model.cache import KVCache
+from specmesh.model.model import Transformer
 
 
 class DraftModel:

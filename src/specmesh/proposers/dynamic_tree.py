@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specmesh.model.cache import KVCache
 from specmesh.lossless.token_tree import TokenTree
+from specmesh.model.cache import KVCache
 from specmesh.timing import median_ms
 
 

@@ -41,10 +41,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmesh.engine.sequence import Sequence
-from specmesh.proposers.draft_model import DraftModel
-from specmesh.runtime.link import PeerError
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
+from specmesh.proposers.draft_model import DraftModel
+from specmesh.runtime.link import PeerError
 
 EXPLOIT, EXPLORE = 1.0, 0.5         # α, β: the share of routed drafters picked by score (the rest at random)
 ETA = 0.2                           # the weight of a round's score in the running one

@@ -24,12 +24,12 @@ from __future__ import annotations
 import torch
 
 from specmesh.engine.sequence import Sequence
+from specmesh.lossless.token_tree import TokenTree
+from specmesh.lossless.verify import Verdict
 from specmesh.model.cache import KVCache
 from specmesh.model.model import Transformer
 from specmesh.options import POLICIES
 from specmesh.proposers.draft_model import DraftModel
-from specmesh.lossless.token_tree import TokenTree
-from specmesh.lossless.verify import Verdict
 
 
 

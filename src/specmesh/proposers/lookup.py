@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 
 from specmesh.engine.sequence import Sequence
-from specmesh.proposers.draft_model import DraftModel
-from specmesh.proposers.ngram import MatchRecord, SuffixIndex
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
+from specmesh.proposers.draft_model import DraftModel
+from specmesh.proposers.ngram import MatchRecord, SuffixIndex
 
 
 SURE = 0.9          # a match length whose first token was accepted this often proposes `reach` tokens

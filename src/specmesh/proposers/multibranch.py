@@ -17,11 +17,11 @@ import torch
 
 from specmesh import catalog
 from specmesh.engine.sequence import Sequence
-from specmesh.proposers.branches import Branches
-from specmesh.proposers.ngram import ContextCache, CorpusCache
 from specmesh.lossless.sampling import argmax
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
+from specmesh.proposers.branches import Branches
+from specmesh.proposers.ngram import ContextCache, CorpusCache
 
 CORPUS: dict[Path, CorpusCache] = {}       # loaded corpus caches, by path
 

@@ -20,13 +20,13 @@ import torch
 
 from specmesh.engine.sequence import Sequence
 from specmesh.engine.stats import Stats
+from specmesh.lossless.penalties import Penalty, penalty_for
+from specmesh.lossless.sampling import SamplingParams
+from specmesh.lossless.verify import Verdict
 from specmesh.model.loader import DTYPES, load_model
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.ngram import SuffixIndex
 from specmesh.runtime.link import Link, PeerError, connect, lending_wanted
-from specmesh.lossless.penalties import Penalty, penalty_for
-from specmesh.lossless.sampling import SamplingParams
-from specmesh.lossless.verify import Verdict
 from specmesh.timing import forward_ms, rank_threads, share_of_cores, torch_threads
 
 MAX_GAMMA = 16

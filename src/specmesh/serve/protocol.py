@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specmesh.model.tokenizer import Tokenizer
 from specmesh.lossless.sampling import MAX_LOGIT_BIAS, InvalidParameter, SamplingParams, logit_bias_count
+from specmesh.model.tokenizer import Tokenizer
 
 OPENAI_DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}
 PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"     # one line per message, then "assistant:"

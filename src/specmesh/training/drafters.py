@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from specmesh import embedded
-from specmesh.training import corpus
 from specmesh.catalog import DOMAINS
 from specmesh.model.loader import load_model, save_model
+from specmesh.training import corpus
 from specmesh.training.train import TrainConfig, distill, encode_split, evaluate
 
 

@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specmesh.training import corpus
 from specmesh.kernels.build import native_bf16
 from specmesh.model.loader import save_model
 from specmesh.model.model import ModelConfig, Transformer
+from specmesh.training import corpus
 
 EOS = "<|endoftext|>"
 VOCAB = 8192

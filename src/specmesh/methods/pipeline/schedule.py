@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specmesh.lossless.sampling import SamplingParams, make_generator, next_tokens
 from specmesh.model.cache import KVCache
 from specmesh.proposers.dynamic_tree import TreeDrafter, draft_room
 from specmesh.runtime.pipeline import check_stages, stage_seed
-from specmesh.lossless.sampling import SamplingParams, make_generator, next_tokens
 
 
 @dataclass

@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 
 from specmesh.engine.sequence import Sequence
-from specmesh.model.loader import DTYPES, load_model
-from specmesh.runtime.link import Link
-from specmesh.runtime.pipeline import COMMIT, HIT, MISS, NONE, START, Decision, Packet, Stage, stage_seed
 from specmesh.lossless.sampling import SamplingParams, make_generator, next_tokens
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import verify
+from specmesh.model.loader import DTYPES, load_model
+from specmesh.runtime.link import Link
+from specmesh.runtime.pipeline import COMMIT, HIT, MISS, NONE, START, Decision, Packet, Stage, stage_seed
 
 SERVE = f"{__name__}:StageServer"
 

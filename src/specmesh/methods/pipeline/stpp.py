@@ -15,14 +15,14 @@ from pathlib import Path
 import torch
 
 from specmesh.engine.sequence import Sequence
+from specmesh.lossless.token_tree import TokenTree
+from specmesh.lossless.verify import Verdict
 from specmesh.methods.base import MethodSpec, Models
 from specmesh.methods.loop import Loop
 from specmesh.methods.pipeline import stages
 from specmesh.model.loader import load_model
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.runtime.pipeline import Pipeline, stage_layers, tree_meta
-from specmesh.lossless.token_tree import TokenTree
-from specmesh.lossless.verify import Verdict
 
 
 
