@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KERNEL_SWITCHES = {"no-avx512", "no-amx", "no-dp", "dp", "no-fma", "no-q8", "no-lend"}
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16")     # the dtypes a model runs in (model/loader.py's DTYPES)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from specmesh.options import natural, non_negative, positive_int, probability
+from specmesh.settings import DTYPES
 
 EXIT_USAGE = 2
 
@@ -59,7 +60,7 @@ def device_counts(text: str) -> list[int]:
     return counts
 
 
-DTYPE_CHOICES = ["auto", "float32", "bfloat16", "float16"]
+DTYPE_CHOICES = ["auto", *DTYPES]
 AUTO_DTYPE = ("auto (the default): bfloat16 on a CPU where specmesh's bf16 kernels run (x86 with AVX2) or with "
               "native bf16, else float32; every method gives ar's tokens in either, and float32 is the exact reference")
 

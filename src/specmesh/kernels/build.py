@@ -231,6 +231,9 @@ def amx_lib() -> ctypes.CDLL | None:
     return lib
 
 
+MEASURED: dict[str, bool] = {}      # what this process measured to choose its kernels (dp_lib)
+
+
 @functools.cache
 def dp_lib() -> ctypes.CDLL | None:
     """The kernel library where this CPU has AVX512-BF16's dot product but no AMX (where AMX is, its tiles
@@ -246,9 +249,6 @@ def dp_lib() -> ctypes.CDLL | None:
         chosen = dot_product_pays(best_rate(lib, 1), best_rate(lib, 0))
         MEASURED["dp"] = chosen
     return lib if chosen else None
-
-
-MEASURED: dict[str, bool] = {}      # what this process measured to choose its kernels (dp_lib)
 
 
 def inherited_kernels() -> dict[str, str]:
