@@ -39,3 +39,10 @@ def test_the_results_folder_holds_what_is_cited_and_nothing_else():
 
 def test_the_readme_is_at_most_150_lines():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+
+
+def test_the_methods_option_table_is_generated_from_the_dataclasses():
+    from specmesh.options import BEGIN, END, table
+    text = (ROOT / "docs" / "methods.md").read_text()
+    assert text.split(BEGIN, 1)[1].split(END, 1)[0].strip() == table(), \
+        "docs/methods.md's option table is stale: python -m specmesh.options --docs docs/methods.md"

@@ -123,13 +123,13 @@ class LLM:
         if self.draft_path is not None and not self.auto:   # the draft's own defaults under the caller's options
             self.method = methods.get(method, options, catalog.pair_options(self.draft_path).get(method))
         if self.method.spec.start:          # other processes: pearl's draft, a pipeline's stages
-            self.method.spec.start(self.models, self.draft_path, self.dtype, self.method.options)
+            self.method.spec.start(self.models, self.draft_path, self.dtype, self.method.config)
         elif not self.auto:
             self.load_draft()
         if self.method.spec.needs_drafters:
             self._load_drafters(target, quant)
         if self.method.spec.check:
-            self.method.spec.check(self.models, self.method.options)
+            self.method.spec.check(self.models, self.method.config)
         if tp > 1:      # the other ranks, each with its shard of the target (runtime/tensor_parallel.py)
             from specmesh.runtime import tensor_parallel
             spread = self.method.spec.spread_draft and self.draft_path is not None
@@ -187,14 +187,14 @@ class LLM:
 
     def _load_drafters(self, target: Path, quant: str | None) -> None:
         """cosine's drafters: here, or each in a process of its own (proposers/remote_drafter.py)."""
-        o = self.method.options
-        paths, self.models.context_drafter = catalog.drafters_for(target, o["drafters"])
+        o = self.method.config
+        paths, self.models.context_drafter = catalog.drafters_for(target, o.drafters)
         for path in paths:
             check_vocabularies(target, path, "drafter (in --drafters)")
-        if o["drafter_processes"]:
+        if o.drafter_processes:
             from specmesh.proposers.remote_drafter import DrafterPool
-            self.models.remote = DrafterPool.start(paths, self.dtype, str(self.device), quant, o["draft_window"],
-                                                   o["timeout"])
+            self.models.remote = DrafterPool.start(paths, self.dtype, str(self.device), quant, o.draft_window,
+                                                   o.timeout)
         else:
             self.models.drafters = [load_model(p, self.dtype, self.device, draft=True, quant=quant) for p in paths]
         self.models.drafter_names = [catalog.name_of(p) for p in paths] + [catalog.CONTEXT] * \

@@ -144,37 +144,41 @@ def tuned(llm, args) -> None:
         llm.tune()
 
 
-def option_help(name: str, methods: list[str] | None = None) -> str:
+def option_help(having: list) -> str:
     """An option's help with the methods that have it and their defaults, from the declarations."""
-    from specmesh.options import OPTIONS, having
-    specs = [spec for spec in having(name) if methods is None or spec.name in methods]
-    shown = [spec.name if OPTIONS[name].kind is bool or spec.defaults[name] == "" else
-             f"{spec.name} {spec.defaults[name]}" for spec in specs]
-    return f"{OPTIONS[name].help} ({', '.join(shown)})"
+    from specmesh.options import described
+    helps = described(having)
+    if len(helps) == 1:
+        return f"{helps[0][0]} ({helps[0][1]})"
+    return "; ".join(f"{shown}: {help}" for help, shown in helps)
+
+
+def option_flag(having: list) -> dict:
+    """argparse's keywords for one option of the methods `having` it ((card, field) pairs): the loosest of
+    their bounds (each method checks its own when it is configured)."""
+    m = [f.metadata for _, f in having]
+    kind = type(having[0][1].default)
+    if kind is bool:
+        return dict(action="store_const", const=True, default=None)
+    parse = {int: positive_int if min(x["least"] for x in m) else natural,
+             float: probability if max(x["most"] for x in m) == 1 else non_negative}.get(kind, str)
+    choices = sorted({c for x in m for c in x["choices"]}) if all(x["choices"] for x in m) else None
+    return dict(type=parse, metavar=m[0]["metavar"] or "N", choices=choices)
 
 
 def add_method_options(p: argparse.ArgumentParser, methods: list[str] | None = None) -> None:
-    """Method options, generated from methods/base.py's declarations: each applies to the methods that have
+    """Method options, generated from specmesh/options.py's dataclasses: each applies to the methods that have
     it, with their defaults (`methods`: only these methods' options)."""
-    from specmesh.options import CARDS, OPTIONS
+    from specmesh.options import declared
     o = p.add_argument_group("method options (default: each method's tuned value, or the draft's own "
                              "where its folder has an options.json: docs/methods.md)")
-    for name, option in OPTIONS.items():
-        if methods is not None and not any(name in CARDS[m].defaults for m in methods):
-            continue
-        flag = "--" + name.replace("_", "-")
-        if option.kind is bool:
-            o.add_argument(flag, action="store_const", const=True, default=None, help=option_help(name, methods))
-        else:
-            kind = {int: positive_int if option.least else natural,
-                    float: probability if option.most == 1 else non_negative}.get(option.kind, str)
-            o.add_argument(flag, type=kind, metavar=option.metavar or "N",
-                           help=option_help(name, methods))
+    for name, having in declared(methods).items():
+        o.add_argument("--" + name.replace("_", "-"), help=option_help(having), **option_flag(having))
 
 
 def method_options(args) -> dict:
-    from specmesh.options import OPTIONS
-    return {k: getattr(args, k) for k in OPTIONS if getattr(args, k, None) is not None}
+    from specmesh.options import declared
+    return {k: getattr(args, k) for k in declared() if getattr(args, k, None) is not None}
 
 
 def warn_unused(args, names: list[str]) -> None:
@@ -183,7 +187,7 @@ def warn_unused(args, names: list[str]) -> None:
     specs = [CARDS.get(name.split("@")[0]) for name in names]
     if None in specs:
         return
-    unused = [k for k in method_options(args) if not any(k in spec.defaults for spec in specs)]
+    unused = [k for k in method_options(args) if not any(k in spec.fields for spec in specs)]
     if args.draft is not None and not any(spec.needs_draft for spec in specs):
         unused.append("draft")
     for k in unused:

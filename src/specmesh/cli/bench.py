@@ -7,7 +7,7 @@ from pathlib import Path
 
 from specmesh.cli.args import (DTYPE_CHOICES, add_json, add_method_options, add_model_args, device_counts,
                                json_took_prompt, method_options, plot_path, warn_unused, write_json)
-from specmesh.options import PEER_WEIGHTS, POLICIES, positive_int
+from specmesh.options import CARDS, PEER_WEIGHTS, POLICIES, positive_int
 
 
 def add(sub) -> None:
@@ -161,8 +161,7 @@ def cmd_simulate(args, parser) -> int:
         if args.json:
             write_json(result, args.json)
         return 0
-    from specmesh.methods import METHODS
-    pipedec, stpp = METHODS["pipedec"].defaults, METHODS["stpp"].defaults
+    pipedec, stpp = CARDS["pipedec"].defaults, CARDS["stpp"].defaults
     paper = args.profile == "gpu-cluster"
     cfg = SimConfig(args.method, args.stages, Profile.load(args.profile), args.max_new_tokens,
                     args.tree_width or (32 if paper else pipedec["tree_width"]),

@@ -10,7 +10,7 @@ def serve_torchrun_rank(args) -> int:
     a pipeline's stages."""
     import torch
     from specmesh import catalog
-    from specmesh.methods import METHODS
+    from specmesh.options import CARDS
     from specmesh.proposers import remote_chain
     from specmesh.methods.pipeline.stages import StageServer
     from specmesh.runtime import pipeline
@@ -18,7 +18,7 @@ def serve_torchrun_rank(args) -> int:
     device = args.device
     if device == "cuda" and "LOCAL_RANK" in os.environ:
         device = f"cuda:{os.environ['LOCAL_RANK']}"
-    timeout = args.timeout or METHODS[args.method].defaults["timeout"]
+    timeout = args.timeout or CARDS[args.method].defaults["timeout"]
     torch.set_num_threads(1)
     if args.method == "pearl":
         draft = catalog.required_draft(catalog.resolve(args.target), args.draft, "pearl")

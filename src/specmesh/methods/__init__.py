@@ -14,7 +14,7 @@ from specmesh.engine.prefix_cache import PrefixCache
 from specmesh.engine.runner import PREFILL_CHUNK, Runner
 from specmesh.methods.base import Configured, MethodSpec, Models, configure
 from specmesh.model.tokenizer import Tokenizer
-from specmesh.options import CARDS, OPTIONS
+from specmesh.options import CARDS
 
 # where each method's MethodSpec is declared (module under specmesh.methods, name): imported when first asked for,
 # so a run imports only its own method's modules
@@ -60,4 +60,4 @@ def engine(models: Models, method: Configured, tokenizer: Tokenizer, rows: int, 
                   method.spec.check_params, prefill_share, per_request)
 
 
-__all__ = ["METHODS", "OPTIONS", "Configured", "MethodSpec", "Models", "engine", "get"]
+__all__ = ["METHODS", "Configured", "MethodSpec", "Models", "engine", "get"]

@@ -1,13 +1,14 @@
 """What a decoding method is: its declaration (options with defaults, needs) and the step the engine runs.
 
-Every option and method is declared once, in specmesh/options.py (`OPTIONS`, `CARDS`: help, kinds, defaults): the
-CLI's flags and help, the server's options and `LLM(**options)` are all read from those declarations; a
-MethodSpec is a card with the hooks that build and run the method. What it builds is an engine.method.Method, the
+Every method and its options are declared once, in specmesh/options.py (`CARDS`, each with its options'
+dataclass): the CLI's flags and help, the server's options and `LLM(**options)` are all read from those
+declarations; a MethodSpec is a card with the hooks that build and run the method. What it builds is an engine.method.Method, the
 step the engine runs over its rows.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -15,7 +16,7 @@ from typing import Protocol
 from specmesh.lossless.sampling import InvalidParameter
 from specmesh.model.model import Transformer
 from specmesh.model.tokenizer import Tokenizer
-from specmesh.options import CARDS, OPTIONS
+from specmesh.options import CARDS, Card, Options, declared
 
 
 class Remote(Protocol):
@@ -44,14 +45,10 @@ class Models:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    name: str
-    summary: str
-    defaults: dict                      # its options, with their defaults
-    needs_draft: bool
+    card: Card                          # its declaration: name, summary, options' dataclass, needs
     build: Callable                     # build(models, configured, runner) -> engine.method.Method
-    slack: Callable[[dict], int]        # cache slots a step needs beyond prompt + new tokens
+    slack: Callable[[Options], int]     # cache slots a step needs beyond prompt + new tokens
     start: Callable | None = None       # start(models, draft, dtype, options): its other processes
-    max_rows: int | None = None         # sequences a step takes at most (None: any)
     spread_draft: bool = False          # under --tp: its draft on every rank, layer-parallel groups spread over them
     needs_drafters: bool = False        # several drafters (Models.drafters, option `drafters`): cosine
     check: Callable | None = None       # check(models, options): options that depend on the loaded models
@@ -59,11 +56,26 @@ class MethodSpec:
     penalties: bool = True              # it applies each sequence's penalties and logit bias (lossless/penalties.py)
 
     @classmethod
-    def of(cls, name: str, build: Callable, slack: Callable[[dict], int], **hooks) -> "MethodSpec":
+    def of(cls, name: str, build: Callable, slack: Callable[[Options], int], **hooks) -> "MethodSpec":
         """The method declared as CARDS[name] (specmesh/options.py), with the hooks that build and run it."""
-        card = CARDS[name]
-        return cls(card.name, card.summary, card.defaults, card.needs_draft, build, slack,
-                   max_rows=None if card.batched else 1, **hooks)
+        return cls(CARDS[name], build, slack, **hooks)
+
+    @property
+    def name(self) -> str:
+        return self.card.name
+
+    @property
+    def needs_draft(self) -> bool:
+        return self.card.needs_draft
+
+    @property
+    def max_rows(self) -> int | None:
+        """Sequences a step takes at most (None: any)."""
+        return None if self.card.batched else 1
+
+    @property
+    def defaults(self) -> dict:
+        return self.card.defaults
 
     def check_params(self, params) -> None:
         """What `params` (SamplingParams) asks that this method cannot give: an InvalidParameter naming the field,
@@ -79,10 +91,10 @@ class MethodSpec:
 
 @dataclass(frozen=True)
 class Configured:
-    """A method with its options resolved: `options` holds every one of its options, `given` those the
-    caller set (a policy may treat a default differently from a choice)."""
+    """A method with its options resolved: `config` its options' dataclass holding every one of them, `given`
+    the names the caller set (a policy may treat a default differently from a choice)."""
     spec: MethodSpec
-    options: dict
+    config: Options
     given: frozenset
 
     @property
@@ -94,28 +106,21 @@ class Configured:
         return self.spec.needs_draft
 
     @property
+    def options(self) -> dict:
+        """Its options as a dict: name -> value."""
+        return dataclasses.asdict(self.config)
+
+    @property
     def slack(self) -> int:
-        return self.spec.slack(self.options)
+        return self.spec.slack(self.config)
 
 
 def configure(spec: MethodSpec, options: dict, defaults: dict | None = None) -> Configured:
     """`spec` with `options` applied over `defaults` (a draft's own, catalog.pair_options) over the spec's;
     options of other methods are ignored, unknown ones are an error."""
-    unknown = (set(options) | set(defaults or {})) - set(OPTIONS)
+    unknown = (set(options) | set(defaults or {})) - set(declared())
     if unknown:
-        raise ValueError(f"unknown method option(s) {', '.join(sorted(unknown))}; known: {', '.join(OPTIONS)}")
-    pair, given = ({k: v for k, v in values.items() if k in spec.defaults and v is not None}
-                   for values in (defaults or {}, options))
-    for k, v in (pair | given).items():
-        kind = OPTIONS[k].kind
-        if kind is bool and not isinstance(v, bool):
-            raise ValueError(f"{spec.name}: {k} must be true or false, got {v!r}")
-        if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < OPTIONS[k].least):
-            raise ValueError(f"{spec.name}: {k} must be a {'positive integer' if OPTIONS[k].least else 'natural number'}"
-                             f", got {v!r}")
-        if kind is float and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < OPTIONS[k].most):
-            raise ValueError(f"{spec.name}: {k} must be "
-                             f"{'a probability in [0, 1)' if OPTIONS[k].most == 1 else 'a number >= 0'}, got {v!r}")
-        if kind is str and not isinstance(v, str):
-            raise ValueError(f"{spec.name}: {k} must be a string, got {v!r}")
-    return Configured(spec, spec.defaults | pair | given, frozenset(given))
+        raise ValueError(f"unknown method option(s) {', '.join(sorted(unknown))}; known: {', '.join(declared())}")
+    pair, given = ({k: v for k, v in values.items() if v is not None} for values in (defaults or {}, options))
+    config = spec.card.make(pair | given)
+    return Configured(spec, config, frozenset(k for k in given if k in spec.card.fields))

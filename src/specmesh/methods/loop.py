@@ -14,13 +14,14 @@ from specmesh.engine.sequence import Sequence
 from specmesh.methods.base import Models
 from specmesh.model.cache import KVCache
 from specmesh.model.model import Transformer
+from specmesh.options import Options
 
 
 class Loop:
     chunked_prefill = False     # each loop prefills in its own processes
 
-    def __init__(self, models: Models, decode: Callable[[Models, Sequence, dict], Iterator[list[int]]],
-                 options: dict):
+    def __init__(self, models: Models, decode: Callable[[Models, Sequence, Options], Iterator[list[int]]],
+                 options: Options):
         self.models, self.decode, self.options = models, decode, options
 
     def admit(self, seq: Sequence, row: int) -> list[int]:

@@ -44,10 +44,10 @@ from specmesh.methods.ar import target_token
 from specmesh.methods.base import MethodSpec, Models
 from specmesh.methods.loop import Loop, prefill
 from specmesh.model.cache import KVCache
+from specmesh.options import PearlOptions
 from specmesh.proposers.remote_chain import MAX_GAMMA, DraftPeer
 from specmesh.timing import by_width, rank_threads
 
-GAMMA_RULES = ("measured", "c")
 SEEDED_GAMMA = 4        # a seeded sampling request's γ without --gamma: both rules time this machine, and how far the
                         # draft runs decides which random numbers each token takes
 
@@ -56,8 +56,8 @@ class RanksDivergedError(RuntimeError):
     pass
 
 
-def slack(options: dict) -> int:
-    return (options["gamma"] or MAX_GAMMA) + 1          # the newest token and the undecided drafts
+def slack(options: PearlOptions) -> int:
+    return (options.gamma or MAX_GAMMA) + 1          # the newest token and the undecided drafts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,21 +186,21 @@ class Rounds:
         return accepted, verdict.next_token, commit
 
 
-def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
+def decode(models: Models, seq: Sequence, options: PearlOptions) -> Iterator[list[int]]:
     """Rank 0's loop (`timeout` took effect when the draft rank started: see `start`)."""
     target, stats, peer = models.target, seq.stats, models.remote
     policy = GammaPolicy(peer.draft_ms, peer.target_ms_by_width, peer.lent_ms_by_width)
     sampling = not seq.params.greedy
     seeded = sampling and seq.params.seed is not None         # its samples must not hang on timings: γ fixed
-    fixed = options["gamma"] or (SEEDED_GAMMA if seeded else peer.gamma if options["gamma_rule"] == "c" else None)
+    fixed = options.gamma or (SEEDED_GAMMA if seeded else peer.gamma if options.gamma_rule == "c" else None)
     gamma = fixed or policy.gamma()
-    rule = "given" if options["gamma"] else "seeded" if seeded else options["gamma_rule"]
+    rule = "given" if options.gamma else "seeded" if seeded else options.gamma_rule
     stats.info.update(c=peer.c, gamma_rule=rule)
     gammas = []
     cache = KVCache.for_model(target, 1, len(seq.ids) + seq.limit + slack(options))
     accepted, token, generated = 0, -1, []
     seed = int(torch.randint(2 ** 62, (), generator=seq.generator, device=seq.generator.device))
-    peer.begin(seq, options["draft_window"], options["lookup"], seed)
+    peer.begin(seq, options.draft_window, options.lookup, seed)
     try:
         logits = prefill(target, cache, seq)                            # the draft prefills its window meanwhile
         rounds = Rounds(target_token(logits, seq))
@@ -240,16 +240,10 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
                                      f"the target rank's {len(generated)}")
 
 
-def check(options: dict) -> None:
-    if options["gamma_rule"] not in GAMMA_RULES:
-        raise ValueError(f"pearl: gamma_rule must be one of {', '.join(GAMMA_RULES)}, got {options['gamma_rule']!r}")
-
-
-def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> None:
+def start(models: Models, draft: Path, dtype: torch.dtype, options: PearlOptions) -> None:
     """Method hook (LLM): the draft lives in its own process."""
-    check(options)
-    models.remote = DraftPeer.start(models.target, draft, dtype, options["timeout"])
+    models.remote = DraftPeer.start(models.target, draft, dtype, options.timeout)
 
 
-SPEC = MethodSpec.of("pearl", build=lambda models, method, runner: Loop(models, decode, method.options),
+SPEC = MethodSpec.of("pearl", build=lambda models, method, runner: Loop(models, decode, method.config),
                      slack=slack, start=start, logprobs=False)

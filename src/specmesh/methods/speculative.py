@@ -21,11 +21,12 @@ from specmesh.lossless.verify import verify
 from specmesh.methods.ar import AR
 from specmesh.methods.base import Configured, MethodSpec
 from specmesh.methods.cosine_schedule import Scheduled
+from specmesh.options import EasySpecOptions
 from specmesh.proposers import Proposer
 from specmesh.proposers.context_drafter import ContextDrafter
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.fused_drafters import PROMPT_POSITIONS, Drafter, FusedDrafters
-from specmesh.proposers.fuzzy_draft import FuzzyDraft, check_policy, layer_groups
+from specmesh.proposers.fuzzy_draft import FuzzyDraft, layer_groups
 from specmesh.proposers.lookup import LookupFirst
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
 from specmesh.proposers.remote_drafter import DrafterPool
@@ -138,54 +139,53 @@ def narrowing(depth: int, fixed: bool, sampled: bool = False) -> DraftDepth:
 
 
 def build_sd(models, method: Configured, runner: Runner) -> Speculative:
-    o = method.options
-    draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"], stop_below=o["stop_below"])
-    if o["lookup"]:
-        draft = LookupFirst(draft, runner.rows, o["lookup"], o["lookup_reach"])
-    return Speculative(runner, draft, narrowing(o["gamma"], "gamma" in method.given, sampled=True))
+    o = method.config
+    draft = DraftModel(models.draft, runner.rows, runner.max_len, o.draft_window, stop_below=o.stop_below)
+    if o.lookup:
+        draft = LookupFirst(draft, runner.rows, o.lookup, o.lookup_reach)
+    return Speculative(runner, draft, narrowing(o.gamma, "gamma" in method.given, sampled=True))
 
 
 def build_tree(models, method: Configured, runner: Runner) -> Speculative:
-    o = method.options
-    draft = DraftModel(models.draft, runner.rows, runner.max_len, o["draft_window"], o["tree_width"],
-                       o["max_children"], min_prob=o["min_prob"])
-    if o["lookup"]:
-        draft = LookupFirst(draft, runner.rows, o["lookup"], o["lookup_reach"])
-    return Speculative(runner, draft, narrowing(o["gamma"], "gamma" in method.given))
+    o = method.config
+    draft = DraftModel(models.draft, runner.rows, runner.max_len, o.draft_window, o.tree_width,
+                       o.max_children, min_prob=o.min_prob)
+    if o.lookup:
+        draft = LookupFirst(draft, runner.rows, o.lookup, o.lookup_reach)
+    return Speculative(runner, draft, narrowing(o.gamma, "gamma" in method.given))
 
 
 def build_easyspec(models, method: Configured, runner: Runner) -> Speculative:
-    o = method.options
-    groups = layer_groups(o["layer_groups"], models.draft.config.num_layers)
-    draft = FuzzyDraft(models.draft, runner.rows, runner.max_len, o["draft_window"], groups, o["calibration"],
-                       o["gamma"], o["tree_width"], o["max_children"])
-    return Speculative(runner, draft, narrowing(o["gamma"], "gamma" in method.given))
+    o = method.config
+    groups = layer_groups(o.layer_groups, models.draft.config.num_layers)
+    draft = FuzzyDraft(models.draft, runner.rows, runner.max_len, o.draft_window, groups, o.calibration,
+                       o.gamma, o.tree_width, o.max_children)
+    return Speculative(runner, draft, narrowing(o.gamma, "gamma" in method.given))
 
 
-def check_easyspec(models, options: dict) -> None:
-    layer_groups(options["layer_groups"], models.draft.config.num_layers)
-    check_policy(options["calibration"])
+def check_easyspec(models, options: EasySpecOptions) -> None:
+    layer_groups(options.layer_groups, models.draft.config.num_layers)
 
 
 def build_cosine(models, method: Configured, runner: Runner) -> Speculative:
-    o = method.options
+    o = method.config
     if isinstance(models.remote, DrafterPool):                  # --drafter-processes
         drafters = models.remote.drafters(runner.rows, runner.max_len)
     else:
-        drafters = [Drafter(DraftModel(m, runner.rows, runner.max_len, o["draft_window"], width=2, max_children=2))
+        drafters = [Drafter(DraftModel(m, runner.rows, runner.max_len, o.draft_window, width=2, max_children=2))
                     for m in models.drafters]
     if models.context_drafter:
         drafters.append(ContextDrafter(runner.rows))
-    proposer = FusedDrafters(drafters, models.target.embed, runner.rows, o["routed"],
-                             o["explore_below"], o["tree_budget"], o["solo_budget"], o["guess_budget"],
-                             routing=not o["no_routing"], fusion=not o["no_fusion"],
-                             token_budget=None if o["no_adaptive"] else o["token_budget"],
+    proposer = FusedDrafters(drafters, models.target.embed, runner.rows, o.routed,
+                             o.explore_below, o.tree_budget, o.solo_budget, o.guess_budget,
+                             routing=not o.no_routing, fusion=not o.no_fusion,
+                             token_budget=None if o.no_adaptive else o.token_budget,
                              names=models.drafter_names)
     if proposer.compares_prompt:
         # the router compares its model drafters with the target over the prompt's last positions
-        runner.prompt_tail = min(o["draft_window"], PROMPT_POSITIONS)
-    policy = DraftDepth(o["gamma"]) if o["no_scheduler"] else \
-        Scheduled(o["gamma"], o["tree_budget"], o["lam"], o["token_budget"], o["max_step_ms"] or float("inf"),
+        runner.prompt_tail = min(o.draft_window, PROMPT_POSITIONS)
+    policy = DraftDepth(o.gamma) if o.no_scheduler else \
+        Scheduled(o.gamma, o.tree_budget, o.lam, o.token_budget, o.max_step_ms or float("inf"),
                   choose_depth="gamma" not in method.given, target_ms=target_by_width(models, runner.rows))
     return Speculative(runner, proposer, policy)
 
@@ -200,18 +200,18 @@ def target_by_width(models, rows: int) -> dict[int, float]:
 
 
 def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
-    o = method.options
-    corpus = corpus_cache(models.target_path, o["ngram_cache"], models.tokenizer)
-    proposer = MultiBranch(runner.rows, o["branches"], o["branch_len"], o["gram"], o["max_candidates"], corpus)
-    return Speculative(runner, proposer, narrowing(o["gram"] - 1, False))
+    o = method.config
+    corpus = corpus_cache(models.target_path, o.ngram_cache, models.tokenizer)
+    proposer = MultiBranch(runner.rows, o.branches, o.branch_len, o.gram, o.max_candidates, corpus)
+    return Speculative(runner, proposer, narrowing(o.gram - 1, False))
 
 
-SD = MethodSpec.of("sd", build_sd, slack=lambda o: max(o["gamma"], o["lookup_reach"] if o["lookup"] else 0) + 1)
+SD = MethodSpec.of("sd", build_sd, slack=lambda o: max(o.gamma, o.lookup_reach if o.lookup else 0) + 1)
 TREE = MethodSpec.of("tree", build_tree,
-                     slack=lambda o: max(o["gamma"] * o["tree_width"], o["lookup_reach"] if o["lookup"] else 0) + 1)
-EASYSPEC = MethodSpec.of("easyspec", build_easyspec, slack=lambda o: o["gamma"] * o["tree_width"] + 1, spread_draft=True,
+                     slack=lambda o: max(o.gamma * o.tree_width, o.lookup_reach if o.lookup else 0) + 1)
+EASYSPEC = MethodSpec.of("easyspec", build_easyspec, slack=lambda o: o.gamma * o.tree_width + 1, spread_draft=True,
                          check=check_easyspec)
-COSINE = MethodSpec.of("cosine", build_cosine, slack=lambda o: max(o["tree_budget"], o["solo_budget"]) + 1,
+COSINE = MethodSpec.of("cosine", build_cosine, slack=lambda o: max(o.tree_budget, o.solo_budget) + 1,
                        needs_drafters=True)
 SELFDRAFT = MethodSpec.of("selfdraft", build_selfdraft,
-                          slack=lambda o: 1 + o["max_candidates"] * (o["gram"] - 1) + o["branches"] * o["branch_len"])
+                          slack=lambda o: 1 + o.max_candidates * (o.gram - 1) + o.branches * o.branch_len)

@@ -27,14 +27,15 @@ from specmesh.model.loader import load_model
 from specmesh.proposers.dynamic_tree import TreeDrafter, draft_room, grow_ms
 from specmesh.runtime.pipeline import HIT, NONE, Pipeline, balanced_layers, check_stages, tree_meta
 from specmesh.timing import layer_and_head_ms, layer_ms, share_of_cores, torch_threads
+from specmesh.options import PipeDecOptions
 
 
 
-def slack(options: dict) -> int:
-    return draft_room(options["stages"], options["tree_width"])
+def slack(options: PipeDecOptions) -> int:
+    return draft_room(options.stages, options.tree_width)
 
 
-def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> None:
+def start(models: Models, draft: Path, dtype: torch.dtype, options: PipeDecOptions) -> None:
     """Method hook (LLM): load the draft (this rank is S), measure the costs that balance the
     stages, start the stage processes."""
     models.draft = load_model(draft, dtype, models.target.device, draft=True, quant=models.target.quant)
@@ -42,9 +43,9 @@ def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> Non
     show = lambda split: ", ".join(f"{r.start}-{r.stop - 1}" for r in split)      # noqa: E731
     print(f"pipedec: target layers per stage balanced for each request's context on this machine "
           f"({show(costs.split(128))} at 128 tokens, {show(costs.split(1024))} at 1024); the draft S "
-          f"{'apart' if options['draft_apart'] else 'beside stage 0'}", file=sys.stderr, flush=True)
-    models.remote = BalancedPipeline.start(models, dtype, costs.split(128), options["timeout"], stages.SERVE,
-                                           draft=True, apart=options["draft_apart"])
+          f"{'apart' if options.draft_apart else 'beside stage 0'}", file=sys.stderr, flush=True)
+    models.remote = BalancedPipeline.start(models, dtype, costs.split(128), options.timeout, stages.SERVE,
+                                           draft=True, apart=options.draft_apart)
     models.remote.costs = costs
 
 
@@ -67,15 +68,15 @@ class StageCosts:
     draft: float
 
     @classmethod
-    def measure(cls, models: Models, options: dict, contexts: tuple[int, int] = (64, 512)) -> "StageCosts":
-        target, width, L = models.target, options["tree_width"], models.target.config.num_layers
-        check_stages(L, options["stages"], "pipedec")
-        with torch_threads(share_of_cores(options["stages"] + options["draft_apart"])):     # as each rank runs
+    def measure(cls, models: Models, options: PipeDecOptions, contexts: tuple[int, int] = (64, 512)) -> "StageCosts":
+        target, width, L = models.target, options.tree_width, models.target.config.num_layers
+        check_stages(L, options.stages, "pipedec")
+        with torch_threads(share_of_cores(options.stages + options.draft_apart)):     # as each rank runs
             wide = tuple(layer_ms(target, width, c) for c in contexts)
             root, head = zip(*(layer_and_head_ms(target, 1, c) for c in contexts))
-            draft = 0.0 if options["draft_apart"] else grow_ms(models.draft, width, options["max_children"],
-                                                               options["draft_window"])
-        return cls(L, options["stages"], contexts, wide, root, head, draft)
+            draft = 0.0 if options.draft_apart else grow_ms(models.draft, width, options.max_children,
+                                                               options.draft_window)
+        return cls(L, options.stages, contexts, wide, root, head, draft)
 
     def split(self, context: int) -> list[range]:
         """The balanced split for a request with `context` tokens (prompt and half the new ones)."""
@@ -93,11 +94,11 @@ def newest_layer(drafter: TreeDrafter) -> torch.Tensor:
                      torch.from_numpy(tree.M[layer, :layer.stop]))
 
 
-def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
+def decode(models: Models, seq: Sequence, options: PipeDecOptions) -> Iterator[list[int]]:
     pipe: BalancedPipeline = models.remote
-    stats, width = seq.stats, options["tree_width"]
+    stats, width = seq.stats, options.tree_width
     max_len = len(seq.ids) + seq.limit + slack(options)
-    pipe.begin(stages.job(seq, "pipedec"), max_len, True, draft_room(options["stages"], width),
+    pipe.begin(stages.job(seq, "pipedec"), max_len, True, draft_room(options.stages, width),
                pipe.costs.split(len(seq.ids) + seq.limit // 2))
     in_flight = False                                       # a layer was sent: its decision is still owed
 
@@ -108,8 +109,8 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
 
     with pipe.running(finish=finish):
         pipe.send(seq.ids)                                  # the prompt: a plain pass through the stages
-        drafter = TreeDrafter(models.draft, seq.ids, max_len, width, options["max_children"],
-                              options["draft_window"])
+        drafter = TreeDrafter(models.draft, seq.ids, max_len, width, options.max_children,
+                              options.draft_window)
         x = pipe.decision().token
         stats.target_forwards += 1
         stats.draft_forwards += 1
@@ -143,5 +144,5 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
             emitted = [x]
 
 
-SPEC = MethodSpec.of("pipedec", build=lambda models, method, runner: Loop(models, decode, method.options), slack=slack,
+SPEC = MethodSpec.of("pipedec", build=lambda models, method, runner: Loop(models, decode, method.config), slack=slack,
                      start=start, logprobs=False, penalties=False)

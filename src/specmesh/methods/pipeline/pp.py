@@ -16,15 +16,16 @@ from specmesh.methods.base import MethodSpec, Models
 from specmesh.methods.loop import Loop
 from specmesh.methods.pipeline import stages
 from specmesh.runtime.pipeline import Packet, Pipeline, stage_layers
+from specmesh.options import PpOptions
 
 
-def start(models: Models, draft: Path | None, dtype: torch.dtype, options: dict) -> None:
+def start(models: Models, draft: Path | None, dtype: torch.dtype, options: PpOptions) -> None:
     """Method hook (LLM): start the other stages' processes."""
-    split = stage_layers(models.target.config.num_layers, options["stages"], "pp")
-    models.remote = Pipeline.start(models, dtype, split, options["timeout"], stages.SERVE)
+    split = stage_layers(models.target.config.num_layers, options.stages, "pp")
+    models.remote = Pipeline.start(models, dtype, split, options.timeout, stages.SERVE)
 
 
-def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
+def decode(models: Models, seq: Sequence, options: PpOptions) -> Iterator[list[int]]:
     pipe: Pipeline = models.remote
     stage, link = pipe.stage, pipe.link
     pipe.begin(stages.job(seq, "pp"), len(seq.ids) + seq.limit, False)
@@ -34,10 +35,10 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
             stage.send_on(Packet(stage.forward(Packet(torch.tensor([tokens], device=models.target.device)))))
             token = int(link.recv(torch.zeros(1, dtype=torch.int64), len(link.roles) - 1))
             seq.stats.target_forwards += 1
-            seq.stats.timesteps += options["stages"]
+            seq.stats.timesteps += options.stages
             yield [token]
             tokens = [token]
 
 
-SPEC = MethodSpec.of("pp", build=lambda models, method, runner: Loop(models, decode, method.options),
+SPEC = MethodSpec.of("pp", build=lambda models, method, runner: Loop(models, decode, method.config),
                      slack=lambda options: 0, start=start, logprobs=False, penalties=False)

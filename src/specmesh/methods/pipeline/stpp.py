@@ -23,34 +23,35 @@ from specmesh.methods.pipeline import stages
 from specmesh.model.loader import load_model
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.runtime.pipeline import Pipeline, stage_layers, tree_meta
+from specmesh.options import StppOptions
 
 
 
-def slack(options: dict) -> int:
-    return options["gamma"] * options["tree_width"] + 1
+def slack(options: StppOptions) -> int:
+    return options.gamma * options.tree_width + 1
 
 
-def start(models: Models, draft: Path, dtype: torch.dtype, options: dict) -> None:
+def start(models: Models, draft: Path, dtype: torch.dtype, options: StppOptions) -> None:
     """Method hook (LLM): load the draft (this rank is S), start the stage processes."""
-    split = stage_layers(models.target.config.num_layers, options["stages"], "stpp")
+    split = stage_layers(models.target.config.num_layers, options.stages, "stpp")
     models.draft = load_model(draft, dtype, models.target.device, draft=True, quant=models.target.quant)
-    models.remote = Pipeline.start(models, dtype, split, options["timeout"], stages.SERVE, draft=True,
-                                   apart=options["draft_apart"])
+    models.remote = Pipeline.start(models, dtype, split, options.timeout, stages.SERVE, draft=True,
+                                   apart=options.draft_apart)
 
 
 def whole_tree(tree: TokenTree) -> torch.Tensor:
     return tree_meta(torch.tensor(tree.tokens), tree.depth_tensor(), torch.tensor(tree.parents), tree.ancestor_mask())
 
 
-def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
+def decode(models: Models, seq: Sequence, options: StppOptions) -> Iterator[list[int]]:
     pipe: Pipeline = models.remote
-    stats, gamma, depth = seq.stats, options["gamma"], options["stages"]
+    stats, gamma, depth = seq.stats, options.gamma, options.stages
     max_len = len(seq.ids) + seq.limit + slack(options)
     pipe.begin(stages.job(seq, "stpp"), max_len, False, slack(options))
     with pipe.running(finish=pipe.end):
         pipe.send(seq.ids)                                  # the prompt: a plain pass through the stages
-        drafter = DraftModel(models.draft, 1, max_len, options["draft_window"], options["tree_width"],
-                             options["max_children"], deterministic=True)
+        drafter = DraftModel(models.draft, 1, max_len, options.draft_window, options.tree_width,
+                             options.max_children, deterministic=True)
         drafter.admit(0, seq)
         x = pipe.decision().token
         stats.target_forwards += 1
@@ -70,5 +71,5 @@ def decode(models: Models, seq: Sequence, options: dict) -> Iterator[list[int]]:
             yield verdict.tokens
 
 
-SPEC = MethodSpec.of("stpp", build=lambda models, method, runner: Loop(models, decode, method.options),
+SPEC = MethodSpec.of("stpp", build=lambda models, method, runner: Loop(models, decode, method.config),
                      slack=slack, start=start, logprobs=False, penalties=False)
