@@ -23,8 +23,8 @@ os.environ["SPECMESH_DTYPE"] = "float32"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked cpu(*flags) run where the CPU has those flags; elsewhere they are deselected and the summary
-    names them and what is missing."""
+    """Tests marked cpu(*flags) run where the CPU has those flags (and lacks those written "-flag"); elsewhere
+    they are deselected and the summary names them and why."""
     lacking = {item: why for item in items if (why := missing(item))}
     if lacking:
         config.hook.pytest_deselected(items=list(lacking))
@@ -34,9 +34,13 @@ def pytest_collection_modifyitems(config, items):
 
 def missing(item) -> str | None:
     from specmesh.kernels import cpu_flags
-    if (m := item.get_closest_marker("cpu")) and not set(m.args) <= cpu_flags():
-        return f"this CPU lacks {' '.join(sorted(set(m.args) - cpu_flags()))}"
-    return None
+    m = item.get_closest_marker("cpu")
+    if m is None:
+        return None
+    needed, barred = {f for f in m.args if f[0] != "-"}, {f[1:] for f in m.args if f[0] == "-"}
+    why = [f"this CPU lacks {' '.join(sorted(needed - cpu_flags()))}"] if not needed <= cpu_flags() else []
+    why += [f"this CPU has {' '.join(sorted(barred & cpu_flags()))}"] if barred & cpu_flags() else []
+    return "; ".join(why) or None
 
 
 def pytest_terminal_summary(terminalreporter, config):

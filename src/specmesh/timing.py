@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import torch
 
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 
 
 @contextmanager
@@ -81,12 +82,12 @@ def forward_ms(model, tokens: int = 1, context: int = 128, reps: int = 20, layer
 
     def step():
         cache.rollback(0, context)
-        model(x[:, context:], cache, layers=layers)
+        model(x[:, context:], cache, Batch(layers=layers))
         if model.device.type == "cuda":
             torch.cuda.synchronize(model.device)
 
     with torch.inference_mode():
-        model(x[:, :context], cache, layers=layers)
+        model(x[:, :context], cache, Batch(layers=layers))
         cache.commit_all()
         return median_ms(step, reps)
 

@@ -10,6 +10,7 @@ from specmesh import kernels
 from specmesh.engine.prefix_cache import BLOCK, MIN_REST, PrefixCache, unsupported
 from specmesh.model import kernel_choice
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.model.model import Transformer
 
 
@@ -44,13 +45,13 @@ def test_a_cached_prefix_gives_the_bits_of_a_whole_prefill():
         for prompt in prompts:
             whole, row = cache.view(0, 1), cache.view(1, 2)
             whole.rollback(0, 0)
-            expected = model(torch.tensor([prompt]), whole, last_only=True)
+            expected = model(torch.tensor([prompt]), whole, Batch(last_only=True))
             whole.commit_all()
             row.rollback(0, 0)
             cached = pool.load(prompt, cache, 1)
             assert cached % BLOCK == 0 and len(prompt) - cached >= MIN_REST
             reused += cached
-            logits = model(torch.tensor([prompt[cached:]]), row, last_only=True)
+            logits = model(torch.tensor([prompt[cached:]]), row, Batch(last_only=True))
             row.commit_all()
             assert torch.equal(logits, expected), (len(prompt), cached)
             n = len(prompt)
@@ -76,7 +77,7 @@ def test_the_pool_evicts_the_least_recently_used_blocks():
             view = cache.view(0, 1)
             view.rollback(0, 0)
             cached = pool.load(prompt, cache, 0)
-            model(torch.tensor([prompt[cached:]]), view, last_only=True)
+            model(torch.tensor([prompt[cached:]]), view, Batch(last_only=True))
             view.commit_all()
             pool.store(prompt, cache, 0)
             return cached

@@ -2,6 +2,7 @@
 import shutil
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from torch import nn
 
 from specmesh import kernels
 from specmesh.model import kernel_choice, c_forward
+from specmesh.model.execution import Batch
 from specmesh.model.model import RMSNorm
 from specmesh.model.quant import dequantize_q8, quantize_model, quantize_q8
 
@@ -136,7 +138,8 @@ def test_a_drafts_weights_by_cpu_kind(tiny_checkpoint):
     from specmesh.model.loader import load_model
     linears = (kernels.Int8Linear, kernels.DPLinear, kernels.AMXLinear, kernels.BF16Linear, kernels.PackedLinear,
                kernels.FMALinear, kernels.Q8Linear)
-    kinds = lambda model: {type(m) for m in model.modules() if isinstance(m, linears)}
+    kinds = lambda model: {type(m) for m in model.modules() if isinstance(m, linears)} - \
+        {type(m) for outer in model.modules() if isinstance(outer, linears) for m in outer.children()}   # (tiles)
     draft = load_model(tiny_checkpoint, torch.bfloat16, draft=True)
     if kernels.kernel_lib() is None:
         assert kernels.Int8Linear not in kinds(draft) and draft.quant is None
@@ -438,7 +441,7 @@ def fused_model(int8: bool = False, std: float = 0.2, **cfg):
     for i, block in enumerate(reference.layers):
         if isinstance(block, c_forward.CBlock):
             reference.layers[i] = block.block
-    reference.fast_forward = None                   # the reference's forwards all in PyTorch (its cache as the model's)
+    reference.run_on(replace(reference.execution, fast=None))    # the reference's forwards all in PyTorch (its cache as the model's)
     return model, reference
 
 
@@ -468,9 +471,9 @@ def test_c_block_matches_the_pytorch_block(head_dim):
         mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
         held = caches[0].spec[0]
         tree_mask = torch.cat([torch.zeros(4, held, dtype=torch.bool), mask], 1)
-        tree = dict(depths=torch.tensor([0, 1, 1, 2]), tree_mask=tree_mask)
+        tree = Batch(depths=torch.tensor([0, 1, 1, 2]), tree_mask=tree_mask)
         x = torch.randint(1, 97, (1, 4))
-        outs = [m(x, c, **tree) for m, c in zip((model, reference), caches)]
+        outs = [m(x, c, tree) for m, c in zip((model, reference), caches)]
         assert torch.allclose(outs[0], outs[1], atol=atol)
 
 
@@ -523,13 +526,14 @@ def test_a_batch_of_trees_of_several_sizes_computes_only_its_real_tokens(lens):
             cache = KVCache.for_model(model, B, 64)
             model(prompt, cache)
             cache.commit_all()
-            outs.append(model(x, cache, depths=torch.arange(T).repeat(B, 1), tree_mask=mask, lens=given))
+            outs.append(model(x, cache, Batch(torch.arange(T).repeat(B, 1), mask, lens=given)))
     for b, n in enumerate(lens):
         assert torch.equal(outs[1][b, :n], outs[0][b, :n]), b
         if B * T <= kernels.SMALL_ROWS or model.fast_forward.long:     # the forward in C
             assert not outs[1][b, n:].any(), b
 
 
+@pytest.mark.cpu("-amx_tile")       # with AMX a long forward's products are the tiles', not a decoding step's
 def test_a_long_forward_of_several_rows_computes_each_token_as_decoding_it_alone():
     """Past 16 tokens a forward runs a layer per call (CForward._long); where its attention is the C kernel's (no
     AMX) the runner verifies every row in one such forward, so a token's logits there must be bit-identical to
@@ -728,7 +732,7 @@ def test_a_prefill_attends_as_decoding_steps_do_without_amx():
     ids = torch.randint(1, 97, (1, 90))
     with torch.inference_mode():
         whole = KVCache.for_model(model, 1, 128)
-        expected = model(ids, whole, last_only=True)
+        expected = model(ids, whole, Batch(last_only=True))
         split = KVCache.for_model(model, 1, 128)
         model(ids[:, :-1], split)
         split.commit_all()

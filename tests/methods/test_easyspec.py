@@ -6,6 +6,7 @@ from conftest import assert_same_distribution, sampled_pairs
 
 from specmesh import LLM, SamplingParams
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.model.loader import load_model
 from specmesh.model.model import group_attention
 from specmesh.proposers.fuzzy_draft import POLICIES, default_groups, layer_groups
@@ -37,7 +38,7 @@ def test_bad_options_name_the_problem(tiny_checkpoint):
 
 def forward(model, x, groups=None):
     cache = KVCache.for_model(model, 1, 32)
-    return model(x, cache, groups=groups), cache
+    return model(x, cache, Batch(groups=groups)), cache
 
 
 @pytest.mark.parametrize("pack", [False, True])

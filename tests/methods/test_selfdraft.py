@@ -8,6 +8,7 @@ import torch
 from specmesh import LLM, SamplingParams
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.proposers.multibranch import candidates
 from specmesh.proposers.ngram import ContextCache, build_corpus_cache
 
@@ -73,8 +74,8 @@ def test_branch_logits_do_not_see_other_branches_or_candidates(tiny_model):
         tiny_model(torch.tensor([prefix]), cache)
         cache.commit_all()
         tree = TokenTree.from_paths(10, candidates + [[7, 8, 9], other_branch])
-        logits = tiny_model(torch.tensor([tree.tokens]), cache, depths=tree.depth_tensor(),
-                            tree_mask=tree.ancestor_mask())[0]
+        logits = tiny_model(torch.tensor([tree.tokens]), cache, Batch(tree.depth_tensor(),
+                            tree.ancestor_mask()))[0]
         return logits[[tree.node([7, 8, 9][:j + 1]) for j in range(3)]]
 
     a = branch0_logits([20, 21], [[30, 31, 32]])

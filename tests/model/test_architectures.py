@@ -19,6 +19,7 @@ except ImportError:
 from specmesh import LLM, SamplingParams, catalog
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.model.gguf import GGUFError, read_config, read_gguf
 from specmesh.model.loader import load_model, load_tokenizer, save_model, to_gguf
 
@@ -106,7 +107,7 @@ def test_a_tree_past_the_window_sees_what_its_path_would(models, vocab, case):
             row = cache.view(b, b + 1)
             model(torch.tensor([prefix]), row)
             row.commit_all()
-        got = model(torch.tensor([tree.tokens] * 2), cache, depths=tree.depth_tensor(), tree_mask=tree.ancestor_mask())
+        got = model(torch.tensor([tree.tokens] * 2), cache, Batch(tree.depth_tensor(), tree.ancestor_mask()))
         for b, prefix in enumerate(prefixes):
             for p in paths:
                 plain = model(torch.tensor([prefix + [3] + p]))[0, -len(p):]      # each node's, along the path

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from specmesh.model.cache import ContextOverflowError, KVCache
+from specmesh.model.execution import Batch
 
 
 def random_tree(n: int, vocab: int, seed: int):
@@ -52,7 +53,7 @@ def test_tree_forward_matches_path_forward_and_commit_equals_prefill(tiny_model,
     tokens, parents = random_tree(12, 97, seed)
     mask, depths, paths = tree_inputs(parents)
     cache, _ = prefill(tiny_model, prefix)
-    tree_logits = tiny_model(torch.tensor([tokens]), cache, depths=depths, tree_mask=mask)[0]
+    tree_logits = tiny_model(torch.tensor([tokens]), cache, Batch(depths, mask))[0]
     for i, path in enumerate(paths):
         plain = tiny_model(torch.tensor([prefix + [tokens[j] for j in path]]))[0, -1]
         assert (tree_logits[i] - plain).abs().max() <= 1e-5, f"node {i}"
@@ -71,13 +72,13 @@ def test_commit_with_keep_then_grow_the_kept_subtree(tiny_model):
     prefix = [1, 2, 3, 4]
     cache, _ = prefill(tiny_model, prefix)
     # tree: 0:a  1:b(parent 0)  2:c(parent 0)  3:d(-1, a sibling of a)
-    tiny_model(torch.tensor([[10, 11, 12, 13]]), cache, depths=torch.tensor([0, 1, 1, 0]),
-               tree_mask=torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1]], dtype=torch.bool))
+    tiny_model(torch.tensor([[10, 11, 12, 13]]), cache, Batch(depths=torch.tensor([0, 1, 1, 0]),
+               tree_mask=torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1]], dtype=torch.bool)))
     cache.commit(0, [0], keep=[1, 2])            # a accepted; b, c stay speculative at depth 0
     assert cache.lengths == [5] and cache.spec == [2]
     # a child of c (speculative slot 1), depth 1 below the new prefix
-    out = tiny_model(torch.tensor([[20]]), cache, depths=torch.tensor([1]),
-                     tree_mask=torch.tensor([[0, 1, 1]], dtype=torch.bool))[0, -1]
+    out = tiny_model(torch.tensor([[20]]), cache, Batch(depths=torch.tensor([1]),
+                     tree_mask=torch.tensor([[0, 1, 1]], dtype=torch.bool)))[0, -1]
     plain = tiny_model(torch.tensor([prefix + [10, 12, 20]]))[0, -1]
     assert (out - plain).abs().max() <= 1e-5
 

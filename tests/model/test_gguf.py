@@ -192,7 +192,7 @@ def test_a_gguf_files_blocks_run_as_they_are(chat_checkpoint, tmp_path, ftype):
     assert llamacpp.cached_gguf(source, "bf16") == source
 
 
-@pytest.mark.cpu("avx2")                   # Q8Linear's products (kernels.q8_lib): AVX2, or AVX512-VNNI
+@pytest.mark.cpu("avx2", "-amx_tile")      # Q8Linear's products (kernels.q8_lib): AVX2, or AVX512-VNNI, no AMX
 @pytest.mark.parametrize("ftype", ["q8_0", "q4_1"])
 def test_a_gguf_files_packed_matrices_are_cached_and_load_the_same_model(chat_checkpoint, tmp_path, monkeypatch,
                                                                            ftype):

@@ -10,6 +10,7 @@ except ImportError:
     pytest.fail("tests need the [test] extra: pip install -e .[test]", pytrace=False)
 
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.model.loader import CheckpointError, load_model, save_model
 from specmesh.model.model import UnsupportedModelError
 
@@ -122,7 +123,7 @@ def test_restricted_head_computes_its_tokens_only(tiny_checkpoint, tmp_path, dty
 def test_head_argument_gives_those_tokens_logits_with_gradients(tiny_checkpoint):
     model = load_model(tiny_checkpoint, pack=False).requires_grad_(True)
     x, ids = torch.tensor([[5, 17, 42, 7]]), torch.tensor([3, 9, 200])
-    part = model(x, head=ids)                                   # [1, 4, 3]
+    part = model(x, batch=Batch(head=ids))                                   # [1, 4, 3]
     assert part.shape == (1, 4, 3) and torch.allclose(part, model(x)[..., ids], atol=1e-6)
     part.sum().backward()
     assert model.lm_head.weight.grad[ids].abs().sum() > 0 and model.lm_head.weight.grad[4].abs().sum() == 0

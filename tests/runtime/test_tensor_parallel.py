@@ -8,6 +8,7 @@ from conftest import assert_same_distribution, fail_rank_mid_stream, sampled_pai
 from specmesh import LLM, SamplingParams
 from specmesh.bench.prompts import load_prompts
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.model.loader import load_model
 from specmesh.model.shard import shard
 from specmesh.runtime.link import PeerError
@@ -132,7 +133,7 @@ def test_easyspec_spreads_its_draft_groups_over_the_ranks(tiny_checkpoint):
         assert spread.tp is not None and spread.tp.name == "draft"
         caches = [KVCache.for_model(m, 2, 64) for m in (one, spread)]
         for x in (torch.tensor([[5, 17, 33, 2], [90, 41, 8, 8]]), torch.tensor([[7], [9]])):
-            a, b = (m(x, c, groups=groups) for m, c in zip((one, spread), caches))
+            a, b = (m(x, c, Batch(groups=groups)) for m, c in zip((one, spread), caches))
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
             for c in caches:
                 c.commit_all()
@@ -153,7 +154,7 @@ def test_a_group_larger_than_the_ranks_is_shared_round_robin(tiny_checkpoint):
     with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="easyspec", layer_groups="3", tp=2) as llm:
         caches = [KVCache.for_model(m, 1, 32) for m in (one, llm.models.draft)]
         x = torch.tensor([[5, 17, 33, 2]])
-        a, b = (m(x, c, groups=[range(0, 3)]) for m, c in zip((one, llm.models.draft), caches))
+        a, b = (m(x, c, Batch(groups=[range(0, 3)])) for m, c in zip((one, llm.models.draft), caches))
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
         for k1, k2 in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
             torch.testing.assert_close(k2[:, :, :4], k1[:, :, :4], rtol=1e-4, atol=1e-4)

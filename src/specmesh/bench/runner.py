@@ -33,6 +33,7 @@ from specmesh.engine.stats import Stats
 from specmesh.kernels import cpu_model
 from specmesh.llm import default_dtype
 from specmesh.lossless.sampling import SamplingParams
+from specmesh.model.execution import Batch
 from specmesh.model.kernel_choice import bf16_products
 from specmesh.model.loader import DTYPES, load_tokenizer
 from specmesh.model.pages import huge_pages
@@ -212,7 +213,7 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 def is_near_tie(model, prefix: list[int]) -> bool:
     """Are the reference model's two best next-token logits after `prefix` within rounding?"""
     with torch.inference_mode():
-        logits = model(torch.tensor([prefix], device=model.device), last_only=True)[0, -1]
+        logits = model(torch.tensor([prefix], device=model.device), batch=Batch(last_only=True))[0, -1]
     top = logits.topk(2).values
     return bool(top[0] - top[1] <= NEAR_TIE_REL * top.abs().max().clamp(min=1.0))
 

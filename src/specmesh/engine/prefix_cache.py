@@ -23,7 +23,6 @@ import hashlib
 import numpy as np
 import torch
 
-from specmesh.model.c_forward import CForward
 from specmesh.model.cache import KVCache
 from specmesh.model.model import PREFILL_TOKENS
 
@@ -33,10 +32,10 @@ MIN_REST = PREFILL_TOKENS + 1       # a prompt's uncached rest attends as its wh
 
 def unsupported(model) -> str | None:
     """Why cached prefixes would not be bit-exact for this model here; None where they are."""
-    if getattr(model, "tp", None) is not None:
+    if model.tp is not None:
         return "the target is split over processes (--tp): each keeps its own part of the keys and values"
-    forward = getattr(model, "fast_forward", None)
-    if not isinstance(forward, CForward) or not (forward.tile_attention or forward.long and forward.c_attention):
+    forward = model.fast_forward
+    if forward is None or not (forward.tile_attention or forward.long and forward.c_attention):
         return ("cached prefixes are bit-exact only where prefills run row by row in the C kernels (AMX tiles, or "
                 "the C attention with products that run prefills: bf16 or --quant on x86), which this run lacks")
     return None

@@ -22,6 +22,7 @@ from specmesh.engine.stats import EngineStats
 from specmesh.kernels import SMALL_ROWS
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.model.model import Transformer
 
 GROUP_TOKENS = SMALL_ROWS
@@ -46,7 +47,7 @@ class Runner:
         # rounding depends on the rows; without a limit where the kernels' long forward computes a token as their
         # one-call forward does (their products and C attention: without AMX), so the weights are read once
         fast = model.fast_forward
-        self.group_tokens = None if getattr(fast, "long", False) and getattr(fast, "c_attention", False) \
+        self.group_tokens = None if fast is not None and fast.long and fast.c_attention \
             else GROUP_TOKENS
 
     @property
@@ -75,7 +76,7 @@ class Runner:
         rest = len(seq.ids) - done
         take = rest if rest < self.chunk + self.min_chunk else self.chunk
         ids = torch.tensor([seq.ids[done:done + take]], device=self.device)
-        logits = self.model(ids, cache, last_only=self.prompt_tail)[0]
+        logits = self.model(ids, cache, Batch(last_only=self.prompt_tail))[0]
         cache.commit_all()
         self.stats.target_forwards += 1
         self.stats.prefill_pending = len(seq.ids) - done - ids.shape[1]
@@ -115,7 +116,7 @@ class Runner:
         view.rollback(0, 0)
         cached = self.prefix_cache.load(seq.ids, self.cache, row) if self.prefix_cache else 0
         ids = torch.tensor([seq.ids[cached:]], device=self.device)
-        logits = self.model(ids, view, last_only=self.prompt_tail)[0]
+        logits = self.model(ids, view, Batch(last_only=self.prompt_tail))[0]
         view.commit_all()
         if self.prefix_cache:
             self.prefix_cache.store(seq.ids, self.cache, row)
@@ -135,9 +136,9 @@ class Runner:
         out = []
         for first in range(0, B, per):
             group = slice(first, min(B, first + per))
-            tree = {} if mask is None else {"depths": depths[group], "tree_mask": mask[group]}
-            out.append(self.model(tokens[group], self.cache.view(group.start, group.stop), **tree,
-                                  lens=None if lens is None else lens[group]))
+            batch = Batch(lens=None if lens is None else lens[group]) if mask is None else \
+                Batch(depths[group], mask[group], lens=None if lens is None else lens[group])
+            out.append(self.model(tokens[group], self.cache.view(group.start, group.stop), batch))
             self.stats.target_forwards += 1
         return out[0] if len(out) == 1 else torch.cat(out)
 

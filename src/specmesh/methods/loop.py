@@ -13,6 +13,7 @@ import torch
 from specmesh.engine.sequence import Sequence
 from specmesh.methods.base import Models
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.model.model import Transformer
 from specmesh.options import Options
 
@@ -42,7 +43,7 @@ class Loop:
 
 def prefill(model: Transformer, cache: KVCache, seq: Sequence) -> torch.Tensor:
     """The prompt into `cache` (committed); the logits after it [1, V]."""
-    logits = model(torch.tensor([seq.ids], device=model.device), cache, last_only=True)[:, -1]
+    logits = model(torch.tensor([seq.ids], device=model.device), cache, Batch(last_only=True))[:, -1]
     cache.commit_all()
     seq.stats.target_forwards += 1
     return logits

@@ -10,6 +10,7 @@ from torch import nn
 
 from specmesh.kernels.build import LayerWeights, ModelEnds, amx_lib
 from specmesh.kernels.linears import SMALL_ROWS, AMXLinear, DPLinear, F32Linear, FMALinear, GGUFLinear, Q8Linear, _ptr
+from specmesh.model.execution import Batch, FastForward
 from specmesh.model.model import PREFILL_TOKENS, GemmaRMSNorm, ModelConfig, attention
 
 
@@ -51,6 +52,11 @@ class CBlock(nn.Module):
             *(_ptr(getattr(lin, "scale", None)) for lin in linears), *(_ptr(lin.bias32) for lin in linears),
             None, *extra, LayerWeights.ACTIVATIONS[act], local)
 
+    def reduce_with(self, all_reduce, c_reduce: int | None) -> None:
+        """Block.reduce_with, and the C block's sum over ranks (`c_reduce`, a C callback's address, or none)."""
+        self.block.reduce_with(all_reduce, c_reduce)
+        self.weights.reduce = c_reduce
+
     def forward(self, x, cos, sin, cache, mask):
         return self.block(x, cos, sin, cache, mask)
 
@@ -69,8 +75,8 @@ def weights_address(module: nn.Module) -> int:
     return module.address if hasattr(module, "address") else module.weight.data_ptr()
 
 
-class CForward:
-    """model.fast_forward for a model whose blocks are CBlocks: forwards with a cache on CPU.
+class CForward(FastForward):
+    """model.fast_forward (Execution.fast) for a model whose blocks are CBlocks: forwards with a cache on CPU.
     Up to SMALL_ROWS new tokens go through one C call (model_forward): embedding, rotary angles,
     the layers of the range, final norm and head. A small model's decode step was half Python
     around the kernels (docs/kernels.md). Where the linears run on the tile unit or the dot product
@@ -101,8 +107,9 @@ class CForward:
         # the keys after them, faster than PyTorch's for prompts of up to ~700 tokens, and row by row (docs/kernels.md)
         self.c_attention = self.amx is None
 
-    def __call__(self, x: torch.Tensor, cache, depths, tree_mask, layers: range, last_only: bool | int,
-                 groups: list[range] | None = None, lens: list[int] | None = None):
+    def __call__(self, x: torch.Tensor, cache, batch: Batch):
+        depths, tree_mask, layers, last_only, groups, lens = (batch.depths, batch.tree_mask, batch.layers,
+                                                              batch.last_only, batch.groups, batch.lens)
         B, T = x.shape[:2]
         if cache is None or x.device.type != "cpu":
             return None

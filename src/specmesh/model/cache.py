@@ -102,7 +102,7 @@ class KVCache:
                   groups: Sequence[range] = ()) -> "KVCache":
         """A cache for `model`'s `layers`; `groups` (layer-parallel groups) stacked where the model's PyTorch
         path runs them (the kernels' one-call forward reads every layer's cache at one row stride)."""
-        if getattr(model, "tp", None) is not None:    # rank 0 of a tensor-parallel target: every rank keeps one
+        if model.tp is not None:                      # rank 0 of a tensor-parallel target: every rank keeps one
             return model.tp.cache(batch, max_len, layers)
         cfg = model.config
         layers = layers or range(cfg.num_layers)

@@ -2,14 +2,16 @@
 for `LLM` and the server."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
 from specmesh.kernels.build import LayerWeights, amx_lib, kernel_lib, avx512_on, dp_lib, fma_lib, native_bf16, q8_lib
-from specmesh.model.c_forward import CBlock, CForward, CRMSNorm
 from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, FMALinear, Int8Linear, PackedLinear,
                                       Q8Linear, can_pack, glu_order)
-from specmesh.model.model import MLP, Block, RMSNorm
+from specmesh.model.c_forward import CBlock, CForward, CRMSNorm
+from specmesh.model.model import MLP, Block, RMSNorm, Transformer
 from specmesh.model.pages import on_huge_pages
 
 
@@ -52,7 +54,8 @@ def use_c_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.
     on AVX512-VNNI or AVX2, Q8Linear). With AMX, MLPs whose width is a multiple of 32 apply SwiGLU in the gate/up product (amx_glu;
     `glu=False`: product, then SwiGLU: the same values)."""
     if (amx := amx_lib()) is not None and not int8:
-        for mlp in (m for m in model.modules() if glu and isinstance(m, MLP) and m.down.in_features % 32 == 0):
+        for mlp in (m for m in model.modules() if glu and isinstance(m, MLP) and isinstance(m.gate_up, nn.Linear)
+                    and m.down.in_features % 32 == 0):      # (a GGUF file's matrices stay as they are)
             mlp.gate_up = AMXLinear(mlp.gate_up.weight, mlp.gate_up.bias, amx, glu_order(mlp.down.in_features))
         _replace(model, nn.Linear, lambda linear: AMXLinear(linear.weight, linear.bias, amx))
     else:
@@ -73,9 +76,10 @@ def use_c_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.
         _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
         if runs_whole_in_c(model):
             _replace(model, Block, lambda block: CBlock(block, getattr(model, "config", None)))
-            if hasattr(model, "fast_forward"):     # a Transformer (not a bare module of linears)
-                model.kv_dtype = torch.bfloat16     # half the bytes for a batch's attention to read
-                model.fast_forward = CForward(model, lib)
+            if isinstance(model, Transformer):     # (not a bare module of linears)
+                # the cache in bf16, half the bytes for a batch's attention to read (CForward reads it)
+                model.run_on(replace(model.execution, kv_dtype=torch.bfloat16))
+                model.run_on(replace(model.execution, fast=CForward(model, lib)))
     if native_bf16():                           # prefills attend in bf16, faster (docs/kernels.md)
         for attn in (m for m in model.modules() if hasattr(m, "prefill_dtype")):
             attn.prefill_dtype = torch.bfloat16
@@ -95,7 +99,7 @@ def use_batch_invariant_kernels(model: nn.Module) -> bool:
     _replace(model, RMSNorm, lambda norm: CRMSNorm(norm, lib))
     if runs_whole_in_c(model):
         _replace(model, Block, lambda block: CBlock(block, getattr(model, "config", None)))
-        model.fast_forward = CForward(model, lib)
+        model.run_on(replace(model.execution, fast=CForward(model, lib)))
     return True
 
 

@@ -19,7 +19,7 @@ import functools
 import math
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import WHOLE, Batch, Execution, FastForward
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
@@ -353,8 +354,12 @@ class Block(nn.Module):
         self.attn_post_norm = make_norm(cfg, cfg.hidden_size) if cfg.post_norms else unchanged
         self.mlp_post_norm = make_norm(cfg, cfg.hidden_size) if cfg.post_norms else unchanged
         # a tensor-parallel shard's attention and MLP give this rank's part of their output: all_reduce sums
-        # the parts over the ranks (runtime/tensor_parallel.py); one process: the output as it is
+        # the parts over the ranks (Execution.all_reduce); one process: the output as it is
         self.all_reduce: Callable[[torch.Tensor], torch.Tensor] = unchanged
+
+    def reduce_with(self, all_reduce: Callable[[torch.Tensor], torch.Tensor], c_reduce: int | None) -> None:
+        """Its outputs summed over ranks by `all_reduce` (Transformer.run_on; the C blocks: `c_reduce`)."""
+        self.all_reduce = all_reduce
 
     def forward(self, x, cos, sin, cache, mask):
         x = x + self.attn_post_norm(self.all_reduce(self.attn(self.attn_norm(x), cos, sin, cache, mask)))
@@ -470,12 +475,23 @@ class Transformer(nn.Module):
         local = rope_inv_freq(cfg, local=True) if cfg.has_sliding and cfg.rope_local_theta is not None else None
         self.register_buffer("inv_freq_local", local, persistent=False)
         self.register_buffer("head_ids", None, persistent=False)     # restrict_head's tokens [K], or None
-        # forward's arguments -> its result, or None where it does not apply: a whole small
-        # forward in one call, put in place by the kernels (model/kernel_choice.py)
-        self.fast_forward: Callable | None = None
-        self.kv_dtype: torch.dtype | None = None     # the KV cache's, where the kernels chose one
-        self.layer_parallel = layer_parallel        # a group's forward (a draft spread over ranks: tensor_parallel)
-        self.tp = None      # rank 0 of a tensor-parallel target: its runtime/tensor_parallel.Leader (makes its caches)
+        self.execution = Execution()                # what runs it beside PyTorch: run_on
+
+    def run_on(self, execution: Execution) -> None:
+        """Run on `execution` from now on (the kernels: model/kernel_choice.py; a tensor-parallel group:
+        runtime/tensor_parallel.py): the one way to change how this model runs."""
+        self.execution = execution
+        for layer in self.layers:
+            layer.reduce_with(execution.all_reduce or unchanged, execution.c_reduce)
+
+    @property
+    def fast_forward(self) -> FastForward | None:
+        return self.execution.fast
+
+    @property
+    def tp(self):
+        """Rank 0 of a tensor-parallel split of this model (Execution.split), or None."""
+        return self.execution.split
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype, local: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -486,33 +502,23 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, :, None]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, *, depths: torch.Tensor | None = None,
-                tree_mask: torch.Tensor | None = None, layers: range | None = None,
-                last_only: bool | int = False, head: torch.Tensor | None = None,
-                groups: list[range] | None = None, lens: list[int] | None = None) -> torch.Tensor:
-        """Run `layers` (default: all) over new tokens.
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, batch: Batch = WHOLE) -> torch.Tensor:
+        """Run `batch.layers` (default: all) over new tokens (model/execution.py's Batch: the rest of what to run).
 
         x: token ids [B,T] when the range starts at layer 0, else hidden states [B,T,D].
         cache: without one, a plain causal forward from position 0 (training, tests).
           With one, the T new tokens go into its speculative slots after the committed
-          prefix; `depths` [T] or [B,T] gives each token's depth below the prefix
-          (position = committed length + depth) and `tree_mask` [T, S+T] or [B,T,S+T]
-          says which speculative slots (S already held + the T new) each token sees.
-          Both default to a chain continuing the held speculative slots.
+          prefix, at batch.depths below it, seeing what batch.tree_mask lets them see.
         Returns logits [B,T,V] (float32) when the range ends at the last layer, else hidden states.
-        last_only: compute logits for the last position only ([B,1,V]); an int n: for the last n ([B,n,V]).
-        head: token ids [K]: logits [B,T,K] of those tokens only, from the LM head's rows (distilling a
-          draft whose head will be restricted to them: gradients reach the tied embedding).
-        groups: consecutive layer ranges covering `layers`, each run layer-parallel (`layer_parallel`:
-          EasySpec's fuzzy drafting); a one-layer group is the exact layer.
-        lens: [B] real tokens of each row (the rest pad it to T): the kernels' forward skips the pads' products
-          (their outputs are then zeros); every other path computes them.
         """
+        layers, groups, last_only, head = batch.layers, batch.groups, batch.last_only, batch.head
         layers = layers or range(self.config.num_layers)
         if groups is not None and all(len(g) == 1 for g in groups):
             groups = None                                   # every layer alone: the exact forward
+        if layers != batch.layers or groups != batch.groups:
+            batch = replace(batch, layers=layers, groups=groups)
         if self.fast_forward is not None and head is None:
-            out = self.fast_forward(x, cache, depths, tree_mask, layers, last_only, groups, lens)
+            out = self.fast_forward(x, cache, batch)
             if out is not None:
                 return out
         h = self.embedding(x) if layers.start == 0 else x
@@ -521,14 +527,15 @@ class Transformer(nn.Module):
             positions = torch.arange(T, device=h.device).expand(B, T)
             mask = None
         else:
-            positions, mask = cache.prepare(T, depths, tree_mask)
-        inputs = self.attention_inputs(positions, h.dtype, cache, mask, tree_mask)
+            positions, mask = cache.prepare(T, batch.depths, batch.tree_mask)
+        inputs = self.attention_inputs(positions, h.dtype, cache, mask, batch.tree_mask)
+        run_group = self.execution.layer_parallel or layer_parallel
         for group in one_kind(groups, self.config) or [range(i, i + 1) for i in layers]:
             cos, sin, m = inputs[self.config.sliding(group.start)]
             if len(group) == 1:
                 h = self.layers[group.start](h, cos, sin, cache, m)
             else:
-                h = self.layer_parallel([self.layers[i] for i in group], h, cos, sin, cache, m)
+                h = run_group([self.layers[i] for i in group], h, cos, sin, cache, m)
         if cache is not None:
             cache.advance(T)
         if layers.stop < self.config.num_layers:
@@ -596,10 +603,10 @@ class Transformer(nn.Module):
 
     @property
     def cache_dtype(self) -> torch.dtype:
-        """The KV cache's dtype: the kernels' choice (kv_dtype), else float32 for a bf16 model on CPU
+        """The KV cache's dtype: the kernels' choice (Execution.kv_dtype), else float32 for a bf16 model on CPU
         (PyTorch's attention), else the model's."""
-        if self.kv_dtype is not None:
-            return self.kv_dtype
+        if self.execution.kv_dtype is not None:
+            return self.execution.kv_dtype
         return torch.float32 if self.device.type == "cpu" and self.dtype == torch.bfloat16 else self.dtype
 
     @property

@@ -39,6 +39,7 @@ from specmesh.lossless.sampling import argmax, probs_from_logits
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.model.model import Transformer
 
 
@@ -92,16 +93,16 @@ class DraftModel:
             self.levels += 1
         return [tree.truncate(budget) for tree, budget in zip(trees, budgets)]
 
-    def _forward(self, seqs: list[Sequence], tokens: list[list[int]], reading: bool, **tree) -> torch.Tensor:
+    def _forward(self, seqs: list[Sequence], tokens: list[list[int]], reading: bool, batch: Batch) -> torch.Tensor:
         for seq in seqs:
             seq.stats.draft_forwards += 1
         return self._run(torch.tensor(tokens, device=self.model.device), self.cache.view(0, len(seqs)), reading,
-                         **tree)
+                         batch)
 
-    def _run(self, x: torch.Tensor, cache: KVCache, reading: bool, **kw) -> torch.Tensor:
+    def _run(self, x: torch.Tensor, cache: KVCache, reading: bool, batch: Batch) -> torch.Tensor:
         """The draft's forward over x [B, T], `reading` committed tokens (a prompt, accepted tokens, the root)
         or growing a level of the tree (the fuzzy drafter runs these differently)."""
-        return self.model(x, cache, **kw)
+        return self.model(x, cache, batch)
 
     def _catch_up(self, seqs: list[Sequence]) -> None:
         """Rows with more than `read_together` unread tokens read all but the last alone; fresh rows with the same
@@ -120,7 +121,7 @@ class DraftModel:
                 self.cache.move_row(done[read], b)          # a copy: the source row stays
                 continue
             view = self.cache.view(b, b + 1)
-            self._run(torch.tensor([read], device=self.model.device), view, True, last_only=True)
+            self._run(torch.tensor([read], device=self.model.device), view, True, Batch(last_only=True))
             view.commit_all()
             seq.stats.draft_forwards += 1
             if fresh:
@@ -132,7 +133,7 @@ class DraftModel:
         B, rows = len(seqs), self.pending[:len(seqs)]
         T = max(len(p) for p in rows)
         if all(len(p) == T for p in rows):
-            logits = self._forward(seqs, rows, True, last_only=True)[:, -1]
+            logits = self._forward(seqs, rows, True, Batch(last_only=True))[:, -1]
             self.cache.commit_all()
         else:                                               # pad short rows in front: a slot nothing sees
             tokens = [[p[0]] * (T - len(p)) + p for p in rows]
@@ -142,7 +143,7 @@ class DraftModel:
                 pad = T - len(p)
                 mask[b, pad:, pad:] = torch.ones(len(p), len(p), dtype=torch.bool).tril()
                 mask[b, :pad, :pad] = torch.eye(pad, dtype=torch.bool)
-            logits = self._forward(seqs, tokens, True, depths=depths, tree_mask=mask, last_only=True)[:, -1]
+            logits = self._forward(seqs, tokens, True, Batch(depths, mask, last_only=True))[:, -1]
             for b, p in enumerate(rows):
                 self.cache.commit(b, range(T - len(p), T))
         for b in range(B):
@@ -193,14 +194,14 @@ class DraftModel:
             self.slots[node] = held + i
         tokens = [[tree.tokens[n] for n in level] for tree in trees]
         if self.chain or len(level) == 1 and trees[0].depths[level[0]] == held + 1:   # below every held node:
-            return self._forward(seqs, tokens, False)                            # the cache's chain mask
+            return self._forward(seqs, tokens, False, Batch())                          # the cache's chain mask
         mask = np.zeros((len(trees), len(level), held + len(level)), dtype=bool)     # on the host: the cache
         for b, tree in enumerate(trees):                                               # copies it over once
             for i, node in enumerate(level):
                 mask[b, i, [self.slots[anc] for anc in tree.path_to(tree.parents[node])[1:]]] = True
                 mask[b, i, held + i] = True
         depths = torch.full((len(level),), trees[0].depths[level[0]] - 1)
-        return self._forward(seqs, tokens, False, depths=depths, tree_mask=torch.from_numpy(mask))
+        return self._forward(seqs, tokens, False, Batch(depths, torch.from_numpy(mask)))
 
     # -- learning the verdicts --------------------------------------------------------------------
     def accept(self, seqs: list[Sequence], trees: list[TokenTree], verdicts: list[Verdict],

@@ -15,6 +15,7 @@ import torch
 
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.timing import median_ms
 
 
@@ -115,7 +116,7 @@ class TreeDrafter:
         self.model, self.width, self.children = model, width, children
         prompt = prompt[-window:] if window else prompt     # the draft reads the last `window` prompt tokens
         self.cache = KVCache.for_model(model, 1, max_len)
-        model(torch.tensor([prompt], device=model.device), self.cache, last_only=True)
+        model(torch.tensor([prompt], device=model.device), self.cache, Batch(last_only=True))
         self.cache.commit_all()
         self.tree: DynamicTree | None = None
         self.q = self.y = None              # top-c outputs at each processed node [processed, c]
@@ -152,7 +153,7 @@ class TreeDrafter:
         last = tree.layer(tree.depth - 1)
         tokens = torch.from_numpy(tree.X[last][None]).to(device)                      # [1, T]
         depths = torch.full((last.stop - last.start,), tree.depth - 1, device=device)
-        logits = self.model(tokens, self.cache, depths=depths, tree_mask=torch.from_numpy(tree.M[last]).to(device))[0]
+        logits = self.model(tokens, self.cache, Batch(depths, torch.from_numpy(tree.M[last]).to(device)))[0]
         q, y = logits.float().softmax(-1).topk(self.children, dim=-1)        # [T, c]
         self.q, self.y = torch.cat([self.q, q]), torch.cat([self.y, y])
         tree.grow(q.cpu(), y.cpu(), self.width)

@@ -43,6 +43,7 @@ from torch import nn
 from specmesh.engine.sequence import Sequence
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
+from specmesh.model.execution import Batch
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.runtime.link import PeerError
 
@@ -188,7 +189,7 @@ class Drafter:
         read, draft.pending[row] = draft.pending[row], []
         m = min(len(top_ids), len(read) - PROMPT_SKIP)
         view = draft.cache.view(row, row + 1)
-        logits = draft._run(torch.tensor([read], device=draft.model.device), view, True, last_only=max(m, 1))[0]
+        logits = draft._run(torch.tensor([read], device=draft.model.device), view, True, Batch(last_only=max(m, 1)))[0]
         view.commit_all()
         self.ce = cross_entropy(logits.cpu(), top_ids[-m:], top_p[-m:]) if m >= PROMPT_SKIP else None
 

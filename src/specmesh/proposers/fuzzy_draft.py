@@ -21,12 +21,15 @@ sampling path, which verifies greedy drafts against a softmax q).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from specmesh.engine.sequence import Sequence
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.model.model import Transformer
 from specmesh.options import POLICIES
 from specmesh.proposers.draft_model import DraftModel
@@ -86,10 +89,10 @@ class FuzzyDraft(DraftModel):
         super().move_row(src, dst)
         self.due[dst] = self.due[src]
 
-    def _run(self, x: torch.Tensor, cache: KVCache, reading: bool, **kw) -> torch.Tensor:
+    def _run(self, x: torch.Tensor, cache: KVCache, reading: bool, batch: Batch) -> torch.Tensor:
         if reading and self.exact:
-            return self.model(x, cache, **kw)
-        return self.model(x, cache, groups=self.groups, **kw)
+            return self.model(x, cache, batch)
+        return self.model(x, cache, replace(batch, groups=self.groups))
 
     def _catch_up(self, seqs: list[Sequence]) -> None:
         self.exact = self.calibration != "never"             # a prompt (or a long queue): exact unless never

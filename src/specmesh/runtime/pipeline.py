@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.runtime.link import Link, connect, lending_wanted
 from specmesh.timing import rank_threads, share_of_cores
 
@@ -172,8 +173,8 @@ class Stage:
                 raise RuntimeError(f"stage {self.index} is out of step: a tree packet over {mask.shape[1]} slots "
                                    f"arrived while it holds {S} + {packet.size}")
             tree = {"depths": packet.meta[:, 1], "tree_mask": mask}      # on the host, where the cache reads them
-        out = self.model(packet.x.to(self.model.device), self.cache, layers=self.layers,
-                         last_only=self.last and not tree, **tree)
+        out = self.model(packet.x.to(self.model.device), self.cache,
+                         Batch(layers=self.layers, last_only=self.last and not tree, **tree))
         if tree:
             held = torch.zeros(len(mask[0]), len(mask[0]), dtype=torch.bool)
             held[:S, :S], held[S:] = self.held, mask

@@ -26,12 +26,14 @@ from __future__ import annotations
 import ctypes
 import datetime
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch, FastForward
 from specmesh.model.kernel_choice import select_kernels
 from specmesh.model.loader import DTYPES, load_model
 from specmesh.model.model import Transformer
@@ -133,12 +135,9 @@ class Group:
             raise self.error
 
     def install(self, model: Transformer) -> None:
-        """Sum every block's attention and MLP outputs over the ranks, in PyTorch (Block.all_reduce) and in
-        the C kernels (Layer.reduce)."""
-        for layer in model.layers:
-            getattr(layer, "block", layer).all_reduce = self.all_reduce
-            if hasattr(layer, "weights"):           # c_forward.CBlock
-                layer.weights.reduce = ctypes.cast(self.c_reduce, ctypes.c_void_p).value
+        """Sum every block's attention and MLP outputs over the ranks, in PyTorch and in the C kernels."""
+        model.run_on(replace(model.execution, all_reduce=self.all_reduce,
+                             c_reduce=ctypes.cast(self.c_reduce, ctypes.c_void_p).value))
 
 
 class SavedPrefix(tuple):
@@ -198,24 +197,24 @@ class MirroredCache(KVCache):
             self.leader.pending.append([self.leader.name, self.id, 0, 0, "free"])
 
 
-def exact_only(inner):
-    """A spread draft's fast_forward: the kernels' one-call forward for exact forwards; a forward with groups
+class ExactOnly(FastForward):
+    """A spread draft's fast forward: the kernels' one-call forward for exact forwards; a forward with groups
     takes the model's PyTorch path, whose groups run across the ranks (Group.layer_parallel)."""
-    def forward(x, cache, depths, tree_mask, layers, last_only, groups, lens=None):
-        if groups is not None or inner is None:
-            return None
-        return inner(x, cache, depths, tree_mask, layers, last_only, groups, lens)
-    return forward
+
+    def __init__(self, inner: FastForward | None):
+        self.inner = inner
+
+    def __call__(self, x, cache, batch: Batch):
+        return None if batch.groups is not None or self.inner is None else self.inner(x, cache, batch)
 
 
 def spread(model: Transformer, group: Group) -> Transformer:
     """A draft whose layer-parallel groups run across the ranks (every rank holds it whole)."""
-    model.fast_forward = exact_only(model.fast_forward)
-    model.layer_parallel = group.layer_parallel
+    model.run_on(replace(model.execution, fast=ExactOnly(model.fast_forward), layer_parallel=group.layer_parallel))
     return model
 
 
-class Leader:
+class Leader(FastForward):
     """Rank 0's fast_forward and cache maker (KVCache.for_model asks model.tp) for the split target (`name`
     "target") or the spread draft ("draft"): sends each forward, with the cache changes logged since the
     last, to the other ranks, then computes rank 0's part (through the kernels' own fast forward where they
@@ -225,7 +224,7 @@ class Leader:
         self.name, self.model, self.group, self.inner = name, model, group, model.fast_forward
         self.pending: list[list] = []               # cache changes not sent yet
         self.caches = self.saved = 0                 # ids given out
-        model.fast_forward, model.tp = self, self
+        model.run_on(replace(model.execution, fast=self, split=self))
 
     @property
     def link(self) -> Link | None:
@@ -241,18 +240,19 @@ class Leader:
         self.pending.append([self.name, cache.id, 0, batch, "new", max_len, layers.start, layers.stop])
         return cache
 
-    def __call__(self, x, cache, depths, tree_mask, layers: range, last_only: bool, groups, lens=None):
+    def __call__(self, x, cache, batch: Batch):
         # lens (a padded batch's real tokens) is a CPU saving only: every rank computes the pads
+        groups, layers = batch.groups, batch.layers
         message = {"model": self.name, "ops": self.pending, "x": x.tolist(), "layers": [layers.start, layers.stop],
                    "groups": None if groups is None else [[g.start, g.stop] for g in groups],
-                   "last_only": last_only, "cache": None if cache is None else [cache.id, cache.row0, cache.batch],
-                   "depths": None if depths is None else depths.tolist(),
-                   "tree_mask": None if tree_mask is None else tree_mask.int().tolist()}
+                   "last_only": batch.last_only, "cache": None if cache is None else [cache.id, cache.row0, cache.batch],
+                   "depths": None if batch.depths is None else batch.depths.tolist(),
+                   "tree_mask": None if batch.tree_mask is None else batch.tree_mask.int().tolist()}
         self.pending = []
         self.group.check()
         for rank in range(1, self.group.world):
             self.group.link.send_json(message, rank)
-        out = None if self.inner is None else self.inner(x, cache, depths, tree_mask, layers, last_only, groups)
+        out = None if self.inner is None else self.inner(x, cache, replace(batch, lens=None))
         self.group.check()
         return out
 
@@ -319,9 +319,9 @@ class Follower:
                   else torch.tensor(message[key], dtype=dtype, device=dev))
         cache = None if message["cache"] is None else self.view((name, message["cache"][0]), *message["cache"][1:])
         groups = None if message["groups"] is None else [range(*g) for g in message["groups"]]
-        self.models[name](tensor("x", torch.long), cache, depths=tensor("depths", torch.long),
-                          tree_mask=tensor("tree_mask", torch.bool), layers=range(*message["layers"]),
-                          last_only=message["last_only"], groups=groups)
+        self.models[name](tensor("x", torch.long), cache, Batch(
+            depths=tensor("depths", torch.long), tree_mask=tensor("tree_mask", torch.bool),
+            layers=range(*message["layers"]), last_only=message["last_only"], groups=groups))
 
 
 def start(target: Transformer, path: Path, dtype: torch.dtype, quant: str | None, world: int,

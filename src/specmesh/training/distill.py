@@ -35,6 +35,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from specmesh import catalog
+from specmesh.model.execution import Batch
 from specmesh.training import corpus
 from specmesh.training.instructions import instructions
 from specmesh.model.loader import HEAD_TOKENS, load_model, load_tokenizer, save_model
@@ -239,8 +240,8 @@ def train(cfg: DistillConfig, teacher: Transformer, draft: Transformer, chat: np
                        windows(code, cfg.batch - cfg.batch // 2, cfg.window, rng)])
         with mixed_precision():
             with torch.no_grad():
-                lt = teacher(x, head=ids).flatten(0, 1)         # [N, K]
-            ld = draft(x, head=ids).flatten(0, 1)
+                lt = teacher(x, batch=Batch(head=ids)).flatten(0, 1)         # [N, K]
+            ld = draft(x, batch=Batch(head=ids)).flatten(0, 1)
         if step == 0 and not cfg.init:      # a fresh draft's logits are too sharp: match the teacher's spread
             scale = (lt.float().std() / ld.float().std()).item()
             draft.norm.weight.data.mul_(scale)

@@ -7,6 +7,7 @@ from scipy.stats import chi2_contingency
 
 from specmesh import LLM, SamplingParams, embedded
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.model.loader import load_model
 from specmesh.runtime.pipeline import Packet, Stage, stage_layers
 
@@ -105,7 +106,7 @@ def test_a_bf16_stage_passes_on_the_residual_stream_unrounded():
     ids = torch.tensor([[5, 17, 3, 99, 42, 7]])
     with torch.inference_mode():
         for x in (ids, torch.tensor([[11]]), torch.tensor([[12]])):
-            expected = model(x, whole, last_only=True)
+            expected = model(x, whole, Batch(last_only=True))
             whole.commit_all()
             stages[0].send_on(Packet(stages[0].forward(Packet(x))))
             got = stages[1].forward(stages[1].receive())

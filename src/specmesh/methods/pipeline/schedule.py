@@ -25,6 +25,7 @@ import torch
 
 from specmesh.lossless.sampling import SamplingParams, make_generator, next_tokens
 from specmesh.model.cache import KVCache
+from specmesh.model.execution import Batch
 from specmesh.proposers.dynamic_tree import TreeDrafter, draft_room
 from specmesh.runtime.pipeline import check_stages, stage_seed
 
@@ -66,7 +67,7 @@ def run(target, draft, prompt: list[int], params: SamplingParams, max_new_tokens
     generator = make_generator(stage_seed(make_generator(params.seed, target.device)), target.device)   # as the last stage's
     max_len = len(prompt) + max_new_tokens + 2
     cache = KVCache.for_model(target, 1, max_len)
-    logits = target(torch.tensor([prompt], device=target.device), cache, last_only=True)[:, -1]
+    logits = target(torch.tensor([prompt], device=target.device), cache, Batch(last_only=True))[:, -1]
     cache.commit_all()
     root = int(next_tokens(logits, params, generator))
     timeline.tokens.append(root)
