@@ -86,7 +86,7 @@ class LLM:
     rows of the target's full context within a quarter of the memory available).
     `tp=N`: the target split over N processes (tensor parallelism, runtime/tensor_parallel.py), for the
     methods that run in one process (ar, sd, tree, easyspec, cosine, selfdraft); drafts stay on rank 0.
-    method="auto" (the default): the fastest lossless method for this machine, pair and dtype (tuning.py): the
+    method="auto" (the default): the fastest lossless method for this machine, pair and dtype (specmesh.tuning): the
     cached calibration, else the default for this CPU's kind; `tune()` calibrates (about 20 s) and caches it. The
     constructor generates nothing. `self.choice` says what it chose and why. `quant="int8"` (or "int4"):
     target and draft quantized at load (model/quant.py); every method is lossless against that model.
@@ -161,7 +161,7 @@ class LLM:
 
     def tune(self, prompts: list[str] | None = None, remeasure: bool = False, progress: bool = True
              ) -> tuning.Choice:
-        """`auto`'s calibration (tuning.py): measure this machine and pair (at most about 20 s on 2 cores, a progress
+        """`auto`'s calibration (specmesh.tuning): measure this machine and pair (at most about 20 s on 2 cores, a progress
         bar on stderr), cache the choice and use it from now on. A cached choice is taken as it is unless
         `remeasure`, or `prompts` (texts to calibrate on instead of the shipped ones)."""
         if not self.auto:

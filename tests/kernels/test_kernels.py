@@ -533,7 +533,7 @@ def test_a_batch_of_trees_of_several_sizes_computes_only_its_real_tokens(lens):
             assert not outs[1][b, n:].any(), b
 
 
-@pytest.mark.cpu("-amx_tile")       # with AMX a long forward's products are the tiles', not a decoding step's
+@pytest.mark.cpu("-amx_tile")       # with AMX a long forward attends through PyTorch, whose rounding is its own
 def test_a_long_forward_of_several_rows_computes_each_token_as_decoding_it_alone():
     """Past 16 tokens a forward runs a layer per call (CForward._long); where its attention is the C kernel's (no
     AMX) the runner verifies every row in one such forward, so a token's logits there must be bit-identical to

@@ -130,6 +130,7 @@ def decoding_times(processes: int, cpus: set[int]) -> list[float]:
     return times
 
 
+@pytest.mark.cpu("-amx_tile")      # with AMX the loops run on OpenMP's team (csrc/pool.c): its threads spin
 def test_two_processes_sharing_the_cores_each_keep_their_share():
     """Two processes of two threads on the same two cores: each about half as fast as alone (2x the time), not
     held up loop after loop by a thread of its own that is descheduled while its partner spins (OpenMP's team

@@ -37,15 +37,15 @@ def test_tp_logits_equal_one_process(tiny_checkpoint):
     with LLM(target=tiny_checkpoint, method="ar", tp=2) as llm:
         split = llm.models.target
         ids = torch.tensor([[5, 17, 33, 2, 90, 41, 8]])
-        tree = {"depths": torch.tensor([0, 1, 1, 2]), "tree_mask": torch.tensor(
-            [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)}
+        tree = Batch(depths=torch.tensor([0, 1, 1, 2]), tree_mask=torch.tensor(
+            [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool))
         caches = [KVCache.for_model(m, 1, 64) for m in (one, split)]
         for step in (ids, ids[:, :1], ids[:, 2:3], (ids[:, 3:7], tree)):
-            x, kw = step if isinstance(step, tuple) else (step, {})
-            a, b = (m(x, c, **kw) for m, c in zip((one, split), caches))
+            x, batch = step if isinstance(step, tuple) else (step, Batch())
+            a, b = (m(x, c, batch) for m, c in zip((one, split), caches))
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
             for c in caches:
-                c.commit(0, list(range(x.shape[1]))[:1 if kw else None])
+                c.commit(0, list(range(x.shape[1]))[:1 if batch.depths is not None else None])
 
 
 @pytest.fixture(scope="module")

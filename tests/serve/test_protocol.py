@@ -9,7 +9,7 @@ from openai import BadRequestError
 from test_serve import LiveServer, complete
 
 from specmesh.lossless.sampling import SamplingParams
-from specmesh.serve.protocol import APIError, Limits, sampling_params
+from specmesh.serve.protocol import APIError, ChatRequest, CompletionRequest, Limits, sampling_params
 
 
 @pytest.fixture(scope="module")
@@ -129,14 +129,14 @@ def test_the_queue_bound_counts_the_sequences_waiting(tiny_checkpoint):
 
 
 def test_a_chat_answer_may_run_to_the_context_and_a_completion_to_16_tokens():
-    chat = {"messages": [{"role": "user", "content": "hi"}]}
-    limits = Limits(max_tokens_total=8192)
-    assert sampling_params(chat, 10, 1, 1024, limits).max_new_tokens == 1014       # what the context leaves
-    assert sampling_params(chat | {"n": 16}, 10, 1, 1024, limits).max_new_tokens == 512   # within the bound
-    assert sampling_params(chat | {"max_tokens": 7}, 10, 1, 1024, limits).max_new_tokens == 7
-    assert sampling_params({"prompt": "x"}, 10, 1, 1024, limits).max_new_tokens == 16
+    chat, limits = (lambda **more: ChatRequest.of({"messages": [{"role": "user", "content": "hi"}]} | more),
+                    Limits(max_tokens_total=8192))
+    assert sampling_params(chat(), 10, 1, 1024, limits).max_new_tokens == 1014       # what the context leaves
+    assert sampling_params(chat(n=16), 10, 1, 1024, limits).max_new_tokens == 512   # within the bound
+    assert sampling_params(chat(max_tokens=7), 10, 1, 1024, limits).max_new_tokens == 7
+    assert sampling_params(CompletionRequest.of({"prompt": "x"}), 10, 1, 1024, limits).max_new_tokens == 16
     with pytest.raises(APIError, match="context"):
-        sampling_params(chat, 1024, 1, 1024, limits)
+        sampling_params(chat(), 1024, 1, 1024, limits)
 
 
 def test_limits_scale_with_the_engine():

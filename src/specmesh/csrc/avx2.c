@@ -11,6 +11,7 @@
 //   block_qkv and block_out are its halves around the attention, for prefills (kernels.py).
 // KV caches hold float32, or bf16 (kv16): rounded to nearest even when written, widened exactly when read.
 // All compute each row the same way whatever M is, so results do not depend on batching.
+#include "api.h"
 #include "pool.h"
 #include "vec.h"
 #include <immintrin.h>
@@ -70,8 +71,6 @@ void q4_linear512(const float *x, int M, int K, const int8_t *w, const float *sc
                   float *y) __attribute__((weak));
 void q41_linear512(const float *x, int M, int K, const int8_t *w, const float *scale, int N, const float *bias,
                    float *y) __attribute__((weak));
-void gguf_linear(const float *x, int M, int K, const void *w, int N, const float *bias, float *y);   // csrc/blocks.c
-void gguf_rows(const void *w, int K, const int64_t *ids, int n, float *out);
 void attend512_head(const float *q, int qs, const void *kc, const void *vc, int kv16, int max_len, int start,
                     int kv_len, const uint8_t *mask, int ms, int H, int Hkv, int hd, float *out, int g, int r0, int r1)
     __attribute__((weak));
@@ -534,7 +533,7 @@ static void rotate(float *x, const float *cos, const float *sin, int hd) {
     }
 }
 
-typedef struct {            // one decoder layer's weights (kernels.CBlock fills it)
+typedef struct Layer {          // one decoder layer's weights (kernels.CBlock fills it)
     int D, H, Hkv, hd, I;   // hidden size, query heads, kv heads, head dim, MLP width
     int kind;               // weight kind of the four projections (BF16, INT8, F32, AMX)
     int glu;                // AMX: gate_up packed for amx_glu (gate and up columns interleaved by 32)
@@ -1103,7 +1102,7 @@ void rotary_tables(const float *inv_freq, const int64_t *positions, int M, int h
         }
 }
 
-typedef struct {            // a model's ends around its layers (kernels.CForward fills it)
+typedef struct Ends {          // a model's ends around its layers (kernels.CForward fills it)
     int D, V, hd, kind;     // hidden size, vocabulary, head dim, the head's weight kind
     int embed_kind;         // F32, or GGUF: the embedding is a file's Matrix, its rows dequantized when looked up
     float eps;              // the final norm's

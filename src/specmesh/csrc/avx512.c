@@ -10,6 +10,7 @@
 //   (row r holds w[n][32 kb + 2 r + e] for the 16 columns n, e = 0, 1: the "VNNI" layout).
 // amx_attention: a prefill's causal attention on the tile unit (head dim 64, bf16 cache).
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vnni")
+#include "api.h"
 #include "pool.h"
 #include <immintrin.h>
 #include <math.h>

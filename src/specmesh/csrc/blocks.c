@@ -7,6 +7,7 @@
 //   instructions for every row whatever M, so a row's result does not depend on the others.
 // A matrix is up to three parts of rows (a fused projection: q, k, v of their own types), each row read at a
 // stride from the file, through a map of rows where the model's order differs from the file's (rope's q and k).
+#include "api.h"
 #include "blocks.h"
 #include "pool.h"
 #include "vec.h"

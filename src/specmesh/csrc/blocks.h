@@ -17,7 +17,7 @@ typedef struct {            // one part of a matrix (kernels.GGUFLinear fills it
 } Part;
 
 #define MAX_PARTS 3
-typedef struct {
+typedef struct Matrix {
     int n;
     Part part[MAX_PARTS];   // output rows: part 0's, then part 1's ...
 } Matrix;

@@ -17,6 +17,7 @@
 // rank that sends a waiting rank a message marks it busy first (runtime/link.py), so borrowed cores are given
 // back at once; idle workers then sleep on a futex.
 #define _GNU_SOURCE
+#include "api.h"
 #include "pool.h"
 #include <linux/futex.h>
 #include <pthread.h>

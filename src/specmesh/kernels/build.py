@@ -5,6 +5,7 @@ import ctypes
 import functools
 import hashlib
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -89,73 +90,43 @@ def kernel_lib() -> ctypes.CDLL | None:
                 return None
             out.replace(lib)                        # atomic: concurrent processes never see half a file
     kernel = ctypes.CDLL(str(lib))
-    kernel.bf16_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                                   ctypes.c_void_p, ctypes.c_void_p]
-    kernel.bf16_linear.restype = None
-    kernel.i8_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-    kernel.i8_linear.restype = None
-    kernel.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_float,
-                                ctypes.c_void_p]
-    kernel.rms_norm.restype = None
-    kernel.f32_linear.argtypes = kernel.bf16_linear.argtypes
-    kernel.f32_linear.restype = None
-    kernel.model_forward.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                     ctypes.c_void_p, ctypes.c_void_p]
-    kernel.model_forward.restype = None
-    kernel.block_qkv.argtypes = [ctypes.POINTER(LayerWeights), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-    kernel.block_qkv.restype = None
-    kernel.block_out.argtypes = [ctypes.POINTER(LayerWeights), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-    kernel.block_out.restype = None
-    kernel.rotary_tables.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                     ctypes.c_void_p]
-    kernel.rotary_tables.restype = None
-    kernel.attend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4 + \
-        [ctypes.c_void_p] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
-    kernel.attend.restype = None
-    if hasattr(kernel, "amx_init"):
-        kernel.attend512.argtypes = kernel.attend.argtypes        # the same call: AVX-512's attention
-        kernel.attend512.restype = None
-        kernel.amx_linear.argtypes = kernel.bf16_linear.argtypes
-        kernel.amx_linear.restype = None
-        kernel.amx_attention.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + \
-            [ctypes.c_int] * 5 + [ctypes.c_void_p]
-        kernel.amx_attention.restype = None
-        kernel.dp_linear.argtypes = kernel.bf16_linear.argtypes
-        kernel.dp_linear.restype = None
-        kernel.mac_rate.argtypes = [ctypes.c_int]
-        kernel.mac_rate.restype = ctypes.c_double
-        if avx512_on(kernel):
-            kernel.use_avx512(1)
-            kernel.use_vnni(int(vnni_products(kernel)))
-    kernel.gguf_linear.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(Matrix), ctypes.c_int,
-                                   ctypes.c_void_p, ctypes.c_void_p]
-    kernel.gguf_linear.restype = None
-    kernel.gguf_rows.argtypes = [ctypes.POINTER(Matrix), ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-    kernel.gguf_rows.restype = None
-    kernel.gguf_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-    kernel.gguf_dequantize.restype = ctypes.c_int
-    kernel.gguf_kernel.argtypes = [ctypes.c_int, ctypes.c_int]
-    kernel.gguf_kernel.restype = ctypes.c_int
-    kernel.pool_lend.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    kernel.pool_lend.restype = None
-    kernel.pool_use.argtypes = [ctypes.c_int]
-    kernel.pool_use.restype = None
-    kernel.shared_wait.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_double]
-    kernel.shared_wait.restype = None
-    kernel.shared_wake.argtypes = [ctypes.c_void_p]
-    kernel.shared_wake.restype = None
-    kernel.fma_linear.argtypes = kernel.bf16_linear.argtypes
-    kernel.fma_linear.restype = None
-    for product in ("q8_linear", "q4_linear", "q41_linear"):
-        getattr(kernel, product).argtypes = kernel.i8_linear.argtypes
-        getattr(kernel, product).restype = None
+    declare(kernel)
+    if avx512_on(kernel):
+        kernel.use_avx512(1)
+        kernel.use_vnni(int(vnni_products(kernel)))
     return kernel
+
+
+SCALARS = {"void": None, "int": ctypes.c_int, "float": ctypes.c_float, "double": ctypes.c_double,
+           "int64_t": ctypes.c_int64, "uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32}
+PROTOTYPE = re.compile(r"^([a-z0-9_]+) +(\w+)\(([^)]*)\);", re.M)
+
+
+def signatures() -> dict[str, tuple]:
+    """csrc/api.h's functions: name -> (restype, argtypes)."""
+    text = re.sub(r"//[^\n]*", "", (CSRC / "api.h").read_text())
+    return {name: (SCALARS[ret], [] if args.strip() == "void" else [ctype(a) for a in args.split(",")])
+            for ret, name, args in PROTOTYPE.findall(text)}
+
+
+def ctype(declaration: str):
+    """A parameter's ctypes type: `const Layer *L` -> POINTER(LayerWeights), `float *x` -> c_void_p, `int n`."""
+    words = declaration.replace("*", " * ").split()[:-1]       # less the parameter's name
+    kind = [w for w in words if w != "const"]
+    if kind == ["Layer", "*"]:
+        return ctypes.POINTER(LayerWeights)
+    if kind == ["Matrix", "*"]:
+        return ctypes.POINTER(Matrix)
+    return ctypes.c_void_p if "*" in kind else SCALARS[kind[0]]
+
+
+def declare(kernel: ctypes.CDLL) -> None:
+    """Every function of csrc/api.h the library holds, with its signature (those of csrc/avx512.c are absent
+    where it did not build)."""
+    for name, (restype, argtypes) in signatures().items():
+        if hasattr(kernel, name):
+            function = getattr(kernel, name)
+            function.restype, function.argtypes = restype, argtypes
 
 
 AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}

@@ -22,8 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specmesh.engine.engine import Engine, deliver_here
 from specmesh.engine.sequence import Sequence
 from specmesh.serve.metrics import Metrics
-from specmesh.serve.protocol import (CHAT_FIELDS, COMPLETION_FIELDS, APIError, Limits, chat_prompt, check_fields,
-                                     completion_prompts, encode, sampling_params, streaming)
+from specmesh.serve.protocol import (APIError, ChatRequest, CompletionRequest, Limits, Request, chat_prompt,
+                                     completion_prompts, encode, sampling_params)
 from specmesh.lossless.sampling import InvalidParameter, SamplingParams
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -79,8 +79,8 @@ class Server:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def params(self, body: dict, prompts: list[list[int]]) -> SamplingParams:
-        return sampling_params(body, max(len(p) for p in prompts), len(prompts), self.engine.context, self.limits)
+    def params(self, request: Request, prompts: list[list[int]]) -> SamplingParams:
+        return sampling_params(request, max(len(p) for p in prompts), len(prompts), self.engine.context, self.limits)
 
     # -- running requests ---------------------------------------------------------------------
     def start(self, prompts: list[list[int]], params: SamplingParams) -> Choices:
@@ -233,12 +233,12 @@ def create_app(server: Server) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
-        body = await server.body(http)
-        check_fields(body, COMPLETION_FIELDS)
-        streamed, include_usage = streaming(body)
+        request = CompletionRequest.of(await server.body(http))
+        streamed, include_usage = bool(request.stream), request.include_usage
         # tokenized in another thread (a long text lets go of the GIL): the loop serves the other streams meanwhile
-        ids = await asyncio.to_thread(completion_prompts, body, server.tokenizer, server.engine.context, server.limits)
-        choices = server.start(ids, server.params(body, ids))
+        ids = await asyncio.to_thread(completion_prompts, request, server.tokenizer, server.engine.context,
+                                      server.limits)
+        choices = server.start(ids, server.params(request, ids))
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": server.model_name}
         if streamed:
@@ -252,12 +252,11 @@ def create_app(server: Server) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(http: HTTPRequest):
-        body = await server.body(http)
-        check_fields(body, CHAT_FIELDS)
-        streamed, include_usage = streaming(body)
-        ids = await asyncio.to_thread(lambda: encode(chat_prompt(body.get("messages"), server.tokenizer),
+        request = ChatRequest.of(await server.body(http))
+        streamed, include_usage = bool(request.stream), request.include_usage
+        ids = await asyncio.to_thread(lambda: encode(chat_prompt(request.messages, server.tokenizer),
                                                      server.tokenizer, server.engine.context, "messages"))
-        choices = server.start([ids], server.params(body, [ids]))
+        choices = server.start([ids], server.params(request, [ids]))
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": server.model_name}
         if streamed:
             return stream(http, server, choices, head | {"object": "chat.completion.chunk"}, include_usage,

@@ -1,26 +1,24 @@
-"""OpenAI request bodies -> token-id prompts and SamplingParams, checked: the shapes real clients send, the
-fields this server supports, and the bounds one request may ask for (docs/serving.md).
+"""OpenAI request bodies as pydantic models (`CompletionRequest`, `ChatRequest`) -> token-id prompts and
+SamplingParams, checked: the shapes real clients send, the fields this server supports, and the bounds one request
+may ask for (docs/serving.md).
 
 Every field is either used, or accepted only with the value that changes nothing (`best_of: 1`, ...),
 or refused with a 400 that names it: nothing is silently ignored.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError, WrapValidator
 
 from specmesh.lossless.sampling import MAX_LOGIT_BIAS, InvalidParameter, SamplingParams, logit_bias_count
 from specmesh.model.tokenizer import Tokenizer
 
 OPENAI_DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}
 PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"     # one line per message, then "assistant:"
-PENALTIES = {"frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias"}
-SAMPLING = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop"} | PENALTIES
-COMMON = SAMPLING | {"model", "stream", "stream_options", "user"}
-# supported only with the value that changes nothing (not implemented yet otherwise)
-NEUTRAL = {"best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "tools": (None, []),
-           "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
-COMPLETION_FIELDS = COMMON | {"prompt", "logprobs"} | set(NEUTRAL) - {"tools", "tool_choice", "response_format"}
-CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs"} | set(NEUTRAL) - {"best_of", "echo", "suffix"}
+PENALTIES = ("frequency_penalty", "presence_penalty", "repetition_penalty")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -52,41 +50,128 @@ class Limits:
         return cls(max_n=rows, max_sequences=4 * rows, max_tokens_total=8 * context, max_queued=16 * rows)
 
 
-def check_fields(body: dict, known: set[str]) -> None:
-    if body.get("user") is not None and not isinstance(body["user"], str):
-        raise APIError("user must be a string", "user")
-    for name in body:
-        if name not in known:
-            raise APIError(f"unsupported field {name!r}", name, "unsupported_field")
-        if name in NEUTRAL and body[name] not in NEUTRAL[name]:
-            raise APIError(f"{name} is not supported yet (only {NEUTRAL[name][1]!r} is accepted)", name,
-                           "unsupported_value")
+def described(what: str):
+    """A field's type whose every failure is one ValueError saying what it must be (a union's own errors name
+    its members, which a client never wrote)."""
+    def check(value, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(f"must be {what}") from None
+    return WrapValidator(check)
 
 
-def streaming(body: dict) -> tuple[bool, bool]:
-    """`stream` and `stream_options.include_usage`, checked."""
-    stream, options = body.get("stream"), body.get("stream_options")
-    if stream not in (None, True, False):
-        raise APIError(f"stream must be true or false, got {stream!r}", "stream")
-    if options is not None:
-        if not stream:
+class Strict(BaseModel):
+    """No field beyond the declared ones, and no coercion: "1" is not a number, true not an integer."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+
+
+class Request(Strict):
+    """The fields both endpoints take, by OpenAI's names."""
+    NEUTRAL: ClassVar[dict[str, Any]] = {}      # supported only with the value that changes nothing (not yet else)
+    model: Any = None                           # the server checks it (a 404 for another model)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    n: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None    # its values checked by SamplingParams, which names the entry
+
+    @classmethod
+    def of(cls, body: dict) -> "Request":
+        """The request in `body`, or an APIError naming the first field that is wrong."""
+        try:
+            request = cls.model_validate(body)
+        except ValidationError as e:
+            raise field_error(e.errors()[0]) from None
+        for name, neutral in request.NEUTRAL.items():
+            if getattr(request, name) not in (None, neutral):
+                raise APIError(f"{name} is not supported yet (only {neutral!r} is accepted)", name,
+                               "unsupported_value")
+        if request.stream_options is not None and not request.stream:
             raise APIError("stream_options is only allowed with stream: true", "stream_options")
-        if not isinstance(options, dict) or set(options) - {"include_usage"} or \
-                options.get("include_usage") not in (None, True, False):
-            raise APIError('stream_options must be {"include_usage": true or false}', "stream_options")
-    return bool(stream), bool((options or {}).get("include_usage"))
+        return request
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
 
 
-def sampling_params(body: dict, prompt_tokens: int, prompts: int, context: int, limits: Limits) -> SamplingParams:
+PROMPT = "a non-empty string, list of strings, token ids or list of token-id lists"
+
+
+class CompletionRequest(Request):
+    NEUTRAL: ClassVar[dict[str, Any]] = {"best_of": 1, "echo": False, "suffix": ""}
+    prompt: Annotated[str | list[str] | list[int] | list[list[int]], described(PROMPT)]
+    logprobs: int | None = None                 # K alternatives per token
+    best_of: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+
+    def logprobs_asked(self) -> int | None:
+        """How many top alternatives per token the request asks for, or None."""
+        return self.logprobs
+
+
+class Message(Strict):
+    role: str
+    content: str | list[dict[str, Any]]         # a string, or text parts
+
+
+class ChatRequest(Request):
+    NEUTRAL: ClassVar[dict[str, Any]] = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"}}
+    messages: list[Message]
+    logprobs: bool | None = None
+    top_logprobs: int | None = None             # K alternatives per token, with logprobs: true
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    response_format: dict | None = None
+
+    def logprobs_asked(self) -> int | None:
+        if self.top_logprobs is not None and self.logprobs is not True:
+            raise APIError("top_logprobs needs logprobs: true", "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+def field_error(error: dict) -> APIError:
+    """pydantic's error as a 400 naming the top-level field: `messages[0].name: Extra inputs are not permitted`."""
+    loc, param = error["loc"], str(error["loc"][0])
+    if error["type"] == "extra_forbidden" and len(loc) == 1:
+        return APIError(f"unsupported field {param!r}", param, "unsupported_field")
+    path = param + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:]
+                           if isinstance(p, int) or re.fullmatch(r"[a-z_]+", p) and p not in TAGS)
+    if error["type"] == "value_error":
+        return APIError(f"{path} {error['msg'].removeprefix('Value error, ')}", param)
+    return APIError(f"{path}: {error['msg']}", param)
+
+
+TAGS = {"str", "int", "float", "bool", "list", "dict"}      # the members of a union, as pydantic's errors name them
+
+
+def sampling_params(request: CompletionRequest | ChatRequest, prompt_tokens: int, prompts: int, context: int,
+                    limits: Limits) -> SamplingParams:
     """OpenAI's fields onto SamplingParams, which checks them (its error becomes a 400 naming the field),
     then the request's bounds."""
-    given = {"max_new_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
-             "logprobs": requested_logprobs(body),
-             "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
-             "n": body.get("n"), "seed": body.get("seed"), "stop": body.get("stop"),
-             "logit_bias": logit_bias(body.get("logit_bias"))}
-    given |= {name: body.get(name) for name in PENALTIES - {"logit_bias"}}
-    if given["max_new_tokens"] is None and "messages" in body:
+    chat = isinstance(request, ChatRequest)
+    given = {"max_new_tokens": request.max_completion_tokens if request.max_completion_tokens is not None
+             else request.max_tokens, "logprobs": request.logprobs_asked(),
+             "temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k,
+             "n": request.n, "seed": request.seed, "stop": request.stop, "logit_bias": logit_bias(request.logit_bias)}
+    given |= {name: getattr(request, name) for name in PENALTIES}
+    if given["max_new_tokens"] is None and chat:
         # a chat answer runs to its end of turn, as OpenAI's and vLLM's do: what the context leaves after the
         # prompt, within the request's bound on new tokens (completions keep OpenAI's 16)
         n = given["n"] if isinstance(given["n"], int) and given["n"] > 0 else 1     # a bad n: its own error below
@@ -95,7 +180,7 @@ def sampling_params(body: dict, prompt_tokens: int, prompts: int, context: int, 
         params = SamplingParams(**OPENAI_DEFAULTS | {k: v for k, v in given.items() if v is not None})
     except InvalidParameter as e:
         name = "max_tokens" if e.param == "max_new_tokens" else \
-            "top_logprobs" if e.param == "logprobs" and "messages" in body else e.param
+            "top_logprobs" if e.param == "logprobs" and chat else e.param
         raise APIError(str(e).replace(e.param, name), name) from None
     if prompt_tokens + params.max_new_tokens > context:
         raise APIError(f"the prompt ({prompt_tokens} tokens) plus max_tokens ({params.max_new_tokens}) exceeds the "
@@ -113,9 +198,6 @@ def logit_bias(value) -> dict | None:
     """OpenAI's logit_bias has token ids as JSON keys (strings): {"50256": -100}."""
     if value is None:
         return None
-    if not isinstance(value, dict):
-        raise APIError(f"logit_bias must be an object mapping token ids to numbers in [-100, 100], got "
-                       f"{type(value).__name__}", "logit_bias")
     if len(value) > MAX_LOGIT_BIAS:                     # before looking at every entry
         raise APIError(logit_bias_count(len(value)), "logit_bias")
     if bad := next((k for k in value if not k.isdigit()), None):
@@ -123,34 +205,21 @@ def logit_bias(value) -> dict | None:
     return {int(k): v for k, v in value.items()}
 
 
-def requested_logprobs(body: dict) -> int | None:
-    """How many top alternatives per token the request asks for, or None: completions send `logprobs: K`,
-    chat sends `logprobs: true` with `top_logprobs: K`."""
-    if "messages" not in body:
-        value = body.get("logprobs")
-        return None if value is None or value is False else value
-    if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
-        raise APIError("top_logprobs needs logprobs: true", "top_logprobs")
-    if body.get("logprobs") not in (None, False, True):
-        raise APIError(f"logprobs must be true or false, got {body['logprobs']!r}", "logprobs")
-    return (body.get("top_logprobs") or 0) if body.get("logprobs") else None
-
-
 def bound(value: int, limit: int, param: str, what: str) -> None:
     if value > limit:
         raise APIError(f"{what}: {value} is over this server's bound of {limit}", param, "over_bound")
 
 
-def completion_prompts(body: dict, tokenizer: Tokenizer, context: int, limits: Limits) -> list[list[int]]:
+def completion_prompts(request: CompletionRequest, tokenizer: Tokenizer, context: int,
+                       limits: Limits) -> list[list[int]]:
     """`prompt` as a string, a list of strings, token ids, or a list of token-id lists."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(is_id(t) for t in prompt)):
+    prompt = request.prompt
+    if isinstance(prompt, str) or (prompt and all(is_id(t) for t in prompt)):
         prompts = [prompt]
-    elif isinstance(prompt, list) and prompt:
+    elif prompt:
         prompts = prompt
     else:
-        raise APIError("prompt must be a non-empty string, list of strings, token ids or list of token-id lists",
-                       "prompt")
+        raise APIError(f"prompt must be {PROMPT}", "prompt")
     bound(len(prompts), limits.max_prompts, "prompt", "prompts per request")
     return [encode(p, tokenizer, context, "prompt") for p in prompts]
 
@@ -185,34 +254,30 @@ def encode(prompt, tokenizer: Tokenizer, context: int, param: str) -> list[int]:
     return list(ids)
 
 
-def chat_prompt(messages, tokenizer: Tokenizer) -> str:
+def chat_prompt(messages: list[Message], tokenizer: Tokenizer) -> str:
     """The messages through the tokenizer's chat template (or one `role: content` line each). `content` is a
     string or a list of text parts; roles: system, developer (as system), user, assistant."""
-    if not isinstance(messages, list) or not messages:
+    if not messages:
         raise APIError("messages must be a non-empty list", "messages")
     plain = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise APIError(f"messages[{i}] needs a string role", "messages")
-        if m["role"] not in ROLES:
-            raise APIError(f"messages[{i}]: role {m['role']!r} is not supported; use one of "
+        if m.role not in ROLES:
+            raise APIError(f"messages[{i}]: role {m.role!r} is not supported; use one of "
                            f"{', '.join(ROLES)}", "messages")
-        if extra := sorted(set(m) - {"role", "content"}):
-            raise APIError(f"messages[{i}].{extra[0]} is not supported", "messages")
-        plain.append({"role": ROLES[m["role"]], "content": message_text(m.get("content"), i)})
+        plain.append({"role": ROLES[m.role], "content": message_text(m.content, i)})
     if tokenizer.chat_template:
         return tokenizer.render_chat(plain)
     return "".join(PLAIN_CHAT_TEMPLATE.format(**m) for m in plain) + "assistant:"
 
 
-def message_text(content, i: int) -> str:
+def message_text(content: str | list[dict], i: int) -> str:
     if isinstance(content, str):
         return content
-    if not isinstance(content, list) or not content:
+    if not content:
         raise APIError(f"messages[{i}].content must be a string or a non-empty list of text parts", "messages")
     texts = []
     for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = part.get("type")
         if kind != "text":
             raise APIError(f"messages[{i}].content: parts of type {kind!r} are not supported (text parts only)",
                            "messages")
