@@ -104,7 +104,7 @@ class Speculative(AR):
         logits = self.runner.forward_trees(trees)                                  # [B, N, V]
         verified = time.perf_counter()
         if self.trace is not None:
-            self.trace.append((len(seqs), sum(len(t) for t in trees), getattr(self.proposer, "levels", max(budgets))))
+            self.trace.append((len(seqs), sum(len(t) for t in trees), self.proposer.levels))
         verdicts = []
         for b, (seq, tree) in enumerate(zip(seqs, trees)):
             seq.stats.draft_s += drafted - start

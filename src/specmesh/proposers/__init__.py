@@ -29,6 +29,8 @@ from specmesh.lossless.verify import Verdict
 
 
 class Proposer(Protocol):
+    levels: int         # draft forwards one after another in the last proposal (0: none; what a simulated clock prices)
+
     def admit(self, row: int, seq: Sequence) -> None: ...
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]: ...
     def accept(self, seqs: list[Sequence], trees: list[TokenTree], verdicts: list[Verdict],

@@ -38,6 +38,10 @@ class LookupFirst:
         self.draft.admit(row, seq)
         self.index[row] = SuffixIndex(seq.ids, self.min_n)
 
+    @property
+    def levels(self) -> int:
+        return self.draft.levels
+
     def move_row(self, src: int, dst: int) -> None:
         self.draft.move_row(src, dst)
         self.index[dst] = self.index[src]

@@ -61,6 +61,8 @@ class RowState:
 
 
 class MultiBranch:
+    levels = 0          # no draft model: its candidates and branches cost no forward of their own
+
     def __init__(self, rows: int, branches: int, branch_len: int, gram: int, max_candidates: int,
                  corpus: CorpusCache | None):
         self.count, self.length, self.gram, self.k, self.corpus = branches, branch_len, gram, max_candidates, corpus

@@ -72,6 +72,7 @@ def run_traced(method: str, prompts: list[str], concurrency: int, max_new_tokens
     wide batch, a rule measured on CPUs); cosine's scheduler plans on the profile's costs, not this machine's,
     with the server's flat_tokens as its token budget Γ_max."""
     from specmesh import LLM, SamplingParams
+    from specmesh.methods.cosine_schedule import Scheduled
     if method == "cosine":          # the verification server takes flat_tokens a step at the cost of one
         options = {"token_budget": profile.flat_tokens} | ({"drafters": drafters} if drafters else {})
     else:
@@ -81,7 +82,7 @@ def run_traced(method: str, prompts: list[str], concurrency: int, max_new_tokens
     ids = [llm.encode(p) for p in prompts]
     engine = llm.engine_for(llm.method)
     engine.method.trace = []
-    if hasattr(engine.method.policy, "costs"):             # cosine's scheduler: a level on the drafter nodes
+    if isinstance(engine.method.policy, Scheduled):        # cosine's scheduler: a level on the drafter nodes
         engine.method.policy.costs = (profile.verify_base_ms, profile.verify_per_token_ms,
                                       profile.drafter_ms + 2 * profile.hop_ms)
     seqs = [s for i in ids for s in engine.sequences(i, params)]
