@@ -5,7 +5,7 @@ from pathlib import Path
 # PyTorch's OpenMP threads (libgomp: read once, when torch loads) spin ~300,000 pauses (milliseconds) after each
 # of its parallel ops. The kernels' loops run on threads of their own (csrc/pool.c), which those spinners would
 # keep from the cores: a short spin, then sleep. Not where AMX does the products: there the loops run on OpenMP's
-# team, which spins between them (docs/kernels.md, "Threads beside another process").
+# team, which spins between them (docs/kernels.md).
 if "amx_tile" not in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""):
     os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
