@@ -10,6 +10,7 @@
 | SPECMESH_TUNE_BUDGET_S | seconds `auto`'s calibration aims at (0: its fewest runs) | tuning.BUDGET_S |
 | SPECMESH_KERNELS | kernels turned off or on, to compare: any of no-avx512, no-amx, no-dp, dp, no-fma, no-q8, no-lend | all that pay here |
 | SPECMESH_LLAMACPP_BIN | the folder of llama.cpp's tools for the bench's peer | where `python -m specmesh.bench.llamacpp build` puts them |
+| SPECMESH_API_KEY | the key `specmesh serve` requires of every /v1 request, where neither --api-key nor --api-key-file gives one | none: no key |
 
 A value is parsed and checked once per distinct environment (a wrong one is an error naming the variable);
 processes that specmesh starts inherit the environment. SPECMESH_WORKER is not a setting: it is how a launched
@@ -36,6 +37,7 @@ class Settings:
     tune_budget_s: float | None = None      # SPECMESH_TUNE_BUDGET_S
     kernels: frozenset[str] = frozenset()   # SPECMESH_KERNELS
     llamacpp_bin: Path | None = None        # SPECMESH_LLAMACPP_BIN
+    api_key: str | None = None              # SPECMESH_API_KEY
 
     def kernel(self, unit: str) -> bool | None:
         """Whether SPECMESH_KERNELS turns `unit` on (True), off (False) or says nothing (None)."""
@@ -68,4 +70,5 @@ def parsed(env: tuple[tuple[str, str], ...]) -> Settings:
     if {"dp", "no-dp"} <= kernels:
         raise ValueError("$SPECMESH_KERNELS: dp and no-dp both given")
     return Settings(path("SPECMESH_CACHE_DIR"), path("SPECMESH_KERNEL_DIR"), path("SPECMESH_HOME"),
-                    given.get("SPECMESH_TARGET"), dtype, budget_s, kernels, path("SPECMESH_LLAMACPP_BIN"))
+                    given.get("SPECMESH_TARGET"), dtype, budget_s, kernels, path("SPECMESH_LLAMACPP_BIN"),
+                    given.get("SPECMESH_API_KEY"))

@@ -1,6 +1,8 @@
 """serve: the OpenAI-compatible HTTP server."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from specmesh.cli.args import (AUTO_DTYPE, DTYPE_CHOICES, add_method_options, add_model_args, add_tune,
                                method_options, warn_unused)
 from specmesh.cli.ranks import serve_tp_rank, torchrun_rank
@@ -35,6 +37,14 @@ def add(sub) -> None:
     v.add_argument("--prefill-chunk", type=positive_int, default=128, metavar="TOKENS",
                    help="a longer prompt is computed this many tokens per engine step, between the running "
                         "requests' steps (default: 128)")
+    key = v.add_argument_group("access")
+    key.add_argument("--api-key-file", type=Path, metavar="FILE",
+                     help="every /v1 request must send `Authorization: Bearer KEY`, KEY the file's first line "
+                          "(default: $SPECMESH_API_KEY, else no key; without one, serving on an address other than "
+                          "loopback prints a warning)")
+    key.add_argument("--api-key", metavar="KEY",
+                     help="the key itself (visible to other users in the process list: prefer --api-key-file)")
+    key.add_argument("--key-everywhere", action="store_true", help="/health and /metrics need the key too")
     add_method_options(v, SERVED)
 
 
@@ -48,4 +58,26 @@ def cmd_serve(args, parser) -> int:
                            tp=args.tp, max_batch=args.max_batch, max_kv_mb=args.max_kv_mb, options=method_options(args),
                            grace_s=args.grace,
                            max_n=args.max_n, max_queued=args.max_queued, prefill_chunk=args.prefill_chunk,
-                           prefix_cache_mb=args.prefix_cache_mb, tune=not args.no_tune))
+                           prefix_cache_mb=args.prefix_cache_mb, tune=not args.no_tune, api_key=api_key(args, parser),
+                           key_everywhere=args.key_everywhere))
+
+
+def api_key(args, parser) -> str | None:
+    """--api-key, else --api-key-file's first line, else $SPECMESH_API_KEY, else None."""
+    from specmesh.settings import settings
+    if args.api_key is not None and args.api_key_file is not None:
+        parser.error("give one of --api-key and --api-key-file")
+    if args.api_key_file is not None:
+        try:
+            key = next(iter(args.api_key_file.read_text().splitlines()), "").strip()
+        except OSError as e:
+            parser.error(f"argument --api-key-file: {args.api_key_file}: {e.strerror}")
+        if not key:
+            parser.error(f"argument --api-key-file: {args.api_key_file} holds no key on its first line")
+        return key
+    key = args.api_key if args.api_key is not None else settings().api_key
+    if key is not None and not key.strip():
+        parser.error("the API key is empty")
+    if args.key_everywhere and key is None:
+        parser.error("--key-everywhere needs a key (--api-key-file, --api-key or $SPECMESH_API_KEY)")
+    return key

@@ -10,6 +10,7 @@ and turns /health to 503. While draining (after SIGTERM) new requests get 503.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -32,6 +33,29 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 
 MAX_BODY_BYTES = 4 * 2 ** 20     # a request body (prompts are bounded by the context anyway)
+
+
+@dataclass(frozen=True)
+class Key:
+    """The key every /v1 request must carry as `Authorization: Bearer KEY` (`everywhere`: /health and /metrics
+    too); compared in constant time, so the time taken says nothing of how much of a guess was right."""
+    secret: str
+    everywhere: bool = False
+
+    def guards(self, path: str) -> bool:
+        return self.everywhere or path.startswith("/v1/") or path == "/v1"
+
+    def admits(self, authorization: str | None) -> bool:
+        scheme, _, given = (authorization or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.secret.encode())
+
+
+def unauthorized(authorization: str | None) -> JSONResponse:
+    """OpenAI's answer to a missing or wrong key (its clients raise AuthenticationError)."""
+    message = "Incorrect API key provided" if authorization else \
+        "You didn't provide an API key: send it as the header Authorization: Bearer KEY"
+    return JSONResponse(error_body(message, "invalid_request_error", code="invalid_api_key"), status_code=401,
+                        headers={"WWW-Authenticate": "Bearer"})
 
 
 @dataclass
@@ -190,9 +214,17 @@ def sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-def create_app(server: Server) -> FastAPI:
+def create_app(server: Server, key: Key | None = None) -> FastAPI:
     app = FastAPI(title="specmesh", docs_url=None, redoc_url=None)
     app.state.server = server
+
+    if key is not None:
+        @app.middleware("http")
+        async def require_key(http: HTTPRequest, call_next):
+            authorization = http.headers.get("authorization")
+            if key.guards(http.url.path) and not key.admits(authorization):
+                return unauthorized(authorization)
+            return await call_next(http)
 
     @app.exception_handler(APIError)
     async def api_error(_, e: APIError):

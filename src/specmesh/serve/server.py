@@ -3,6 +3,7 @@ beside the engine loop, and the shutdown on signals (`run`)."""
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import signal
 import socket
 import sys
@@ -39,6 +40,8 @@ class ServeConfig:
     max_queued: int | None = None   # sequences that may wait for a row, past it 429 (None: 16 x max_batch)
     prefill_chunk: int = PREFILL_CHUNK      # prompt tokens computed per engine step
     log_level: str = "info"
+    api_key: str | None = None      # every /v1 request must carry `Authorization: Bearer KEY` (None: no key)
+    key_everywhere: bool = False    # /health and /metrics need the key too
 
 
 def build(cfg: ServeConfig):
@@ -50,7 +53,7 @@ def build(cfg: ServeConfig):
     except ImportError as e:
         raise ValueError(f"specmesh serve needs {e.name}: pip install -e '.[serve]'") from None
     from specmesh import LLM
-    from specmesh.serve.api import Server, create_app
+    from specmesh.serve.api import Key, Server, create_app
     from specmesh.serve.metrics import Metrics
     from specmesh.serve.protocol import Limits
     if cfg.method not in ("auto", *SERVED):
@@ -72,7 +75,7 @@ def build(cfg: ServeConfig):
     limits = dataclasses.replace(limits, **{k: v for k, v in (("max_n", cfg.max_n), ("max_queued", cfg.max_queued))
                                             if v is not None})
     server = Server(engine, cfg.model_name or catalog.served_name(cfg.target), metrics, limits, llm)
-    return server, create_app(server)
+    return server, create_app(server, Key(cfg.api_key, cfg.key_everywhere) if cfg.api_key else None)
 
 
 def make_prefix_cache(cfg: ServeConfig, llm):
@@ -99,6 +102,13 @@ def address_taken(host: str, port: int) -> str | None:
     return None
 
 
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def run(cfg: ServeConfig) -> int:
     """Serve until SIGINT, SIGTERM (drain: new requests get 503, running ones may finish within
     the grace period; then, or at a second SIGTERM, the ones left are cancelled: an error event, and
@@ -110,6 +120,9 @@ def run(cfg: ServeConfig) -> int:
     than CPUs. Forwards in a second thread made decode steps much slower on 2 cores (docs/serving.md);
     the kernels' loops now run on a pool of their own (csrc/pool.c), PyTorch's ops still on OpenMP."""
     import uvicorn
+    if cfg.api_key is None and not is_loopback(cfg.host):
+        print(f"specmesh serve: warning: {cfg.host} is reachable from other machines and no key is set: anyone who "
+              "reaches the port may use it (--api-key-file FILE, or $SPECMESH_API_KEY)", file=sys.stderr)
     if (taken := address_taken(cfg.host, cfg.port)) is not None:     # before the models load (and auto measures)
         print(f"specmesh serve: could not serve on {cfg.host}:{cfg.port}: {taken}", file=sys.stderr)
         return 1
