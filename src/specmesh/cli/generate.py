@@ -64,7 +64,7 @@ def cmd_generate(args, parser) -> int:
     spec = METHODS.get(args.method)
     if torchrun_rank() > 0 and args.tp > 1:
         return serve_tp_rank(args)
-    if spec is not None and spec.start is not None and torchrun_rank() > 0:
+    if spec is not None and (spec.start is not None or args.drafter_processes) and torchrun_rank() > 0:
         return serve_torchrun_rank(args)
     if args.chat is None and args.system is not None:
         parser.error("--system goes with --chat")

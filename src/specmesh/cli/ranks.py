@@ -1,5 +1,5 @@
 """Under torchrun every rank runs the same command: rank 0 decodes, the ranks after it serve what the method asks
-of them (pearl's draft rank, a pipeline's stages, a tensor-parallel target's shards)."""
+of them (pearl's draft rank, a pipeline's stages, cosine's drafters, a tensor-parallel target's shards)."""
 from __future__ import annotations
 
 import os
@@ -20,6 +20,8 @@ def serve_torchrun_rank(args) -> int:
         device = f"cuda:{os.environ['LOCAL_RANK']}"
     timeout = args.timeout or CARDS[args.method].defaults["timeout"]
     torch.set_num_threads(1)
+    if args.method == "cosine":
+        return serve_drafter_rank(args, device, timeout)
     if args.method == "pearl":
         draft = catalog.required_draft(catalog.resolve(args.target), args.draft, "pearl")
         config = {"draft": str(draft), "dtype": args.dtype, "quant": args.quant, "device": device}
@@ -29,6 +31,17 @@ def serve_torchrun_rank(args) -> int:
               "device": device}
     roles = pipeline.roles(args.stages or 2, args.method != "pp", bool(args.draft_apart))
     StageServer(config).run(join_env(roles, timeout))
+    return 0
+
+
+def serve_drafter_rank(args, device: str, timeout: float) -> int:
+    """cosine --drafter-processes: rank n serves drafter n of the target's (or --drafters') list."""
+    from specmesh import catalog
+    from specmesh.proposers.remote_drafter import DrafterServer, roles
+    from specmesh.runtime.link import join_env
+    paths, _ = catalog.drafters_for(catalog.resolve(args.target), args.drafters or "")
+    config = {"drafters": [str(p) for p in paths], "dtype": args.dtype, "quant": args.quant, "device": device}
+    DrafterServer(config).run(join_env(roles(len(paths)), timeout))
     return 0
 
 

@@ -28,6 +28,11 @@ SERVE = f"{__name__}:DrafterServer"
 TIMEOUT_S = 30.0
 
 
+def roles(drafters: int) -> list[str]:
+    """The ranks of a verifier and its drafter processes."""
+    return ["verifier"] + [f"drafter{n}" for n in range(drafters)]
+
+
 @dataclass
 class Row:
     """What a drafter process knows of a sequence: its prompt window, newest token and draft forwards."""
@@ -139,10 +144,9 @@ class DrafterPool:
     @classmethod
     def start(cls, paths: list[Path], dtype: torch.dtype, device: str, quant: str | None, window: int,
               timeout: float = TIMEOUT_S) -> "DrafterPool":
-        roles = ["verifier"] + [f"drafter{n}" for n in range(len(paths))]
         config = {"serve": SERVE, "drafters": [str(p) for p in paths], "dtype": str(dtype).split(".")[-1],
-                  "device": device, "quant": quant, "timeout": timeout, "threads": share_of_cores(len(roles))}
-        return cls(connect(roles, config, timeout), window)
+                  "device": device, "quant": quant, "timeout": timeout, "threads": share_of_cores(len(paths) + 1)}
+        return cls(connect(roles(len(paths)), config, timeout), window)
 
     def drafters(self, rows: int, max_len: int) -> list[RemoteDrafter]:
         """A drafter handle per process, each with `rows` fresh cache rows (`dead` where its process is gone)."""

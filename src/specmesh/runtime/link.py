@@ -172,7 +172,7 @@ class Link:
         self.procs = procs or {}
         store.set(f"pid/{rank}", str(os.getpid()))
         self.pids = [int(store.get(f"pid/{r}")) for r in range(len(roles))]
-        self.group = dist.ProcessGroupGloo(dist.PrefixStore("link", store), rank, len(roles), IDLE)
+        self.group = gloo_group(dist.PrefixStore("link", store), rank, len(roles))
         boxes = Mailboxes(store, rank, len(roles)) if Mailboxes.possible(store, rank, len(roles)) else None
         peers = [r for r in range(len(roles)) if r != rank] if boxes else []
         self.outbox = {r: boxes.box(rank, r) for r in peers}         # empty: everything through gloo
@@ -372,6 +372,31 @@ class Link:
                 proc.kill()
                 proc.wait()
         self.procs = {}
+
+
+def gloo_group(store: dist.Store, rank: int, world: int) -> dist.ProcessGroupGloo:
+    """A gloo group whose connections leave from this host's address towards the rendezvous (MASTER_ADDR): gloo's
+    default, the address the hostname resolves to, is the loopback address on many hosts (127.0.1.1) or nothing,
+    and the ranks on other hosts then cannot reach it. GLOO_SOCKET_IFNAME, where set, names the interface instead."""
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = IDLE
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")
+    device = dist.ProcessGroupGloo.create_device(interface=interface) if interface else \
+        dist.ProcessGroupGloo.create_device(hostname=address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1")))
+    options._devices = [device]
+    return dist.ProcessGroupGloo(store, rank, world, options)
+
+
+def address_towards(host: str) -> str:
+    """This host's address on the route to `host` (no packet is sent), or a PeerError saying why there is none."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+    except OSError as e:
+        raise PeerError(f"no route from {socket.gethostname()} to the rendezvous host {host} (MASTER_ADDR): "
+                        f"{e.strerror or e}; check the address, or name this host's interface in "
+                        "GLOO_SOCKET_IFNAME") from None
 
 
 def lend_cores(boxes: Mailboxes | None) -> None:

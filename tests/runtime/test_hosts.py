@@ -1,0 +1,67 @@
+"""The multi-process methods across hosts: network namespaces made by bench/hosts.py (own interface, address,
+hostname and /dev/shm each, a bridge between them), every rank started by torchrun on its host, the
+rendezvous on host 0. Greedy output equals `ar`'s on one host."""
+import json
+import subprocess
+
+import pytest
+
+from specmesh.bench import hosts as hosts_module
+from specmesh.bench.hosts import Hosts, HostsError
+from specmesh.runtime.link import address_towards
+
+PROMPT = "def fibonacci(n):"
+GENERATE = ["-m", "specmesh.cli", "generate", "--target", "embedded", "--dtype", "float32", "--max-new-tokens", "24",
+            "--json", "-"]
+
+
+def tokens(out: str) -> list[int]:
+    return json.loads(out)["tokens"]
+
+
+@pytest.fixture(scope="module")
+def ar_tokens():
+    done = subprocess.run(["specmesh", "generate", *GENERATE[3:], "--method", "ar", PROMPT], capture_output=True,
+                          text=True, check=True)
+    return tokens(done.stdout)
+
+
+def test_hosts_have_their_own_names_and_memory_and_leave_nothing_behind():
+    with Hosts(2, rate="1gbit") as hosts:
+        assert [hosts.run(i, ["hostname"]).strip() for i in range(2)] == ["host0", "host1"]
+        hosts.run(0, ["sh", "-c", "touch /dev/shm/mine"])
+        assert hosts.run(1, ["ls", "/dev/shm"]).split() == [], "host 1 sees host 0's /dev/shm"
+        reach = f"import socket; socket.create_connection(('{hosts[1].address}', 9), timeout=2)"
+        with pytest.raises(HostsError, match="Connection refused"):       # routed to host 1, which answers
+            hosts.run(0, ["python3", "-c", reach])
+        sleeper = hosts.start(1, ["sleep", "600"])
+        made = [h.netns for h in hosts.hosts] + [hosts.switch]
+    assert sleeper.wait(timeout=10) != 0                                    # killed with its host
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(name in listed for name in made)
+
+
+def test_a_machine_that_cannot_make_hosts_says_so(monkeypatch):
+    monkeypatch.setattr(hosts_module.os, "geteuid", lambda: 1000)
+    with pytest.raises(HostsError, match="needs root"):
+        Hosts(2).__enter__()
+
+
+def test_gloo_leaves_from_the_address_towards_the_rendezvous():
+    assert address_towards("127.0.0.1") == "127.0.0.1"
+    with Hosts(2) as hosts:
+        code = f"from specmesh.runtime.link import address_towards; print(address_towards('{hosts[0].address}'))"
+        assert hosts.run(1, ["python3", "-c", code]).strip() == hosts[1].address
+
+
+@pytest.mark.parametrize("method, n, extra", [
+    ("pearl", 2, []), ("pp", 2, []), ("stpp", 2, []), ("pipedec", 3, ["--stages", "3"]), ("sd", 2, ["--tp", "2"]),
+    ("cosine", 3, ["--drafter-processes"]),
+])
+def test_every_multi_process_method_across_hosts_gives_ars_tokens(ar_tokens, method, n, extra):
+    with Hosts(n, rate="1gbit") as hosts:
+        results = hosts.torchrun([*GENERATE, "--method", method, *extra, PROMPT], timeout=240)
+    for i, r in enumerate(results):
+        assert r.returncode == 0, f"host{i}: {r.stderr[-1500:]}"
+    assert tokens(results[0].stdout) == ar_tokens
+    assert all(not r.stdout.strip() for r in results[1:])                  # only rank 0 answers
