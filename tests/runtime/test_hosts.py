@@ -65,3 +65,32 @@ def test_every_multi_process_method_across_hosts_gives_ars_tokens(ar_tokens, met
         assert r.returncode == 0, f"host{i}: {r.stderr[-1500:]}"
     assert tokens(results[0].stdout) == ar_tokens
     assert all(not r.stdout.strip() for r in results[1:])                  # only rank 0 answers
+
+
+@pytest.mark.parametrize("method", ["pearl", "pp"])
+@pytest.mark.parametrize("fault", ["killed", "link down"])
+def test_a_host_lost_mid_request_is_an_error_naming_it_within_30_s(method, fault):
+    """Host 1's processes killed, or its link set down (silence, not a reset), while rank 0 decodes a long
+    answer: rank 0 fails within 30 s with one line naming rank, role and host, and nothing is left on host 0."""
+    import os
+    import signal
+    import time
+    argv = [*GENERATE[:-4], "--method", method, "--max-new-tokens", "3000", "--timeout", "6", PROMPT]
+    with Hosts(2) as hosts:
+        rank0, _ = hosts.start_torchrun(argv)
+        deadline = time.monotonic() + 60
+        while "role" not in (line := rank0.stderr.readline()) or "rank 0" not in line:   # decoding has begun
+            assert time.monotonic() < deadline and rank0.poll() is None, "rank 0 did not start"
+        time.sleep(1.0)
+        lost = time.monotonic()
+        if fault == "killed":
+            for pid in hosts.pids(1):
+                os.kill(pid, signal.SIGKILL)
+        else:
+            hosts.link(1, up=False)
+        _, err = rank0.communicate(timeout=60)
+        took = time.monotonic() - lost
+        assert rank0.returncode != 0 and took < 30, (took, err[-2000:])
+        said = [line for line in err.splitlines() if line.startswith("specmesh generate: error:")]
+        assert said and " on host1)" in said[0] and ("is gone" in said[0] or "did not answer" in said[0]), err[-2000:]
+        assert hosts.pids(0) == [], "a process outlived rank 0 on host 0"

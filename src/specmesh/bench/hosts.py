@@ -120,15 +120,19 @@ class Hosts:
         """`python -m torch.distributed.run ... ARGV` on every host at once, one process each, host 0 holding the
         rendezvous (as `torchrun --nnodes N --node-rank R --master-addr HOST0` on N real machines); each host's
         result, in order."""
-        procs = [self.start(i, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.n),
-                                "--node-rank", str(i), "--nproc-per-node", "1", "--master-addr", self.hosts[0].address,
-                                "--master-port", str(port), *argv],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(self.n)]
+        procs = self.start_torchrun(argv, port)
         results = []
         for p in procs:
             out, err = p.communicate(timeout=timeout)
             results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
         return results
+
+    def start_torchrun(self, argv: list[str], port: int = 29500) -> list[subprocess.Popen]:
+        """torchrun's processes, one a host, started (torchrun's: stdout and stderr piped, as text)."""
+        return [self.start(i, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.n),
+                               "--node-rank", str(i), "--nproc-per-node", "1", "--master-addr", self.hosts[0].address,
+                               "--master-port", str(port), *argv],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(self.n)]
 
     def link(self, i: int, up: bool) -> None:
         """Host i's link set up or down (as a cable pulled: its processes see silence, not a reset)."""

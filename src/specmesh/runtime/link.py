@@ -174,6 +174,7 @@ class Link:
         self.pids = [int(store.get(f"pid/{r}")) for r in range(len(roles))]
         self.group = gloo_group(dist.PrefixStore("link", store), rank, len(roles))
         boxes = Mailboxes(store, rank, len(roles)) if Mailboxes.possible(store, rank, len(roles)) else None
+        self.hosts = [store.get(f"host/{r}").decode() for r in range(len(roles))]     # (set by `possible`)
         peers = [r for r in range(len(roles)) if r != rank] if boxes else []
         self.outbox = {r: boxes.box(rank, r) for r in peers}         # empty: everything through gloo
         self.inbox = {r: boxes.box(r, rank) for r in peers}
@@ -200,7 +201,9 @@ class Link:
         self.boxes.threads[self.rank] = self.boxes.busy[self.rank] = torch.get_num_threads()
 
     def describe(self, rank: int) -> str:
-        return f"rank {rank} ({self.roles[rank]}, pid {self.pids[rank]})"
+        """`rank 1 (draft, pid 4250)`; across hosts with the peer's: `rank 1 (draft, pid 4250 on host1)`."""
+        where = f" on {self.hosts[rank]}" if len(set(self.hosts)) > 1 else ""
+        return f"rank {rank} ({self.roles[rank]}, pid {self.pids[rank]}{where})"
 
     # -- tensors ------------------------------------------------------------------------------
     def by_mailbox(self, peer: int, nbytes: int) -> bool:
