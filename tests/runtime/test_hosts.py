@@ -67,8 +67,7 @@ def test_every_multi_process_method_across_hosts_gives_ars_tokens(ar_tokens, met
     assert all(not r.stdout.strip() for r in results[1:])                  # only rank 0 answers
 
 
-@pytest.mark.parametrize("method", ["pearl", "pp"])
-@pytest.mark.parametrize("fault", ["killed", "link down"])
+@pytest.mark.parametrize("method, fault", [("pearl", "killed"), ("pp", "link down")])
 def test_a_host_lost_mid_request_is_an_error_naming_it_within_30_s(method, fault):
     """Host 1's processes killed, or its link set down (silence, not a reset), while rank 0 decodes a long
     answer: rank 0 fails within 30 s with one line naming rank, role and host, and nothing is left on host 0."""

@@ -50,6 +50,7 @@ class Hosts:
         self.hosts = [Host(i, f"host{i}", f"{self.id}-{i}", SUBNET.format(block=block, host=i + 1))
                       for i in range(n)]
         self.made: list[str] = []
+        self.started: list[subprocess.Popen] = []      # killed at close with their process groups
 
     # -- making and removing them ------------------------------------------------------------
     def __enter__(self) -> "Hosts":
@@ -75,7 +76,16 @@ class Hosts:
         self.close()
 
     def close(self) -> None:
-        """Kill every process on the hosts, then remove their namespaces."""
+        """Kill every process on the hosts (those started here with their process groups, which may not have
+        entered their namespace yet), then remove the namespaces."""
+        for proc in self.started:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        self.started = []
         for netns in reversed(self.made):
             for pid in namespace_pids(netns):
                 try:
@@ -106,8 +116,10 @@ class Hosts:
                 "sh", "-c", inner]
 
     def start(self, i: int, argv: list[str], **popen) -> subprocess.Popen:
-        """`argv` started on host i (a Popen: stdout and stderr as `popen` says)."""
-        return subprocess.Popen(self.command(i, argv), **popen)
+        """`argv` started on host i (a Popen: stdout and stderr as `popen` says), in a process group of its own."""
+        proc = subprocess.Popen(self.command(i, argv), start_new_session=True, **popen)
+        self.started.append(proc)
+        return proc
 
     def run(self, i: int, argv: list[str], timeout: float = 60) -> str:
         """`argv` run on host i to its end: its stdout, or a HostsError with its stderr."""

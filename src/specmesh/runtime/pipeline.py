@@ -26,6 +26,8 @@ becomes committed). Each rank applies it to what it holds, so ranks cannot diver
 from __future__ import annotations
 
 import atexit
+import functools
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -33,7 +35,8 @@ import torch
 
 from specmesh.model.cache import KVCache
 from specmesh.model.execution import Batch
-from specmesh.runtime.link import Link, connect, lending_wanted
+from specmesh.runtime import PeerError
+from specmesh.runtime.link import Link, connect, lending_wanted, under_torchrun
 from specmesh.timing import rank_threads, share_of_cores
 
 START, NONE, HIT, MISS, COMMIT = range(5)
@@ -258,6 +261,8 @@ class Pipeline:
         self.latest = Decision(NONE)            # the last decision, for rank 0's own stage to apply
         self.sending: list = []                 # sends not known to be received yet
         self.broken = False                     # a job failed midway: the stages may be out of step
+        self.interrupted = False                # ... while every rank still answered: start the stages again
+        self.relaunch: Callable[[], Link] | None = None     # the stages started anew (launched here), or None
         atexit.register(self.close)
 
     @classmethod
@@ -270,23 +275,40 @@ class Pipeline:
                   "dtype": str(dtype).split(".")[-1], "quant": target.quant, "device": str(target.device),
                   "timeout": timeout, "threads": share_of_cores(len(split) + apart)}
         # a stage computes on the cores of the ranks that wait
-        link = connect(roles(len(split), draft, apart), config, timeout, lend=lending_wanted())
-        return cls(link, None if apart else Stage(target, link), split)
+        launch = functools.partial(connect, roles(len(split), draft, apart), config, timeout, lend=lending_wanted())
+        link = launch()
+        pipe = cls(link, None if apart else Stage(target, link), split)
+        pipe.relaunch = None if under_torchrun() else launch        # torchrun's ranks are not this process's to start
+        return pipe
 
     @contextmanager
     def running(self, finish):
         """Around a job's decode loop, this rank on its share of the cores (rank_threads): `finish()` when the
         consumer stops it (GeneratorExit); after any other failure the stages are out of step, so close()
-        will not talk to them."""
+        will not talk to them, and where no peer was lost (an interrupt, an error of this rank's own) the next
+        job starts them again (`recover`)."""
         try:
             with rank_threads(len(self.link.roles)), self.link.lending():
                 yield
         except GeneratorExit:
             finish()
             raise
-        except BaseException:
-            self.broken = True
+        except BaseException as e:
+            self.broken, self.interrupted = True, not isinstance(e, PeerError)
             raise
+
+    def recover(self) -> None:
+        """The stages started anew after an interrupted job left them mid-round; under torchrun, whose ranks this
+        process cannot start, a PeerError saying so at once."""
+        if self.relaunch is None:
+            raise PeerError("the pipeline's ranks are out of step after an interrupted request, and torchrun's "
+                            "ranks cannot be started again from here: start the job again")
+        self.link.shutdown(healthy=False)
+        self.link = self.relaunch()
+        if self.stage is not None:
+            self.stage = Stage(self.stage.model, self.link)
+        self.broken = self.interrupted = False
+        self.sending, self.latest = [], Decision(NONE)
 
     def begin(self, job: dict, max_len: int, pipelined: bool, max_nodes: int = 0,
               split: list[range] | None = None) -> None:
@@ -294,6 +316,8 @@ class Pipeline:
         stage servers read), plus `max_len` cache slots, `max_nodes` (the size of a decision) and `split`,
         its layers per stage (default: the pipeline's); `pipelined`: a layer reaches the next stage a
         timestep later (stage.advance)."""
+        if self.interrupted:
+            self.recover()
         self.max_nodes, self.latest = max_nodes, Decision(NONE)
         split = split or self.split
         message = job | {"max_len": max_len, "max_nodes": max_nodes, "pipelined": pipelined,

@@ -27,8 +27,8 @@ def start(models: Models, draft: Path | None, dtype: torch.dtype, options: PpOpt
 
 def decode(models: Models, seq: Sequence, options: PpOptions) -> Iterator[list[int]]:
     pipe: Pipeline = models.remote
-    stage, link = pipe.stage, pipe.link
     pipe.begin(stages.job(seq, "pp"), len(seq.ids) + seq.limit, False)
+    stage, link = pipe.stage, pipe.link                 # (after begin: it may have started the stages anew)
     tokens = seq.ids
     with pipe.running(finish=stage.end):
         while True:
