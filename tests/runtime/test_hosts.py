@@ -93,3 +93,14 @@ def test_a_host_lost_mid_request_is_an_error_naming_it_within_30_s(method, fault
         said = [line for line in err.splitlines() if line.startswith("specmesh generate: error:")]
         assert said and " on host1)" in said[0] and ("is gone" in said[0] or "did not answer" in said[0]), err[-2000:]
         assert hosts.pids(0) == [], "a process outlived rank 0 on host 0"
+
+
+def test_a_host_that_never_joins_fails_the_job_within_30_s():
+    import time
+    with Hosts(2) as hosts:
+        start = time.monotonic()
+        (alone,) = hosts.start_torchrun([*GENERATE, "--method", "pearl", PROMPT], hosts=range(1), join_s=5)
+        _, err = alone.communicate(timeout=60)
+        assert alone.returncode != 0 and time.monotonic() - start < 30
+        assert "1/2 clients joined" in err, err[-2000:]
+        assert hosts.pids(0) == []

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 SUBNET = "10.203.{block}.{host}"        # host i's address: .i+1 in a /24 of its own for each Hosts
 TOOLS = ("ip", "tc", "unshare")
+JOIN_S = 30             # torchrun's rendezvous: a host that has not joined by then fails the job
 
 
 class HostsError(RuntimeError):
@@ -128,23 +129,27 @@ class Hosts:
             raise HostsError(f"host{i}: {shlex.join(argv)} exited with {done.returncode}: {done.stderr[-500:]}")
         return done.stdout
 
-    def torchrun(self, argv: list[str], port: int = 29500, timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    def torchrun(self, argv: list[str], port: int = 29500, timeout: float = 300,
+                 hosts: range | None = None) -> list[subprocess.CompletedProcess]:
         """`python -m torch.distributed.run ... ARGV` on every host at once, one process each, host 0 holding the
         rendezvous (as `torchrun --nnodes N --node-rank R --master-addr HOST0` on N real machines); each host's
         result, in order."""
-        procs = self.start_torchrun(argv, port)
+        procs = self.start_torchrun(argv, port, hosts)
         results = []
         for p in procs:
             out, err = p.communicate(timeout=timeout)
             results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
         return results
 
-    def start_torchrun(self, argv: list[str], port: int = 29500) -> list[subprocess.Popen]:
-        """torchrun's processes, one a host, started (torchrun's: stdout and stderr piped, as text)."""
+    def start_torchrun(self, argv: list[str], port: int = 29500, hosts: range | None = None,
+                       join_s: float = JOIN_S) -> list[subprocess.Popen]:
+        """torchrun's processes started on `hosts` (default: all), one a host (stdout and stderr piped, as text),
+        for a job of every host: one that does not join within `join_s` fails them all."""
         return [self.start(i, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.n),
                                "--node-rank", str(i), "--nproc-per-node", "1", "--master-addr", self.hosts[0].address,
-                               "--master-port", str(port), *argv],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(self.n)]
+                               "--master-port", str(port), "--rdzv-conf", f"timeout={join_s:g}", *argv],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for i in (hosts if hosts is not None else range(self.n))]
 
     def link(self, i: int, up: bool) -> None:
         """Host i's link set up or down (as a cable pulled: its processes see silence, not a reset)."""
