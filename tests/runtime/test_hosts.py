@@ -104,3 +104,13 @@ def test_a_host_that_never_joins_fails_the_job_within_30_s():
         assert alone.returncode != 0 and time.monotonic() - start < 30
         assert "1/2 clients joined" in err, err[-2000:]
         assert hosts.pids(0) == []
+
+
+@pytest.mark.parametrize("method", ["pearl", "pp"])
+def test_seeded_sampling_across_hosts_draws_what_one_host_draws(method):
+    sampled = [*GENERATE, "--method", method, "--temperature", "1", "--seed", "7", PROMPT]
+    one_host = subprocess.run(["specmesh", *sampled[2:]], capture_output=True, text=True, check=True)
+    with Hosts(2) as hosts:
+        results = hosts.torchrun(sampled, timeout=240)
+    assert results[0].returncode == 0, results[0].stderr[-1500:]
+    assert tokens(results[0].stdout) == tokens(one_host.stdout)
