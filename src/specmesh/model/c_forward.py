@@ -108,8 +108,9 @@ class CForward(FastForward):
         self.c_attention = self.amx is None
 
     def __call__(self, x: torch.Tensor, cache, batch: Batch):
-        depths, tree_mask, layers, last_only, groups, lens = (batch.depths, batch.tree_mask, batch.layers,
-                                                              batch.last_only, batch.groups, batch.lens)
+        depths, tree_mask, last_only, groups, lens = (batch.depths, batch.tree_mask, batch.last_only, batch.groups,
+                                                      batch.lens)
+        layers = batch.span(self.model.config.num_layers)
         B, T = x.shape[:2]
         if cache is None or x.device.type != "cpu":
             return None

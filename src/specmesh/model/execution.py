@@ -31,6 +31,10 @@ class Batch:
     lens: list[int] | None = None           # [B] real tokens of each row, the rest pads: the kernels' forward
                                             # skips the pads' products (their outputs are then zeros)
 
+    def span(self, num_layers: int) -> range:
+        """The layers run: `layers`, else all `num_layers`."""
+        return self.layers or range(num_layers)
+
 
 WHOLE = Batch()
 

@@ -511,12 +511,9 @@ class Transformer(nn.Module):
           prefix, at batch.depths below it, seeing what batch.tree_mask lets them see.
         Returns logits [B,T,V] (float32) when the range ends at the last layer, else hidden states.
         """
-        layers, groups, last_only, head = batch.layers, batch.groups, batch.last_only, batch.head
-        layers = layers or range(self.config.num_layers)
-        if groups is not None and all(len(g) == 1 for g in groups):
-            groups = None                                   # every layer alone: the exact forward
-        if layers != batch.layers or groups != batch.groups:
-            batch = replace(batch, layers=layers, groups=groups)
+        if batch.groups is not None and all(len(g) == 1 for g in batch.groups):
+            batch = replace(batch, groups=None)             # every layer alone: the exact forward
+        layers, groups, last_only, head = batch.span(self.config.num_layers), batch.groups, batch.last_only, batch.head
         if self.fast_forward is not None and head is None:
             out = self.fast_forward(x, cache, batch)
             if out is not None:

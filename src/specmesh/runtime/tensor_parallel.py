@@ -242,7 +242,7 @@ class Leader(FastForward):
 
     def __call__(self, x, cache, batch: Batch):
         # lens (a padded batch's real tokens) is a CPU saving only: every rank computes the pads
-        groups, layers = batch.groups, batch.layers
+        groups, layers = batch.groups, batch.span(self.model.config.num_layers)
         message = {"model": self.name, "ops": self.pending, "x": x.tolist(), "layers": [layers.start, layers.stop],
                    "groups": None if groups is None else [[g.start, g.stop] for g in groups],
                    "last_only": batch.last_only, "cache": None if cache is None else [cache.id, cache.row0, cache.batch],
