@@ -31,7 +31,7 @@ from specmesh.lossless.verify import Verdict
 from specmesh.model.cache import KVCache
 from specmesh.model.execution import Batch
 from specmesh.model.model import Transformer
-from specmesh.options import POLICIES
+from specmesh.options import POLICIES  # noqa: F401  (the calibration policies, named here too)
 from specmesh.proposers.draft_model import DraftModel
 
 
@@ -61,11 +61,6 @@ def layer_groups(spec: str, layers: int) -> list[range]:
     return [range(s, s + n) for s, n in zip(starts, sizes)]
 
 
-def check_policy(calibration: str) -> None:
-    if calibration not in POLICIES:
-        raise ValueError(f"easyspec: calibration must be one of {', '.join(POLICIES)}, got {calibration!r}")
-
-
 def count_exact(seq: Sequence, forwards: int) -> None:
     """Draft forwards that read exactly (what a simulated clock prices as exact ones)."""
     seq.stats.info["exact_reads"] = seq.stats.info.get("exact_reads", 0) + forwards
@@ -74,7 +69,7 @@ def count_exact(seq: Sequence, forwards: int) -> None:
 class FuzzyDraft(DraftModel):
     def __init__(self, model: Transformer, rows: int, max_len: int, window: int, groups: list[range],
                  calibration: str, depth: int, width: int = 1, max_children: int = 1):
-        check_policy(calibration)
+        # calibration: one of POLICIES (EasySpecOptions checks it)
         super().__init__(model, rows, max_len, window, width, max_children, groups=groups)
         self.groups, self.calibration = groups, calibration
         self.read_together = depth + 1          # a calibration's accepted tokens and the bonus, in one forward
