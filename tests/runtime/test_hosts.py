@@ -3,6 +3,7 @@ hostname and /dev/shm each, a bridge between them), every rank started by torchr
 rendezvous on host 0. Greedy output equals `ar`'s on one host."""
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,15 @@ def test_seeded_sampling_across_hosts_draws_what_one_host_draws(method):
         results = hosts.torchrun(sampled, timeout=240)
     assert results[0].returncode == 0, results[0].stderr[-1500:]
     assert tokens(results[0].stdout) == tokens(one_host.stdout)
+
+
+@pytest.mark.parametrize("method", ["pp", "pipedec"])
+def test_after_an_interrupt_or_a_dropped_stream_across_hosts_the_next_request_works(method):
+    """Rank 0 under torchrun, Ctrl-C in a long answer, then a stream dropped half-way: each next answer equals the
+    first (the stages on host 1 stayed in step)."""
+    script = str(Path(__file__).with_name("interrupt_job.py"))
+    with Hosts(2) as hosts:
+        results = hosts.torchrun([script, method], timeout=240)
+    assert results[0].returncode == 0, results[0].stderr[-1500:]
+    first, after_interrupt, after_stream = json.loads(results[0].stdout.splitlines()[-1])
+    assert after_interrupt == first and after_stream == first

@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import atexit
 import functools
+import signal
+import sys
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -250,6 +253,39 @@ class Stage:
             self.link.send(torch.tensor([END, -1]), self.link.rank + 1)
 
 
+class Interrupted(KeyboardInterrupt):
+    """A Ctrl-C held during a job, raised where the stages are in step (Pipeline.checkpoint)."""
+
+
+class HeldInterrupt:
+    """SIGINT while installed: noted (`came`), not raised; a second one is raised at once (the handler before)."""
+
+    def __init__(self):
+        self.came, self.before = False, None
+
+    def __call__(self, signum, frame):
+        if self.came:
+            return self.before(signum, frame) if callable(self.before) else signal.default_int_handler(signum, frame)
+        self.came = True
+        print("specmesh: stopping at the end of this step (Ctrl-C again: at once, and the pipeline starts again)",
+              file=sys.stderr, flush=True)
+
+
+@contextmanager
+def held_interrupt():
+    """A HeldInterrupt as SIGINT's handler for the block (where this is the main thread, whose handlers Python
+    runs; elsewhere one that never comes)."""
+    held = HeldInterrupt()
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield held
+        return
+    held.before = signal.signal(signal.SIGINT, held)
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, held.before)
+
+
 class Pipeline:
     """Rank 0's handle on the stages. Rank 0 runs stage 0 itself (pp; pipedec and stpp with S
     in the same process: one process per core on a small machine), or only S (`apart`,
@@ -263,6 +299,7 @@ class Pipeline:
         self.broken = False                     # a job failed midway: the stages may be out of step
         self.interrupted = False                # ... while every rank still answered: start the stages again
         self.relaunch: Callable[[], Link] | None = None     # the stages started anew (launched here), or None
+        self.interrupt = HeldInterrupt()        # this job's Ctrl-C (running)
         atexit.register(self.close)
 
     @classmethod
@@ -284,18 +321,24 @@ class Pipeline:
     @contextmanager
     def running(self, finish):
         """Around a job's decode loop, this rank on its share of the cores (rank_threads): `finish()` when the
-        consumer stops it (GeneratorExit); after any other failure the stages are out of step, so close()
-        will not talk to them, and where no peer was lost (an interrupt, an error of this rank's own) the next
-        job starts them again (`recover`)."""
+        consumer stops it (GeneratorExit) or Ctrl-C stops it (held until the loop's next `checkpoint`, where the
+        stages are in step); after any other failure the stages are out of step, so close() will not talk to
+        them, and where no peer was lost (a second Ctrl-C, an error of this rank's own) the next job starts
+        them again (`recover`)."""
         try:
-            with rank_threads(len(self.link.roles)), self.link.lending():
+            with rank_threads(len(self.link.roles)), self.link.lending(), held_interrupt() as self.interrupt:
                 yield
-        except GeneratorExit:
+        except (GeneratorExit, Interrupted):
             finish()
             raise
         except BaseException as e:
             self.broken, self.interrupted = True, not isinstance(e, PeerError)
             raise
+
+    def checkpoint(self) -> None:
+        """Where the decode loop yields (every rank in step): a Ctrl-C held since ends the job here."""
+        if self.interrupt.came:
+            raise Interrupted
 
     def recover(self) -> None:
         """The stages started anew after an interrupted job left them mid-round; under torchrun, whose ranks this

@@ -1,17 +1,33 @@
-"""A request interrupted mid-round (KeyboardInterrupt in the middle of a long answer) or a stream its reader
-dropped half-way leaves `pp`, `stpp` and `pipedec` usable: the next request gives what it gives on a fresh
-pipeline (an interrupted job starts the stages again: runtime/pipeline.py `recover`)."""
+"""A request interrupted mid-round (Ctrl-C in the middle of a long answer) or a stream its reader dropped half-way
+leaves `pp`, `stpp` and `pipedec` usable: the next request gives what it gives on a fresh pipeline. One Ctrl-C is
+held until the stages are in step and ends the job there; a second one interrupts at once, and the next job starts
+the stages again (runtime/pipeline.py `recover`)."""
+import os
 import signal
+import threading
 
 import pytest
 
 from specmesh import LLM, SamplingParams
 
-PROMPT, LONG = "def fibonacci(n):", SamplingParams(max_new_tokens=3000, ignore_eos=True)
+PROMPT, LONG = "def fibonacci(n):", SamplingParams(max_new_tokens=900, ignore_eos=True)
 
 
-def interrupted_after(seconds: float, run) -> bool:
-    """run() with a KeyboardInterrupt raised in it after `seconds` (as Ctrl-C would): whether it came."""
+def ctrl_c_after(seconds: float, run) -> bool:
+    """run() with SIGINT sent to this process after `seconds` (as Ctrl-C would): whether it was interrupted."""
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        run()
+        return False
+    except KeyboardInterrupt:
+        return True
+    finally:
+        timer.cancel()
+
+
+def interrupted_at_once_after(seconds: float, run) -> bool:
+    """run() with a KeyboardInterrupt raised wherever it is after `seconds` (as a second Ctrl-C would)."""
     def interrupt(*_):
         raise KeyboardInterrupt
     previous = signal.signal(signal.SIGALRM, interrupt)
@@ -30,9 +46,13 @@ def interrupted_after(seconds: float, run) -> bool:
 def test_the_next_request_after_an_interrupt_or_a_dropped_stream_works(method):
     params = SamplingParams(max_new_tokens=16)
     with LLM(target="embedded", method=method) as llm:             # its context holds a long answer
-        want = llm.generate(PROMPT, params).tokens
-        assert interrupted_after(0.5, lambda: llm.generate("class Stack:", LONG)), "the answer ended first"
+        want, link = llm.generate(PROMPT, params).tokens, llm.models.remote.link
+        assert ctrl_c_after(0.5, lambda: llm.generate("class Stack:", LONG)), "the answer ended first"
         assert llm.generate(PROMPT, params).tokens == want
+        assert llm.models.remote.link is link, "one Ctrl-C started the stages again"
+        assert interrupted_at_once_after(0.5, lambda: llm.generate("class Stack:", LONG)), "the answer ended first"
+        assert llm.generate(PROMPT, params).tokens == want
+        assert llm.models.remote.link is not link, "the stages went on, out of step"
         pieces = iter(llm.stream("class Stack:", LONG))
         for _ in zip(range(5), pieces):
             pass

@@ -121,6 +121,7 @@ def decode(models: Models, seq: Sequence, options: PipeDecOptions) -> Iterator[l
             if pipe.stage is None:
                 pipe.flush()                                # S apart: stage 0 has it before S computes on
             in_flight = True
+            pipe.checkpoint()
             if emitted:                                     # the consumer takes it while stage 0 works
                 yield emitted
                 emitted = []

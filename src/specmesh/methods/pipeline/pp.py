@@ -36,6 +36,7 @@ def decode(models: Models, seq: Sequence, options: PpOptions) -> Iterator[list[i
             token = int(link.recv(torch.zeros(1, dtype=torch.int64), len(link.roles) - 1))
             seq.stats.target_forwards += 1
             seq.stats.timesteps += options.stages
+            pipe.checkpoint()
             yield [token]
             tokens = [token]
 

@@ -55,6 +55,7 @@ def decode(models: Models, seq: Sequence, options: StppOptions) -> Iterator[list
         drafter.admit(0, seq)
         x = pipe.decision().token
         stats.target_forwards += 1
+        pipe.checkpoint()
         yield [x]
         while True:                                         # the engine has appended x to seq.tokens
             tree = drafter.propose([seq], [gamma])[0]
@@ -68,6 +69,7 @@ def decode(models: Models, seq: Sequence, options: StppOptions) -> Iterator[list
             stats.verifications += 1
             stats.drafted_tokens += len(tree) - 1
             stats.accepted_tokens += verdict.accepted
+            pipe.checkpoint()
             yield verdict.tokens
 
 
