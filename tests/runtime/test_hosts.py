@@ -127,3 +127,17 @@ def test_after_an_interrupt_or_a_dropped_stream_across_hosts_the_next_request_wo
     assert results[0].returncode == 0, results[0].stderr[-1500:]
     first, after_interrupt, after_stream = json.loads(results[0].stdout.splitlines()[-1])
     assert after_interrupt == first and after_stream == first
+
+
+def test_a_rank_waiting_between_requests_whose_link_goes_silent_exits_naming_rank_0_within_30_s():
+    import time
+    script = str(Path(__file__).with_name("idle_job.py"))
+    with Hosts(2) as hosts:
+        rank0, rank1 = hosts.start_torchrun([script, "pp"])
+        assert rank0.stdout.readline().strip() == "answered", rank0.stderr.read()[-1500:] if rank0.poll() else ""
+        cut = time.monotonic()
+        hosts.link(1, up=False)
+        _, err = rank1.communicate(timeout=60)
+        assert time.monotonic() - cut < 30, err[-1500:]
+        assert "error: rank 0 (stage0, pid " in err and " on host0) cannot be reached" in err, err[-1500:]
+        assert hosts.pids(1) == [], "a process outlived the silence on host 1"

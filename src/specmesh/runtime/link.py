@@ -41,6 +41,7 @@ import platform
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -60,6 +61,8 @@ MAILBOX_SLOTS, MAILBOX_BYTES = 8, 1 << 18   # per ordered pair of ranks: message
 SPIN_S, SLEEP_S = 0.05, 0.05            # a waiting rank polls for SPIN_S, then sleeps on a futex,
                                          # waking every SLEEP_S to check its peer
 LEND_SPIN_S = 30e-6                      # a rank that lends its core polls this long before it sleeps
+WATCH_S = 5.0                            # a rank idle across hosts asks the rendezvous this often whether it answers,
+ANSWER_S = 10.0                          # ... and gives up on it after this long without an answer
 
 WRITTEN, READ = 0, 1                    # a mailbox's counters
 
@@ -242,8 +245,44 @@ class Link:
             self._poll(lambda: box.get(out), src, math.inf if idle else self.timeout_s, box, WRITTEN)
             return tensor
         work = self._guard(lambda: self.group.recv([tensor], src, 0), src)
-        self._wait(work, src, None if idle else self.timeout_s)
+        if idle:
+            with self.watching(src):
+                self._wait(work, src, None)
+        else:
+            self._wait(work, src, self.timeout_s)
         return tensor
+
+    @contextmanager
+    def watching(self, peer: int):
+        """Around an idle wait for `peer` on another host: a link gone silent would make it endless (and a gloo
+        wait that times out closes the connection, so the wait cannot be cut into bounded ones). A thread connects
+        to the rendezvous (MASTER_ADDR:MASTER_PORT, on rank 0's host) every WATCH_S; when it has not answered for
+        ANSWER_S the thread ends this process with a line naming `peer` (the waiting thread is inside gloo, where
+        no exception can reach it)."""
+        if self.hosts[peer] == self.hosts[self.rank]:
+            yield
+            return
+        stop = threading.Event()
+        threading.Thread(target=self._watch, args=(peer, stop), daemon=True, name="specmesh-watch").start()
+        try:
+            yield
+        finally:
+            stop.set()
+
+    def _watch(self, peer: int, stop: threading.Event) -> None:
+        address = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0")))
+        answered = time.monotonic()
+        while not stop.wait(WATCH_S):
+            try:
+                socket.create_connection(address, timeout=WATCH_S).close()
+                answered = time.monotonic()
+            except OSError as e:
+                if stop.is_set() or time.monotonic() - answered < ANSWER_S:
+                    continue
+                print(f"specmesh rank {self.rank} ({self.roles[self.rank]}): error: {self.describe(peer)} cannot be "
+                      f"reached: the rendezvous at {address[0]}:{address[1]} has not answered for {ANSWER_S:g} s "
+                      f"({e.strerror or e}); this rank exits", file=sys.stderr, flush=True)
+                os._exit(1)
 
     def _poll(self, ready: Callable, peer: int, timeout_s: float, box: Mailbox, counter: int):
         """Poll `ready()` until it returns something true (returned); after SPIN_S, sleep until
