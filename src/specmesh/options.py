@@ -230,7 +230,6 @@ CARDS: dict[str, Card] = {card.name: card for card in (
     Card("stpp", "static-tree speculative decoding through the pipeline (PipeDec's baseline STPP)", StppOptions, True,
          batched=False),
 )}
-SERVED = [name for name, card in CARDS.items() if card.batched]     # the methods `serve` runs (batched)
 
 
 def declared(methods: list[str] | None = None) -> dict[str, list[tuple[Card, dataclasses.Field]]]:

@@ -141,3 +141,28 @@ def test_a_rank_waiting_between_requests_whose_link_goes_silent_exits_naming_ran
         assert time.monotonic() - cut < 30, err[-1500:]
         assert "error: rank 0 (stage0, pid " in err and " on host0) cannot be reached" in err, err[-1500:]
         assert hosts.pids(1) == [], "a process outlived the silence on host 1"
+
+
+def test_a_server_whose_method_lost_a_host_answers_503_naming_it():
+    """`specmesh serve --method pearl` across 2 hosts; host 1's processes killed while a client streams: the stream
+    ends within 30 s with an error naming host 1, and the next request is a 503 naming it too."""
+    import os
+    import signal
+    import sys
+    import time
+    client = str(Path(__file__).with_name("lost_host_client.py"))
+    with Hosts(2) as hosts:
+        hosts.start_torchrun(["-m", "specmesh.cli", "serve", "--target", "embedded", "--dtype", "float32",
+                              "--method", "pearl", "--port", "8123"])
+        asking = hosts.start(0, [sys.executable, client, "http://127.0.0.1:8123"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        assert asking.stdout.readline().strip() == "streaming", asking.stderr.read()[-1500:]
+        lost = time.monotonic()
+        for pid in hosts.pids(1):
+            os.kill(pid, signal.SIGKILL)
+        out, err = asking.communicate(timeout=90)
+        assert time.monotonic() - lost < 30 and asking.returncode == 0, err[-1500:]
+        said = json.loads(out.splitlines()[-1])
+        assert said["stream_error"]["code"] == "peer_lost" and " on host1)" in said["stream_error"]["message"]
+        status, body = said["after"]
+        assert status == 503 and body["error"]["code"] == "peer_lost" and " on host1)" in body["error"]["message"]

@@ -5,7 +5,7 @@ import sys
 
 from specmesh.cli.args import (AUTO_DTYPE, DTYPE_CHOICES, add_json, add_method_options, add_model_args, add_tune,
                                checked_prompt, logit_bias, method_options, read_prompt, tuned, warn_unused, write_json)
-from specmesh.cli.ranks import serve_torchrun_rank, serve_tp_rank, torchrun_rank
+from specmesh.cli.ranks import serve_if_not_rank_0
 from specmesh.options import CARDS, positive_int
 
 
@@ -60,12 +60,8 @@ def add(sub) -> None:
 
 def cmd_generate(args, parser) -> int:
     from specmesh import LLM, SamplingParams
-    from specmesh.methods import METHODS
-    spec = METHODS.get(args.method)
-    if torchrun_rank() > 0 and args.tp > 1:
-        return serve_tp_rank(args)
-    if spec is not None and (spec.start is not None or args.drafter_processes) and torchrun_rank() > 0:
-        return serve_torchrun_rank(args)
+    if (code := serve_if_not_rank_0(args)) is not None:
+        return code
     if args.chat is None and args.system is not None:
         parser.error("--system goes with --chat")
     if args.chat is not None and (args.prompt is not None or args.prompt_file is not None):
@@ -75,7 +71,8 @@ def cmd_generate(args, parser) -> int:
                             top_p=args.top_p, seed=args.seed, n=args.n, stop=args.stop, logprobs=args.logprobs,
                             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
                             repetition_penalty=args.repetition_penalty, logit_bias=dict(args.logit_bias))
-    if spec is not None:
+    from specmesh.methods import METHODS
+    if (spec := METHODS.get(args.method)) is not None:
         spec.check_params(params)                           # before a multi-process method starts its processes
     warn_unused(args, [args.method])
     llm = LLM(target=args.target, draft=args.draft, method=args.method, device=args.device, dtype=args.dtype,

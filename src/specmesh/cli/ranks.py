@@ -58,6 +58,20 @@ def serve_tp_rank(args) -> int:
     return 0
 
 
+def serve_if_not_rank_0(args) -> int | None:
+    """Under torchrun, on a rank after 0 of a method with ranks of its own (a pipeline, pearl's draft, cosine's
+    drafter processes, --tp): serve them, and the exit code; else None (rank 0, or no torchrun)."""
+    if torchrun_rank() == 0:
+        return None
+    if args.tp > 1:
+        return serve_tp_rank(args)
+    from specmesh.methods import METHODS
+    spec = METHODS.get(args.method)
+    if spec is not None and (spec.start is not None or getattr(args, "drafter_processes", False)):
+        return serve_torchrun_rank(args)
+    return None
+
+
 def torchrun_rank() -> int:
     from specmesh.runtime.link import under_torchrun
     return int(os.environ["RANK"]) if under_torchrun() else 0

@@ -5,13 +5,13 @@ from pathlib import Path
 
 from specmesh.cli.args import (AUTO_DTYPE, DTYPE_CHOICES, add_method_options, add_model_args, add_tune,
                                method_options, warn_unused)
-from specmesh.cli.ranks import serve_tp_rank, torchrun_rank
-from specmesh.options import SERVED, port, positive_int, seconds
+from specmesh.cli.ranks import serve_if_not_rank_0
+from specmesh.options import CARDS, port, positive_int, seconds
 
 
 def add(sub) -> None:
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
-    v.add_argument("--method", default="auto", choices=["auto", *SERVED],
+    v.add_argument("--method", default="auto", choices=["auto", *CARDS],
                    help="decoding method (default: auto, as in generate)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     v.add_argument("--port", type=port, default=8000)
@@ -45,13 +45,13 @@ def add(sub) -> None:
     key.add_argument("--api-key", metavar="KEY",
                      help="the key itself (visible to other users in the process list: prefer --api-key-file)")
     key.add_argument("--key-everywhere", action="store_true", help="/health and /metrics need the key too")
-    add_method_options(v, SERVED)
+    add_method_options(v, list(CARDS))
 
 
 def cmd_serve(args, parser) -> int:
     from specmesh.serve import ServeConfig, run
-    if torchrun_rank() > 0 and args.tp > 1:
-        return serve_tp_rank(args)
+    if (code := serve_if_not_rank_0(args)) is not None:
+        return code
     warn_unused(args, [args.method])
     return run(ServeConfig(method=args.method, host=args.host, port=args.port, model_name=args.model_name,
                            dtype=args.dtype, target=args.target, draft=args.draft, device=args.device, quant=args.quant,

@@ -25,6 +25,7 @@ from specmesh.engine.scheduler import Scheduler
 from specmesh.engine.sequence import Event, Prompt, Sequence
 from specmesh.lossless.sampling import InvalidParameter, SamplingParams, make_generator
 from specmesh.model.tokenizer import Tokenizer
+from specmesh.runtime import PeerError
 
 
 def deliver_here(batch: list[tuple[Sequence, Event]]) -> None:
@@ -43,6 +44,10 @@ def check_prompt(ids: list[int], context: int, vocab: int) -> None:
         raise ValueError(f"token id {bad[0]!r} is outside the vocabulary (integers 0 to {vocab - 1})")
     if len(ids) >= context:
         raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {context} tokens")
+
+
+def failure_code(error: BaseException) -> str:
+    return "peer_lost" if isinstance(error, PeerError) else "engine_failed"
 
 
 class Engine:
@@ -262,7 +267,9 @@ class Engine:
                 pass
 
     def _fail(self, error: BaseException) -> None:
+        """Every sequence in flight ends with the error: `peer_lost` where a process of the method was lost (a
+        PeerError names its rank and host), else `engine_failed`."""
         self.failure = error
-        self._cancel(f"engine failure: {type(error).__name__}: {error}", "engine_failed")
+        self._cancel(f"engine failure: {type(error).__name__}: {error}", failure_code(error))
         if self.on_failure:
             self.on_failure(error)

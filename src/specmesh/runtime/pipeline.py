@@ -258,14 +258,14 @@ class Interrupted(KeyboardInterrupt):
 
 
 class HeldInterrupt:
-    """SIGINT while installed: noted (`came`), not raised; a second one is raised at once (the handler before)."""
+    """SIGINT while installed: noted (`came`), not raised; a second one is raised at once (KeyboardInterrupt)."""
 
     def __init__(self):
-        self.came, self.before = False, None
+        self.came = False
 
     def __call__(self, signum, frame):
         if self.came:
-            return self.before(signum, frame) if callable(self.before) else signal.default_int_handler(signum, frame)
+            signal.default_int_handler(signum, frame)
         self.came = True
         print("specmesh: stopping at the end of this step (Ctrl-C again: at once, and the pipeline starts again)",
               file=sys.stderr, flush=True)
@@ -273,17 +273,18 @@ class HeldInterrupt:
 
 @contextmanager
 def held_interrupt():
-    """A HeldInterrupt as SIGINT's handler for the block (where this is the main thread, whose handlers Python
-    runs; elsewhere one that never comes)."""
+    """A HeldInterrupt as SIGINT's handler for the block, where SIGINT is Python's KeyboardInterrupt (the main
+    thread, no handler of the program's own, as the server's); elsewhere one that never comes."""
     held = HeldInterrupt()
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield held
         return
-    held.before = signal.signal(signal.SIGINT, held)
+    before = signal.signal(signal.SIGINT, held)
     try:
         yield held
     finally:
-        signal.signal(signal.SIGINT, held.before)
+        signal.signal(signal.SIGINT, before)
 
 
 class Pipeline:

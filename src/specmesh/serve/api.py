@@ -5,7 +5,8 @@ with `data: [DONE]`), GET /v1/models (and /v1/models/{id}), GET /health, GET /me
 Request bodies are read and bounded by protocol.py. Bad requests get 400 with OpenAI's error
 body, never 500; when more sequences wait for a row than the bound, 429 with Retry-After; an
 engine failure fails the requests in flight (500, or an error event then [DONE] when streaming)
-and turns /health to 503. While draining (after SIGTERM) new requests get 503.
+and turns /health to 503; a lost process of a multi-process method (its rank and host named) is a 503 for the
+requests in flight and for every later one. While draining (after SIGTERM) new requests get 503.
 """
 from __future__ import annotations
 
@@ -20,12 +21,15 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specmesh.engine.engine import Engine, deliver_here
+from specmesh.engine.engine import Engine, deliver_here, failure_code
 from specmesh.engine.sequence import Sequence
 from specmesh.serve.metrics import Metrics
 from specmesh.serve.protocol import (APIError, ChatRequest, CompletionRequest, Limits, Request, chat_prompt,
                                      completion_prompts, encode, sampling_params)
 from specmesh.lossless.sampling import InvalidParameter, SamplingParams
+
+UNAVAILABLE = ("server_shutting_down", "peer_lost")     # error codes answered 503: the service, not the request
+
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
@@ -112,7 +116,8 @@ class Server:
         if self.draining:
             raise APIError("the server is shutting down", code="server_shutting_down", status=503)
         if self.engine.failure is not None:
-            raise APIError(f"the engine failed: {self.engine.failure}", code="engine_failed", status=503)
+            raise APIError(f"the engine failed: {self.engine.failure}", code=failure_code(self.engine.failure),
+                           status=503)
         waiting = self.engine.scheduler.waiting
         if waiting + len(prompts) * params.n > self.limits.max_queued:
             raise APIError(f"the server is busy: {waiting} sequences wait for a row (at most "
@@ -152,7 +157,7 @@ class Server:
                 i, event = event.result()
                 if event.error:
                     raise APIError(event.error, code=event.error_code,
-                                   status=503 if event.error_code == "server_shutting_down" else 500)
+                                   status=503 if event.error_code in UNAVAILABLE else 500)
                 texts[i].append(event.text)
                 reasons[i] = event.finish_reason
         finally:
@@ -250,7 +255,12 @@ def create_app(server: Server, key: Key | None = None) -> FastAPI:
         return Response(server.metrics.render(server.engine), media_type="text/plain; version=0.0.4")
 
     def model_card() -> dict:
-        return {"id": server.model_name, "object": "model", "created": 0, "owned_by": "specmesh"}
+        """OpenAI's model object, and what this server's method allows: the sequences decoded together (1 for a
+        multi-process method: one at a time behind the queue), samples per request, the context."""
+        engine, limits = server.engine, server.limits
+        return {"id": server.model_name, "object": "model", "created": 0, "owned_by": "specmesh",
+                "specmesh": {"method": engine.name, "running": engine.scheduler.rows, "max_n": limits.max_n,
+                             "max_queued": limits.max_queued, "context": engine.context}}
 
     @app.get("/v1/models")
     async def models():

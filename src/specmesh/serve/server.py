@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from specmesh import catalog
 from specmesh.engine.runner import PREFILL_CHUNK, PREFILL_SHARE
 from specmesh.engine.sizing import kv_mb_per_token
-from specmesh.options import SERVED
+from specmesh.options import CARDS
 
 
 @dataclass
@@ -56,8 +56,8 @@ def build(cfg: ServeConfig):
     from specmesh.serve.api import Key, Server, create_app
     from specmesh.serve.metrics import Metrics
     from specmesh.serve.protocol import Limits
-    if cfg.method not in ("auto", *SERVED):
-        raise ValueError(f"the server runs methods auto, {', '.join(SERVED)}; not {cfg.method!r}")
+    if cfg.method not in ("auto", *CARDS):
+        raise ValueError(f"unknown method {cfg.method!r}: one of auto, {', '.join(CARDS)}")
     if not cfg.prefix_cache_mb >= 0:
         raise ValueError(f"--prefix-cache-mb must be >= 0, got {cfg.prefix_cache_mb}")
     llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype,
