@@ -40,11 +40,15 @@ class Host:
 
 
 class Hosts:
-    def __init__(self, n: int, rate: str | None = None, prefix: str = "smh"):
-        """`n` hosts; `rate` each host's link (tc's units: "1gbit", "100mbit"; None: as fast as the kernel)."""
+    def __init__(self, n: int, rate: str | None = None, prefix: str = "smh", cpus: list[list[int]] | None = None):
+        """`n` hosts; `rate` each host's link (tc's units: "1gbit", "100mbit"; None: as fast as the kernel);
+        `cpus` host i's processes pinned to the cores cpus[i] (None: every core, shared by all hosts)."""
         if n < 1:
             raise ValueError(f"hosts: n must be at least 1, got {n}")
-        self.n, self.rate = n, rate
+        if cpus is not None and (len(cpus) != n or not all(set(c) <= os.sched_getaffinity(0) and c for c in cpus)):
+            raise ValueError(f"hosts: cpus must give {n} non-empty lists of this process's cores "
+                             f"{sorted(os.sched_getaffinity(0))}, got {cpus}")
+        self.n, self.rate, self.cpus = n, rate, cpus
         self.id = f"{prefix}{uuid.uuid4().hex[:6]}"
         block = int(self.id[-4:], 16) % 250 + 1
         self.switch = f"{self.id}-sw"
@@ -112,6 +116,8 @@ class Hosts:
     def command(self, i: int, argv: list[str]) -> list[str]:
         """`argv` as host i runs it: in its network namespace, under its hostname, with its own /dev/shm."""
         h = self.hosts[i]
+        if self.cpus is not None:
+            argv = ["taskset", "-c", ",".join(map(str, self.cpus[i])), *argv]
         inner = f"hostname {h.name} && mount -t tmpfs tmpfs /dev/shm && exec {shlex.join(argv)}"
         return ["ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount", "--propagation", "private",
                 "sh", "-c", inner]
