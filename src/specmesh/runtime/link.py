@@ -33,6 +33,7 @@ every message between machines, go through gloo.
 from __future__ import annotations
 
 import datetime
+import errno
 import functools
 import json
 import math
@@ -41,7 +42,6 @@ import platform
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -53,6 +53,7 @@ import torch.distributed as dist
 
 from specmesh.kernels.build import kernel_lib, inherited_kernels
 from specmesh.runtime import PeerError  # noqa: F401  (raised here; declared where the CLI reads it)
+from specmesh.runtime.sockets import KEEPALIVE_S, SOCKET_BYTES, Silent, Sockets
 from specmesh.settings import settings
 
 IDLE = datetime.timedelta(days=7)       # how long a rank may wait for work between jobs
@@ -61,10 +62,9 @@ MAILBOX_SLOTS, MAILBOX_BYTES = 8, 1 << 18   # per ordered pair of ranks: message
 SPIN_S, SLEEP_S = 0.05, 0.05            # a waiting rank polls for SPIN_S, then sleeps on a futex,
                                          # waking every SLEEP_S to check its peer
 LEND_SPIN_S = 30e-6                      # a rank that lends its core polls this long before it sleeps
-WATCH_S = 5.0                            # a rank idle across hosts asks the rendezvous this often whether it answers,
-ANSWER_S = 10.0                          # ... and gives up on it after this long without an answer
 
-WRITTEN, READ = 0, 1                    # a mailbox's counters
+WRITTEN, READ = 0, 1
+UNREACHABLE = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)  # a socket's silent peer                    # a mailbox's counters
 
 def futex_wait(address: int, seen: int, timeout_s: float) -> None:
     """Sleep while the 32-bit word at `address` holds `seen` (at most `timeout_s`): csrc/pool.c's futex, or a plain
@@ -182,6 +182,7 @@ class Link:
         self.outbox = {r: boxes.box(rank, r) for r in peers}         # empty: everything through gloo
         self.inbox = {r: boxes.box(r, rank) for r in peers}
         self.boxes = boxes if lend else None                         # None: this link's ranks lend no cores
+        self.sockets = Sockets(store, rank, self.hosts, this_address()) if len(set(self.hosts)) > 1 else None
         if self.boxes:
             self._computing()
             if rank:                                                 # workers lend for good; rank 0 in `lending`
@@ -209,6 +210,11 @@ class Link:
         return f"rank {rank} ({self.roles[rank]}, pid {self.pids[rank]}{where})"
 
     # -- tensors ------------------------------------------------------------------------------
+    def by_socket(self, peer: int, nbytes: int) -> bool:
+        """Whether a message of `nbytes` to or from `peer`, on another host, goes through its socket (any message
+        that fits, job messages too: a socket's idle wait is bounded by keepalive) rather than gloo."""
+        return self.sockets is not None and peer in self.sockets and nbytes <= SOCKET_BYTES
+
     def by_mailbox(self, peer: int, nbytes: int) -> bool:
         """Whether a message of `nbytes` to or from `peer` goes through a mailbox (whole once put) rather than gloo."""
         return peer in self.outbox and nbytes <= MAILBOX_BYTES
@@ -220,6 +226,9 @@ class Link:
         this returns at once with a function that waits for that (keeping the tensor alive).
         `mailbox=False`: through gloo whatever the size (job messages, for which a rank waits idle)."""
         tensor = tensor.contiguous()
+        if self.by_socket(dst, tensor.nbytes):              # in the kernel's buffer once sent
+            self._by_socket(lambda: self.sockets.send(dst, memoryview(as_bytes(tensor))), dst)
+            return None if wait else (lambda: None)
         if mailbox and self.by_mailbox(dst, tensor.nbytes):
             box, data = self.outbox[dst], as_bytes(tensor)
             if self.boxes:                  # it computes once this arrives: free its core now
@@ -240,49 +249,17 @@ class Link:
         """Fill `tensor` from `src`, waiting at most the link's timeout (`idle`: as long as it takes,
         for a rank waiting for its next job; a peer's death still ends the wait at once).
         `mailbox` as in `send`: both ends must agree."""
+        if self.by_socket(src, tensor.nbytes):
+            out = memoryview(as_bytes(tensor))
+            self._by_socket(lambda: self.sockets.recv_into(src, out, None if idle else self.timeout_s), src)
+            return tensor
         if mailbox and self.by_mailbox(src, tensor.nbytes):
             box, out = self.inbox[src], as_bytes(tensor)
             self._poll(lambda: box.get(out), src, math.inf if idle else self.timeout_s, box, WRITTEN)
             return tensor
         work = self._guard(lambda: self.group.recv([tensor], src, 0), src)
-        if idle:
-            with self.watching(src):
-                self._wait(work, src, None)
-        else:
-            self._wait(work, src, self.timeout_s)
+        self._wait(work, src, None if idle else self.timeout_s)
         return tensor
-
-    @contextmanager
-    def watching(self, peer: int):
-        """Around an idle wait for `peer` on another host: a link gone silent would make it endless (and a gloo
-        wait that times out closes the connection, so the wait cannot be cut into bounded ones). A thread connects
-        to the rendezvous (MASTER_ADDR:MASTER_PORT, on rank 0's host) every WATCH_S; when it has not answered for
-        ANSWER_S the thread ends this process with a line naming `peer` (the waiting thread is inside gloo, where
-        no exception can reach it)."""
-        if self.hosts[peer] == self.hosts[self.rank]:
-            yield
-            return
-        stop = threading.Event()
-        threading.Thread(target=self._watch, args=(peer, stop), daemon=True, name="specmesh-watch").start()
-        try:
-            yield
-        finally:
-            stop.set()
-
-    def _watch(self, peer: int, stop: threading.Event) -> None:
-        address = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0")))
-        answered = time.monotonic()
-        while not stop.wait(WATCH_S):
-            try:
-                socket.create_connection(address, timeout=WATCH_S).close()
-                answered = time.monotonic()
-            except OSError as e:
-                if stop.is_set() or time.monotonic() - answered < ANSWER_S:
-                    continue
-                print(f"specmesh rank {self.rank} ({self.roles[self.rank]}): error: {self.describe(peer)} cannot be "
-                      f"reached: the rendezvous at {address[0]}:{address[1]} has not answered for {ANSWER_S:g} s "
-                      f"({e.strerror or e}); this rank exits", file=sys.stderr, flush=True)
-                os._exit(1)
 
     def _poll(self, ready: Callable, peer: int, timeout_s: float, box: Mailbox, counter: int):
         """Poll `ready()` until it returns something true (returned); after SPIN_S, sleep until
@@ -333,6 +310,18 @@ class Link:
     def _wait(self, work, peer: int, timeout_s: float | None, *keep_alive) -> None:
         self._guard(lambda: work.wait() if timeout_s is None else work.wait(datetime.timedelta(seconds=timeout_s)),
                     peer)
+
+    def _by_socket(self, call, peer: int):
+        """A socket call; its failure becomes a PeerError naming the peer."""
+        try:
+            return call()
+        except Silent:
+            raise self._error(peer, f"did not answer within {self.timeout_s:g} s") from None
+        except OSError as e:
+            if isinstance(e, TimeoutError) or e.errno in UNREACHABLE:
+                raise self._error(peer, f"cannot be reached ({e.strerror or 'no answer'} for about {KEEPALIVE_S} s: "
+                                        "its host or its link is down)") from None
+            raise self._error(peer, f"is gone ({e.strerror or e})") from None
 
     def _guard(self, call, peer: int):
         """Run a gloo call; any failure becomes a PeerError naming the peer."""
@@ -406,6 +395,8 @@ class Link:
         """Wait briefly for launched workers to exit, then kill what is left."""
         if self.boxes and self.rank:
             lend_cores(None)
+        if self.sockets is not None:
+            self.sockets.close()
         deadline = time.monotonic() + grace_s
         for proc in self.procs.values():
             try:
@@ -422,11 +413,24 @@ def gloo_group(store: dist.Store, rank: int, world: int) -> dist.ProcessGroupGlo
     and the ranks on other hosts then cannot reach it. GLOO_SOCKET_IFNAME, where set, names the interface instead."""
     options = dist.ProcessGroupGloo._Options()
     options._timeout = IDLE
-    interface = os.environ.get("GLOO_SOCKET_IFNAME")
-    device = dist.ProcessGroupGloo.create_device(interface=interface) if interface else \
-        dist.ProcessGroupGloo.create_device(hostname=address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1")))
-    options._devices = [device]
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=this_address())]
     return dist.ProcessGroupGloo(store, rank, world, options)
+
+
+def this_address() -> str:
+    """The address this rank's connections leave from: GLOO_SOCKET_IFNAME's, where set, else the one on the route to
+    the rendezvous (MASTER_ADDR)."""
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")
+    if not interface:
+        return address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    import fcntl
+    import struct
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:            # SIOCGIFADDR: the interface's IPv4 address
+            return socket.inet_ntoa(fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", interface[:15].encode()))[20:24])
+        except OSError as e:
+            raise PeerError(f"GLOO_SOCKET_IFNAME={interface}: no IPv4 address on that interface here "
+                            f"({e.strerror or e})") from None
 
 
 def address_towards(host: str) -> str:
