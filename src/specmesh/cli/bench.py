@@ -2,6 +2,9 @@
 virtual clock."""
 from __future__ import annotations
 
+import argparse
+import dataclasses
+
 import sys
 from pathlib import Path
 
@@ -82,9 +85,29 @@ def add(sub) -> None:
     sm.add_argument("--calibrate", metavar="OUT.json", nargs="?", const="",
                     help="measure this machine's costs into a profile (default: the `local` profile, "
                          "models/profile-local.json of the checkout) and exit")
+    sm.add_argument("--hosts", action="store_true",
+                    help="with --calibrate: also measure a message's time between two hosts made here (network "
+                         "namespaces; needs root), for --link")
+    sm.add_argument("--link", type=link_rate, metavar="RATE",
+                    help="pipedec / pp / stpp: every stage on a host of its own, joined by links of RATE (10gbit, "
+                         "1gbit, 100mbit), with the profile's latency between hosts (--calibrate --hosts)")
     sm.add_argument("--plot", metavar="OUT.png", type=plot_path,
                     help="simulate all three methods at 7, 14 and 21 stages and plot ms per token against depth")
     add_json(sm)
+
+
+def link_rate(text: str) -> float:
+    """"10gbit", "1gbit", "100mbit" (tc's units) -> Gbit/s."""
+    units = {"gbit": 1.0, "mbit": 1e-3, "kbit": 1e-6}
+    for unit, scale in units.items():
+        if text.lower().endswith(unit):
+            try:
+                value = float(text[:-len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return value * scale
+    raise argparse.ArgumentTypeError(f"{text!r} is not a link rate like 10gbit, 1gbit or 100mbit")
 
 
 def cmd_bench(args, parser) -> int:
@@ -137,9 +160,10 @@ def cmd_simulate(args, parser) -> int:
     from specmesh.simulator.pipelines import LOCAL, Profile, SimConfig, calibrate, simulate
     if args.calibrate is not None:
         out = Path(args.calibrate) if args.calibrate else LOCAL
-        profile = calibrate(out)
+        profile = calibrate(out, hosts=args.hosts)
         print(f"{out}: a target layer {profile['stage']['layer_ms'][0]:.2f} ms per token, "
-              f"hop {profile['hop_ms']:.3f} ms", file=sys.stderr)
+              f"hop {profile['hop_ms']:.3f} ms"
+              + (f", between hosts {profile['link_ms']:.3f} ms" if args.hosts else ""), file=sys.stderr)
         return 0
     if (args.prompt is None) == (args.prompts is None):
         parser.error("give exactly one of PROMPT or --prompts FILE" + json_took_prompt(args))
@@ -163,7 +187,11 @@ def cmd_simulate(args, parser) -> int:
         return 0
     pipedec, stpp = CARDS["pipedec"].defaults, CARDS["stpp"].defaults
     paper = args.profile == "gpu-cluster"
-    cfg = SimConfig(args.method, args.stages, Profile.load(args.profile), args.max_new_tokens,
+    profile = Profile.load(args.profile)
+    if args.link is not None:
+        profile = dataclasses.replace(profile, link_gbit=args.link)
+        profile.hop()                                       # a profile without link_ms: the error now
+    cfg = SimConfig(args.method, args.stages, profile, args.max_new_tokens,
                     args.tree_width or (32 if paper else pipedec["tree_width"]),
                     args.max_children or (16 if paper else pipedec["max_children"]),
                     args.depth or (5 if paper else stpp["gamma"]), args.draft_window, args.target, args.draft)

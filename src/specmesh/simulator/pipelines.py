@@ -53,6 +53,22 @@ class Profile:
     hop_ms: float
     broadcast_ms: float
     draft_beside_stage0: bool = False       # S shares stage 0's process (its work adds to stage 0's)
+    link_ms: float | None = None            # one way between two hosts (`--calibrate --hosts`; None: not measured)
+    link_gbit: float | None = None          # every rank on a host of its own, links of this rate (simulate --link)
+
+    def hop(self, nbytes: int = 0) -> float:
+        """One message of `nbytes` between ranks: `hop_ms` within a host; across hosts (link_gbit set) the measured
+        latency plus the bytes at the link's rate."""
+        if self.link_gbit is None:
+            return self.hop_ms
+        if self.link_ms is None:
+            raise ValueError("--link needs the profile's latency between hosts: run `specmesh simulate --calibrate "
+                             "--hosts` (root) first")
+        return self.link_ms + nbytes * 8 / (self.link_gbit * 1e6)
+
+    def broadcast(self) -> float:
+        """A decision from the last stage to every other rank (across hosts: one small message each, at once)."""
+        return self.broadcast_ms if self.link_gbit is None else self.hop()
 
     @classmethod
     def load(cls, spec: str) -> "Profile":
@@ -134,10 +150,15 @@ class Simulator:
         self.layers = cfg.profile.layers(cfg.method, cfg.stages, self.llm.models.target.config.num_layers,
                                          cfg.tree_width)
 
+    def packet_bytes(self, tokens: int) -> int:
+        """A packet between stages: its hidden states in float32 and a tree's meta rows (runtime/pipeline.py)."""
+        return tokens * (4 * self.llm.models.target.config.hidden_size + 8 * (3 + tokens))
+
     def pass_ms(self, tokens: int) -> float:
-        """One packet of `tokens` through every stage in turn."""
+        """One packet of `tokens` through every stage in turn (the last hop: the token or decision back)."""
         p, n = self.cfg.profile, self.cfg.stages
-        return sum(p.stage_ms(tokens, k, i == n - 1) for i, k in enumerate(self.layers)) + n * p.hop_ms
+        hops = (n - 1) * p.hop(self.packet_bytes(tokens)) + p.hop()
+        return sum(p.stage_ms(tokens, k, i == n - 1) for i, k in enumerate(self.layers)) + hops
 
     def timestep_ms(self, loads: list[int], width: int) -> float:
         """PipeDec: every rank works at once; the slowest sets the pace."""
@@ -147,7 +168,7 @@ class Simulator:
             work[0] += p.draft_ms(width)
         else:
             work.append(p.draft_ms(width))
-        return max(work) + p.hop_ms + p.broadcast_ms
+        return max(work) + p.hop(self.packet_bytes(width)) + p.broadcast()
 
     def __call__(self, ids: list[int]) -> Result:
         from specmesh.methods.pipeline import schedule as pipedec
@@ -165,7 +186,7 @@ class Simulator:
             return Result(out.tokens, len(out.tokens) * self.pass_ms(1), len(out.tokens) * cfg.stages)
         rounds = max(1, out.stats.verifications)            # stpp: draft the whole tree, then one pass
         size = 1 + out.stats.drafted_tokens / rounds
-        per_round = cfg.depth * p.draft_ms(cfg.tree_width) + self.pass_ms(round(size)) + p.broadcast_ms
+        per_round = cfg.depth * p.draft_ms(cfg.tree_width) + self.pass_ms(round(size)) + p.broadcast()
         return Result(out.tokens, rounds * per_round, rounds * (cfg.depth + cfg.stages))
 
 
@@ -184,9 +205,9 @@ def simulate(cfg: SimConfig, prompts: list[str]) -> dict:
             "tokens": results[0].tokens}
 
 
-def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256) -> dict:
+def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, hosts: bool = False) -> dict:
     """Measure this machine's costs (bfloat16, one thread, as each pipeline process runs) and write
-    the `local` profile."""
+    the `local` profile; `hosts`: also a message's time between two hosts made here (simulator/hop.py)."""
     from specmesh.model.loader import load_model
     from specmesh.proposers.dynamic_tree import grow_ms
     from specmesh.timing import layer_and_head_ms, torch_threads
@@ -200,6 +221,9 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256) ->
     profile = {"name": "local", "stage": {"tokens": list(counts), "layer_ms": layer, "head_ms": head},
                "draft": {"tokens": list(counts), "ms": drafts}, "hop_ms": hop, "broadcast_ms": hop,
                "draft_beside_stage0": True}
+    if hosts:
+        from specmesh.simulator.hop import across_hosts
+        profile["link_ms"] = across_hosts()
     out.write_text(json.dumps(profile, indent=2) + "\n")
     return profile
 
