@@ -188,3 +188,30 @@ def test_the_simulator_gives_the_time_per_token_measured_across_hosts(tmp_path):
                                "--link", "1gbit", PROMPT], capture_output=True, text=True, check=True)
         simulated = json.loads(done.stdout)["tokens_per_s"]
         assert 0.75 <= simulated / measured <= 1.25, (method, simulated, measured)
+
+
+def test_a_cosine_drafter_host_lost_mid_request_is_routed_no_more_and_the_answer_goes_on(ar_tokens):
+    """cosine's drafters on hosts 1 and 2; host 2's processes killed mid-answer: rank 0 warns naming host 2 and
+    finishes with `ar`'s tokens (torchrun's own agent on host 0 then waits for the lost host at its exit barrier:
+    the answer is read, not the process's end)."""
+    import os
+    import signal
+    import time
+    argv = [*GENERATE[:-4], "--method", "cosine", "--drafter-processes", "--max-new-tokens", "600", "--json", "-",
+            PROMPT]
+    with Hosts(3) as hosts:
+        rank0 = hosts.start_torchrun(argv)[0]
+        while "rank 0" not in rank0.stderr.readline():
+            assert rank0.poll() is None, "rank 0 did not start"
+        time.sleep(1.0)
+        for pid in hosts.pids(2):
+            os.kill(pid, signal.SIGKILL)
+        lines = []
+        while not lines or lines[-1] != "}\n":                           # the answer's JSON, to its last line
+            lines.append(rank0.stdout.readline())
+            assert lines[-1], "rank 0 ended without an answer"
+        for pid in hosts.pids(0):                                        # its stderr to its end
+            os.kill(pid, signal.SIGKILL)
+        warned = [line for line in rank0.stderr.read().splitlines() if "warning: cosine: drafter" in line][:1]
+        assert warned and " on host2) is gone" in warned[0]
+    assert tokens("".join(lines))[:len(ar_tokens)] == ar_tokens
