@@ -13,33 +13,28 @@ from specmesh import LLM, SamplingParams
 PROMPT, LONG = "def fibonacci(n):", SamplingParams(max_new_tokens=900, ignore_eos=True)
 
 
-def ctrl_c_after(seconds: float, run) -> bool:
-    """run() with SIGINT sent to this process after `seconds` (as Ctrl-C would): whether it was interrupted."""
-    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    try:
-        run()
-        return False
-    except KeyboardInterrupt:
-        return True
-    finally:
-        timer.cancel()
-
-
-def interrupted_at_once_after(seconds: float, run) -> bool:
-    """run() with a KeyboardInterrupt raised wherever it is after `seconds` (as a second Ctrl-C would)."""
+def interrupted_after(seconds: float, run, at_once: bool = False) -> bool:
+    """run() interrupted after `seconds`, as Ctrl-C does (SIGINT to this process), or `at_once` as a second Ctrl-C
+    does (a KeyboardInterrupt raised wherever it is): whether it came."""
     def interrupt(*_):
         raise KeyboardInterrupt
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    if at_once:
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    else:
+        timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
     try:
         run()
         return False
     except KeyboardInterrupt:
         return True
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        if at_once:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        else:
+            timer.cancel()
 
 
 @pytest.mark.parametrize("method", ["pp", "stpp", "pipedec"])
@@ -47,10 +42,10 @@ def test_the_next_request_after_an_interrupt_or_a_dropped_stream_works(method):
     params = SamplingParams(max_new_tokens=16)
     with LLM(target="embedded", method=method) as llm:             # its context holds a long answer
         want, link = llm.generate(PROMPT, params).tokens, llm.models.remote.link
-        assert ctrl_c_after(0.5, lambda: llm.generate("class Stack:", LONG)), "the answer ended first"
+        assert interrupted_after(0.5, lambda: llm.generate("class Stack:", LONG)), "the answer ended first"
         assert llm.generate(PROMPT, params).tokens == want
         assert llm.models.remote.link is link, "one Ctrl-C started the stages again"
-        assert interrupted_at_once_after(0.5, lambda: llm.generate("class Stack:", LONG)), "the answer ended first"
+        assert interrupted_after(0.5, lambda: llm.generate("class Stack:", LONG), at_once=True), "it ended first"
         assert llm.generate(PROMPT, params).tokens == want
         assert llm.models.remote.link is not link, "the stages went on, out of step"
         pieces = iter(llm.stream("class Stack:", LONG))
