@@ -63,8 +63,8 @@ SPIN_S, SLEEP_S = 0.05, 0.05            # a waiting rank polls for SPIN_S, then 
                                          # waking every SLEEP_S to check its peer
 LEND_SPIN_S = 30e-6                      # a rank that lends its core polls this long before it sleeps
 
-WRITTEN, READ = 0, 1
-UNREACHABLE = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)  # a socket's silent peer                    # a mailbox's counters
+WRITTEN, READ = 0, 1                    # a mailbox's counters
+UNREACHABLE = (errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN)   # a socket's silent peer
 
 def futex_wait(address: int, seen: int, timeout_s: float) -> None:
     """Sleep while the 32-bit word at `address` holds `seen` (at most `timeout_s`): csrc/pool.c's futex, or a plain
@@ -427,7 +427,8 @@ def this_address() -> str:
     import struct
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         try:            # SIOCGIFADDR: the interface's IPv4 address
-            return socket.inet_ntoa(fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", interface[:15].encode()))[20:24])
+            request = struct.pack("256s", interface[:15].encode())
+            return socket.inet_ntoa(fcntl.ioctl(probe.fileno(), 0x8915, request)[20:24])
         except OSError as e:
             raise PeerError(f"GLOO_SOCKET_IFNAME={interface}: no IPv4 address on that interface here "
                             f"({e.strerror or e})") from None
