@@ -1,5 +1,5 @@
 """Run on host 0 (tests/runtime/test_hosts.py) beside `specmesh serve` at URL (argv[1]): once the server is healthy,
-stream a long answer (saying `streaming` at its first piece), read it to its end, then ask again; print the stream's
+stream a long answer (saying `streaming` at its first piece), read it to its end, then ask again two seconds later; print the stream's
 error event and the next answer's status and body as JSON."""
 import json
 import sys
@@ -28,5 +28,6 @@ with httpx.stream("POST", url + "/v1/completions", json=ask | {"stream": True}, 
             said = True
         if line.startswith("data: {") and '"error"' in line:
             error = json.loads(line[6:])["error"]
+time.sleep(2.0)                                         # later: the server is still there, refusing
 after = httpx.post(url + "/v1/completions", json=ask, timeout=120)
 print(json.dumps({"stream_error": error, "after": [after.status_code, after.json()]}), flush=True)

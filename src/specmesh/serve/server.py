@@ -16,6 +16,7 @@ from specmesh import catalog
 from specmesh.engine.runner import PREFILL_CHUNK, PREFILL_SHARE
 from specmesh.engine.sizing import kv_mb_per_token
 from specmesh.options import CARDS
+from specmesh.runtime import PeerError
 
 
 @dataclass
@@ -152,6 +153,10 @@ def run(cfg: ServeConfig) -> int:
 
     def on_failure(error):
         failed.set()
+        if isinstance(error, PeerError):    # the clients hear which host was lost (503) until the server is stopped
+            print(f"specmesh serve: a process of {server.engine.name} was lost: {error}; every request is answered "
+                  "503 until this server is stopped", file=sys.stderr)
+            return
         print(f"specmesh serve: engine failure, exiting: {type(error).__name__}: {error}", file=sys.stderr)
         web.should_exit = True
 
