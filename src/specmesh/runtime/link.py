@@ -27,8 +27,9 @@ pool (csrc/pool.c) runs the computing rank's loops on the cores no busy rank hol
 sends a waiting rank its message marks it busy first, so that a borrowed core is free by the time its
 owner wakes.
 Through gloo a message had a long tail while both cores computed (gloo's I/O thread waits for
-a core), which cost PipeDec's pipeline time every timestep (docs/pipelines.md). Larger messages (a prompt's hidden states), and
-every message between machines, go through gloo.
+a core), which cost PipeDec's pipeline time every timestep (docs/pipelines.md). Between hosts, messages of up to
+SOCKET_BYTES go on a TCP connection of each pair's own (runtime/sockets.py), for the same reason (docs/hosts.md).
+Larger messages (a prompt's hidden states) go through gloo.
 """
 from __future__ import annotations
 
@@ -224,7 +225,8 @@ class Link:
         """Send `tensor` to `dst`. It completes once the receiver has taken it (a lending link's mailbox message: once
         it is put, since the receiver may be asleep); with `wait=False`
         this returns at once with a function that waits for that (keeping the tensor alive).
-        `mailbox=False`: through gloo whatever the size (job messages, for which a rank waits idle)."""
+        `mailbox=False`: on this host through gloo whatever the size (job messages, for which a rank waits idle);
+        to another host a message that fits goes on its socket either way."""
         tensor = tensor.contiguous()
         if self.by_socket(dst, tensor.nbytes):              # in the kernel's buffer once sent
             self._by_socket(lambda: self.sockets.send(dst, memoryview(as_bytes(tensor))), dst)
