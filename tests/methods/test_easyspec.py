@@ -9,7 +9,8 @@ from specmesh.model.cache import KVCache
 from specmesh.model.execution import Batch
 from specmesh.model.loader import load_model
 from specmesh.model.model import group_attention
-from specmesh.proposers.fuzzy_draft import POLICIES, default_groups, layer_groups
+from specmesh.options import POLICIES
+from specmesh.proposers.fuzzy_draft import default_groups, layer_groups
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "self.y = y\n\n" * 3]
 

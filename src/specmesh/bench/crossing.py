@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from specmesh.bench.hosts import Hosts
@@ -34,40 +35,42 @@ def tokens_per_s(stdout: str) -> float:
     return json.loads(stdout)["stats"]["tokens_per_s"]
 
 
+def median_over_prompts(rate_of: Callable[[str], float]) -> float:
+    return statistics.median(rate_of(prompt) for prompt in PROMPTS)
+
+
+def checked(done: subprocess.CompletedProcess, what: str) -> str:
+    """A finished run's stdout, or a RuntimeError with its stderr."""
+    if done.returncode:
+        raise RuntimeError(f"{what}: {done.stderr[-800:]}")
+    return done.stdout
+
+
 def one_host(method: str, tokens: int, cores: str) -> float:
     """Median tokens/s over the prompts, every process of the method on `cores`."""
-    rates = []
-    for prompt in PROMPTS:
+    def rate_of(prompt: str) -> float:
         done = subprocess.run(["taskset", "-c", cores, sys.executable, *generate(method, prompt, tokens)],
                               capture_output=True, text=True, timeout=600)
-        if done.returncode:
-            raise RuntimeError(f"{method} on one host: {done.stderr[-800:]}")
-        rates.append(tokens_per_s(done.stdout))
-    return statistics.median(rates)
+        return tokens_per_s(checked(done, f"{method} on one host"))
+    return median_over_prompts(rate_of)
 
 
 def across_hosts(method: str, tokens: int, rate: str, cpus: list[list[int]]) -> float:
-    rates = []
-    for prompt in PROMPTS:
+    def rate_of(prompt: str) -> float:
         with Hosts(2, rate=rate, cpus=cpus) as hosts:
-            results = hosts.torchrun(generate(method, prompt, tokens), timeout=600)
-        if results[0].returncode:
-            raise RuntimeError(f"{method} across hosts at {rate}: {results[0].stderr[-800:]}")
-        rates.append(tokens_per_s(results[0].stdout))
-    return statistics.median(rates)
+            done = hosts.torchrun(generate(method, prompt, tokens), timeout=600)[0]
+        return tokens_per_s(checked(done, f"{method} across hosts at {rate}"))
+    return median_over_prompts(rate_of)
 
 
 def simulated(method: str, tokens: int, rate: str, profile: Path) -> float:
-    rates = []
-    for prompt in PROMPTS:
+    def rate_of(prompt: str) -> float:
         done = subprocess.run([sys.executable, "-m", "specmesh.cli", "simulate", "--target", "embedded", "--method",
                                method, "--stages", "2", "--profile", str(profile), "--link", rate,
                                "--max-new-tokens", str(tokens), "--json", "-", prompt],
                               capture_output=True, text=True, timeout=600)
-        if done.returncode:
-            raise RuntimeError(f"simulate {method}: {done.stderr[-800:]}")
-        rates.append(json.loads(done.stdout)["tokens_per_s"])
-    return statistics.median(rates)
+        return json.loads(checked(done, f"simulate {method}"))["tokens_per_s"]
+    return median_over_prompts(rate_of)
 
 
 def run(rates: list[str], tokens: int, methods=METHODS) -> dict:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-
 import sys
 from pathlib import Path
 

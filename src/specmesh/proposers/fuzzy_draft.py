@@ -31,7 +31,6 @@ from specmesh.lossless.verify import Verdict
 from specmesh.model.cache import KVCache
 from specmesh.model.execution import Batch
 from specmesh.model.model import Transformer
-from specmesh.options import POLICIES  # noqa: F401  (the calibration policies, named here too)
 from specmesh.proposers.draft_model import DraftModel
 
 
@@ -69,7 +68,7 @@ def count_exact(seq: Sequence, forwards: int) -> None:
 class FuzzyDraft(DraftModel):
     def __init__(self, model: Transformer, rows: int, max_len: int, window: int, groups: list[range],
                  calibration: str, depth: int, width: int = 1, max_children: int = 1):
-        # calibration: one of POLICIES (EasySpecOptions checks it)
+        # calibration: one of options.POLICIES (EasySpecOptions checks it)
         super().__init__(model, rows, max_len, window, width, max_children, groups=groups)
         self.groups, self.calibration = groups, calibration
         self.read_together = depth + 1          # a calibration's accepted tokens and the bonus, in one forward

@@ -176,14 +176,15 @@ class Link:
         self.procs = procs or {}
         store.set(f"pid/{rank}", str(os.getpid()))
         self.pids = [int(store.get(f"pid/{r}")) for r in range(len(roles))]
-        self.group = gloo_group(dist.PrefixStore("link", store), rank, len(roles))
+        address = this_address()
+        self.group = gloo_group(dist.PrefixStore("link", store), rank, len(roles), address)
         boxes = Mailboxes(store, rank, len(roles)) if Mailboxes.possible(store, rank, len(roles)) else None
         self.hosts = [store.get(f"host/{r}").decode() for r in range(len(roles))]     # (set by `possible`)
         peers = [r for r in range(len(roles)) if r != rank] if boxes else []
         self.outbox = {r: boxes.box(rank, r) for r in peers}         # empty: everything through gloo
         self.inbox = {r: boxes.box(r, rank) for r in peers}
         self.boxes = boxes if lend else None                         # None: this link's ranks lend no cores
-        self.sockets = Sockets(store, rank, self.hosts, this_address()) if len(set(self.hosts)) > 1 else None
+        self.sockets = Sockets(store, rank, self.hosts, address) if len(set(self.hosts)) > 1 else None
         if self.boxes:
             self._computing()
             if rank:                                                 # workers lend for good; rank 0 in `lending`
@@ -207,7 +208,7 @@ class Link:
 
     def describe(self, rank: int) -> str:
         """`rank 1 (draft, pid 4250)`; across hosts with the peer's: `rank 1 (draft, pid 4250 on host1)`."""
-        where = f" on {self.hosts[rank]}" if len(set(self.hosts)) > 1 else ""
+        where = f" on {self.hosts[rank]}" if self.sockets is not None else ""
         return f"rank {rank} ({self.roles[rank]}, pid {self.pids[rank]}{where})"
 
     # -- tensors ------------------------------------------------------------------------------
@@ -409,13 +410,13 @@ class Link:
         self.procs = {}
 
 
-def gloo_group(store: dist.Store, rank: int, world: int) -> dist.ProcessGroupGloo:
-    """A gloo group whose connections leave from this host's address towards the rendezvous (MASTER_ADDR): gloo's
-    default, the address the hostname resolves to, is the loopback address on many hosts (127.0.1.1) or nothing,
-    and the ranks on other hosts then cannot reach it. GLOO_SOCKET_IFNAME, where set, names the interface instead."""
+def gloo_group(store: dist.Store, rank: int, world: int, address: str) -> dist.ProcessGroupGloo:
+    """A gloo group whose connections leave from `address` (this_address): gloo's default, the address the hostname
+    resolves to, is the loopback address on many hosts (127.0.1.1) or nothing, and the ranks on other hosts then
+    cannot reach it."""
     options = dist.ProcessGroupGloo._Options()
     options._timeout = IDLE
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=this_address())]
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
     return dist.ProcessGroupGloo(store, rank, world, options)
 
 

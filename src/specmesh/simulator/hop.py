@@ -11,11 +11,11 @@ import torch
 REPS, WARMUP = 300, 30
 
 
-def main() -> None:
-    from specmesh.runtime.link import join_env
-    link = join_env(["stage0", "stage1"], 60.0)
-    x, times = torch.zeros(2, dtype=torch.int64), []
-    for _ in range(REPS + WARMUP):
+def ping_pong(link, x: torch.Tensor, reps: int) -> list[float]:
+    """`reps` round trips of `x` between ranks 0 and 1 of `link` (rank 1 sends back what it got): each one's
+    seconds."""
+    times = []
+    for _ in range(reps):
         start = time.perf_counter()
         if link.rank == 0:
             link.send(x, 1)
@@ -24,8 +24,20 @@ def main() -> None:
             link.recv(x, 0)
             link.send(x, 0)
         times.append(time.perf_counter() - start)
+    return times
+
+
+def one_way_ms(times: list[float], warmup: int = WARMUP) -> float:
+    """Half the median round trip after `warmup`, in ms."""
+    return float(np.median(times[warmup:])) * 1e3 / 2
+
+
+def main() -> None:
+    from specmesh.runtime.link import join_env
+    link = join_env(["stage0", "stage1"], 60.0)
+    times = ping_pong(link, torch.zeros(2, dtype=torch.int64), REPS + WARMUP)
     if link.rank == 0:
-        print(f"{float(np.median(times[WARMUP:])) * 1e3 / 2:.5f}")
+        print(f"{one_way_ms(times):.5f}")
     link.close()
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,29 +234,23 @@ def link_one_way_ms(hidden: int, tokens: int = 4, reps: int = 200) -> float:
     import multiprocessing
     import torch.distributed as dist
     from specmesh.runtime.link import Link
+    from specmesh.simulator.hop import WARMUP, one_way_ms, ping_pong
     store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
-    echo = multiprocessing.get_context("spawn").Process(target=_echo, args=(store.port, tokens, hidden, reps + 20))
+    echo = multiprocessing.get_context("spawn").Process(target=_echo, args=(store.port, tokens, hidden,
+                                                                            reps + WARMUP))
     echo.start()
-    link = Link(store, 0, ["stage0", "stage1"], 60.0)
-    x, y, times = torch.randn(tokens, hidden), torch.empty(tokens, hidden), []
-    for _ in range(reps + 20):
-        start = time.perf_counter()
-        link.send(x, 1)
-        link.recv(y, 1)
-        times.append(time.perf_counter() - start)
+    times = ping_pong(Link(store, 0, ["stage0", "stage1"], 60.0), torch.randn(tokens, hidden), reps + WARMUP)
     echo.join()
-    return float(np.median(times[20:])) * 1e3 / 2
+    return one_way_ms(times)
 
 
 def _echo(port: int, tokens: int, hidden: int, reps: int) -> None:
     import datetime
     import torch.distributed as dist
     from specmesh.runtime.link import Link
+    from specmesh.simulator.hop import ping_pong
     store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
-    link = Link(store, 1, ["stage0", "stage1"], 60.0)
-    y = torch.empty(tokens, hidden)
-    for _ in range(reps):
-        link.send(link.recv(y, 0), 0)
+    ping_pong(Link(store, 1, ["stage0", "stage1"], 60.0), torch.empty(tokens, hidden), reps)
 
 
 def sweep_plot(base: SimConfig, prompts: list[str], path: str, depths=(7, 14, 21)) -> dict:
