@@ -85,7 +85,7 @@ class LLM:
     take one at a time), the tokens a row holds and their KV cache's bound (engine/sizing.py: by default up to 16
     rows of the target's full context within a quarter of the memory available).
     `tp=N`: the target split over N processes (tensor parallelism, runtime/tensor_parallel.py), for the
-    methods that run in one process (ar, sd, tree, easyspec, cosine, selfdraft); drafts stay on rank 0.
+    methods that run in one process (ar, sd, tree, easyspec, cosine, selfdraft, suffix); drafts stay on rank 0.
     method="auto" (the default): the fastest lossless method for this machine, pair and dtype (specmesh.tuning): the
     cached calibration, else the default for this CPU's kind; `tune()` calibrates (about 20 s) and caches it. The
     constructor generates nothing. `self.choice` says what it chose and why. `quant="int8"` (or "int4"):
@@ -348,12 +348,12 @@ def check_tp(tp: int, name: str, method: methods.Configured) -> None:
         raise ValueError(f"tp must be a positive integer, got {tp!r}")
     if tp > 1 and name == "auto":
         raise ValueError("--tp needs a method (auto measures one process only): "
-                         "--method ar, sd, tree, easyspec, cosine or selfdraft")
+                         "--method ar, sd, tree, easyspec, cosine, selfdraft or suffix")
     if tp > 1 and method.options.get("drafter_processes"):
         raise ValueError("cosine's --drafter-processes and --tp cannot go together yet: choose one")
     if tp > 1 and method.spec.start is not None:
         raise ValueError(f"{method.name} runs its own processes and cannot split the target with --tp; "
-                         f"--tp is for ar, sd, tree, easyspec, cosine and selfdraft")
+                         f"--tp is for ar, sd, tree, easyspec, cosine, selfdraft and suffix")
 
 
 def check_vocabularies(target: Path, draft: Path, role: str = "draft") -> None:

@@ -146,6 +146,20 @@ class SelfDraftOptions(Options):
 
 
 @dataclass(frozen=True)
+class SuffixOptions(Options):
+    gamma: int = option(12, "levels a proposal goes below the newest token at most (in a batch, without it: fewer "
+                        "by batch size)")
+    tree_tokens: int = option(16, "nodes a proposal holds at most")
+    factor: float = option(1.0, "nodes proposed per token of the matched suffix", metavar="F", most=float("inf"))
+    min_prob: float = option(0.1, "a node is proposed where the estimated probability of its path (how often it "
+                             "followed, from the root) is at least this", metavar="P")
+    depth: int = option(24, "tokens a path of the suffix tree holds: the matched suffix and the levels below it")
+    cache_tokens: int = option(32768, "tokens of prompts and outputs the suffix tree holds (the oldest request's "
+                               "dropped first)")
+    private: bool = option(False, "each request's tree holds its own text only (prompt lookup's reach; ablation)")
+
+
+@dataclass(frozen=True)
 class PearlOptions(Options):
     gamma: int = option(0, "draft length fixed for every round (0: chosen by gamma_rule)", least=0)
     gamma_rule: str = option("measured", "γ when gamma is 0: measured (each round, the γ with the most expected "
@@ -221,6 +235,9 @@ CARDS: dict[str, Card] = {card.name: card for card in (
          "confidence, batches and draft sizes scheduled for the verifier", CoSineOptions, False),
     Card("selfdraft", "Multi-Branch Self-Drafting: no draft model; n-gram candidates and N draft branches in one "
          "target forward", SelfDraftOptions, False),
+    Card("suffix", "suffix decoding: no draft model; continuations of the longest matching suffix in a tree over "
+         "earlier requests' prompts and outputs and the request's own text, by how often each followed",
+         SuffixOptions, False),
     Card("pearl", "PEARL: draft and target in two processes, working at the same time (pre-verify / post-verify); γ "
          "chosen each round from measured costs and acceptance", PearlOptions, True, batched=False),
     Card("pp", "plain pipeline-parallel decoding: the target split into `stages` processes of contiguous layers, one "

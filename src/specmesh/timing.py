@@ -68,10 +68,23 @@ def median_ms(step, reps: int = 20, warmup: int = 3) -> float:
     return sorted(times[warmup:])[reps // 2] * 1e3
 
 
-def forward_ms(model, tokens: int = 1, context: int = 128, reps: int = 20, layers: range | None = None) -> float:
+def tree_batch(tokens: int, children: int, layers: range | None = None) -> Batch:
+    """A forward of `tokens` tree nodes, each node's parent the one `children` places before it in level order
+    (a static tree of `children` children a node), seeing only its ancestors."""
+    from specmesh.lossless.token_tree import TokenTree
+    tree = TokenTree.root(0)
+    for i in range(1, tokens):
+        tree.add(0, (i - 1) // children)
+    return Batch(depths=tree.depth_tensor(), tree_mask=tree.ancestor_mask(), layers=layers)
+
+
+def forward_ms(model, tokens: int = 1, context: int = 128, reps: int = 20, layers: range | None = None,
+               tree: int = 0) -> float:
     """Median time in ms of a forward of `tokens` new tokens after `context` cached ones through
-    `layers` (default: all; random ids or hidden states, fixed seed; three untimed warm-ups)."""
+    `layers` (default: all; random ids or hidden states, fixed seed; three untimed warm-ups); `tree`: the
+    tokens are the nodes of a tree of that many children a node (tree_batch), else a chain."""
     layers = layers or range(model.config.num_layers)
+    batch = tree_batch(tokens, tree, layers) if tree else Batch(layers=layers)
     gen = torch.Generator().manual_seed(0)
     if layers.start == 0:
         x = torch.randint(model.config.vocab_size, (1, context + tokens), generator=gen)
@@ -82,7 +95,7 @@ def forward_ms(model, tokens: int = 1, context: int = 128, reps: int = 20, layer
 
     def step():
         cache.rollback(0, context)
-        model(x[:, context:], cache, Batch(layers=layers))
+        model(x[:, context:], cache, batch)
         if model.device.type == "cuda":
             torch.cuda.synchronize(model.device)
 
@@ -111,17 +124,18 @@ def widths_ms(model, widths: tuple[int, ...], context: int = 128, reps: int = 5)
     return out
 
 
-def layer_ms(model, tokens: int = 1, context: int = 128, reps: int = 20) -> float:
+def layer_ms(model, tokens: int = 1, context: int = 128, reps: int = 20, tree: int = 0) -> float:
     """A middle decoder layer's forward time in ms (every layer costs the same)."""
     L = model.config.num_layers
-    return forward_ms(model, tokens, context, reps, layers=range(L // 2, L // 2 + 1))
+    return forward_ms(model, tokens, context, reps, layers=range(L // 2, L // 2 + 1), tree=tree)
 
 
-def layer_and_head_ms(model, tokens: int = 1, context: int = 128, reps: int = 20) -> tuple[float, float]:
+def layer_and_head_ms(model, tokens: int = 1, context: int = 128, reps: int = 20,
+                      tree: int = 0) -> tuple[float, float]:
     """What a pipeline stage's time is made of: a layer's, and the final norm and LM head's (the last
-    layer's forward with them, less a layer's), in ms."""
-    L, layer = model.config.num_layers, layer_ms(model, tokens, context, reps)
-    return layer, max(0.0, forward_ms(model, tokens, context, reps, layers=range(L - 1, L)) - layer)
+    layer's forward with them, less a layer's), in ms; `tree`: of tree nodes (forward_ms)."""
+    L, layer = model.config.num_layers, layer_ms(model, tokens, context, reps, tree)
+    return layer, max(0.0, forward_ms(model, tokens, context, reps, range(L - 1, L), tree) - layer)
 
 
 def copy_bandwidth_gb_s(mb: int = 256, reps: int = 7, device: torch.device | str = "cpu") -> float:

@@ -126,8 +126,9 @@ def add_model_args(p: argparse.ArgumentParser, tp: bool = False) -> None:
                         "Q4_0); every method stays lossless against the quantized model (docs/quantization.md)")
     if tp:
         p.add_argument("--tp", type=positive_int, default=1, metavar="N",
-                       help="split the target over N processes (tensor parallelism) for ar, sd, tree, easyspec, cosine "
-                            "and selfdraft; launched here, or one rank per torchrun process (docs/tensor-parallel.md)")
+                       help="split the target over N processes (tensor parallelism) for ar, sd, tree, easyspec, "
+                            "cosine, selfdraft and suffix; launched here, or one rank per torchrun process "
+                            "(docs/tensor-parallel.md)")
 
 
 def add_tune(p: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """Decoding methods: each declared once (methods/base.py's MethodSpec), built into a step the engine runs.
 
-`ar` and the speculative methods (`sd`, `tree`, `easyspec`, `cosine`, `selfdraft`: methods/speculative.py) step over any
+`ar` and the speculative methods (`sd`, `tree`, `easyspec`, `cosine`, `selfdraft`, `suffix`: methods/speculative.py) step over any
 number of running sequences; `pearl` and the pipelines (methods/pipeline/) run their own loops
 across processes, one sequence at a time (methods/loop.py).
 """
@@ -20,8 +20,8 @@ from specmesh.options import CARDS
 # so a run imports only its own method's modules
 WHERE = {"ar": ("ar", "SPEC"), "sd": ("speculative", "SD"), "tree": ("speculative", "TREE"),
          "easyspec": ("speculative", "EASYSPEC"), "cosine": ("speculative", "COSINE"),
-         "selfdraft": ("speculative", "SELFDRAFT"), "pearl": ("pearl", "SPEC"), "pp": ("pipeline.pp", "SPEC"),
-         "pipedec": ("pipeline.pipedec", "SPEC"), "stpp": ("pipeline.stpp", "SPEC")}
+         "selfdraft": ("speculative", "SELFDRAFT"), "suffix": ("speculative", "SUFFIX"), "pearl": ("pearl", "SPEC"),
+         "pp": ("pipeline.pp", "SPEC"), "pipedec": ("pipeline.pipedec", "SPEC"), "stpp": ("pipeline.stpp", "SPEC")}
 
 
 class Registry(Mapping):

@@ -82,7 +82,7 @@ class MethodSpec:
         before any work (the CLI asks before a multi-process method starts its processes)."""
         if params.logprobs is not None and not self.logprobs:
             raise InvalidParameter("logprobs", f"logprobs: {self.name} does not report the target's "
-                                   "log-probabilities (ar, sd, tree, easyspec, cosine and selfdraft do)")
+                                   "log-probabilities (ar, sd, tree, easyspec, cosine, selfdraft and suffix do)")
         if params.penalties and not self.penalties:
             raise InvalidParameter(params.penalties[0], f"{params.penalties[0]}: {self.name} does not apply "
                                    "penalties or a logit bias yet (every method but the pipelines pp, stpp and "

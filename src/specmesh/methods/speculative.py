@@ -1,4 +1,4 @@
-"""The speculative step shared by `sd`, `tree`, `selfdraft` and `easyspec`:
+"""The speculative step shared by `sd`, `tree`, `selfdraft`, `easyspec`, `cosine` and `suffix`:
 
   propose (a tree per running sequence) -> one target forward over all trees (padded to one size)
   -> `verify` each with its own parameters and generator -> commit the accepted paths -> the
@@ -30,6 +30,7 @@ from specmesh.proposers.fuzzy_draft import FuzzyDraft, layer_groups
 from specmesh.proposers.lookup import LookupFirst
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
 from specmesh.proposers.remote_drafter import DrafterPool
+from specmesh.proposers.suffix_tree import SuffixProposer
 from specmesh.timing import forward_ms
 
 SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow this long before speculation resumes
@@ -206,6 +207,12 @@ def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
     return Speculative(runner, proposer, narrowing(o.gram - 1, False))
 
 
+def build_suffix(models, method: Configured, runner: Runner) -> Speculative:
+    o = method.config
+    proposer = SuffixProposer(runner.rows, o.depth, o.cache_tokens, o.tree_tokens, o.factor, o.min_prob, o.private)
+    return Speculative(runner, proposer, narrowing(o.gamma, "gamma" in method.given))
+
+
 SD = MethodSpec.of("sd", build_sd, slack=lambda o: max(o.gamma, o.lookup_reach if o.lookup else 0) + 1)
 TREE = MethodSpec.of("tree", build_tree,
                      slack=lambda o: max(o.gamma * o.tree_width, o.lookup_reach if o.lookup else 0) + 1)
@@ -215,3 +222,4 @@ COSINE = MethodSpec.of("cosine", build_cosine, slack=lambda o: max(o.tree_budget
                        needs_drafters=True)
 SELFDRAFT = MethodSpec.of("selfdraft", build_selfdraft,
                           slack=lambda o: 1 + o.max_candidates * (o.gram - 1) + o.branches * o.branch_len)
+SUFFIX = MethodSpec.of("suffix", build_suffix, slack=lambda o: o.tree_tokens + 1)

@@ -14,7 +14,7 @@ rejection sampling for them. Implementations: draft_model.DraftModel (chains and
 puts prompt lookup before its chains),
 multibranch.MultiBranch (n-gram caches and branches), fused_drafters.FusedDrafters (cosine: several drafters
 routed per request, their tokens fused into one tree; context_drafter.ContextDrafter is one of them, prompt lookup
-with no model); pipedec's dynamic tree (dynamic_tree.TreeDrafter)
+with no model), suffix_tree.SuffixProposer (suffix decoding over earlier requests); pipedec's dynamic tree (dynamic_tree.TreeDrafter)
 and PEARL's draft rank (remote_chain) propose inside their own loops, across processes.
 """
 from __future__ import annotations

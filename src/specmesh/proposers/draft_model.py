@@ -29,18 +29,21 @@ acceptances they buy (docs/methods.md).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from specmesh.engine.sequence import Sequence
+from specmesh.engine.stats import Stats
 from specmesh.lossless.penalties import penalise
-from specmesh.lossless.sampling import argmax, probs_from_logits
+from specmesh.lossless.sampling import SamplingParams, argmax, probs_from_logits
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
 from specmesh.model.cache import KVCache
 from specmesh.model.execution import Batch
 from specmesh.model.model import Transformer
+from specmesh.timing import median_ms
 
 
 class DraftModel:
@@ -220,3 +223,37 @@ class DraftModel:
         """Accepted tokens of a tree the draft did not grow (lookup.LookupFirst): read at the next proposal."""
         self.cache.commit(row, [])
         self.pending[row] += tokens
+
+
+@dataclass
+class _Row:
+    """What a proposal reads of a sequence, for timing one without an engine (greedy, no penalties)."""
+    ids: list[int]
+    tokens: list[int]
+    stats: Stats = field(default_factory=Stats)
+    params: SamplingParams = field(default_factory=SamplingParams)
+    penalty: None = None
+    generator: None = None
+
+    @property
+    def last(self) -> int:
+        return self.tokens[-1]
+
+
+def round_ms(draft: Transformer, depth: int, width: int, children: int, context: int = 128,
+             reps: int = 10) -> float:
+    """Median time in ms of STPP's drafting each round: a static tree of `depth` levels of at most `width` nodes
+    (`children` a node) below a newest token the draft has not read, then a verdict that accepts none of it."""
+    gen = torch.Generator().manual_seed(0)
+    row = _Row(torch.randint(draft.config.vocab_size, (context,), generator=gen).tolist(), [0])
+    drafter = DraftModel(draft, 1, context + 2 * reps + 8 + depth * width, context, width, children,
+                         deterministic=True)
+    drafter.admit(0, row)
+
+    def step():
+        tree = drafter.propose([row], [depth])[0]
+        drafter.accept([row], [tree], [Verdict([0], [tree.tokens[-1]], tree.tokens[-1])])
+        row.tokens.append(tree.tokens[-1])
+
+    with torch.inference_mode():
+        return median_ms(step, reps)

@@ -12,15 +12,17 @@ Clock, per method (n stages holding `layers[i]` target layers each):
   broadcast: stage i's step on the nodes it processes in that timestep (pipedec.run
   reports them), S's step on the layer it grows (added to stage 0's when S shares its
   process, as on this machine).
-* stpp: each round drafts its whole tree (one draft step per level), then one pass of the
-  tree through all stages, plus the decision's broadcast.
+* stpp: each round drafts its whole tree (S's time per level of that width), then one pass of
+  the tree through all stages (each layer's step on tree nodes, which see their ancestors
+  only), plus the decision's broadcast.
 
 Profiles: `gpu-cluster` models the paper's setting (a stage step 10 ms for up to 64 tokens
 plus 0.1 ms per token beyond, a hop 0.5 ms, the draft 4 ms per tree layer, the broadcast
 0.5 ms, S on a node of its own); `local` is measured on this machine with one thread per
 process, as the real pipelines run (`specmesh simulate --calibrate`, shipped as
-models/profile-local.json): a target layer's and the head's time per token count, S's
-work per timestep per layer width, a hop between processes through the runtime's link; stages hold the layers
+models/profile-local.json): a target layer's and the head's time per token count (a chain's and a
+tree's), S's work per pipedec timestep and per stpp level by width, a hop between processes through the
+runtime's link; stages hold the layers
 the real runtime gives them (pipedec: the split balanced for its steady state), or an
 equal share of them when there are more stages than layers. Or a JSON file of either shape.
 """
@@ -42,6 +44,7 @@ METHODS = ("pipedec", "pp", "stpp")
 GPU_CLUSTER = {"name": "gpu-cluster", "stage": {"base_ms": 10.0, "flat_tokens": 64, "per_token_ms": 0.1},
                "draft": {"per_layer_ms": 4.0}, "hop_ms": 0.5, "broadcast_ms": 0.5, "draft_beside_stage0": False}
 LOCAL = embedded.ROOT / "models" / "profile-local.json"
+STPP_LEVELS, STPP_CHILDREN = 4, 4   # the static tree calibrate times (stpp's defaults)
 
 
 @dataclass
@@ -77,19 +80,29 @@ class Profile:
     def per_layer(self) -> bool:
         return "layer_ms" in self.stage
 
-    def stage_ms(self, tokens: int, layers: float = 1.0, last: bool = False) -> float:
-        """A stage's step on `tokens` new tokens (0: idle), holding `layers` layers (and the head if `last`)."""
+    def stage_ms(self, tokens: int, layers: float = 1.0, last: bool = False, tree: bool = False) -> float:
+        """A stage's step on `tokens` new tokens (0: idle), holding `layers` layers (and the head if `last`);
+        `tree`: the tokens are a whole tree's nodes, each seeing its ancestors (stpp), where the profile
+        measured those (`tree_layer_ms`), else as a chain."""
         s = self.stage
         if tokens == 0:
             return 0.0
         if not self.per_layer:                              # a fixed cost per stage step
             return s["base_ms"] + s["per_token_ms"] * max(0, tokens - s["flat_tokens"])
-        head = float(np.interp(tokens, s["tokens"], s["head_ms"])) if last else 0.0
-        return layers * float(np.interp(tokens, s["tokens"], s["layer_ms"])) + head
+        kind = "tree_" if tree and "tree_layer_ms" in s else ""
+        head = float(np.interp(tokens, s["tokens"], s[kind + "head_ms"])) if last else 0.0
+        return layers * float(np.interp(tokens, s["tokens"], s[kind + "layer_ms"])) + head
 
     def draft_ms(self, tokens: int) -> float:
+        """S's work in a pipedec timestep growing a layer of `tokens` nodes."""
         d = self.draft
         return float(np.interp(tokens, d["tokens"], d["ms"])) if "tokens" in d else d["per_layer_ms"]
+
+    def level_ms(self, width: int) -> float:
+        """A level of stpp's static tree of `width` nodes a level, drafted (`level_ms` where measured, else as a
+        pipedec layer)."""
+        d = self.draft
+        return float(np.interp(width, d["tokens"], d["level_ms"])) if "level_ms" in d else self.draft_ms(width)
 
     def layers(self, method: str, stages: int, num_layers: int, width: int) -> list[float]:
         """Target layers per stage: the real runtime's split, or equal shares for more stages than layers."""
@@ -153,11 +166,11 @@ class Simulator:
         """A packet between stages: its hidden states in float32 and a tree's meta rows (runtime/pipeline.py)."""
         return tokens * (4 * self.llm.models.target.config.hidden_size + 8 * (3 + tokens))
 
-    def pass_ms(self, tokens: int) -> float:
+    def pass_ms(self, tokens: int, tree: bool = False) -> float:
         """One packet of `tokens` through every stage in turn (the last hop: the token or decision back)."""
         p, n = self.cfg.profile, self.cfg.stages
         hops = (n - 1) * p.hop(self.packet_bytes(tokens)) + p.hop()
-        return sum(p.stage_ms(tokens, k, i == n - 1) for i, k in enumerate(self.layers)) + hops
+        return sum(p.stage_ms(tokens, k, i == n - 1, tree) for i, k in enumerate(self.layers)) + hops
 
     def timestep_ms(self, loads: list[int], width: int) -> float:
         """PipeDec: every rank works at once; the slowest sets the pace."""
@@ -185,7 +198,7 @@ class Simulator:
             return Result(out.tokens, len(out.tokens) * self.pass_ms(1), len(out.tokens) * cfg.stages)
         rounds = max(1, out.stats.verifications)            # stpp: draft the whole tree, then one pass
         size = 1 + out.stats.drafted_tokens / rounds
-        per_round = cfg.depth * p.draft_ms(cfg.tree_width) + self.pass_ms(round(size)) + p.broadcast()
+        per_round = cfg.depth * p.level_ms(cfg.tree_width) + self.pass_ms(round(size), tree=True) + p.broadcast()
         return Result(out.tokens, rounds * per_round, rounds * (cfg.depth + cfg.stages))
 
 
@@ -208,18 +221,24 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, ho
     """Measure this machine's costs (bfloat16, one thread, as each pipeline process runs) and write
     the `local` profile; `hosts`: also a message's time between two hosts made here (simulator/hop.py)."""
     from specmesh.model.loader import load_model
+    from specmesh.proposers.draft_model import round_ms
     from specmesh.proposers.dynamic_tree import grow_ms
     from specmesh.timing import layer_and_head_ms, torch_threads
+
+    def costs(tree: int) -> tuple[list[float], list[float]]:
+        return tuple(list(v) for v in zip(*(layer_and_head_ms(target, T, context, 15, tree) for T in counts)))
 
     with torch.inference_mode(), torch_threads(1):
         target = load_model(embedded.path("target"), torch.bfloat16, "cpu")
         draft = load_model(embedded.path("draft"), torch.bfloat16, "cpu", draft=True)
-        layer, head = (list(v) for v in zip(*(layer_and_head_ms(target, T, context, reps=15) for T in counts)))
+        (layer, head), (tree_layer, tree_head) = costs(0), costs(STPP_CHILDREN)
         drafts = [grow_ms(draft, T, min(T, 16), 64) for T in counts]
+        levels = [round_ms(draft, STPP_LEVELS, T, T, 64) / STPP_LEVELS for T in counts]
     hop = link_one_way_ms(target.config.hidden_size)
-    profile = {"name": "local", "stage": {"tokens": list(counts), "layer_ms": layer, "head_ms": head},
-               "draft": {"tokens": list(counts), "ms": drafts}, "hop_ms": hop, "broadcast_ms": hop,
-               "draft_beside_stage0": True}
+    profile = {"name": "local", "stage": {"tokens": list(counts), "layer_ms": layer, "head_ms": head,
+                                          "tree_layer_ms": tree_layer, "tree_head_ms": tree_head},
+               "draft": {"tokens": list(counts), "ms": drafts, "level_ms": levels}, "hop_ms": hop,
+               "broadcast_ms": hop, "draft_beside_stage0": True}
     if hosts:
         from specmesh.simulator.hop import across_hosts
         profile["link_ms"] = across_hosts()
