@@ -34,8 +34,9 @@ def test_gpu_cluster_clock_arithmetic(tmp_path, tiny_checkpoint):
     assert pd["hit_rate"] == 1.0                           # the target as its own draft, a chain: never cut
     n = len(pd["tokens"])
     timesteps = 14 + (n - 2)                               # the first root crosses 14 stages, then 1 per hit
-    # every timestep: the stage step (10 ms, <= 64 tokens) beats the draft (4 ms), plus hop and broadcast
-    assert pd["ms_per_token"] == pytest.approx(timesteps * 11.0 / n)
+    # the prompt's pass (14 stage steps and hops), then every timestep: the stage step (10 ms, <= 64 tokens) beats
+    # the draft (4 ms), plus hop and broadcast
+    assert pd["ms_per_token"] == pytest.approx((14 * 10.5 + timesteps * 11.0) / n)
     assert pd["ms_per_token"] < pp["ms_per_token"] / 5
 
 

@@ -133,7 +133,7 @@ class SimConfig:
 @dataclass
 class Result:
     tokens: list[int]
-    ms: float                       # simulated time of the decoding
+    ms: float                       # simulated time of the prompt's pass and the decoding
     timesteps: int
     hits: int = 0
     decisions: int = 0
@@ -187,19 +187,21 @@ class Simulator:
         from specmesh.lossless.sampling import SamplingParams
         cfg, p = self.cfg, self.cfg.profile
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens)
+        prompt = self.pass_ms(len(ids))                     # the prompt's pass, which gives the first token
         if cfg.method == "pipedec":
             with torch.inference_mode():
                 tl = pipedec.run(self.llm.models.target, self.draft, ids, params, cfg.max_new_tokens, cfg.stages,
                                  cfg.tree_width, cfg.max_children, cfg.draft_window)
             ms = sum(self.timestep_ms(loads, width) for loads, width in zip(tl.loads, tl.widths))
-            return Result(tl.tokens, ms, tl.timesteps, tl.hits, len(tl.outcomes))
+            return Result(tl.tokens, prompt + ms, tl.timesteps, tl.hits, len(tl.outcomes))
         out = self.llm.generate(ids, params)
-        if cfg.method == "pp":                              # one full pass per token
-            return Result(out.tokens, len(out.tokens) * self.pass_ms(1), len(out.tokens) * cfg.stages)
+        if cfg.method == "pp":                              # then one full pass per token
+            return Result(out.tokens, prompt + (len(out.tokens) - 1) * self.pass_ms(1),
+                          len(out.tokens) * cfg.stages)
         rounds = max(1, out.stats.verifications)            # stpp: draft the whole tree, then one pass
         size = 1 + out.stats.drafted_tokens / rounds
         per_round = cfg.depth * p.level_ms(cfg.tree_width) + self.pass_ms(round(size), tree=True) + p.broadcast()
-        return Result(out.tokens, rounds * per_round, rounds * (cfg.depth + cfg.stages))
+        return Result(out.tokens, prompt + rounds * per_round, rounds * (cfg.depth + cfg.stages))
 
 
 def simulate(cfg: SimConfig, prompts: list[str]) -> dict:
