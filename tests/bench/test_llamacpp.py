@@ -120,3 +120,12 @@ def test_llamacpp_peers_decode_what_ar_decodes(tiny_checkpoint, tiny_draft_check
         assert out[peer]["greedy_equal_to_ar"] + out[peer]["near_tie_divergences"] >= 2, (peer, out[peer])
         assert out[peer]["impl"] in ("native", "python")
         assert out[peer]["peer_weights"] == "same-precision"        # a folder target: its copy in float32
+
+
+def test_the_build_leaves_ggml_amx_backend_out_where_the_cpu_has_amx(monkeypatch):
+    from specmesh.bench import llamacpp
+    from specmesh.kernels import build
+    monkeypatch.setattr(build, "cpu_flags", lambda: {"avx2", "avx512f", "amx_tile", "amx_int8"})
+    assert llamacpp.without_amx() == [f"-DCMAKE_C_FLAGS={llamacpp.NO_AMX}", f"-DCMAKE_CXX_FLAGS={llamacpp.NO_AMX}"]
+    monkeypatch.setattr(build, "cpu_flags", lambda: {"avx2", "avx512f"})
+    assert llamacpp.without_amx() == []

@@ -230,6 +230,17 @@ class BindingRunner:
         return tokens, Stats(generated_tokens=len(tokens), elapsed_s=time.perf_counter() - start)
 
 
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def without_amx() -> list[str]:
+    """cmake flags leaving ggml's AMX backend out where this CPU has AMX: it crashes in its first product on these
+    machines (ggml_backend_amx_mul_mat at ldtilecfg, ggml-org/llama.cpp#20824, unfixed upstream), as it does for
+    ollama's users, whose CPU variants leave it out. The explicit -mno- flags win over -march=native's."""
+    from specmesh.kernels.build import cpu_flags
+    return [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"] if "amx_tile" in cpu_flags() else []
+
+
 def build(source: Path | None = None) -> Path:
     """llama.cpp's tools (BUILT: the peers' and llama-quantize, llama-bench) from llama-cpp-python's source package
     (downloaded with pip if not given), compiled for this machine into native_bin(): about 10 minutes on 2 cores."""
@@ -242,8 +253,8 @@ def build(source: Path | None = None) -> Path:
         tar.extractall(work, filter="data")
     tree = next(work.glob("llama_cpp_python-*/vendor/llama.cpp"))
     subprocess.run(["cmake", "-S", str(tree), "-B", str(tree / "build"), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF"],
-                   check=True)
+                    "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DBUILD_SHARED_LIBS=OFF",
+                    *without_amx()], check=True)
     subprocess.run(["cmake", "--build", str(tree / "build"), "-j", str(os.cpu_count() or 2), "--target", *BUILT],
                    check=True)
     native_bin().mkdir(parents=True, exist_ok=True)
