@@ -24,7 +24,9 @@ from specmesh.engine.engine import Engine
 from specmesh.engine.sequence import Output, Sequence
 from specmesh.lossless.sampling import SamplingParams
 from specmesh.methods import Models
+from specmesh.methods import get as get_method
 from specmesh.model.loader import DTYPES, load_model, load_tokenizer, vocabulary
+from specmesh.options import CARDS, method_names
 from specmesh.settings import settings
 
 Prompt = str | list[int]        # text, or token ids
@@ -88,19 +90,27 @@ class LLM:
     methods that run in one process (ar, sd, tree, easyspec, cosine, selfdraft, suffix); drafts stay on rank 0.
     method="auto" (the default): the fastest lossless method for this machine, pair and dtype (specmesh.tuning): the
     cached calibration, else the default for this CPU's kind; `tune()` calibrates (about 20 s) and caches it. The
-    constructor generates nothing. `self.choice` says what it chose and why. `quant="int8"` (or "int4"):
+    constructor generates nothing. `self.choice` says what it chose and why. `methods=["ar", "sd", "suffix"]`: one
+    engine runs them all, each prompt naming its own (`generate(..., method=...)`, default the first), rows of
+    each in one step (methods/mixed.py). `quant="int8"` (or "int4"):
     target and draft quantized at load (model/quant.py); every method is lossless against that model.
     """
 
     def __init__(self, target: str | Path | None = None, draft: str | Path | None = None, method: str = "auto",
                  device: str = "cpu", dtype: str | torch.dtype = "auto", max_batch: int | None = None,
                  quant: str | None = None, tp: int = 1, max_len: int | None = None, max_kv_mb: float | None = None,
-                 **options):
+                 methods: str | list[str] | None = None, **options):
+        names = method_names(methods)
+        if names and method == "auto":
+            method = names[0]
+        elif names and method not in names:
+            raise ValueError(f"method {method!r} is not among methods {', '.join(names)}")
+        self.names = names
         self.auto = method == "auto"
         if isinstance(options.get("drafters"), (list, tuple)):     # cosine's drafters as Python names them
             options["drafters"] = ",".join(map(str, options["drafters"]))
         self.given = {k: v for k, v in options.items() if v is not None}
-        self.method = methods.get("ar" if self.auto else method, options)
+        self.method = get_method("ar" if self.auto else method, options)
         check_tp(tp, method, self.method)
         for name, value in (("max_batch", max_batch), ("max_len", max_len)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -120,8 +130,13 @@ class LLM:
                                         part=(0, tp) if tp > 1 else None), target_path=target,
                              tokenizer=self.tokenizer)
         self.draft_path = self._draft_path(target, draft)
+        pair = catalog.pair_options(self.draft_path) if self.draft_path is not None else {}
         if self.draft_path is not None and not self.auto:   # the draft's own defaults under the caller's options
-            self.method = methods.get(method, options, catalog.pair_options(self.draft_path).get(method))
+            self.method = get_method(method, options, pair.get(method))
+        # the methods a request may choose among, all in one engine (methods/mixed.py); [] for one method
+        self.mix = [self.method if name == method else get_method(name, options, pair.get(name)) for name in names]
+        if any(m.needs_draft for m in self.mix):
+            self.load_draft()
         if self.method.spec.start:          # other processes: pearl's draft, a pipeline's stages
             self.method.spec.start(self.models, self.draft_path, self.dtype, self.method.config)
         elif not self.auto:
@@ -143,10 +158,11 @@ class LLM:
     def _draft_path(self, target: Path, draft: str | Path | None) -> Path | None:
         """The draft given (checked: its vocabulary is the target's), or the one a known target brings where the
         method (or auto) may use one."""
-        if draft is None and (self.method.needs_draft or self.auto):
+        needing = [name for name in [self.method.name, *self.names] if CARDS[name].needs_draft]
+        if draft is None and (needing or self.auto):
             draft = catalog.draft_for(target)
-            if draft is None and self.method.needs_draft:
-                raise ValueError(f"method {self.method.name} needs a draft model and {target} has none here: "
+            if draft is None and needing:
+                raise ValueError(f"method {needing[0]} needs a draft model and {target} has none here: "
                                  f"pass draft=... (--draft)")
         elif draft is not None:
             draft = catalog.resolve(draft, "draft")
@@ -236,24 +252,37 @@ class LLM:
         kinds = {tuning.prompt_kind(self.tokenizer, p) for p in prompts} if self.by_kind else set()
         return self.by_kind.get(kinds.pop(), self.method) if len(kinds) == 1 else self.method
 
-    def engine_for(self, method: methods.Configured, **serving) -> Engine:
+    def engine_for(self, method: methods.Configured | list[methods.Configured], **serving) -> Engine:
         """The engine that runs `method`, built on its first request and kept: sized once by the server's rule
         (engine/sizing.py: full-context rows within the KV cache bound), taking requests (`submit`) and stepping
         (`step`) for every later `generate`, `stream` and `chat`. `serving`: the server's own Engine settings (its
-        prefix cache, prefill share), given where it builds it."""
+        prefix cache, prefill share), given where it builds it. A list of methods: one engine running them all,
+        each request naming its own (`methods=`)."""
         if self.closed:
             raise RuntimeError(f"this LLM was closed: {self.method.name}'s processes are stopped; make a new LLM")
-        key = (method.name, repr(sorted(method.options.items())), method.given)
+        several = method if isinstance(method, list) else [method]
+        key = tuple((m.name, repr(sorted(m.options.items())), m.given) for m in several)
         if key not in self.engines:
-            size = sizing.size(self.models, method.slack, **self.sizes)
+            size = sizing.size(self.models, max(m.slack for m in several), **self.sizes)
             self.engines[key] = methods.engine(self.models, method, self.tokenizer, size.rows, size.max_len, **serving)
         return self.engines[key]
 
-    def _requests(self, ids: list[list[int]], params: SamplingParams) -> tuple[Engine, list[list[Sequence]]]:
-        """These prompts' engine and their requests (a prompt's n samples each)."""
+    def _requests(self, ids: list[list[int]], params: SamplingParams, method: str | list[str | None] | None = None
+                  ) -> tuple[Engine, list[list[Sequence]]]:
+        """These prompts' engine and their requests (a prompt's n samples each), each prompt decoded by its `method`
+        (one for all, or one a prompt; with `methods=`, any of them; else the LLM's own)."""
         if self.choice is not None and self.choice.default_for and not self.engines:
             print(self.choice.summary(), file=sys.stderr, flush=True)
-        engine = self.engine_for(self.method_for(ids))
+        chosen = method if isinstance(method, list) else [method] * len(ids)
+        if len(chosen) != len(ids):
+            raise ValueError(f"method: {len(chosen)} methods for {len(ids)} prompts (one a prompt, or one for all)")
+        if self.mix:
+            engine = self.engine_for(self.mix)
+        elif any(m not in (None, self.method.name) for m in chosen):
+            raise ValueError(f"method {next(m for m in chosen if m not in (None, self.method.name))!r}: this LLM runs "
+                             f"{self.method.name} (LLM(methods=[...]) lets each prompt choose)")
+        else:
+            engine, chosen = self.engine_for(self.method_for(ids)), [None] * len(ids)
         longest = max(len(p) for p in ids)
         if longest < engine.context < longest + params.max_new_tokens:     # (a prompt that fills it: an error)
             cut = "" if engine.context == self.models.target.config.max_position_embeddings else \
@@ -261,11 +290,12 @@ class LLM:
             warnings.warn(f"max_new_tokens {params.max_new_tokens} runs past the context of {engine.context} tokens"
                           f"{cut}: after a prompt of {longest} generation stops at {engine.context - longest} new "
                           f"tokens", stacklevel=3)
-        return engine, [engine.sequences(i, params) for i in ids]
+        return engine, [engine.sequences(i, params, m) for i, m in zip(ids, chosen)]
 
-    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None
-                 ) -> Output | list[Output]:
-        """One prompt -> its Output; a list (or tuple) of prompts -> a list of Outputs, in order."""
+    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None,
+                 method: str | list[str] | None = None) -> Output | list[Output]:
+        """One prompt -> its Output; a list (or tuple) of prompts -> a list of Outputs, in order. `method`: with
+        `LLM(methods=[...])`, the one of them every prompt runs, or a list of one a prompt (in one batch)."""
         params = checked(params)
         batch = is_batch(prompts)
         if batch and any(isinstance(p, numbers.Integral) for p in prompts):
@@ -273,24 +303,25 @@ class LLM:
                             "(one prompt of ids is a list of ints)")
         if isinstance(prompts, (list, tuple)) and not prompts:
             raise ValueError("no prompts: give a prompt, or a non-empty list of them")
-        engine, requests = self._requests([self.encode(p) for p in (prompts if batch else [prompts])], params)
+        engine, requests = self._requests([self.encode(p) for p in (prompts if batch else [prompts])], params, method)
         elapsed = engine.complete(requests)     # a prompt a request: the batch shares the rows as the server's clients
         outputs = [Output.of(seqs, elapsed) for seqs in requests]
         return outputs if batch else outputs[0]
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None, progress: bool = False) -> "Stream":
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None, progress: bool = False,
+               method: str | None = None) -> "Stream":
         """Iterate for the first sample's text as it grows; `.output` holds the result afterwards. `progress`: once
         the first sample is done, a bar on stderr counts the others (n samples in waves of the engine's rows)."""
         params = checked(params)
         if is_batch(prompt):
             raise TypeError("stream takes one prompt (text, or a list of token ids); for a batch use generate")
-        engine, (seqs,) = self._requests([self.encode(prompt)], params)
+        engine, (seqs,) = self._requests([self.encode(prompt)], params, method)
         return Stream(engine, seqs, progress)
 
-    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> Output:
+    def chat(self, messages: list[dict], params: SamplingParams | None = None, method: str | None = None) -> Output:
         """The assistant's answer to `messages` ([{"role": "user", "content": ...}, ...]) through the model's chat
         template; it ends at the model's end of turn."""
-        return self.generate(self.tokenizer.render_chat(messages), params)
+        return self.generate(self.tokenizer.render_chat(messages), params, method)
 
 
 def checked(params: SamplingParams | None) -> SamplingParams:

@@ -249,6 +249,24 @@ CARDS: dict[str, Card] = {card.name: card for card in (
 )}
 
 
+# the methods that can share one engine step, each request naming its own (methods/mixed.py)
+MIXABLE = ("ar", "sd", "tree", "easyspec", "selfdraft", "suffix")
+
+
+def method_names(methods: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """The methods a request may choose among ("sd,selfdraft,ar" or a list): [] for none; each mixable, once."""
+    if methods is None:
+        return []
+    names = [n.strip() for n in methods.split(",")] if isinstance(methods, str) else list(methods)
+    for name in names:
+        if name not in MIXABLE:
+            raise ValueError(f"methods: {name!r} cannot share a step with other methods; these can: "
+                             f"{', '.join(MIXABLE)}")
+    if len(set(names)) != len(names) or not names:
+        raise ValueError(f"methods: each method once, at least one, got {methods!r}")
+    return names
+
+
 def declared(methods: list[str] | None = None) -> dict[str, list[tuple[Card, dataclasses.Field]]]:
     """Every option name (in order of first declaration) -> the methods (of `methods`, default all) having it."""
     found: dict[str, list] = {}

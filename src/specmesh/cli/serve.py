@@ -13,6 +13,10 @@ def add(sub) -> None:
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching")
     v.add_argument("--method", default="auto", choices=["auto", *CARDS],
                    help="decoding method (default: auto, as in generate)")
+    v.add_argument("--methods", metavar="M,M", default=None,
+                   help="methods a request may choose with its `method` field, all in one batch (of "
+                        "ar, sd, tree, easyspec, selfdraft, suffix; default: --method alone, which is then their "
+                        "first unless given)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     v.add_argument("--port", type=port, default=8000)
     v.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name, "
@@ -52,8 +56,14 @@ def cmd_serve(args, parser) -> int:
     from specmesh.serve import ServeConfig, run
     if (code := serve_if_not_rank_0(args)) is not None:
         return code
-    warn_unused(args, [args.method])
-    return run(ServeConfig(method=args.method, host=args.host, port=args.port, model_name=args.model_name,
+    from specmesh.options import method_names
+    try:
+        names = method_names(args.methods)
+    except ValueError as e:
+        parser.error(str(e))
+    warn_unused(args, names or [args.method])
+    method = names[0] if names and args.method == "auto" else args.method
+    return run(ServeConfig(method=method, methods=args.methods, host=args.host, port=args.port, model_name=args.model_name,
                            dtype=args.dtype, target=args.target, draft=args.draft, device=args.device, quant=args.quant,
                            tp=args.tp, max_batch=args.max_batch, max_kv_mb=args.max_kv_mb, options=method_options(args),
                            grace_s=args.grace,

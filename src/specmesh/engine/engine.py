@@ -57,8 +57,10 @@ class Engine:
 
     def __init__(self, runner: Runner, method: Method, tokenizer: Tokenizer, name: str, context: int,
                  check_params: Callable[[SamplingParams], None] = lambda params: None,
-                 prefill_share: float | None = None, per_request: int | None = None):
+                 prefill_share: float | None = None, per_request: int | None = None,
+                 methods: tuple[str, ...] | None = None):
         self.runner, self.method, self.tokenizer, self.name = runner, method, tokenizer, name
+        self.methods = methods or (name,)       # the methods a request may name (several: methods/mixed.py)
         self.context, self.check_params = context, check_params
         self.target, self.stats = runner.model, runner.stats
         self.prefill_share = prefill_share      # of the engine's time, for prefills while others decode (None: all)
@@ -74,10 +76,14 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="specmesh-engine", daemon=True)
 
     # -- requests -------------------------------------------------------------------------------
-    def sequences(self, ids: list[int], params: SamplingParams) -> list[Sequence]:
-        """The n sequences of one request (sample j of a seeded request uses seed + j)."""
+    def sequences(self, ids: list[int], params: SamplingParams, method: str | None = None) -> list[Sequence]:
+        """The n sequences of one request (sample j of a seeded request uses seed + j), decoded by `method` (one of
+        the engine's; default its first)."""
         vocab = self.target.config.vocab_size
         check_prompt(ids, self.context, vocab)
+        if method is not None and method not in self.methods:
+            raise InvalidParameter("method", f"method {method!r} is not one this engine runs: it runs "
+                                   f"{', '.join(self.methods)}")
         self.check_params(params)
         if any(t >= vocab for t in params.logit_bias):
             raise InvalidParameter("logit_bias", f"logit_bias: token id {max(params.logit_bias)} is past the "
@@ -85,9 +91,12 @@ class Engine:
         limit = min(params.max_new_tokens, self.context - len(ids))
         prompt = Prompt(list(ids), waiting=params.n)
         device, eos = self.target.device, set(self.target.config.eos_ids)
-        return [Sequence(prompt, params, self.tokenizer, eos, limit,
+        seqs = [Sequence(prompt, params, self.tokenizer, eos, limit,
                          make_generator(None if params.seed is None else params.seed + j, device))
                 for j in range(params.n)]
+        for seq in seqs:
+            seq.method = method
+        return seqs
 
     def submit(self, seqs: list[Sequence]) -> None:
         if self.failure is not None:

@@ -56,6 +56,7 @@ class Sequence:
         self.finish: str | None = None          # "eos" | "length" | "stop"
         self.aborted = False                    # its client left
         self.request = 0                        # which request it came in (the scheduler's key)
+        self.method: str | None = None          # the engine's method it asked for (None: the engine's first)
         self.stats = Stats()
         self.streamed = 0
         self.pieces = tokenizer.token_bytes     # byte-level tokenizers: the text grows by bytes

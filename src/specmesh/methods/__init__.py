@@ -48,16 +48,24 @@ def get(name: str, options: dict | None = None, defaults: dict | None = None) ->
     return configure(METHODS[name], options or {}, defaults)
 
 
-def engine(models: Models, method: Configured, tokenizer: Tokenizer, rows: int, max_len: int,
+def engine(models: Models, method: Configured | list[Configured], tokenizer: Tokenizer, rows: int, max_len: int,
            prefix_cache: PrefixCache | None = None, prefill_chunk: int = PREFILL_CHUNK,
            prefill_share: float | None = None, per_request: int | None = None) -> Engine:
     """An engine running `method` on `models` over `rows` cache rows of `max_len` slots (engine/sizing.py sizes
-    them; a method that takes one sequence at a time gets one row)."""
-    rows = min(rows, method.spec.max_rows or rows)
+    them; a method that takes one sequence at a time gets one row). Several methods: each request names one, and
+    one step carries rows of each (methods/mixed.py)."""
+    several = list(method) if isinstance(method, (list, tuple)) else [method]
+    first = several[0]
+    rows = min(rows, first.spec.max_rows or rows)
     runner = Runner(models.target, rows, max_len, prefix_cache, prefill_chunk)
-    context = min(models.target.config.max_position_embeddings, max_len - method.slack)
-    return Engine(runner, method.spec.build(models, method, runner), tokenizer, method.name, context,
-                  method.spec.check_params, prefill_share, per_request)
+    context = min(models.target.config.max_position_embeddings, max_len - max(m.slack for m in several))
+    if len(several) == 1:
+        built, name = first.spec.build(models, first, runner), first.name
+    else:
+        from specmesh.methods.mixed import build_mixed
+        built, name = build_mixed(models, {m.name: m for m in several}, runner), ",".join(m.name for m in several)
+    return Engine(runner, built, tokenizer, name, context, first.spec.check_params, prefill_share, per_request,
+                  tuple(m.name for m in several))
 
 
 __all__ = ["METHODS", "Configured", "MethodSpec", "Models", "engine", "get"]

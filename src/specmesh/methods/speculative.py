@@ -64,13 +64,14 @@ class DraftDepth:
         sent alone samples the same tokens whatever ran before it)."""
         self.narrow_steps = SETTLE_STEPS
 
-    def budgets(self, seqs: list[Sequence]) -> list[int]:
-        """Each sequence's draft depth this step (called once per step). Where the proposer samples its tokens
+    def budgets(self, seqs: list[Sequence], width: int | None = None) -> list[int]:
+        """Each sequence's draft depth this step (called once per step), in a batch of `width` sequences (default:
+        these). Where the proposer samples its tokens
         (`sampled`), a seeded sampling row drafts as deep as it would alone, whatever the batch: how many tokens
         it drafts decides which random numbers each of its tokens takes, and its samples must not depend on the
         requests beside it (greedy rows, and rows of deterministic proposals, whose verification draws one
         number a token however deep the tree, give the same tokens at any depth)."""
-        depth = self.depth(len(seqs))
+        depth = self.depth(len(seqs) if width is None else width)
         alone = self.fixed if self.fixed is not None else self.by_width(1)
         return [max(0, min(alone if self.sampled and seeded(s) else depth, s.remaining - 1)) for s in seqs]
 

@@ -111,8 +111,8 @@ class Server:
         return sampling_params(request, max(len(p) for p in prompts), len(prompts), self.engine.context, self.limits)
 
     # -- running requests ---------------------------------------------------------------------
-    def start(self, prompts: list[list[int]], params: SamplingParams) -> Choices:
-        """Submit params.n sequences per prompt."""
+    def start(self, prompts: list[list[int]], params: SamplingParams, method: str | None = None) -> Choices:
+        """Submit params.n sequences per prompt, decoded by `method` (one of the engine's; default its first)."""
         if self.draining:
             raise APIError("the server is shutting down", code="server_shutting_down", status=503)
         if self.engine.failure is not None:
@@ -127,7 +127,7 @@ class Server:
             loop = asyncio.get_running_loop()
             self.engine.deliver = lambda batch: loop.call_soon_threadsafe(deliver_here, batch)
         try:
-            seqs = [seq for ids in prompts for seq in self.engine.sequences(ids, params)]
+            seqs = [seq for ids in prompts for seq in self.engine.sequences(ids, params, method)]
         except InvalidParameter as e:                   # what only the engine knows: the vocabulary, the method
             raise APIError(str(e), e.param) from None
         choices = Choices(asyncio.Queue(), seqs)
@@ -259,7 +259,7 @@ def create_app(server: Server, key: Key | None = None) -> FastAPI:
         multi-process method: one at a time behind the queue), samples per request, the context."""
         engine, limits = server.engine, server.limits
         return {"id": server.model_name, "object": "model", "created": 0, "owned_by": "specmesh",
-                "specmesh": {"method": engine.name, "running": engine.scheduler.rows, "max_n": limits.max_n,
+                "specmesh": {"method": engine.methods[0], "methods": list(engine.methods), "running": engine.scheduler.rows, "max_n": limits.max_n,
                              "max_queued": limits.max_queued, "context": engine.context}}
 
     @app.get("/v1/models")
@@ -280,7 +280,7 @@ def create_app(server: Server, key: Key | None = None) -> FastAPI:
         # tokenized in another thread (a long text lets go of the GIL): the loop serves the other streams meanwhile
         ids = await asyncio.to_thread(completion_prompts, request, server.tokenizer, server.engine.context,
                                       server.limits)
-        choices = server.start(ids, server.params(request, ids))
+        choices = server.start(ids, server.params(request, ids), request.method)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": server.model_name}
         if streamed:
@@ -298,7 +298,7 @@ def create_app(server: Server, key: Key | None = None) -> FastAPI:
         streamed, include_usage = bool(request.stream), request.include_usage
         ids = await asyncio.to_thread(lambda: encode(chat_prompt(request.messages, server.tokenizer),
                                                      server.tokenizer, server.engine.context, "messages"))
-        choices = server.start([ids], server.params(request, [ids]))
+        choices = server.start([ids], server.params(request, [ids]), request.method)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": server.model_name}
         if streamed:
             return stream(http, server, choices, head | {"object": "chat.completion.chunk"}, include_usage,

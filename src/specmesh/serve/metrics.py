@@ -31,6 +31,19 @@ class Metrics:
         self.tpot = Histogram("specmesh_time_per_output_token_seconds", "Mean time between output tokens",
                               registry=r, buckets=LATENCY_BUCKETS)
 
+        # per method (a server of several: each request names its own)
+        self.method_sequences = Counter("specmesh_method_sequences", "Sequences finished, by the method that decoded "
+                                        "them", ["method"], registry=r)
+        self.method_generated = Counter("specmesh_method_generated_tokens", "Tokens generated, by method", ["method"],
+                                        registry=r)
+        self.method_forwards = Counter("specmesh_method_target_forwards", "Target forwards the sequences took part "
+                                       "in, by method", ["method"], registry=r)
+        self.method_drafted = Counter("specmesh_method_drafted_tokens", "Tokens proposed, by method", ["method"],
+                                      registry=r)
+        self.method_accepted = Counter("specmesh_method_accepted_tokens", "Of those, accepted, by method", ["method"],
+                                       registry=r)
+        self.default_method = ""
+
         # cosine: per drafter
         self.drafter_rounds = Counter("specmesh_drafter_rounds", "Rounds a drafter was routed to a request",
                                       ["drafter"], registry=r)
@@ -54,6 +67,12 @@ class Metrics:
                 self.drafter_score.labels(name).set(info["scores"][n])
             self.drafter_alive.labels(name).set(info["alive"][n])
         self.finished.labels("aborted" if seq.aborted else (seq.finish or "length")).inc()
+        method, st = seq.method or self.default_method, seq.stats
+        self.method_sequences.labels(method).inc()
+        self.method_generated.labels(method).inc(len(seq.tokens))
+        self.method_forwards.labels(method).inc(st.target_forwards)
+        self.method_drafted.labels(method).inc(st.drafted_tokens)
+        self.method_accepted.labels(method).inc(st.accepted_tokens)
         if seq.first_token_at is not None:
             self.ttft.observe(seq.first_token_at - seq.arrival)
             if seq.finished_at and len(seq.tokens) > 1:

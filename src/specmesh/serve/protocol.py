@@ -89,6 +89,7 @@ class Request(Strict):
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None    # its values checked by SamplingParams, which names the entry
+    method: str | None = None                   # specmesh's own: one of the server's --methods (the engine checks)
 
     @classmethod
     def of(cls, body: dict) -> "Request":

@@ -22,6 +22,7 @@ from specmesh.runtime import PeerError
 @dataclass
 class ServeConfig:
     method: str = "ar"
+    methods: str | None = None      # the methods a request may name ("sd,selfdraft,ar"; None: `method` alone)
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str | None = None   # the model id clients send (None: the target's name, catalog.served_name)
@@ -62,16 +63,17 @@ def build(cfg: ServeConfig):
     if not cfg.prefix_cache_mb >= 0:
         raise ValueError(f"--prefix-cache-mb must be >= 0, got {cfg.prefix_cache_mb}")
     llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype,
-              quant=cfg.quant, tp=cfg.tp, max_batch=cfg.max_batch, max_kv_mb=cfg.max_kv_mb, **cfg.options)
+              quant=cfg.quant, tp=cfg.tp, max_batch=cfg.max_batch, max_kv_mb=cfg.max_kv_mb, methods=cfg.methods,
+              **cfg.options)
     if cfg.tune and llm.auto and llm.choice.default_for:       # the first auto run calibrates, once (cached)
         llm.tune()
     llm.tokenizer.token_bytes                           # checked once now, not on the first request
     metrics = Metrics()
-    engine = llm.engine_for(llm.method, prefix_cache=make_prefix_cache(cfg, llm), prefill_chunk=cfg.prefill_chunk,
+    engine = llm.engine_for(llm.mix or llm.method, prefix_cache=make_prefix_cache(cfg, llm), prefill_chunk=cfg.prefill_chunk,
                             prefill_share=PREFILL_SHARE)
     rows = engine.scheduler.rows
     engine.scheduler.per_request = rows - rows // 4     # rows left for newcomers
-    engine.on_finish = metrics.finish
+    engine.on_finish, metrics.default_method = metrics.finish, engine.methods[0]
     limits = Limits.for_engine(rows, engine.context)
     limits = dataclasses.replace(limits, **{k: v for k, v in (("max_n", cfg.max_n), ("max_queued", cfg.max_queued))
                                             if v is not None})
@@ -173,7 +175,8 @@ def run(cfg: ServeConfig) -> int:
     warnings.showwarning = lambda message, *_, **__: print(f"specmesh serve: warning: {message}", file=sys.stderr)
     e = server.engine
     chosen = f" (chose {e.name})" if cfg.method == "auto" else ""
-    print(f"specmesh serve: {cfg.method}{chosen} on {e.scheduler.rows} rows of {e.runner.max_len} tokens "
+    what = f"methods {e.name} (a request's default: {e.methods[0]})" if len(e.methods) > 1 else cfg.method + chosen
+    print(f"specmesh serve: {what} on {e.scheduler.rows} rows of {e.runner.max_len} tokens "
           f"({e.scheduler.rows * e.runner.max_len * kv_mb_per_token(server.llm.models):.0f} MB of KV cache at most), "
           f"http://{cfg.host}:{cfg.port}/v1", file=sys.stderr)
     web = Uvicorn(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
