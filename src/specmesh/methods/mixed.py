@@ -116,11 +116,11 @@ class Dispatch:
 
 
 class Mixed(Speculative):
-    """The speculative step over a Dispatch: each row's depth from its own method's policy."""
+    """The speculative step over a Dispatch, which is its proposer and its depth policy (each row's depth from its
+    own method's policy)."""
 
     def __init__(self, runner: Runner, dispatch: Dispatch):
-        super().__init__(runner, dispatch, DraftDepth(0))
-        self.policy = dispatch                              # budgets(seqs); observe() is its members' no-op
+        super().__init__(runner, dispatch, dispatch)
 
     def release(self, seq: Sequence) -> None:
         self.proposer.release(seq)
