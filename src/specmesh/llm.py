@@ -154,6 +154,8 @@ class LLM:
                 self.models.draft if spread else None, self.draft_path if spread else None)
         if self.auto:                       # the cached calibration, else this CPU kind's default: nothing runs
             self._use(tuning.choose(self))
+        elif self.mix:                      # what a request naming "auto" chooses among the mix by (auto_method)
+            self.choice = tuning.choose(self)
 
     def _draft_path(self, target: Path, draft: str | Path | None) -> Path | None:
         """The draft given (checked: its vocabulary is the target's), or the one a known target brings where the
@@ -180,14 +182,18 @@ class LLM:
         """`auto`'s calibration (specmesh.tuning): measure this machine and pair (at most about 20 s on 2 cores, a progress
         bar on stderr), cache the choice and use it from now on. A cached choice is taken as it is unless
         `remeasure`, or `prompts` (texts to calibrate on instead of the shipped ones)."""
-        if not self.auto:
+        if not (self.auto or self.mix):
             raise ValueError(f"tune chooses auto's method; this LLM runs {self.method.name} (method='auto' tunes)")
         if prompts is not None and not (isinstance(prompts, list) and prompts and all(isinstance(p, str) and p
                                                                                          for p in prompts)):
             raise TypeError(f"prompts must be a non-empty list of texts, got {prompts!r:.60}")
         self.load_draft()
-        self._use(tuning.choose(self, measure=True, remeasure=remeasure or prompts is not None, prompts=prompts,
-                                progress=progress))
+        choice = tuning.choose(self, measure=True, remeasure=remeasure or prompts is not None, prompts=prompts,
+                               progress=progress)
+        if self.auto:
+            self._use(choice)
+        else:
+            self.choice = choice
         return self.choice
 
     def _use(self, choice: tuning.Choice) -> None:
@@ -252,6 +258,16 @@ class LLM:
         kinds = {tuning.prompt_kind(self.tokenizer, p) for p in prompts} if self.by_kind else set()
         return self.by_kind.get(kinds.pop(), self.method) if len(kinds) == 1 else self.method
 
+    def auto_method(self, ids: list[int]) -> str:
+        """The method of `methods=` a prompt naming "auto" runs: auto's choice for its kind of prompt (chat or text;
+        calibrated, else this CPU kind's default) where this LLM runs it, else the fastest calibrated candidate it
+        runs, else `ar`, else its first method. Each method's own depth policy then drafts less, down to nothing,
+        as the batch widens (methods/speculative.py, depth_by_width)."""
+        choice = self.choice.kinds.get(tuning.prompt_kind(self.tokenizer, ids), self.choice)
+        ranked = [choice.method, *(c.method for c in sorted(choice.candidates, key=lambda c: c.ms_per_token)
+                                   if c.reason.endswith("measured")), "ar"]
+        return next((m for m in ranked if m in self.names), self.names[0])
+
     def engine_for(self, method: methods.Configured | list[methods.Configured], **serving) -> Engine:
         """The engine that runs `method`, built on its first request and kept: sized once by the server's rule
         (engine/sizing.py: full-context rows within the KV cache bound), taking requests (`submit`) and stepping
@@ -265,15 +281,19 @@ class LLM:
         if key not in self.engines:
             size = sizing.size(self.models, max(m.slack for m in several), **self.sizes)
             self.engines[key] = methods.engine(self.models, method, self.tokenizer, size.rows, size.max_len, **serving)
+            if len(several) > 1:
+                self.engines[key].choose = self.auto_method
         return self.engines[key]
 
     def _requests(self, ids: list[list[int]], params: SamplingParams, method: str | list[str | None] | None = None
                   ) -> tuple[Engine, list[list[Sequence]]]:
         """These prompts' engine and their requests (a prompt's n samples each), each prompt decoded by its `method`
         (one for all, or one a prompt; with `methods=`, any of them; else the LLM's own)."""
-        if self.choice is not None and self.choice.default_for and not self.engines:
+        if self.auto and self.choice.default_for and not self.engines:
             print(self.choice.summary(), file=sys.stderr, flush=True)
         chosen = method if isinstance(method, list) else [method] * len(ids)
+        if not self.mix:                    # "auto": this LLM's own choice
+            chosen = [None if m == "auto" else m for m in chosen]
         if len(chosen) != len(ids):
             raise ValueError(f"method: {len(chosen)} methods for {len(ids)} prompts (one a prompt, or one for all)")
         if self.mix:

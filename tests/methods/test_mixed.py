@@ -40,3 +40,25 @@ def test_a_method_not_loaded_is_refused_by_name(mixed, tiny_checkpoint):
         LLM(target=tiny_checkpoint, method="ar").generate("x", SamplingParams(max_new_tokens=2), method="sd")
     with pytest.raises(ValueError, match="'pp' cannot share a step"):
         LLM(target=tiny_checkpoint, methods="ar,pp")
+
+
+def test_auto_runs_the_choice_for_the_prompts_kind_among_the_methods_loaded(mixed, alone):
+    from specmesh.tuning import Candidate, Choice
+    measured = lambda m, ms: Candidate(m, {}, ms, "measured")
+    before = mixed.choice
+    try:
+        mixed.choice = Choice("sd", {}, [measured("sd", 1.0), measured("ar", 2.0)])
+        assert mixed.auto_method([1, 2, 3]) == "sd"
+        out = mixed.generate(PROMPTS[4], SamplingParams(max_new_tokens=30), method="auto")
+        assert out.tokens == alone["ar"].generate(PROMPTS[4], SamplingParams(max_new_tokens=30)).tokens
+        assert out.stats.accepted_tokens > 0            # sd's rows (its draft is the target): it speculated
+        # a choice this LLM does not run: the fastest measured candidate it runs, else ar
+        mixed.choice = Choice("cosine", {}, [measured("cosine", 0.5), measured("easyspec", 0.7), measured("sd", 0.8),
+                                             measured("ar", 2.0)])
+        assert mixed.auto_method([1, 2, 3]) == "sd"
+        mixed.choice = Choice("cosine", {}, [measured("cosine", 0.5), measured("ar", 2.0)])
+        assert mixed.auto_method([1, 2, 3]) == "ar"
+        mixed.choice = Choice("ar", {}, [measured("ar", 2.0)], kinds={"text": Choice("tree", {})})
+        assert mixed.auto_method([1, 2, 3]) == "tree"       # the kind's own choice over the overall one
+    finally:
+        mixed.choice = before

@@ -266,17 +266,26 @@ def test_an_engine_failure_fails_requests_in_flight_and_health(tiny_checkpoint):
 @pytest.mark.parametrize("mode", [{"concurrency": 3}, {"rate": 20.0}])
 def test_loadtest_reports_throughput_and_latency_percentiles(live, tmp_path, mode):
     from specmesh.cli import main
-    out, prompts = tmp_path / "load.json", tmp_path / "prompts.jsonl"
+    out, prompts, chats = tmp_path / "load.json", tmp_path / "prompts.jsonl", tmp_path / "chats.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    chats.write_text("".join(json.dumps({"turns": [p]}) + "\n" for p in PROMPTS))     # through /v1/chat/completions
     flag, value = next(iter(mode.items()))
     assert main(["loadtest", "--url", live.url, f"--{flag}", str(value), "--duration", "1.5", "--max-tokens", "8",
-                 "--prompts", str(prompts), "--json", str(out)]) == 0
+                 "--prompts", str(prompts), "--prompts", str(chats), "--method", "auto", "--json", str(out)]) == 0
     summary = json.loads(out.read_text())
     assert set(summary) == {"requests", "errors", "throughput_tok_s", "ttft_ms", "tpot_ms", "latency_ms"}
     assert summary["requests"] >= 3 and summary["errors"] == 0 and summary["throughput_tok_s"] > 0
     for key in ("ttft_ms", "tpot_ms", "latency_ms"):
         p = summary[key]
         assert set(p) == {"p50", "p90", "p99"} and 0 < p["p50"] <= p["p90"] <= p["p99"]
+
+
+def test_loadtest_sends_a_prompt_files_chat_turns_as_messages(tmp_path):
+    from specmesh.bench.prompts import load_prompts
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(json.dumps({"prompt": "def f():"}) + "\n" + json.dumps({"turns": ["Hi there", "later"]}) + "\n")
+    assert load_prompts(mixed, messages=True) == ["def f():", [{"role": "user", "content": "Hi there"}]]
+    assert load_prompts(mixed) == ["def f():", "Hi there"]          # no tokenizer: the turn's text as it is
 
 
 def test_loadtest_counts_errors_and_fails_when_none_got_through(live):

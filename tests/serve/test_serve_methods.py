@@ -56,3 +56,22 @@ def test_a_method_the_server_did_not_load_is_a_400_naming_it(live):
     assert error["param"] == "method" and "'tree' is not one this engine runs" in error["message"]
     with pytest.raises(BadRequestError):
         live.client.completions.create(model="specmesh-target", prompt="x", max_tokens=2, extra_body={"method": 3})
+
+
+def test_a_request_naming_auto_runs_the_method_auto_chooses_for_it(live, tiny_checkpoint):
+    from specmesh.tuning import Candidate, Choice
+    llm = live.server.llm
+    before, llm.choice = llm.choice, Choice("suffix", {}, [Candidate("suffix", {}, 1.0, "measured")])
+    import urllib.request
+    read = lambda: next((float(line.split()[-1]) for line in urllib.request.urlopen(live.url + "/metrics").read()
+                         .decode().splitlines() if line.startswith('specmesh_method_sequences_total{method="suffix"}')),
+                        0.0)
+    try:
+        done = read()
+        text = live.client.completions.create(model="specmesh-target", prompt=PROMPTS[0], max_tokens=20,
+                                              temperature=0, extra_body={"method": "auto"}).choices[0].text
+    finally:
+        llm.choice = before
+    want = LLM(target=tiny_checkpoint, method="ar", dtype="float32").generate(PROMPTS[0],
+                                                                               SamplingParams(max_new_tokens=20))
+    assert text == want.text and read() == done + 1

@@ -1,6 +1,7 @@
 """`specmesh loadtest`: streaming /v1/completions requests against a running server.
 
-Open loop (`rate`): requests start at Poisson arrivals of `rate` per second for
+A prompt file's `prompt` lines go to /v1/completions as they are, its `turns` lines to /v1/chat/completions
+(the first turn, the user's: the server applies the model's template). Open loop (`rate`): requests start at Poisson arrivals of `rate` per second for
 `duration` seconds, whatever the server's pace. Closed loop (`concurrency`): that many
 clients each send their next request when the last one ends. Per request: time to
 first token (first non-empty text), time per output token ((end - first token) /
@@ -28,9 +29,10 @@ class LoadConfig:
     rate: float | None = None
     concurrency: int | None = None
     duration: float = 60.0
-    prompts: list[str] = field(default_factory=list)
+    prompts: list[str | list[dict]] = field(default_factory=list)    # a text: /v1/completions; messages: chat
     max_tokens: int = 64
     model: str | None = None
+    method: str | None = None           # the body's `method` (a server of several methods: --methods)
     seed: int = 0
 
 
@@ -44,14 +46,15 @@ class Sample:
     error: str = ""
 
 
-async def one_request(session, cfg: LoadConfig, prompt: str) -> Sample:
-    body = {"prompt": prompt, "max_tokens": cfg.max_tokens, "temperature": 0, "stream": True,
+async def one_request(session, cfg: LoadConfig, prompt: str | list[dict]) -> Sample:
+    chat = not isinstance(prompt, str)
+    body = {"messages" if chat else "prompt": prompt, "max_tokens": cfg.max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
-    if cfg.model:
-        body["model"] = cfg.model
+    body |= {k: v for k, v in (("model", cfg.model), ("method", cfg.method)) if v}
+    route = "/v1/chat/completions" if chat else "/v1/completions"
     start, first, tokens, done = time.perf_counter(), None, 0, False
     try:
-        async with session.post(cfg.url.rstrip("/") + "/v1/completions", json=body) as r:
+        async with session.post(cfg.url.rstrip("/") + route, json=body) as r:
             if r.status != 200:
                 return Sample(False, error=f"HTTP {r.status}: {(await r.text())[:200]}")
             async for line in r.content:                # read to the end: the connection is reused
@@ -68,7 +71,8 @@ async def one_request(session, cfg: LoadConfig, prompt: str) -> Sample:
                     return Sample(False, error=event["error"].get("message", "error event"))
                 if event.get("usage"):
                     tokens = event["usage"]["completion_tokens"]
-                if first is None and any(c.get("text") for c in event.get("choices", [])):
+                if first is None and any(c.get("text") or c.get("delta", {}).get("content")
+                                         for c in event.get("choices", [])):
                     first = time.perf_counter()
     except Exception as e:                  # noqa: BLE001 - a failed request is a data point
         return Sample(False, error=f"{type(e).__name__}: {e}")

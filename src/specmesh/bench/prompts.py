@@ -23,7 +23,10 @@ def prompt_file(path: str | Path | None, tokenizer=None) -> Path:
     return Path(path) if path else embedded.CHAT_PROMPTS if chat else embedded.HELDOUT_PROMPTS
 
 
-def load_prompts(path: str | Path | None = None, limit: int | None = None, tokenizer=None) -> list[str]:
+def load_prompts(path: str | Path | None = None, limit: int | None = None, tokenizer=None,
+                 messages: bool = False) -> list[str] | list[str | list[dict]]:
+    """The file's prompts as texts; `messages`: a `turns` line as a chat request's messages (its first turn, the
+    user's), for a client whose server applies the template."""
     path, chat = prompt_file(path, tokenizer), tokenizer is not None and tokenizer.chat_template
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
@@ -36,12 +39,13 @@ def load_prompts(path: str | Path | None = None, limit: int | None = None, token
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
         text = row.get("prompt") if isinstance(row, dict) else None
-        if text is None and isinstance(row, dict) and row.get("turns"):
-            text = row["turns"][0]
-            if isinstance(text, str) and text and chat:
-                text = tokenizer.render_chat([{"role": "user", "content": text}])
+        turn = row["turns"][0] if text is None and isinstance(row, dict) and row.get("turns") else None
+        text = turn if turn is not None else text
         if not isinstance(text, str) or not text:
             raise ValueError(f"{path}:{n}: needs a non-empty 'prompt' string or a 'turns' list")
+        if turn is not None and (chat or messages):
+            user = [{"role": "user", "content": text}]
+            text = user if messages else tokenizer.render_chat(user)
         prompts.append(text)
         if limit and len(prompts) == limit:
             break

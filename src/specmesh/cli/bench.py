@@ -42,9 +42,13 @@ def add(sub) -> None:
     mode.add_argument("--rate", type=float, help="open loop: Poisson arrivals, requests per second")
     mode.add_argument("--concurrency", type=positive_int, help="closed loop: this many clients")
     lt.add_argument("--duration", type=float, required=True, metavar="SECONDS", help="how long to send requests")
-    lt.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (default: the shipped held-out set)")
+    lt.add_argument("--prompts", metavar="FILE.jsonl", action="append",
+                    help="prompt file, repeatable (a mixed load: one of chat turns, one of code; default: the shipped "
+                         "held-out code)")
     lt.add_argument("--max-tokens", type=positive_int, default=64)
     lt.add_argument("--model", help="model id to send (default: none; the server's own)")
+    lt.add_argument("--method", help="the method each request names (a server started with --methods; `auto`: the "
+                                     "server chooses per request)")
     add_json(lt)
 
     sm = sub.add_parser("simulate", help="pipedec / pp / stpp on a virtual clock for N pipeline stages, easyspec / tree "
@@ -144,7 +148,8 @@ def cmd_loadtest(args, parser) -> int:
     if args.duration <= 0:
         parser.error("--duration must be positive")
     cfg = LoadConfig(url=args.url, rate=args.rate, concurrency=args.concurrency, duration=args.duration,
-                     prompts=load_prompts(args.prompts), max_tokens=args.max_tokens, model=args.model)
+                     prompts=[p for path in args.prompts or [None] for p in load_prompts(path, messages=True)],
+                     max_tokens=args.max_tokens, model=args.model, method=args.method)
     summary, errors = run(cfg)
     print_summary(summary, sys.stderr if args.json == "-" else sys.stdout)
     for message in errors[:5]:

@@ -61,6 +61,7 @@ class Engine:
                  methods: tuple[str, ...] | None = None):
         self.runner, self.method, self.tokenizer, self.name = runner, method, tokenizer, name
         self.methods = methods or (name,)       # the methods a request may name (several: methods/mixed.py)
+        self.choose: Callable[[list[int]], str] = lambda ids: self.methods[0]      # a request's "auto" (LLM sets it)
         self.context, self.check_params = context, check_params
         self.target, self.stats = runner.model, runner.stats
         self.prefill_share = prefill_share      # of the engine's time, for prefills while others decode (None: all)
@@ -78,9 +79,11 @@ class Engine:
     # -- requests -------------------------------------------------------------------------------
     def sequences(self, ids: list[int], params: SamplingParams, method: str | None = None) -> list[Sequence]:
         """The n sequences of one request (sample j of a seeded request uses seed + j), decoded by `method` (one of
-        the engine's; default its first)."""
+        the engine's; default its first; "auto": the one `choose` gives for this prompt)."""
         vocab = self.target.config.vocab_size
         check_prompt(ids, self.context, vocab)
+        if method == "auto":
+            method = self.choose(ids)
         if method is not None and method not in self.methods:
             raise InvalidParameter("method", f"method {method!r} is not one this engine runs: it runs "
                                    f"{', '.join(self.methods)}")

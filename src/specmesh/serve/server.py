@@ -65,7 +65,7 @@ def build(cfg: ServeConfig):
     llm = LLM(target=cfg.target, draft=cfg.draft, method=cfg.method, device=cfg.device, dtype=cfg.dtype,
               quant=cfg.quant, tp=cfg.tp, max_batch=cfg.max_batch, max_kv_mb=cfg.max_kv_mb, methods=cfg.methods,
               **cfg.options)
-    if cfg.tune and llm.auto and llm.choice.default_for:       # the first auto run calibrates, once (cached)
+    if cfg.tune and (llm.auto or llm.mix) and llm.choice.default_for:  # auto's first run calibrates, once (cached)
         llm.tune()
     llm.tokenizer.token_bytes                           # checked once now, not on the first request
     metrics = Metrics()
