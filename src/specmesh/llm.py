@@ -192,8 +192,9 @@ class LLM:
                                progress=progress)
         if self.auto:
             self._use(choice)
-        else:
+        else:                               # a request's "auto" among the methods of `methods=` (auto_method)
             self.choice = choice
+            print(choice.summary(), file=sys.stderr, flush=True)
         return self.choice
 
     def _use(self, choice: tuning.Choice) -> None:
