@@ -1,12 +1,12 @@
-"""`specmesh loadtest`: streaming /v1/completions requests against a running server.
+"""`specmesh loadtest`: streaming requests against a running server.
 
 A prompt file's `prompt` lines go to /v1/completions as they are, its `turns` lines to /v1/chat/completions
-(the first turn, the user's: the server applies the model's template). Open loop (`rate`): requests start at Poisson arrivals of `rate` per second for
-`duration` seconds, whatever the server's pace. Closed loop (`concurrency`): that many
-clients each send their next request when the last one ends. Per request: time to
-first token (first non-empty text), time per output token ((end - first token) /
-(tokens - 1), tokens from the stream's usage), end-to-end latency; a request that
-gets a non-200 status, an error event, or no [DONE] counts as an error.
+(the first turn, the user's: the server applies the model's template). Open loop (`rate`): requests start at
+Poisson arrivals of `rate` per second for `duration` seconds, whatever the server's pace. Closed loop
+(`concurrency`): that many clients each send their next request when the last one ends. Per request: time to
+first token (first non-empty text), time per output token ((end - first token) / (tokens - 1), tokens from the
+stream's usage), end-to-end latency; a request that gets a non-200 status, an error event, or no [DONE] counts as
+an error.
 
 The client shares the machine with the server it measures, so it is a light one: aiohttp on
 uvloop (where installed) spends a third of the CPU per streamed token that httpx on asyncio spent
