@@ -56,6 +56,8 @@ LOOKUP = ("where the last N or more tokens occurred before (prompt lookup), prop
           "drafting (0: off)")
 REACH = ("tokens the lookup proposes where it is sure of its match (matches of its length had their first token "
          "accepted 9 times in 10; 0: as deep as the draft)")
+SHARED = ("the lookup also sees earlier requests: it matches in one suffix tree over the engine's prompts and outputs "
+          "(as `suffix` keeps), not in the request's own text alone")
 TIMEOUT = "seconds a rank waits for another before failing"
 STAGES = "pipeline stages, one process each"
 APART = "run the draft in a process of its own instead of beside stage 0"
@@ -76,6 +78,7 @@ class SdOptions(Options):
                                "(0: always gamma tokens)", metavar="P")
     lookup: int = option(0, LOOKUP, least=0)
     lookup_reach: int = option(31, REACH, least=0)
+    lookup_shared: bool = option(False, SHARED)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class TreeOptions(DraftTree):
                              "is at least this; a level with none ends the tree (0: the full tree)", metavar="P")
     lookup: int = option(0, LOOKUP, least=0)
     lookup_reach: int = option(31, REACH, least=0)
+    lookup_shared: bool = option(False, SHARED)
 
 
 @dataclass(frozen=True)

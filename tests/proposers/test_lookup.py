@@ -95,3 +95,29 @@ def test_long_lookup_chains_stay_lossless(tiny_checkpoint, tiny_draft_checkpoint
     outs = [llm.generate(p, params).tokens for p in prompts]
     assert outs == [o.tokens for o in ar.generate(prompts, params)]
     assert 3 + 1 < max(w for w in widths if w <= 12 + 1)                # chains past γ (3) were verified
+
+
+def test_a_shared_lookup_matches_what_an_earlier_request_wrote():
+    from specmesh.proposers.lookup import SharedIndex
+    from specmesh.proposers.suffix_tree import SuffixTree
+    tree = SuffixTree(16, 1000)
+    SharedIndex(tree, [7, 1, 2, 3, 4, 5], min_n=2)                  # an earlier request's text
+    SharedIndex(tree, [9, 1, 2, 3, 8], min_n=2)                      # another: (1, 2, 3) followed by 8 once
+    index = SharedIndex(tree, [6, 6, 1, 2], min_n=2)
+    assert index.match_length() == 2 and index.chain(3) == [3, 4, 5]  # (1, 2, 3) then the more frequent 4 (ties: any)
+    index.extend([3])
+    assert index.match_length() == 3 and index.chain(1)[0] in (4, 8)
+    assert SharedIndex(SuffixTree(16, 1000), [1, 2, 3], min_n=2).match_length() is None     # nothing before
+
+
+def test_sd_with_a_shared_lookup_is_lossless_and_reuses_earlier_answers(tiny_checkpoint, tiny_draft_checkpoint):
+    ar = LLM(target=tiny_checkpoint)
+    prompts = ["def add(a, b):", "class Point:\n    def", "def add(a, b):"]     # the third repeats the first
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    want = [ar.generate(p, params).tokens for p in prompts]
+    own, shared = (LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="sd", gamma=3, lookup=2,
+                       lookup_shared=s) for s in (False, True))
+    outs = {name: [llm.generate(p, params) for p in prompts] for name, llm in (("own", own), ("shared", shared))}
+    assert [o.tokens for o in outs["own"]] == [o.tokens for o in outs["shared"]] == want
+    assert outs["shared"][2].stats.target_forwards < outs["own"][2].stats.target_forwards    # the first's answer
+    assert [o.tokens for o in shared.generate(prompts, params)] == want                       # in one batch too

@@ -144,7 +144,7 @@ def build_sd(models, method: Configured, runner: Runner) -> Speculative:
     o = method.config
     draft = DraftModel(models.draft, runner.rows, runner.max_len, o.draft_window, stop_below=o.stop_below)
     if o.lookup:
-        draft = LookupFirst(draft, runner.rows, o.lookup, o.lookup_reach)
+        draft = LookupFirst(draft, runner.rows, o.lookup, o.lookup_reach, o.lookup_shared)
     return Speculative(runner, draft, narrowing(o.gamma, "gamma" in method.given, sampled=True))
 
 
@@ -153,7 +153,7 @@ def build_tree(models, method: Configured, runner: Runner) -> Speculative:
     draft = DraftModel(models.draft, runner.rows, runner.max_len, o.draft_window, o.tree_width,
                        o.max_children, min_prob=o.min_prob)
     if o.lookup:
-        draft = LookupFirst(draft, runner.rows, o.lookup, o.lookup_reach)
+        draft = LookupFirst(draft, runner.rows, o.lookup, o.lookup_reach, o.lookup_shared)
     return Speculative(runner, draft, narrowing(o.gamma, "gamma" in method.given))
 
 

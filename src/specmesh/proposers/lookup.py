@@ -6,7 +6,9 @@ run this step; elsewhere the draft drafts as in plain `sd`. The chain is as long
 `reach` tokens where the lookup is sure: where matches of its length n had their first token accepted at least
 SURE of the time ((hits + 1) / (tries + 2), counted over the engine's requests). A copied stretch of code is
 then accepted in long runs, and a verification of many tokens costs less than as many steps (cosine's context
-drafter does the same: docs/cosine.md). The candidate chain is a deterministic proposal, so verification stays
+drafter does the same: docs/cosine.md). With `shared` the lookup matches in one SuffixTree over every request the
+engine ran (their prompts and outputs, bounded as `suffix` bounds it), so a request repeating earlier work finds
+it there; the chain is then the most frequent continuation, token by token. The candidate chain is a deterministic proposal, so verification stays
 lossless when sampling too. The draft reads the tokens it did not propose in its next step's catch-up, as it
 reads tokens accepted while speculation was off.
 """
@@ -19,15 +21,47 @@ from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.ngram import MatchRecord, SuffixIndex
+from specmesh.proposers.suffix_tree import SuffixTree
 
 
 SURE = 0.9          # a match length whose first token was accepted this often proposes `reach` tokens
+MATCHED = 8         # shared: the longest suffix matched; a tree path holds it and the chain below it
+CACHE_TOKENS = 32768    # shared: tokens of prompts and outputs its tree holds (suffix's default)
+
+
+class SharedIndex:
+    """A request's view of the engine's SuffixTree, read as LookupFirst reads a SuffixIndex: its tokens added to
+    the tree as they come (later requests match them), its suffix matched over every request the tree holds."""
+
+    def __init__(self, tree: SuffixTree, tokens: list[int], min_n: int):
+        self.tree, self.sid, self.min_n = tree, tree.open(), min_n
+        self.tokens: list[int] = []
+        self.node = 0                               # the last match's node
+        self.extend(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        self.tokens += tokens
+        self.tree.extend(self.sid, list(tokens))
+
+    def match_length(self) -> int | None:
+        """The longest suffix (at least min_n tokens, at most MATCHED) that occurred before with a continuation."""
+        self.node, n = self.tree.match(self.tokens, MATCHED)
+        return n if n >= self.min_n else None
+
+    def chain(self, k: int) -> list[int]:
+        """Up to k tokens below the last match, each the most frequent continuation of the path so far."""
+        out, node = [], self.node
+        while len(out) < k and (kids := self.tree.children(node)):
+            node = max(kids.values(), key=lambda c: self.tree.count[c])
+            out.append(self.tree.token[node])
+        return out
 
 
 class LookupFirst:
-    def __init__(self, draft: DraftModel, rows: int, min_n: int, reach: int = 0):
+    def __init__(self, draft: DraftModel, rows: int, min_n: int, reach: int = 0, shared: bool = False):
         self.draft, self.min_n, self.reach = draft, min_n, reach
-        self.index: list[SuffixIndex | None] = [None] * rows
+        self.shared = SuffixTree(MATCHED + max(reach, 32), CACHE_TOKENS) if shared else None
+        self.index: list[SuffixIndex | SharedIndex | None] = [None] * rows
         self.looked: list[int | None] = []      # per running row: the match length of this step's lookup, if any
         self.record = MatchRecord()             # match length -> [first tokens accepted, lookups verified]
 
@@ -36,7 +70,8 @@ class LookupFirst:
 
     def admit(self, row: int, seq: Sequence) -> None:
         self.draft.admit(row, seq)
-        self.index[row] = SuffixIndex(seq.ids, self.min_n)
+        self.index[row] = SharedIndex(self.shared, list(seq.ids), self.min_n) if self.shared else \
+            SuffixIndex(seq.ids, self.min_n)
 
     @property
     def levels(self) -> int:
