@@ -133,9 +133,13 @@ def layer_ms(model, tokens: int = 1, context: int = 128, reps: int = 20, tree: i
 def layer_and_head_ms(model, tokens: int = 1, context: int = 128, reps: int = 20,
                       tree: int = 0) -> tuple[float, float]:
     """What a pipeline stage's time is made of: a layer's, and the final norm and LM head's (the last
-    layer's forward with them, less a layer's), in ms; `tree`: of tree nodes (forward_ms)."""
-    L, layer = model.config.num_layers, layer_ms(model, tokens, context, reps, tree)
-    return layer, max(0.0, forward_ms(model, tokens, context, reps, range(L - 1, L), tree) - layer)
+    layer's forward with them, less a layer's), in ms; `tree`: of tree nodes (forward_ms). A layer's is its
+    share of a pass through them all, not of one layer run again and again: a stage streams its layers' weights,
+    which a cache that holds one layer's hides."""
+    L = model.config.num_layers
+    head = max(0.0, forward_ms(model, tokens, context, reps, range(L - 1, L), tree)
+               - layer_ms(model, tokens, context, reps, tree))
+    return max(0.0, forward_ms(model, tokens, context, reps, range(L), tree) - head) / L, head
 
 
 def copy_bandwidth_gb_s(mb: int = 256, reps: int = 7, device: torch.device | str = "cpu") -> float:

@@ -57,6 +57,9 @@ class Profile:
     draft_beside_stage0: bool = False       # S shares stage 0's process (its work adds to stage 0's)
     link_ms: float | None = None            # one way between two hosts (`--calibrate --hosts`; None: not measured)
     link_gbit: float | None = None          # every rank on a host of its own, links of this rate (simulate --link)
+    # the real runtime's own work beyond the modelled costs (calibrate measures it): per pipedec timestep, per pp pass
+    timestep_ms: float = 0.0
+    pass_ms: float = 0.0
 
     def hop(self, nbytes: int = 0) -> float:
         """One message of `nbytes` between ranks: `hop_ms` within a host; across hosts (link_gbit set) the measured
@@ -180,7 +183,7 @@ class Simulator:
             work[0] += p.draft_ms(width)
         else:
             work.append(p.draft_ms(width))
-        return max(work) + p.hop(self.packet_bytes(width)) + p.broadcast()
+        return max(work) + p.hop(self.packet_bytes(width)) + p.broadcast() + p.timestep_ms
 
     def __call__(self, ids: list[int]) -> Result:
         from specmesh.methods.pipeline import schedule as pipedec
@@ -196,7 +199,7 @@ class Simulator:
             return Result(tl.tokens, prompt + ms, tl.timesteps, tl.hits, len(tl.outcomes))
         out = self.llm.generate(ids, params)
         if cfg.method == "pp":                              # then one full pass per token
-            return Result(out.tokens, prompt + (len(out.tokens) - 1) * self.pass_ms(1),
+            return Result(out.tokens, prompt + (len(out.tokens) - 1) * (self.pass_ms(1) + p.pass_ms),
                           len(out.tokens) * cfg.stages)
         rounds = max(1, out.stats.verifications)            # stpp: draft the whole tree, then one pass
         size = 1 + out.stats.drafted_tokens / rounds
@@ -241,11 +244,34 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, ho
                                           "tree_layer_ms": tree_layer, "tree_head_ms": tree_head},
                "draft": {"tokens": list(counts), "ms": drafts, "level_ms": levels}, "hop_ms": hop,
                "broadcast_ms": hop, "draft_beside_stage0": True}
+    profile |= {f"{unit}_ms": runtime_ms(method, profile) for unit, method in (("timestep", "pipedec"), ("pass", "pp"))}
     if hosts:
         from specmesh.simulator.hop import across_hosts
         profile["link_ms"] = across_hosts()
     out.write_text(json.dumps(profile, indent=2) + "\n")
     return profile
+
+
+CALIBRATION_PROMPT, CALIBRATION_TOKENS = "def fibonacci(n):", 48
+
+
+def runtime_ms(method: str, profile: dict) -> float:
+    """What the real runtime of `method` (2 stages, the embedded pair, one thread a process, on this machine) spends
+    beyond what `profile` models (its ranks' bookkeeping and their messages' handling): its run's time less the
+    simulated time of the same run, per pipedec timestep or per pp pass (a token after the first)."""
+    from specmesh import LLM
+    from specmesh.lossless.sampling import SamplingParams
+    params = SamplingParams(max_new_tokens=CALIBRATION_TOKENS)              # as the simulator runs it
+    with LLM(target="embedded", method=method, stages=2, dtype="bfloat16") as llm:
+        llm.generate(CALIBRATION_PROMPT, params)                    # a warm-up: the processes' first steps
+        real = min(llm.generate(CALIBRATION_PROMPT, params).stats.elapsed_s for _ in range(2)) * 1e3
+        o = llm.method.config
+    tree = {k: getattr(o, k) for k in ("tree_width", "max_children", "draft_window") if hasattr(o, k)}
+    sim = Simulator(SimConfig(method, 2, Profile(**profile), max_new_tokens=CALIBRATION_TOKENS, target="embedded",
+                              **tree))
+    modelled = sim(sim.llm.encode(CALIBRATION_PROMPT))
+    steps = modelled.timesteps if method == "pipedec" else len(modelled.tokens) - 1
+    return max(0.0, (real - modelled.ms) / steps)
 
 
 def link_one_way_ms(hidden: int, tokens: int = 4, reps: int = 200) -> float:
