@@ -264,7 +264,7 @@ def runtime_ms(method: str, profile: dict) -> float:
     params = SamplingParams(max_new_tokens=CALIBRATION_TOKENS)              # as the simulator runs it
     with LLM(target="embedded", method=method, stages=2, dtype="bfloat16") as llm:
         llm.generate(CALIBRATION_PROMPT, params)                    # a warm-up: the processes' first steps
-        real = min(llm.generate(CALIBRATION_PROMPT, params).stats.elapsed_s for _ in range(2)) * 1e3
+        real = min(llm.generate(CALIBRATION_PROMPT, params).stats.elapsed_s for _ in range(3)) * 1e3   # undisturbed
         o = llm.method.config
     tree = {k: getattr(o, k) for k in ("tree_width", "max_children", "draft_window") if hasattr(o, k)}
     sim = Simulator(SimConfig(method, 2, Profile(**profile), max_new_tokens=CALIBRATION_TOKENS, target="embedded",
