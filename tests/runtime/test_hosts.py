@@ -170,10 +170,12 @@ def test_a_server_whose_method_lost_a_host_answers_503_naming_it():
         assert status == 503 and body["error"]["code"] == "peer_lost" and " on host1)" in body["error"]["message"], said
 
 
+@pytest.mark.slow
 def test_the_simulator_gives_the_time_per_token_measured_across_hosts(tmp_path):
     """pp and pipedec over 2 hosts (one core each) at 1 Gbit, measured, and `specmesh simulate --link 1gbit` with a
     profile measured here first: within 25%. A shared machine's speed drifts from run to run (pp across these hosts
-    ran at 245 to 386 tokens/s on one VM within the hour): the fastest of three runs counts."""
+    ran at 245 to 386 tokens/s on one VM within the hour): the fastest of three runs counts. About 2.5 minutes, and
+    on that VM it failed one run in three or four (docs/hosts.md): `slow` until its measurements hold still."""
     import os
     profile = tmp_path / "profile.json"                 # (measured in a process of its own: this one stays idle)
     subprocess.run(["specmesh", "simulate", "--calibrate", str(profile), "--hosts"], check=True, capture_output=True)
