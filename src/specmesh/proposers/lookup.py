@@ -8,8 +8,8 @@ SURE of the time ((hits + 1) / (tries + 2), counted over the engine's requests).
 then accepted in long runs, and a verification of many tokens costs less than as many steps (cosine's context
 drafter does the same: docs/cosine.md). With `shared` the lookup matches in one SuffixTree over every request the
 engine ran (their prompts and outputs, bounded as `suffix` bounds it), so a request repeating earlier work finds
-it there; the chain is then the most frequent continuation, token by token. The candidate chain is a deterministic proposal, so verification stays
-lossless when sampling too. The draft reads the tokens it did not propose in its next step's catch-up, as it
+it there; the chain is then the most frequent continuation, token by token. The candidate chain is a deterministic
+proposal, so verification stays lossless when sampling too. The draft reads the tokens it did not propose in its next step's catch-up, as it
 reads tokens accepted while speculation was off.
 """
 from __future__ import annotations
