@@ -9,8 +9,8 @@ then accepted in long runs, and a verification of many tokens costs less than as
 drafter does the same: docs/cosine.md). With `shared` the lookup matches in one SuffixTree over every request the
 engine ran (their prompts and outputs, bounded as `suffix` bounds it), so a request repeating earlier work finds
 it there; the chain is then the most frequent continuation, token by token. The candidate chain is a deterministic
-proposal, so verification stays lossless when sampling too. The draft reads the tokens it did not propose in its next step's catch-up, as it
-reads tokens accepted while speculation was off.
+proposal, so verification stays lossless when sampling too. The draft reads the tokens it did not propose in its
+next step's catch-up, as it reads tokens accepted while speculation was off.
 """
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.ngram import MatchRecord, SuffixIndex
+from specmesh.options import SuffixOptions
 from specmesh.proposers.suffix_tree import SuffixTree
 
 
 SURE = 0.9          # a match length whose first token was accepted this often proposes `reach` tokens
 MATCHED = 8         # shared: the longest suffix matched; a tree path holds it and the chain below it
-CACHE_TOKENS = 32768    # shared: tokens of prompts and outputs its tree holds (suffix's default)
+CHAIN = 32          # shared: the chain a path holds at least below the match (a step's depth; `reach` if longer)
 
 
 class SharedIndex:
@@ -60,7 +61,7 @@ class SharedIndex:
 class LookupFirst:
     def __init__(self, draft: DraftModel, rows: int, min_n: int, reach: int = 0, shared: bool = False):
         self.draft, self.min_n, self.reach = draft, min_n, reach
-        self.shared = SuffixTree(MATCHED + max(reach, 32), CACHE_TOKENS) if shared else None
+        self.shared = SuffixTree(MATCHED + max(reach, CHAIN), SuffixOptions().cache_tokens) if shared else None
         self.index: list[SuffixIndex | SharedIndex | None] = [None] * rows
         self.looked: list[int | None] = []      # per running row: the match length of this step's lookup, if any
         self.record = MatchRecord()             # match length -> [first tokens accepted, lookups verified]
