@@ -120,7 +120,8 @@ static inline float amax8(__m256 a) {
 }
 
 // x [M, K] (K a multiple of 256) -> per block of 256: d = max |x| / 127, q = x / d to nearest (even), sums of 16
-static void quantize_256(const float *x, int M, int K, int8_t *xq, float *xd, int16_t *xb) {
+// and of 32
+static void quantize_256(const float *x, int M, int K, int8_t *xq, float *xd, int16_t *xb, int16_t *xs) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const int KB = K / 256;
     for (int m = 0; m < M; m++)
@@ -145,6 +146,7 @@ static void quantize_256(const float *x, int M, int K, int8_t *xq, float *xd, in
                 for (int l = 0; l < 16; l++) sum += q[16 * g + l];
                 s[g] = (int16_t)sum;
             }
+            for (int g = 0; g < 8; g++) xs[((int64_t)m * KB + b) * 8 + g] = (int16_t)(s[2 * g] + s[2 * g + 1]);
             xd[(int64_t)m * KB + b] = amax / 127.0f;
         }
 }
@@ -152,15 +154,16 @@ static void quantize_256(const float *x, int M, int K, int8_t *xq, float *xd, in
 // csrc/blocks512.c, where it builds; used where use_vnni is on (csrc/avx2.c), with the same results
 #define ROWS512 8
 void dot_rows512(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) __attribute__((weak));
+void packed_rows512(int type, const uint8_t *g, int K, const Acts *a, int64_t m0, int mb, float *out) __attribute__((weak));
 void pair_rows512(Acts *a, int M, int K) __attribute__((weak));
 extern int vnni;
 
 static int wide(void) { return vnni && dot_rows512; }
 
 static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
-    int k256 = 0, k32 = 0;
+    int k256 = 0, k32 = 0, unpacked256 = 0;
     for (int i = 0; i < w->n; i++) {
-        if (block_size(w->part[i].type) == 256) k256 = 1;
+        if (block_size(w->part[i].type) == 256) k256 = 1, unpacked256 |= !w->part[i].packed;
         else k32 = 1;
     }
     memset(a, 0, sizeof *a);
@@ -175,13 +178,14 @@ static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a
         a->q256 = lines((int64_t)M * K);
         a->d256 = lines(sizeof(float) * (int64_t)M * (K / 256));
         a->b256 = lines(sizeof(int16_t) * (int64_t)M * (K / 16));
-        quantize_256(x, M, K, a->q256, a->d256, a->b256);
-        if (wide() && M >= 2) pair_rows512(a, M, K);
+        a->s256 = lines(sizeof(int16_t) * (int64_t)M * (K / 32));
+        quantize_256(x, M, K, a->q256, a->d256, a->b256, a->s256);
+        if (wide() && M >= 2 && unpacked256) pair_rows512(a, M, K);
     }
 }
 
 static void free_acts(Acts *a) {
-    free(a->q32); free(a->d32); free(a->s32); free(a->q256); free(a->d256); free(a->b256);
+    free(a->q32); free(a->d32); free(a->s32); free(a->q256); free(a->d256); free(a->b256); free(a->s256);
     free(a->q256p); free(a->d256p); free(a->b256p);
 }
 
@@ -355,6 +359,158 @@ static void dot_row(int type, const uint8_t *w, int K, const Acts *a, int64_t m0
     }
 }
 
+// -- K-quants packed by 8 rows (blocks.h) ----------------------------------------------------------------------
+#define PACKED_MB 2
+
+// Each 256-bit vector is 4 rows' 8 bytes (h: rows 4h .. 4h + 3) against the activation row's 8 bytes broadcast:
+// int32 lane (r, e) sums 4 products (maddubs + madd; none saturates, q <= 63), a sub-block's lanes times its
+// scales, a row's two lanes added at the block's end.
+static inline __m256i dot8(__m256i q, const int8_t *x) {
+    int64_t v;
+    memcpy(&v, x, 8);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_set1_epi64x(v)), _mm256_set1_epi16(1));
+}
+
+// rows 4h .. 4h + 3 of a sub-block's scales (q4k_scales, q6k_scales) as int32 lanes (r, e)
+static inline __m256i half_scales(__m128i s, int h, const int SIGNED) {
+    const __m128i v = h ? _mm_srli_si128(s, 8) : s;
+    return SIGNED ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+}
+
+// the 8 rows' int32 sums from the halves' lanes (r, e)
+static inline __m256i row_totals(__m256i t0, __m256i t1) {
+    return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(t0, t1), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+}
+
+// Q6_K's q (0..63) of group gr of the weights 128 h + 32 gr + 8 t ..: ql's nibble gr / 2 of vector c = gr % 2 and
+// qh's bits 2 gr, 2 gr + 1
+static inline __m256i q6_bits(__m256i ql0, __m256i ql1, __m256i qh, int gr) {
+    const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    const __m256i l = gr % 2 ? ql1 : ql0;
+    const __m256i low = _mm256_and_si256(gr < 2 ? l : _mm256_srli_epi16(l, 4), nib);
+    const __m256i high = gr == 0 ? _mm256_slli_epi16(qh, 4) : gr == 1 ? _mm256_slli_epi16(qh, 2)
+                       : gr == 2 ? qh : _mm256_srli_epi16(qh, 2);
+    return _mm256_or_si256(low, _mm256_and_si256(high, top));
+}
+
+// A group's 8 rows of Q4_K or Q6_K against activation rows m0 .. m0 + MB: out[i][r]
+static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, int KB, const Acts *a, int64_t m0,
+                                                             const int MB, const int SIX, float *out) {
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    __m256 acc[PACKED_MB];
+    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
+    for (int b = 0; b < KB; b++, g += SIX ? Q6K_PACKED : Q4K_PACKED) {
+        __m256i T[2][PACKED_MB];
+        for (int h = 0; h < 2; h++) {
+            for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {  // Q4_K: sub-blocks 2j, 2j + 1; Q6_K: 4 of 16
+                __m256i D[4][PACKED_MB];
+                for (int i = 0; i < MB; i++) D[0][i] = D[1][i] = D[2][i] = D[3][i] = _mm256_setzero_si256();
+                _Pragma("GCC unroll 4") for (int u = 0; u < (SIX ? 2 : 4); u++) {
+                    const int8_t *x = a->q256 + (m0 * KB + b) * 256;
+                    if (SIX) {                         // weights 128 hh + 32 gr + 8 t ..: sub-block 8 hh + 2 gr + j % 2
+                        const int hh = j / 2, t = 2 * (j % 2) + u;
+                        const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192 + 32 * h;
+                        const __m256i l0 = _mm256_loadu_si256((const __m256i *)q3);
+                        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(q3 + 64));
+                        const __m256i hb = _mm256_loadu_si256((const __m256i *)(q3 + 128));
+                        _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
+                            const __m256i q = q6_bits(l0, l1, hb, gr);
+                            for (int i = 0; i < MB; i++)
+                                D[gr][i] = _mm256_add_epi32(D[gr][i], dot8(q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t));
+                        }
+                    } else {                           // weights 64 j + 8 u .. (low nibbles) and 64 j + 32 + 8 u ..
+                        const __m256i v = _mm256_loadu_si256((const __m256i *)(g + Q4K_QS + (4 * j + u) * 64 + 32 * h));
+                        const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                        for (int i = 0; i < MB; i++) {
+                            D[0][i] = _mm256_add_epi32(D[0][i], dot8(lo, x + i * KB * 256 + 64 * j + 8 * u));
+                            D[1][i] = _mm256_add_epi32(D[1][i], dot8(hi, x + i * KB * 256 + 64 * j + 32 + 8 * u));
+                        }
+                    }
+                }
+                _Pragma("GCC unroll 4") for (int e = 0; e < (SIX ? 4 : 2); e++) {
+                    const __m256i c = SIX ? half_scales(q6k_scales(g, 8 * (j / 2) + 2 * e + j % 2), h, 1)
+                                          : half_scales(q4k_scales(g, 2 * j + e), h, 0);
+                    for (int i = 0; i < MB; i++) T[h][i] = _mm256_add_epi32(T[h][i], _mm256_mullo_epi32(D[e][i], c));
+                }
+            }
+        }
+        for (int i = 0; i < MB; i++) {
+            const int64_t at = (m0 + i) * KB + b;
+            acc[i] = packed_float(acc[i], row_totals(T[0][i], T[1][i]), g, SIX ? a->b256 + at * 16 : a->s256 + at * 8,
+                                  a->d256[at], SIX);
+        }
+    }
+    for (int i = 0; i < MB; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+
+// group g0 (its first byte) of `type` against rows m0 .. m0 + mb: out [mb][8]
+static void packed_rows(int type, const uint8_t *g0, int K, const Acts *a, int64_t m0, int mb, float *out) {
+    if (wide()) {
+        packed_rows512(type, g0, K, a, m0, mb, out);
+        return;
+    }
+    const int six = type == Q6_K;
+    for (int i = 0; i < mb; i += PACKED_MB) {
+        float *o = out + 8 * i;
+        if (mb - i >= 2) six ? packed_dot(g0, K / 256, a, m0 + i, 2, 1, o) : packed_dot(g0, K / 256, a, m0 + i, 2, 0, o);
+        else six ? packed_dot(g0, K / 256, a, m0 + i, 1, 1, o) : packed_dot(g0, K / 256, a, m0 + i, 1, 0, o);
+    }
+}
+
+static int packed_block(int type) { return type == Q4_K ? Q4K_PACKED : type == Q6_K ? Q6K_PACKED : 0; }
+
+// the bytes of a part's rows of `type` packed (gguf_pack), or 0 where the type has no packed kernel
+int64_t gguf_packed_bytes(int type, int rows, int K) {
+    return K % 256 ? 0 : (int64_t)(rows + PACK_ROWS - 1) / PACK_ROWS * (K / 256) * packed_block(type);
+}
+
+// row r's block w (of the file) into its group-block o (blocks.h's layouts)
+static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
+    if (type == Q4_K) {
+        uint8_t sc[8], mn[8];
+        scale_min(w + 4, sc, mn);
+        memcpy(o + 2 * r, w, 2), memcpy(o + 16 + 2 * r, w + 2, 2);
+        for (int s = 0; s < 8; s++) o[Q4K_SC + 8 * s + r] = sc[s], o[Q4K_MN + 16 * (s / 2) + 2 * r + s % 2] = mn[s];
+        for (int v = 0; v < 16; v++) memcpy(o + Q4K_QS + 64 * v + 8 * r, w + 16 + 8 * v, 8);
+        return;
+    }
+    memcpy(o + 2 * r, w + 208, 2);
+    for (int s = 0; s < 16; s++) o[Q6K_SC + 16 * (s / 2) + 2 * r + s % 2] = w[192 + s];
+    for (int h = 0; h < 2; h++)
+        for (int t = 0; t < 4; t++) {
+            uint8_t *q3 = o + Q6K_QS + (4 * h + t) * 192 + 8 * r;
+            memcpy(q3, w + 64 * h + 8 * t, 8), memcpy(q3 + 64, w + 64 * h + 32 + 8 * t, 8), memcpy(q3 + 128, w + 128 + 32 * h + 8 * t, 8);
+        }
+}
+
+typedef struct {
+    const Part *p;
+    int K;
+    uint8_t *out;
+} Packing;
+
+static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
+    const Packing *k = ctx;
+    const Part *p = k->p;
+    const int KB = k->K / 256, size = packed_block(p->type), bytes = block_bytes(p->type);
+    for (int64_t g = g0; g < g1; g++)
+        for (int b = 0; b < KB; b++) {
+            uint8_t *o = k->out + (g * KB + b) * size;
+            memset(o, 0, size);                        // rows past the part's last: zeros, d = 0
+            for (int r = 0; r < PACK_ROWS && g * PACK_ROWS + r < p->rows; r++) {
+                const int64_t row = g * PACK_ROWS + r;
+                pack_block(p->type, p->data + (int64_t)(p->map ? p->map[row] : row) * p->stride + b * bytes, r, o);
+            }
+        }
+}
+
+// part `part`'s rows, in output order (its map applied), into out (gguf_packed_bytes of them)
+void gguf_pack(const Matrix *w, int part, int K, uint8_t *out) {
+    Packing k = {&w->part[part], K, out};
+    parallel_for((k.p->rows + PACK_ROWS - 1) / PACK_ROWS, 64, pack_groups, &k);
+}
+
 typedef struct {            // gguf_linear's arguments, for its parallel tasks
     const Matrix *w;
     const Acts *a;
@@ -376,6 +532,18 @@ static void block_rows(void *ctx, int64_t n0, int64_t n1) {
             int part = 0, r = (int)n;
             while (r >= p->w->part[part].rows) r -= p->w->part[part++].rows;
             const Part *pt = &p->w->part[part];
+            if (pt->packed) {                          // its group of 8 rows at once, those in this task kept
+                const int first = r / PACK_ROWS * PACK_ROWS, last = first + PACK_ROWS < pt->rows ? first + PACK_ROWS : pt->rows;
+                float group[ROWS512 * PACK_ROWS];
+                packed_rows(pt->type, pt->packed + (int64_t)first / PACK_ROWS * (p->K / 256) * packed_block(pt->type), p->K,
+                            p->a, m0, mb, group);
+                const int count = (int)(last - r < n1 - n ? last - r : n1 - n);
+                for (int c = 0; c < count; c++)
+                    for (int i = 0; i < mb; i++)
+                        p->y[(int64_t)(m0 + i) * p->N + n + c] = group[PACK_ROWS * i + r - first + c] + (p->bias ? p->bias[n + c] : 0.0f);
+                n += count - 1;
+                continue;
+            }
             const uint8_t *row = pt->data + (int64_t)(pt->map ? pt->map[r] : r) * pt->stride;
             if (m0 == 0 && n + 1 < n1 && !pt->map && r + 1 < pt->rows)
                 for (int64_t at = 0; at < pt->stride; at += 64) _mm_prefetch((const char *)row + pt->stride + at, _MM_HINT_T0);

@@ -14,6 +14,7 @@ typedef struct {            // one part of a matrix (kernels.GGUFLinear fills it
     int64_t stride;         // bytes per row in the file
     const uint8_t *data;    // the file's rows
     const int32_t *map;     // output row r reads file row map[r], or r where NULL
+    const uint8_t *packed;  // NULL, or the rows interleaved by PACK_ROWS in output order (gguf_pack)
 } Part;
 
 #define MAX_PARTS 3
@@ -29,6 +30,7 @@ typedef struct {            // x [M, K] quantized for the parts' kinds of block
     int8_t *q256;           // per 256: [M][K], scale d256 [M][K / 256], sums of each 16 b256 [M][K / 16]
     float *d256;
     int16_t *b256;
+    int16_t *s256;          // and sums of each 32 [M][K / 32] (the packed Q4_K's mins)
     int8_t *q256p;          // the same for pairs of rows (2p, 2p + 1), p < M / 2, side by side (csrc/blocks512.c):
     float *d256p;           // [p][K / 256][2 x 32 bytes per 32 of K], [p][K / 256][2], [p][K / 256][2 x 16]
     int16_t *b256p;
@@ -50,4 +52,54 @@ static inline void scale_min_bytes(const uint8_t *s, uint64_t *sc, uint64_t *mn)
     memcpy(&a, s, 4), memcpy(&b, s + 4, 4), memcpy(&c, s + 8, 4);
     *sc = (a & 0x3f3f3f3f) | (uint64_t)((c & 0x0f0f0f0f) | ((a >> 2) & 0x30303030)) << 32;
     *mn = (b & 0x3f3f3f3f) | (uint64_t)(((c >> 4) & 0x0f0f0f0f) | ((b >> 2) & 0x30303030)) << 32;
+}
+
+// -- K-quants packed (gguf_pack): 8 rows' blocks b interleaved. A group-block of Q4_K (Q4K_PACKED bytes) holds
+// d [8 rows], dmin [8] (fp16), scales sc [8 sub-blocks s][8 rows], mins mn [4 pairs p][8 rows][2: s = 2p, 2p + 1]
+// and the file's qs [4 j][4 t][8 rows][8 bytes: row r's qs 32 j + 8 t ..]: low nibbles are sub-block 2j's weights
+// 8t .. 8t + 7, high nibbles 2j + 1's. One of Q6_K (Q6K_PACKED, the file's bytes, no more) holds d [8 rows] (fp16),
+// sc [8 p][8 rows][2] (int8) and the file's ql and qh as [2 h][4 t][3][8 rows][8 bytes: ql 64 h + 8 t .., ql 64 h +
+// 32 + 8 t .., qh 32 h + 8 t ..], in the order the kernels read them (out of order, the streams run at a third of
+// the speed). Every kernel of the layout computes a row's block as exact integers
+// (Q4_K: T = sum_s sc_s sum(q x over s), Mn = sum_s mn_s sum(x over s); Q6_K: T = sum_s sc_s sum((q - 32) x)), then
+// the one float part below, so a row's result is the same on AVX2 and AVX-512 and whatever the batch.
+enum { PACK_ROWS = 8, Q4K_PACKED = 1184, Q4K_SC = 32, Q4K_MN = 96, Q4K_QS = 160,
+       Q6K_PACKED = 1680, Q6K_SC = 16, Q6K_QS = 144 };
+
+// bytes (r, r) for 8 rows r: a sub-block's scale in the lanes (2r, 2r + 1) of a row's two 4-byte halves
+static inline __m128i q4k_scales(const uint8_t *g, int s) {
+    const __m128i v = _mm_loadl_epi64((const __m128i *)(g + Q4K_SC + 8 * s));
+    return _mm_unpacklo_epi8(v, v);
+}
+static inline __m128i q6k_scales(const uint8_t *g, int s) {
+    const __m128i odd = _mm_set1_epi8(s % 2), even = _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14);
+    return _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(g + Q6K_SC + 16 * (s / 2))), _mm_add_epi8(even, odd));
+}
+
+// lane r: sum over the 4 pairs p of w[p][r][0] xs[2p] + w[p][r][1] xs[2p + 1] (w: 4 x 16 bytes, unsigned or not)
+static inline __m256i pair_sums(const uint8_t *w, const int16_t *xs, const int SIGNED) {
+    __m256i m = _mm256_setzero_si256();
+    for (int p = 0; p < 4; p++) {
+        int32_t pair;
+        memcpy(&pair, xs + 2 * p, 4);
+        const __m128i v = _mm_loadu_si128((const __m128i *)(w + 16 * p));
+        m = _mm256_add_epi32(m, _mm256_madd_epi16(SIGNED ? _mm256_cvtepi8_epi16(v) : _mm256_cvtepu8_epi16(v),
+                                                  _mm256_set1_epi32(pair)));
+    }
+    return m;
+}
+
+// acc[r] += T[r] (d[r] dx) (- Mn[r] (dmin[r] dx)): a group-block's float part. Q4_K: xs the activation row's sums of
+// each 32 in the block; Q6_K: its sums of each 16 (the 32 of T's q - 32)
+static inline __m256 packed_float(__m256 acc, __m256i T, const uint8_t *g, const int16_t *xs, float dx, const int SIX) {
+    const __m256 vdx = _mm256_set1_ps(dx);
+    if (SIX) {
+        const __m256i low = _mm256_add_epi32(pair_sums(g + Q6K_SC, xs, 1), pair_sums(g + Q6K_SC + 64, xs + 8, 1));
+        T = _mm256_sub_epi32(T, _mm256_slli_epi32(low, 5));
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T), _mm256_mul_ps(d, vdx), acc);
+    if (SIX) return acc;
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16)));
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(pair_sums(g + Q4K_MN, xs, 0)), _mm256_mul_ps(dmin, vdx), acc);
 }

@@ -279,3 +279,81 @@ void dot_rows512(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, i
         case Q6_K: ROWS512_CASES(C_Q6_K) break;
     }
 }
+
+// K-quants packed by 8 rows (blocks.h): each 512-bit vector the 8 rows' 8 bytes against the activation row's 8 bytes
+// broadcast, one dpbusd; int32 lane (r, e) holds what blocks.c's packed_dot holds in its lane (r, e) of rows 4h ..
+#define PACKED_MB512 4
+
+static inline __m512i dot8_512(__m512i acc, __m512i q, const int8_t *x) {
+    int64_t v;
+    memcpy(&v, x, 8);
+    return _mm512_dpbusd_epi32(acc, q, _mm512_set1_epi64(v));
+}
+
+static inline __m512i q6_bits512(__m512i ql0, __m512i ql1, __m512i qh, int gr) {      // blocks.c's q6_bits
+    const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+    const __m512i l = gr % 2 ? ql1 : ql0;
+    const __m512i low = _mm512_and_si512(gr < 2 ? l : _mm512_srli_epi16(l, 4), nib);
+    const __m512i high = gr == 0 ? _mm512_slli_epi16(qh, 4) : gr == 1 ? _mm512_slli_epi16(qh, 2)
+                       : gr == 2 ? qh : _mm512_srli_epi16(qh, 2);
+    return _mm512_or_si512(low, _mm512_and_si512(high, top));
+}
+
+static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g, int KB, const Acts *a, int64_t m0,
+                                                                const int MB, const int SIX, float *out) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    __m256 acc[PACKED_MB512];
+    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
+    for (int b = 0; b < KB; b++, g += SIX ? Q6K_PACKED : Q4K_PACKED) {
+        const int8_t *x = a->q256 + (m0 * KB + b) * 256;
+        __m512i T[PACKED_MB512];
+        for (int i = 0; i < MB; i++) T[i] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {   // as blocks.c's packed_dot
+            __m512i D[4][PACKED_MB512];
+            for (int i = 0; i < MB; i++) D[0][i] = D[1][i] = D[2][i] = D[3][i] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int u = 0; u < (SIX ? 2 : 4); u++) {
+                if (SIX) {
+                    const int hh = j / 2, t = 2 * (j % 2) + u;
+                    const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192;
+                    const __m512i l0 = _mm512_loadu_si512(q3), l1 = _mm512_loadu_si512(q3 + 64), hb = _mm512_loadu_si512(q3 + 128);
+                    _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
+                        const __m512i q = q6_bits512(l0, l1, hb, gr);
+                        for (int i = 0; i < MB; i++) D[gr][i] = dot8_512(D[gr][i], q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t);
+                    }
+                } else {
+                    const __m512i v = _mm512_loadu_si512(g + Q4K_QS + (4 * j + u) * 64);
+                    const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                    for (int i = 0; i < MB; i++) {
+                        D[0][i] = dot8_512(D[0][i], lo, x + i * KB * 256 + 64 * j + 8 * u);
+                        D[1][i] = dot8_512(D[1][i], hi, x + i * KB * 256 + 64 * j + 32 + 8 * u);
+                    }
+                }
+            }
+            _Pragma("GCC unroll 4") for (int e = 0; e < (SIX ? 4 : 2); e++) {
+                const __m512i c = SIX ? _mm512_cvtepi8_epi32(q6k_scales(g, 8 * (j / 2) + 2 * e + j % 2))
+                                      : _mm512_cvtepu8_epi32(q4k_scales(g, 2 * j + e));
+                for (int i = 0; i < MB; i++) T[i] = _mm512_add_epi32(T[i], _mm512_mullo_epi32(D[e][i], c));
+            }
+        }
+        for (int i = 0; i < MB; i++) {
+            const int64_t at = (m0 + i) * KB + b;
+            const __m512i pairs = _mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_CDAB));
+            acc[i] = packed_float(acc[i], _mm512_cvtepi64_epi32(pairs), g, SIX ? a->b256 + at * 16 : a->s256 + at * 8,
+                                  a->d256[at], SIX);
+        }
+    }
+    for (int i = 0; i < MB; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+
+void packed_rows512(int type, const uint8_t *g0, int K, const Acts *a, int64_t m0, int mb, float *out) {
+#define PACKED_CASE(n) type == Q6_K ? packed_dot512(g0, K / 256, a, m0 + i, n, 1, o) : packed_dot512(g0, K / 256, a, m0 + i, n, 0, o)
+    for (int i = 0; i < mb; i += PACKED_MB512) {
+        float *o = out + 8 * i;
+        switch (mb - i) {
+            case 1: PACKED_CASE(1); break;
+            case 2: PACKED_CASE(2); break;
+            case 3: PACKED_CASE(3); break;
+            default: PACKED_CASE(4);
+        }
+    }
+}

@@ -42,7 +42,7 @@ class ModelEnds(ctypes.Structure):
 class Part(ctypes.Structure):
     """csrc/blocks.c's Part: rows of a GGUF file's matrix, of one block type, read where the file has them."""
     _fields_ = [("type", ctypes.c_int), ("rows", ctypes.c_int), ("stride", ctypes.c_int64), ("data", ctypes.c_void_p),
-                ("map", ctypes.c_void_p)]
+                ("map", ctypes.c_void_p), ("packed", ctypes.c_void_p)]
 
 
 class Matrix(ctypes.Structure):

@@ -286,19 +286,19 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
         model = Transformer(cfg)
     names = name_map(cfg)
 
-    def matrix(ours: str) -> GGUFLinear:
+    def matrix(ours: str, products: bool = True) -> GGUFLinear:      # products: not a lookup table's alone
         theirs = names[ours]
         parts = [(found[n].data, found[n].kind, gguf.rope_rows(cfg, gguf.gguf_name(n), found[n].shape[0]))
                  for n in theirs]
         bias = names.get(ours.replace(".weight", ".bias"), [])
         bias = torch.cat([vectors[n] for n in bias]) if bias and all(n in vectors for n in bias) else None
-        return GGUFLinear(parts, found[theirs[0]].shape[1], bias, lib)
+        return GGUFLinear(parts, found[theirs[0]].shape[1], bias, lib, packed=products)
 
     missing = [n for ns in names.values() for n in ns if n not in found and n not in vectors and ".bias" not in n]
     if missing:
         raise CheckpointError(f"{path}: weight {missing[0]} is missing")
     replace_linears(model, lambda full, _: matrix(f"{full}.weight") if f"{full}.weight" in names else None)
-    model.embed = GGUFEmbedding(matrix("embed.weight"))
+    model.embed = GGUFEmbedding(matrix("embed.weight", products=cfg.tie_word_embeddings))
     if cfg.tie_word_embeddings:
         model.lm_head = model.embed.table
     state = {ours: torch.cat([vectors[n] for n in theirs]) for ours, theirs in names.items()
