@@ -61,7 +61,7 @@ def test_each_block_type_dequantizes_as_gguf_does(kind):
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 def test_each_product_is_near_the_float_one_and_a_row_alike_alone_and_in_a_batch(kind):
     rng = np.random.default_rng(1)
-    N, K = 40, 768
+    N, K = 43, 768                          # the packed K-quants' last group of 8 rows part empty
     raw = random_blocks(kind, N, K, rng)
     linear = matrix_of(raw, kind, K)
     x = torch.randn(32, K, generator=torch.Generator().manual_seed(2))
@@ -178,6 +178,10 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
     assert weight_bytes(blocks) == reads
     copied = sum(t.numel() * t.element_size() for t in [*blocks.parameters(), *blocks.buffers()])
     assert copied < 64 * 1024                                           # norms and rotary: no weights copied
+    for m in linears:                       # but Q4_K and Q6_K, re-laid in 8-row groups of their own bytes, + 3%
+        for part, packed in zip(m.matrix.part, m.packed):
+            assert (packed is not None) == (part.type in (Q.Q4_K, Q.Q6_K) and (m is not blocks.embed.table or tied))
+            assert packed is None or packed.nbytes <= 1.03 * -(-part.rows // 8) * 8 * part.stride
     ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(5))
     cfg = blocks.config
     cache = KVCache(cfg.num_layers, 1, 64, cfg.num_kv_heads, cfg.head_dim, blocks.cache_dtype, "cpu")

@@ -487,16 +487,17 @@ static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
 typedef struct {
     const Part *p;
     int K;
-    uint8_t *out;
+    uint8_t *out;           // group `first`'s bytes
+    int64_t first;
 } Packing;
 
 static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
     const Packing *k = ctx;
     const Part *p = k->p;
     const int KB = k->K / 256, size = packed_block(p->type), bytes = block_bytes(p->type);
-    for (int64_t g = g0; g < g1; g++)
+    for (int64_t g = k->first + g0; g < k->first + g1; g++)
         for (int b = 0; b < KB; b++) {
-            uint8_t *o = k->out + (g * KB + b) * size;
+            uint8_t *o = k->out + ((g - k->first) * KB + b) * size;
             memset(o, 0, size);                        // rows past the part's last: zeros, d = 0
             for (int r = 0; r < PACK_ROWS && g * PACK_ROWS + r < p->rows; r++) {
                 const int64_t row = g * PACK_ROWS + r;
@@ -505,10 +506,12 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
         }
 }
 
-// part `part`'s rows, in output order (its map applied), into out (gguf_packed_bytes of them)
-void gguf_pack(const Matrix *w, int part, int K, uint8_t *out) {
-    Packing k = {&w->part[part], K, out};
-    parallel_for((k.p->rows + PACK_ROWS - 1) / PACK_ROWS, 64, pack_groups, &k);
+// groups g0 .. g1 of 8 rows of part `part`, in output order (its map applied), into out (gguf_packed_bytes of the
+// part's rows: out is the whole part's)
+void gguf_pack(const Matrix *w, int part, int K, int64_t g0, int64_t g1, uint8_t *out) {
+    Packing k = {&w->part[part], K, out + g0 * (K / 256) * packed_block(w->part[part].type)};
+    k.first = g0;
+    parallel_for(g1 - g0, 64, pack_groups, &k);
 }
 
 typedef struct {            // gguf_linear's arguments, for its parallel tasks

@@ -17,6 +17,7 @@ from specmesh.kernels.build import Matrix, amx_lib, kernel_lib
 
 SMALL_ROWS = 16     # AVX2: up to this many rows the C kernel beats the packed float32 copy
 GEMV_ROWS = 3       # without the C kernel: up to this many rows PyTorch's bf16 product beats it
+PACK_GROUPS = 2048  # GGUFLinear packs this many groups of 8 rows at a time (a 2048-wide Q6_K: 28 MB)
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
@@ -189,10 +190,15 @@ class GGUFLinear(nn.Module):
         nbytes = self.kernel.gguf_packed_bytes(part.type, part.rows, self.in_features)
         if not nbytes:
             return None
-        out = anonymous(nbytes)
-        self.kernel.gguf_pack(ctypes.byref(self.matrix), i, self.in_features, out.ctypes.data)
+        out, (rows, rows_map) = anonymous(nbytes), self.held[i]
+        groups = -(-part.rows // 8)
+        for g0 in range(0, groups, PACK_GROUPS):             # the file's pages let go as they are read
+            g1 = min(g0 + PACK_GROUPS, groups)
+            self.kernel.gguf_pack(ctypes.byref(self.matrix), i, self.in_features, g0, g1, out.ctypes.data)
+            if rows_map is None:
+                let_go(rows[8 * g0:8 * g1])
+        let_go(rows)
         part.packed = out.ctypes.data
-        let_go(self.held[i][0])
         return out
 
     @property
