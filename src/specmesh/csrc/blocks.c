@@ -393,17 +393,23 @@ static inline __m256i q6_bits(__m256i ql0, __m256i ql1, __m256i qh, int gr) {
     return _mm256_or_si256(low, _mm256_and_si256(high, top));
 }
 
-// A group's 8 rows of Q4_K or Q6_K against activation rows m0 .. m0 + MB: out[i][r]
+// Q5_K: sub-block s's fifth bits (bit s of each byte of qh) at bit 4, the rest of the byte zero
+static inline __m256i fifth(__m256i qh, int s) {
+    const __m256i at4 = s < 4 ? _mm256_slli_epi16(qh, 4 - s) : s == 4 ? qh : _mm256_srli_epi16(qh, s - 4);
+    return _mm256_and_si256(at4, _mm256_set1_epi8(0x10));
+}
+
+// A group's 8 rows of Q4_K, Q5_K (FIVE) or Q6_K (SIX) against activation rows m0 .. m0 + MB: out[i][r]
 static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, int KB, const Acts *a, int64_t m0,
-                                                             const int MB, const int SIX, float *out) {
+                                                             const int MB, const int FIVE, const int SIX, float *out) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
     __m256 acc[PACKED_MB];
     for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
-    for (int b = 0; b < KB; b++, g += SIX ? Q6K_PACKED : Q4K_PACKED) {
+    for (int b = 0; b < KB; b++, g += SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED) {
         __m256i T[2][PACKED_MB];
         for (int h = 0; h < 2; h++) {
             for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {  // Q4_K: sub-blocks 2j, 2j + 1; Q6_K: 4 of 16
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {  // Q4/5_K: sub-blocks 2j, 2j + 1; Q6_K: 4 of 16
                 __m256i D[4][PACKED_MB];
                 for (int i = 0; i < MB; i++) D[0][i] = D[1][i] = D[2][i] = D[3][i] = _mm256_setzero_si256();
                 _Pragma("GCC unroll 4") for (int u = 0; u < (SIX ? 2 : 4); u++) {
@@ -420,8 +426,12 @@ static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, i
                                 D[gr][i] = _mm256_add_epi32(D[gr][i], dot8(q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t));
                         }
                     } else {                           // weights 64 j + 8 u .. (low nibbles) and 64 j + 32 + 8 u ..
-                        const __m256i v = _mm256_loadu_si256((const __m256i *)(g + Q4K_QS + (4 * j + u) * 64 + 32 * h));
-                        const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                        const __m256i v = _mm256_loadu_si256((const __m256i *)(g + (FIVE ? Q5K_QS : Q4K_QS) + (4 * j + u) * 64 + 32 * h));
+                        __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                        if (FIVE) {
+                            const __m256i qh = _mm256_loadu_si256((const __m256i *)(g + Q5K_QH + 64 * u + 32 * h));
+                            lo = _mm256_or_si256(lo, fifth(qh, 2 * j)), hi = _mm256_or_si256(hi, fifth(qh, 2 * j + 1));
+                        }
                         for (int i = 0; i < MB; i++) {
                             D[0][i] = _mm256_add_epi32(D[0][i], dot8(lo, x + i * KB * 256 + 64 * j + 8 * u));
                             D[1][i] = _mm256_add_epi32(D[1][i], dot8(hi, x + i * KB * 256 + 64 * j + 32 + 8 * u));
@@ -450,15 +460,18 @@ static void packed_rows(int type, const uint8_t *g0, int K, const Acts *a, int64
         packed_rows512(type, g0, K, a, m0, mb, out);
         return;
     }
-    const int six = type == Q6_K;
+#define PACKED_TYPES(n) type == Q6_K ? packed_dot(g0, K / 256, a, m0 + i, n, 0, 1, o)                                    \
+                     : type == Q5_K ? packed_dot(g0, K / 256, a, m0 + i, n, 1, 0, o) : packed_dot(g0, K / 256, a, m0 + i, n, 0, 0, o)
     for (int i = 0; i < mb; i += PACKED_MB) {
         float *o = out + 8 * i;
-        if (mb - i >= 2) six ? packed_dot(g0, K / 256, a, m0 + i, 2, 1, o) : packed_dot(g0, K / 256, a, m0 + i, 2, 0, o);
-        else six ? packed_dot(g0, K / 256, a, m0 + i, 1, 1, o) : packed_dot(g0, K / 256, a, m0 + i, 1, 0, o);
+        if (mb - i >= 2) PACKED_TYPES(2);
+        else PACKED_TYPES(1);
     }
 }
 
-static int packed_block(int type) { return type == Q4_K ? Q4K_PACKED : type == Q6_K ? Q6K_PACKED : 0; }
+static int packed_block(int type) {
+    return type == Q4_K ? Q4K_PACKED : type == Q5_K ? Q5K_PACKED : type == Q6_K ? Q6K_PACKED : 0;
+}
 
 // the bytes of a part's rows of `type` packed (gguf_pack), or 0 where the type has no packed kernel
 int64_t gguf_packed_bytes(int type, int rows, int K) {
@@ -467,12 +480,14 @@ int64_t gguf_packed_bytes(int type, int rows, int K) {
 
 // row r's block w (of the file) into its group-block o (blocks.h's layouts)
 static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
-    if (type == Q4_K) {
+    if (type == Q4_K || type == Q5_K) {
+        const int five = type == Q5_K;
         uint8_t sc[8], mn[8];
         scale_min(w + 4, sc, mn);
         memcpy(o + 2 * r, w, 2), memcpy(o + 16 + 2 * r, w + 2, 2);
         for (int s = 0; s < 8; s++) o[Q4K_SC + 8 * s + r] = sc[s], o[Q4K_MN + 16 * (s / 2) + 2 * r + s % 2] = mn[s];
-        for (int v = 0; v < 16; v++) memcpy(o + Q4K_QS + 64 * v + 8 * r, w + 16 + 8 * v, 8);
+        for (int v = 0; v < 16; v++) memcpy(o + (five ? Q5K_QS : Q4K_QS) + 64 * v + 8 * r, w + 16 + 32 * five + 8 * v, 8);
+        for (int v = 0; five && v < 4; v++) memcpy(o + Q5K_QH + 64 * v + 8 * r, w + 16 + 8 * v, 8);
         return;
     }
     memcpy(o + 2 * r, w + 208, 2);

@@ -57,13 +57,15 @@ static inline void scale_min_bytes(const uint8_t *s, uint64_t *sc, uint64_t *mn)
 // -- K-quants packed (gguf_pack): 8 rows' blocks b interleaved. A group-block of Q4_K (Q4K_PACKED bytes) holds
 // d [8 rows], dmin [8] (fp16), scales sc [8 sub-blocks s][8 rows], mins mn [4 pairs p][8 rows][2: s = 2p, 2p + 1]
 // and the file's qs [4 j][4 t][8 rows][8 bytes: row r's qs 32 j + 8 t ..]: low nibbles are sub-block 2j's weights
-// 8t .. 8t + 7, high nibbles 2j + 1's. One of Q6_K (Q6K_PACKED, the file's bytes, no more) holds d [8 rows] (fp16),
+// 8t .. 8t + 7, high nibbles 2j + 1's. One of Q5_K (Q5K_PACKED) is Q4_K's with the file's fifth bits qh [4 t][8 rows]
+// [8 bytes: qh 8 t ..] before the qs (bit s of byte l: sub-block s's weight l). One of Q6_K (Q6K_PACKED, the file's bytes, no more) holds d [8 rows] (fp16),
 // sc [8 p][8 rows][2] (int8) and the file's ql and qh as [2 h][4 t][3][8 rows][8 bytes: ql 64 h + 8 t .., ql 64 h +
 // 32 + 8 t .., qh 32 h + 8 t ..], in the order the kernels read them (out of order, the streams run at a third of
 // the speed). Every kernel of the layout computes a row's block as exact integers
-// (Q4_K: T = sum_s sc_s sum(q x over s), Mn = sum_s mn_s sum(x over s); Q6_K: T = sum_s sc_s sum((q - 32) x)), then
+// (Q4_K, Q5_K: T = sum_s sc_s sum(q x over s), Mn = sum_s mn_s sum(x over s); Q6_K: T = sum_s sc_s sum((q - 32) x)), then
 // the one float part below, so a row's result is the same on AVX2 and AVX-512 and whatever the batch.
-enum { PACK_ROWS = 8, Q4K_PACKED = 1184, Q4K_SC = 32, Q4K_MN = 96, Q4K_QS = 160,
+enum { PACK_ROWS = 8, Q4K_PACKED = 1184, Q4K_SC = 32, Q4K_MN = 96, Q4K_QS = 160, Q5K_PACKED = 1440, Q5K_QH = 160,
+       Q5K_QS = 416,
        Q6K_PACKED = 1680, Q6K_SC = 16, Q6K_QS = 144 };
 
 // bytes (r, r) for 8 rows r: a sub-block's scale in the lanes (2r, 2r + 1) of a row's two 4-byte halves
@@ -89,7 +91,7 @@ static inline __m256i pair_sums(const uint8_t *w, const int16_t *xs, const int S
     return m;
 }
 
-// acc[r] += T[r] (d[r] dx) (- Mn[r] (dmin[r] dx)): a group-block's float part. Q4_K: xs the activation row's sums of
+// acc[r] += T[r] (d[r] dx) (- Mn[r] (dmin[r] dx)): a group-block's float part. Q4_K, Q5_K: xs the activation row's sums of
 // each 32 in the block; Q6_K: its sums of each 16 (the 32 of T's q - 32)
 static inline __m256 packed_float(__m256 acc, __m256i T, const uint8_t *g, const int16_t *xs, float dx, const int SIX) {
     const __m256 vdx = _mm256_set1_ps(dx);

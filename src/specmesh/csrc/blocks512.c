@@ -299,12 +299,18 @@ static inline __m512i q6_bits512(__m512i ql0, __m512i ql1, __m512i qh, int gr) {
     return _mm512_or_si512(low, _mm512_and_si512(high, top));
 }
 
+// Q5_K: sub-block s's fifth bits (bit s of each byte of qh) at bit 4, the rest of the byte zero
+static inline __m512i fifth512(__m512i qh, int s) {
+    const __m512i at4 = s < 4 ? _mm512_slli_epi16(qh, 4 - s) : s == 4 ? qh : _mm512_srli_epi16(qh, s - 4);
+    return _mm512_and_si512(at4, _mm512_set1_epi8(0x10));
+}
+
 static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g, int KB, const Acts *a, int64_t m0,
-                                                                const int MB, const int SIX, float *out) {
+                                                                const int MB, const int FIVE, const int SIX, float *out) {
     const __m512i nib = _mm512_set1_epi8(0x0F);
     __m256 acc[PACKED_MB512];
     for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
-    for (int b = 0; b < KB; b++, g += SIX ? Q6K_PACKED : Q4K_PACKED) {
+    for (int b = 0; b < KB; b++, g += SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED) {
         const int8_t *x = a->q256 + (m0 * KB + b) * 256;
         __m512i T[PACKED_MB512];
         for (int i = 0; i < MB; i++) T[i] = _mm512_setzero_si512();
@@ -321,8 +327,12 @@ static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g
                         for (int i = 0; i < MB; i++) D[gr][i] = dot8_512(D[gr][i], q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t);
                     }
                 } else {
-                    const __m512i v = _mm512_loadu_si512(g + Q4K_QS + (4 * j + u) * 64);
-                    const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                    const __m512i v = _mm512_loadu_si512(g + (FIVE ? Q5K_QS : Q4K_QS) + (4 * j + u) * 64);
+                    __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                    if (FIVE) {
+                        const __m512i qh = _mm512_loadu_si512(g + Q5K_QH + 64 * u);
+                        lo = _mm512_or_si512(lo, fifth512(qh, 2 * j)), hi = _mm512_or_si512(hi, fifth512(qh, 2 * j + 1));
+                    }
                     for (int i = 0; i < MB; i++) {
                         D[0][i] = dot8_512(D[0][i], lo, x + i * KB * 256 + 64 * j + 8 * u);
                         D[1][i] = dot8_512(D[1][i], hi, x + i * KB * 256 + 64 * j + 32 + 8 * u);
@@ -346,7 +356,8 @@ static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g
 }
 
 void packed_rows512(int type, const uint8_t *g0, int K, const Acts *a, int64_t m0, int mb, float *out) {
-#define PACKED_CASE(n) type == Q6_K ? packed_dot512(g0, K / 256, a, m0 + i, n, 1, o) : packed_dot512(g0, K / 256, a, m0 + i, n, 0, o)
+#define PACKED_CASE(n) type == Q6_K ? packed_dot512(g0, K / 256, a, m0 + i, n, 0, 1, o)                              \
+                     : type == Q5_K ? packed_dot512(g0, K / 256, a, m0 + i, n, 1, 0, o) : packed_dot512(g0, K / 256, a, m0 + i, n, 0, 0, o)
     for (int i = 0; i < mb; i += PACKED_MB512) {
         float *o = out + 8 * i;
         switch (mb - i) {
