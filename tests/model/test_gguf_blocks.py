@@ -106,6 +106,9 @@ def test_a_matrix_of_parts_reads_each_of_its_own_type_through_its_row_map():
     assert torch.equal(fused(x), want)
     with pytest.raises(ValueError, match="parts"):
         GGUFLinear([(a, int(Q.Q4_K), None)] * (Matrix.MAX_PARTS + 1), K, None, kernels.kernel_lib())
+    table = GGUFLinear([(a, int(Q.Q4_K), None)], K, None, kernels.kernel_lib(), packed=False)    # lookups alone
+    with pytest.raises(RuntimeError, match="lookup table"):
+        table(x)
 
 
 # -- a whole file ---------------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 // gguf_linear: y[M, N] = x[M, K] . w[N, K]^T (+ bias) over the blocks, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of
 //   32 weights) and Q4_K, Q5_K, Q6_K (blocks of 256). The activations are quantized to 8 bits per block as llama.cpp
 //   does for each kind: per 32 with one scale for the 32-blocks, per 256 with one scale and sums of each 16 (its
-//   Q8_K) for the K-quants. A block's products sum exactly in int32, blocks add in float32 in order, the same
-//   instructions for every row whatever M, so a row's result does not depend on the others.
+//   and of each 32, its Q8_K) for the K-quants, which multiply only packed (gguf_pack: 8 rows interleaved, blocks.h).
+//   A block's products sum exactly in int32, blocks add in float32 in order, the same instructions for every row
+//   whatever M, so a row's result does not depend on the others.
 // A matrix is up to three parts of rows (a fused projection: q, k, v of their own types), each row read at a
 // stride from the file, through a map of rows where the model's order differs from the file's (rope's q and k).
 #include "api.h"
@@ -155,15 +156,14 @@ static void quantize_256(const float *x, int M, int K, int8_t *xq, float *xd, in
 #define ROWS512 8
 void dot_rows512(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) __attribute__((weak));
 void packed_rows512(int type, const uint8_t *g, int K, const Acts *a, int64_t m0, int mb, float *out) __attribute__((weak));
-void pair_rows512(Acts *a, int M, int K) __attribute__((weak));
 extern int vnni;
 
 static int wide(void) { return vnni && dot_rows512; }
 
 static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
-    int k256 = 0, k32 = 0, unpacked256 = 0;
+    int k256 = 0, k32 = 0;
     for (int i = 0; i < w->n; i++) {
-        if (block_size(w->part[i].type) == 256) k256 = 1, unpacked256 |= !w->part[i].packed;
+        if (block_size(w->part[i].type) == 256) k256 = 1;
         else k32 = 1;
     }
     memset(a, 0, sizeof *a);
@@ -180,13 +180,11 @@ static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a
         a->b256 = lines(sizeof(int16_t) * (int64_t)M * (K / 16));
         a->s256 = lines(sizeof(int16_t) * (int64_t)M * (K / 32));
         quantize_256(x, M, K, a->q256, a->d256, a->b256, a->s256);
-        if (wide() && M >= 2 && unpacked256) pair_rows512(a, M, K);
     }
 }
 
 static void free_acts(Acts *a) {
     free(a->q32); free(a->d32); free(a->s32); free(a->q256); free(a->d256); free(a->b256); free(a->s256);
-    free(a->q256p); free(a->d256p); free(a->b256p);
 }
 
 // -- products: one weight row against MB rows of activations, each row's sum out[i] -------------------------
@@ -200,16 +198,6 @@ static inline __m256i bit_bytes(uint32_t x) {
     __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), spread);
     return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
-
-// shuffles of 8 int16 held in both 128-bit lanes: SPREAD[e] puts element e in all 16 lanes; PAIRS[g] element 2g
-// in the low 8 and 2g + 1 in the high 8 (Q6_K's two sub-blocks of 16 in a vector of 32 weights)
-#define W16(e) 2 * (e), 2 * (e) + 1
-#define X8(e) W16(e), W16(e), W16(e), W16(e), W16(e), W16(e), W16(e), W16(e)
-static const int8_t SPREAD[8][32] __attribute__((aligned(32))) = {
-    {X8(0), X8(0)}, {X8(1), X8(1)}, {X8(2), X8(2)}, {X8(3), X8(3)},
-    {X8(4), X8(4)}, {X8(5), X8(5)}, {X8(6), X8(6)}, {X8(7), X8(7)}};
-static const int8_t PAIRS[4][32] __attribute__((aligned(32))) = {{X8(0), X8(1)}, {X8(2), X8(3)}, {X8(4), X8(5)},
-                                                                 {X8(6), X8(7)}};
 
 // The 32-blocks: w = d q (+ m), q the block's 32 integers in order. A block's int32 dot with the row's bytes,
 // times d d_x, into 8 float32 lanes; the offset m d_x sum(q_x) into a float of its own.
@@ -251,92 +239,10 @@ static inline __attribute__((always_inline)) void dot32(const uint8_t *w, int QB
     for (int i = 0; i < MB; i++) out[i] = hsum(acc[i]) + off[i];
 }
 
-// Q4_K and Q5_K: w = d sc_s q - dmin mn_s over sub-blocks s of 32 (q 0..15, or 0..31 with Q5_K's fifth bits).
-static inline __attribute__((always_inline)) void dot_k45(const uint8_t *w, int KB, const Acts *a, int64_t m0,
-                                                          const int MB, const int FIVE, float *out) {
-    const int BB = FIVE ? 176 : 144;
-    const __m256i nib = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-    __m256 acc[MAXROWS];
-    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
-    for (int b = 0; b < KB; b++, w += BB) {
-        const float d = fp16(w), dmin = fp16(w + 2);
-        uint64_t sc, mn;
-        scale_min_bytes(w + 4, &sc, &mn);
-        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((int64_t)sc)));
-        const __m128i m8 = _mm_cvtsi64_si128((int64_t)mn);
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));    // mn_0 mn_0 mn_1 mn_1 ...
-        const uint8_t *qs = w + 16 + 32 * FIVE;
-        const __m256i hb = FIVE ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
-        __m256i sum[MAXROWS];
-        for (int i = 0; i < MB; i++) sum[i] = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {                  // sub-blocks 2j (low nibbles) and 2j + 1 (high)
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-            if (FIVE) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one), 4));
-            }
-            const __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_load_si256((const __m256i *)SPREAD[2 * j]));
-            const __m256i s1 = _mm256_shuffle_epi8(scales, _mm256_load_si256((const __m256i *)SPREAD[2 * j + 1]));
-            for (int i = 0; i < MB; i++) {
-                const int8_t *x = a->q256 + ((m0 + i) * KB + b) * 256 + 64 * j;
-                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), s0);
-                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), s1);
-                sum[i] = _mm256_add_epi32(sum[i], _mm256_add_epi32(p0, p1));
-            }
-        }
-        for (int i = 0; i < MB; i++) {
-            const int64_t at = (m0 + i) * KB + b;
-            const __m256i low = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a->b256 + at * 16)), mins);
-            const float dx = a->d256[at];
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i]), _mm256_set1_ps(d * dx), acc[i]);
-            acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(low), _mm256_set1_ps(dmin * dx), acc[i]);
-        }
-    }
-    for (int i = 0; i < MB; i++) out[i] = hsum(acc[i]);
-}
-
-// Q6_K: w = d sc_s (q - 32) over sub-blocks s of 16, q 0..63 (four low bits in ql, two high in qh)
-static inline __attribute__((always_inline)) void dot_q6_k(const uint8_t *w, int KB, const Acts *a, int64_t m0,
-                                                           const int MB, float *out) {
-    const __m256i nib = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
-    __m256 acc[MAXROWS];
-    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
-    for (int b = 0; b < KB; b++, w += 210) {
-        const int8_t *sc = (const int8_t *)(w + 192);
-        const float d = fp16(w + 208);
-        const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
-        __m256i sum[MAXROWS];
-        for (int i = 0; i < MB; i++) sum[i] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
-            const __m256i half = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8 * h))));
-            for (int g = 0; g < 4; g++) {              // weights 128 h + 32 g ..: sub-blocks 8 h + 2 g and + 1
-                const __m256i l = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32 * (g % 2)));
-                const __m256i low = _mm256_and_si256(g < 2 ? l : _mm256_srli_epi16(l, 4), nib);
-                const __m256i q = _mm256_or_si256(low, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), two), 4));
-                const __m256i s = _mm256_shuffle_epi8(half, _mm256_load_si256((const __m256i *)PAIRS[g]));
-                for (int i = 0; i < MB; i++) {
-                    const int8_t *x = a->q256 + ((m0 + i) * KB + b) * 256 + 128 * h + 32 * g;
-                    sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)x)), s));
-                }
-            }
-        }
-        for (int i = 0; i < MB; i++) {                 // - 32 sum_s sc_s sum(x over s)
-            const int64_t at = (m0 + i) * KB + b;
-            const __m256i low = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a->b256 + at * 16)), scales);
-            const __m256i total = _mm256_sub_epi32(sum[i], _mm256_slli_epi32(low, 5));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * a->d256[at]), acc[i]);
-        }
-    }
-    for (int i = 0; i < MB; i++) out[i] = hsum(acc[i]);
-}
-
 #define ROWS_CASES(CALL) \
     switch (mb) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; default: CALL(4); }
 
-// one weight row of `type` against rows m0 .. m0 + mb of the activations
+// one weight row of a 32-block `type` against rows m0 .. m0 + mb of the activations
 static void dot_row(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) {
 #define D32(T) ROWS_CASES(C32_##T)
 #define C32_Q4_0(n) dot32(w, K / 32, a, m0, n, Q4_0, out)
@@ -344,18 +250,12 @@ static void dot_row(int type, const uint8_t *w, int K, const Acts *a, int64_t m0
 #define C32_Q5_0(n) dot32(w, K / 32, a, m0, n, Q5_0, out)
 #define C32_Q5_1(n) dot32(w, K / 32, a, m0, n, Q5_1, out)
 #define C32_Q8_0(n) dot32(w, K / 32, a, m0, n, Q8_0, out)
-#define C_Q4_K(n) dot_k45(w, K / 256, a, m0, n, 0, out)
-#define C_Q5_K(n) dot_k45(w, K / 256, a, m0, n, 1, out)
-#define C_Q6_K(n) dot_q6_k(w, K / 256, a, m0, n, out)
     switch (type) {
         case Q4_0: D32(Q4_0) break;
         case Q4_1: D32(Q4_1) break;
         case Q5_0: D32(Q5_0) break;
         case Q5_1: D32(Q5_1) break;
         case Q8_0: D32(Q8_0) break;
-        case Q4_K: ROWS_CASES(C_Q4_K) break;
-        case Q5_K: ROWS_CASES(C_Q5_K) break;
-        case Q6_K: ROWS_CASES(C_Q6_K) break;
     }
 }
 

@@ -30,10 +30,7 @@ typedef struct {            // x [M, K] quantized for the parts' kinds of block
     int8_t *q256;           // per 256: [M][K], scale d256 [M][K / 256], sums of each 16 b256 [M][K / 16]
     float *d256;
     int16_t *b256;
-    int16_t *s256;          // and sums of each 32 [M][K / 32] (the packed Q4_K's mins)
-    int8_t *q256p;          // the same for pairs of rows (2p, 2p + 1), p < M / 2, side by side (csrc/blocks512.c):
-    float *d256p;           // [p][K / 256][2 x 32 bytes per 32 of K], [p][K / 256][2], [p][K / 256][2 x 16]
-    int16_t *b256p;
+    int16_t *s256;          // and sums of each 32 [M][K / 32] (the packed Q4_K's and Q5_K's mins)
 } Acts;
 
 // a buffer of the activations: on cache lines of its own, so that no 64-byte vector of it straddles two
