@@ -85,14 +85,44 @@ def test_the_avx2_and_avx512_block_products_agree_bit_for_bit(kind):
     linear = matrix_of(random_blocks(kind, 24, K, np.random.default_rng(4)), kind, K)
     x = torch.randn(19, K, generator=torch.Generator().manual_seed(5)) * torch.logspace(-2, 2, K)
     try:
+        lib.use_tiles(0)
         lib.use_vnni(1)
         wide = [linear(x[:rows]) for rows in (1, 8, 19)]
         lib.use_vnni(0)
         narrow = [linear(x[:rows]) for rows in (1, 8, 19)]
     finally:
         lib.use_vnni(int(kernels.build.vnni_products(lib)))
+        lib.use_tiles(int(kernels.build.tile_products(lib)))
     for a, b in zip(wide, narrow):
         assert torch.equal(a, b)
+
+
+@pytest.mark.cpu(*kernels.build.AMX_INT8)
+@pytest.mark.parametrize("kind", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda k: k.name)
+def test_the_tile_products_give_the_vector_kernels_bits(kind):
+    """csrc/blocks_amx.c (several rows of activations on AMX's int8 tiles) computes a packed K-quant's exact integers
+    and float step as blocks512.c does: the same bits for the widths it takes (from 16 rows, Q6_K's from 32; a last
+    tile of fewer than 16), for a part whose last slab of 16 rows is one group or a part of one, and among parts of
+    other types."""
+    lib = kernels.kernel_lib()
+    assert kernels.build.tile_products(lib), "the CPU has AMX int8 tiles but csrc/blocks_amx.c is not in use"
+    rng = np.random.default_rng(7)
+    K = 768
+    for N in (40, 43):
+        raw = random_blocks(kind, N, K, rng)
+        other = random_blocks(Q.Q8_0, 16, K, rng)
+        linears = [matrix_of(raw, kind, K),
+                   GGUFLinear([(other, int(Q.Q8_0), None), (raw, int(kind), None)], K, None, lib)]
+        x = torch.randn(40, K, generator=torch.Generator().manual_seed(8)) * torch.logspace(-2, 2, K)
+        for linear in linears:
+            try:
+                tiles = [linear(x[:rows]) for rows in (16, 17, 32, 40)]
+                lib.use_tiles(0)
+                vectors = [linear(x[:rows]) for rows in (16, 17, 32, 40)]
+            finally:
+                lib.use_tiles(1)
+            for a, b in zip(tiles, vectors):
+                assert torch.equal(a, b)
 
 
 def test_a_matrix_of_parts_reads_each_of_its_own_type_through_its_row_map():

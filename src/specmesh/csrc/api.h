@@ -51,6 +51,7 @@ int gguf_dequantize(int type, const uint8_t *src, int64_t n, float *out);
 int gguf_kernel(int type, int K);
 int64_t gguf_packed_bytes(int type, int rows, int K);
 void gguf_pack(const Matrix *w, int part, int K, int64_t g0, int64_t g1, uint8_t *out);
+void use_tiles(int on);
 
 // the threads, and the words the ranks of a multi-process method share (csrc/pool.c)
 void pool_use(int own);

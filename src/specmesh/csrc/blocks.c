@@ -160,6 +160,14 @@ extern int vnni;
 
 static int wide(void) { return vnni && dot_rows512; }
 
+// csrc/blocks_amx.c, where it builds; used where use_tiles is on for products of at least tile_rows(type) rows of
+// activations (the same bits): below, the tiles' per-sub-block sums cost more than the vector kernels (the results log)
+void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, int M, const float *bias, float *y, int N,
+                  int n) __attribute__((weak));
+static int tiles = 0;
+void use_tiles(int on) { tiles = on && packed_tiles; }
+static int least_tile_rows(int type) { return type == Q6_K ? 32 : 16; }
+
 static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
     int k256 = 0, k32 = 0;
     for (int i = 0; i < w->n; i++) {
@@ -473,12 +481,31 @@ static void block_rows(void *ctx, int64_t n0, int64_t n1) {
     }
 }
 
+// output columns n0 .. n1 for every row of x: the packed parts' rows on the tiles (from a multiple of 16), the rest as
+// block_rows computes them
+static void tile_rows(void *ctx, int64_t n0, int64_t n1) {
+    const BlockProduct *p = ctx;
+    for (int64_t n = n0; n < n1;) {
+        int part = 0, r = (int)n;
+        while (r >= p->w->part[part].rows) r -= p->w->part[part++].rows;
+        const Part *pt = &p->w->part[part];
+        const int64_t end = n + (pt->rows - r) < n1 ? n + (pt->rows - r) : n1;
+        if (!pt->packed || r % 16 || p->M < least_tile_rows(pt->type))
+            block_rows(ctx, n, end);
+        else
+            packed_tiles(pt->type, pt->packed + (int64_t)r / PACK_ROWS * (p->K / 256) * packed_block(pt->type),
+                         (int)(end - n), p->K, p->a, p->M, p->bias, p->y, p->N, (int)n);
+        n = end;
+    }
+}
+
 // y[M, N] = x[M, K] . w^T (+ bias[N]): w's parts of rows add up to N, each a kind of block of K columns
 void gguf_linear(const float *x, int M, int K, const Matrix *w, int N, const float *bias, float *y) {
     Acts a;
     quantize_acts(w, x, M, K, &a);
     BlockProduct p = {w, &a, M, K, N, bias, y};
-    parallel_for(N, 16, block_rows, &p);
+    if (tiles && M >= least_tile_rows(Q4_K) && a.q256) parallel_for(N, 64, tile_rows, &p);
+    else parallel_for(N, 16, block_rows, &p);
     free_acts(&a);
 }
 

@@ -19,7 +19,7 @@ from specmesh.settings import settings
 
 CSRC = Path(__file__).parents[1] / "csrc"
 SOURCE, AVX512_SOURCE, POOL_SOURCE = CSRC / "avx2.c", CSRC / "avx512.c", CSRC / "pool.c"
-BLOCKS_SOURCE, BLOCKS512_SOURCE = CSRC / "blocks.c", CSRC / "blocks512.c"
+BLOCKS_SOURCE, BLOCKS512_SOURCE, BLOCKS_AMX_SOURCE = CSRC / "blocks.c", CSRC / "blocks512.c", CSRC / "blocks_amx.c"
 
 
 class LayerWeights(ctypes.Structure):
@@ -78,9 +78,10 @@ def kernel_lib() -> ctypes.CDLL | None:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             out = Path(tmp) / lib.name
-            for files in ([SOURCE, AVX512_SOURCE, POOL_SOURCE, BLOCKS_SOURCE, BLOCKS512_SOURCE],
-                          [SOURCE, POOL_SOURCE, BLOCKS_SOURCE]):
-                # without avx512.c and blocks512.c where gcc is too old for them
+            base = [SOURCE, POOL_SOURCE, BLOCKS_SOURCE]
+            for files in (base + [AVX512_SOURCE, BLOCKS512_SOURCE, BLOCKS_AMX_SOURCE], base + [AVX512_SOURCE, BLOCKS512_SOURCE],
+                          base):
+                # without the AMX int8 tiles, then without AVX-512 too, where gcc is too old for them
                 build = subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", *map(str, files),
                                         "-o", str(out), *omp, "-lm", "-lpthread"], capture_output=True, text=True)
                 if build.returncode == 0:
@@ -94,6 +95,7 @@ def kernel_lib() -> ctypes.CDLL | None:
     if avx512_on(kernel):
         kernel.use_avx512(1)
         kernel.use_vnni(int(vnni_products(kernel)))
+        kernel.use_tiles(int(tile_products(kernel)))
     return kernel
 
 
@@ -133,6 +135,7 @@ AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
 AMX = AVX512 | {"amx_tile", "amx_bf16", "avx512_bf16"}
 DP = AVX512 | {"avx512_bf16"}
 Q8 = AVX512 | {"avx512_vnni"}
+AMX_INT8 = Q8 | {"amx_tile", "amx_int8"}
 
 
 def avx512_on(lib: ctypes.CDLL) -> bool:
@@ -145,6 +148,13 @@ def vnni_products(lib: ctypes.CDLL) -> bool:
     """Whether `lib`'s quantized products run on AVX512-VNNI (csrc/avx512.c built, the CPU has it, SPECMESH_KERNELS
     without no-avx512), else on AVX2's (the same values)."""
     return avx512_on(lib) and Q8 <= cpu_flags()
+
+
+def tile_products(lib: ctypes.CDLL) -> bool:
+    """Whether the packed K-quants' products of several rows run on AMX's int8 tiles (csrc/blocks_amx.c built, the CPU
+    has them, Linux lends the tile registers, SPECMESH_KERNELS without no-amx), else on VNNI's (the same values)."""
+    return vnni_products(lib) and AMX_INT8 <= cpu_flags() and settings().kernel("amx") is not False \
+        and hasattr(lib, "packed_tiles") and lib.amx_init() == 0
 
 
 @functools.cache

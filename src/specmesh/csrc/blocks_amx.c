@@ -1,0 +1,207 @@
+// The packed K-quants (blocks.h) on AMX's int8 tiles, for products of several rows of activations (verification,
+// prefill): the same bits as blocks.c's and blocks512.c's packed kernels. A tile product gives one sub-block's
+// exact int32 sums for up to 16 activation rows x 16 weight rows (two groups of 8); the sub-blocks' scales, the
+// mins and the float step follow in AVX-512, lane for lane blocks.h's packed_float.
+//
+// Tiles: C = A . B with A the activations [rows m][K of a sub-block] (signed bytes, read in place from Acts.q256
+// at a stride of K), B a sub-block's weights in VNNI order [K / 4][16 weight rows][4 bytes] (unpacked once per
+// block into L1, then used for every 16 activation rows), C [m][16 weight rows] int32. A sub-block is 32 weights
+// (Q4_K, Q5_K) or 16 (Q6_K): a tile product may not span two scales.
+#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl")
+#include "blocks.h"
+#include <stdlib.h>
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+#define C0 0                // tile registers by number: the intrinsics paste them into the instruction's text
+#define C1 1
+#define C2 2
+#define C3 3
+#define A0 4
+#define B0 5
+#define A1 6
+#define B1 7
+
+// C tiles of `m` rows x 16 int32, A tiles of m rows x `kw` bytes, B tiles of kw / 4 rows x 64 bytes
+static void configure(int m, int kw) {
+    TileConfig c = {0};
+    c.palette = 1;
+    for (int t = C0; t <= C3; t++) c.rows[t] = (uint8_t)m, c.colsb[t] = 64;
+    c.rows[A0] = c.rows[A1] = (uint8_t)m, c.colsb[A0] = c.colsb[A1] = (uint16_t)kw;
+    c.rows[B0] = c.rows[B1] = (uint8_t)(kw / 4), c.colsb[B0] = c.colsb[B1] = 64;
+    _tile_loadconfig(&c);
+}
+
+// a block of 16 weight rows made ready for the tiles: B [sub-block][its K / 4][64 bytes], the sub-blocks' scales
+// [sub-block][16 rows] (int32), the scales' or mins' pairs [pair][16 rows] (int16 pairs in int32 lanes, for the
+// activations' sums), and d, dmin [16 rows]
+typedef struct {
+    int8_t b[4096] __attribute__((aligned(64)));   // a sub-block's B at 16 kw bytes (kw: its weights)
+    __m512i sc[16], pairs[8];
+    __m512 d, dmin;
+} Ready;
+
+static const uint8_t zero_group[Q6K_PACKED] __attribute__((aligned(64)));
+
+// VNNI rows k4 = 2t and 2t + 1 of a sub-block's B from two groups' vectors (8 rows x 8 bytes each)
+static inline void vnni_rows(__m512i a, __m512i b, int8_t *out) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    _mm512_store_si512(out, _mm512_permutex2var_epi32(a, even, b));
+    _mm512_store_si512(out + 64, _mm512_permutex2var_epi32(a, odd, b));
+}
+
+static inline __m512i two_groups(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
+
+static inline __m512 halves(const uint8_t *a, const uint8_t *b) {       // 8 rows' fp16 of each group
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                                   _mm_loadu_si128((const __m128i *)b), 1));
+}
+
+static inline __m512i q6_bits(__m512i ql0, __m512i ql1, __m512i qh, int gr) {          // blocks512.c's q6_bits512
+    const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+    const __m512i l = gr % 2 ? ql1 : ql0;
+    const __m512i low = _mm512_and_si512(gr < 2 ? l : _mm512_srli_epi16(l, 4), nib);
+    const __m512i high = gr == 0 ? _mm512_slli_epi16(qh, 4) : gr == 1 ? _mm512_slli_epi16(qh, 2)
+                       : gr == 2 ? qh : _mm512_srli_epi16(qh, 2);
+    return _mm512_or_si512(low, _mm512_and_si512(high, top));
+}
+
+static inline __m512i fifth(__m512i qh, int s) {                                        // blocks512.c's fifth512
+    const __m512i at4 = s < 4 ? _mm512_slli_epi16(qh, 4 - s) : s == 4 ? qh : _mm512_srli_epi16(qh, s - 4);
+    return _mm512_and_si512(at4, _mm512_set1_epi8(0x10));
+}
+
+static void ready_q45(const uint8_t *ga, const uint8_t *gb, int five, Ready *r) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    const int qs = five ? Q5K_QS : Q4K_QS;
+    for (int j = 0; j < 4; j++)
+        for (int t = 0; t < 4; t++) {                  // sub-blocks 2j (low nibbles), 2j + 1: weights 8t ..
+            const __m512i va = _mm512_loadu_si512(ga + qs + (4 * j + t) * 64), vb = _mm512_loadu_si512(gb + qs + (4 * j + t) * 64);
+            __m512i la = _mm512_and_si512(va, nib), ha = _mm512_and_si512(_mm512_srli_epi16(va, 4), nib);
+            __m512i lb = _mm512_and_si512(vb, nib), hb = _mm512_and_si512(_mm512_srli_epi16(vb, 4), nib);
+            if (five) {
+                const __m512i qa = _mm512_loadu_si512(ga + Q5K_QH + 64 * t), qb = _mm512_loadu_si512(gb + Q5K_QH + 64 * t);
+                la = _mm512_or_si512(la, fifth(qa, 2 * j)), ha = _mm512_or_si512(ha, fifth(qa, 2 * j + 1));
+                lb = _mm512_or_si512(lb, fifth(qb, 2 * j)), hb = _mm512_or_si512(hb, fifth(qb, 2 * j + 1));
+            }
+            vnni_rows(la, lb, r->b + 512 * (2 * j) + 128 * t);
+            vnni_rows(ha, hb, r->b + 512 * (2 * j + 1) + 128 * t);
+        }
+    for (int s = 0; s < 8; s++)
+        r->sc[s] = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(ga + Q4K_SC + 8 * s)),
+                                                           _mm_loadl_epi64((const __m128i *)(gb + Q4K_SC + 8 * s))));
+    for (int p = 0; p < 4; p++)
+        r->pairs[p] = two_groups(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ga + Q4K_MN + 16 * p))),
+                                 _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(gb + Q4K_MN + 16 * p))));
+    r->d = halves(ga, gb), r->dmin = halves(ga + 16, gb + 16);
+}
+
+static void ready_q6(const uint8_t *ga, const uint8_t *gb, Ready *r) {
+    for (int hh = 0; hh < 2; hh++)
+        for (int t = 0; t < 4; t++) {
+            const uint8_t *a3 = ga + Q6K_QS + (4 * hh + t) * 192, *b3 = gb + Q6K_QS + (4 * hh + t) * 192;
+            const __m512i a0 = _mm512_loadu_si512(a3), a1 = _mm512_loadu_si512(a3 + 64), ah = _mm512_loadu_si512(a3 + 128);
+            const __m512i b0 = _mm512_loadu_si512(b3), b1 = _mm512_loadu_si512(b3 + 64), bh = _mm512_loadu_si512(b3 + 128);
+            for (int gr = 0; gr < 4; gr++)             // weights 128 hh + 32 gr + 8 t ..: sub-block 8 hh + 2 gr + t / 2
+                vnni_rows(q6_bits(a0, a1, ah, gr), q6_bits(b0, b1, bh, gr), r->b + 256 * (8 * hh + 2 * gr + t / 2) + 128 * (t % 2));
+        }
+    for (int p = 0; p < 8; p++) {                      // scales 2p, 2p + 1 of each row, as int16 pairs
+        const __m512i pair = two_groups(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(ga + Q6K_SC + 16 * p))),
+                                        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(gb + Q6K_SC + 16 * p))));
+        r->pairs[p] = pair;
+        r->sc[2 * p] = _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), r->sc[2 * p + 1] = _mm512_srai_epi32(pair, 16);
+    }
+    r->d = halves(ga, gb);
+}
+
+// lane n: sum over pairs p < P of pairs[p] (two int16) times the activation row's sums xs[2p], xs[2p + 1]
+static inline __m512i pair_sums16(const __m512i *pairs, const int16_t *xs, int P) {
+    __m512i m = _mm512_setzero_si512();
+    for (int p = 0; p < P; p++) {
+        int32_t two;
+        memcpy(&two, xs + 2 * p, 4);
+        m = _mm512_add_epi32(m, _mm512_madd_epi16(pairs[p], _mm512_set1_epi32(two)));
+    }
+    return m;
+}
+
+// One slab of 16 weight rows (groups ga, gb; gb NULL: none, its outputs zero) against activation rows 0 .. M, with
+// the tiles configured for `configured` rows: acc [M][16], rows 0..7 of group a then of group b
+static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Acts *a, int M, Ready *r,
+                 int32_t (*c)[16][16], int *configured, float *acc) {
+    const int six = type == Q6_K, five = type == Q5_K, S = six ? 16 : 8, kw = 256 / S, KB = K / 256;
+    const int size = six ? Q6K_PACKED : five ? Q5K_PACKED : Q4K_PACKED;
+    for (int64_t i = 0; i < (int64_t)M * 16; i++) acc[i] = 0;
+    for (int b = 0; b < KB; b++, ga += size, gb = gb ? gb + size : NULL) {
+        if (six) ready_q6(ga, gb ? gb : zero_group, r);
+        else ready_q45(ga, gb ? gb : zero_group, five, r);
+        for (int m0 = 0; m0 < M; m0 += 16) {
+            const int mt = M - m0 < 16 ? M - m0 : 16;
+            if (mt != *configured) configure(mt, kw), *configured = mt;
+            const int8_t *x = a->q256 + (int64_t)m0 * K + 256 * b;
+            for (int s = 0; s < S; s += 4) {       // four sub-blocks at a time, each on a C tile of its own
+                _tile_loadd(A0, x + kw * s, K);
+                _tile_loadd(B0, r->b + 16 * kw * s, 64);
+                _tile_zero(C0);
+                _tile_dpbssd(C0, A0, B0);
+                _tile_loadd(A1, x + kw * (s + 1), K);
+                _tile_loadd(B1, r->b + 16 * kw * (s + 1), 64);
+                _tile_zero(C1);
+                _tile_dpbssd(C1, A1, B1);
+                _tile_loadd(A0, x + kw * (s + 2), K);
+                _tile_loadd(B0, r->b + 16 * kw * (s + 2), 64);
+                _tile_zero(C2);
+                _tile_dpbssd(C2, A0, B0);
+                _tile_loadd(A1, x + kw * (s + 3), K);
+                _tile_loadd(B1, r->b + 16 * kw * (s + 3), 64);
+                _tile_zero(C3);
+                _tile_dpbssd(C3, A1, B1);
+                _tile_stored(C0, c[s], 64);
+                _tile_stored(C1, c[s + 1], 64);
+                _tile_stored(C2, c[s + 2], 64);
+                _tile_stored(C3, c[s + 3], 64);
+            }
+            for (int i = 0; i < mt; i++) {
+                const int64_t at = (int64_t)(m0 + i) * KB + b;
+                __m512i T = _mm512_setzero_si512();
+                for (int s = 0; s < S; s++) T = _mm512_add_epi32(T, _mm512_mullo_epi32(_mm512_load_si512(c[s][i]), r->sc[s]));
+                const __m512 dx = _mm512_set1_ps(a->d256[at]);
+                float *o = acc + 16 * (int64_t)(m0 + i);
+                __m512 v = _mm512_loadu_ps(o);
+                if (six) T = _mm512_sub_epi32(T, _mm512_slli_epi32(pair_sums16(r->pairs, a->b256 + at * 16, 8), 5));
+                v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T), _mm512_mul_ps(r->d, dx), v);
+                if (!six) v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(pair_sums16(r->pairs, a->s256 + at * 8, 4)),
+                                               _mm512_mul_ps(r->dmin, dx), v);
+                _mm512_storeu_ps(o, v);
+            }
+        }
+    }
+}
+
+// Rows `rows` of a packed part of `type` (its first group g; rows a multiple of 16 or the part's last) against
+// activation rows 0 .. M: y[i][n + c] = the product + bias[n + c] (y of N columns). Each value is the one
+// packed_float gives it.
+void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, int M, const float *bias, float *y,
+                  int N, int n) {
+    const int64_t group = (int64_t)(K / 256) * (type == Q6_K ? Q6K_PACKED : type == Q5_K ? Q5K_PACKED : Q4K_PACKED);
+    Ready *r = aligned_alloc(64, sizeof(Ready));
+    int32_t (*c)[16][16] = aligned_alloc(64, sizeof(int32_t) * 16 * 16 * 16);
+    float *acc = aligned_alloc(64, sizeof(float) * 16 * (int64_t)M);
+    int configured = 0;
+    for (int r0 = 0; r0 < rows; r0 += 16, g += 2 * group) {
+        const int cols = rows - r0 < 16 ? rows - r0 : 16;
+        slab(type, g, cols > PACK_ROWS ? g + group : NULL, K, a, M, r, c, &configured, acc);
+        for (int i = 0; i < M; i++)
+            for (int col = 0; col < cols; col++)
+                y[(int64_t)i * N + n + r0 + col] = acc[16 * i + col] + (bias ? bias[n + r0 + col] : 0.0f);
+    }
+    _tile_release();
+    free(acc);
+    free(c);
+    free(r);
+}
