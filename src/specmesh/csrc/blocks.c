@@ -313,7 +313,9 @@ static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, i
     const __m256i nib = _mm256_set1_epi8(0x0F);
     __m256 acc[PACKED_MB];
     for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
-    for (int b = 0; b < KB; b++, g += SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED) {
+    const int size = SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
+    for (int b = 0; b < KB; b++, g += size) {
+        for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T0);
         __m256i T[2][PACKED_MB];
         for (int h = 0; h < 2; h++) {
             for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();

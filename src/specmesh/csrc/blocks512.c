@@ -104,12 +104,40 @@ static inline __m512i fifth512(__m512i qh, int s) {
     return _mm512_and_si512(at4, _mm512_set1_epi8(0x10));
 }
 
+// Q4_K: sub-blocks 2j and 2j + 1's scales as int16 in packs_epi32(D0, D1)'s order, each twice: 128-bit lane k holds
+// c[2j][2k], c[2j][2k], c[2j][2k + 1], c[2j][2k + 1], then the same of sub-block 2j + 1 (rows 2k, 2k + 1)
+static inline __m512i q4k_pair_scales(const uint8_t *g, int j) {
+    const __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(g + Q4K_SC + 16 * j)));
+    const __m512i at = _mm512_set_epi8(
+        -1, 15, -1, 15, -1, 14, -1, 14, -1, 7, -1, 7, -1, 6, -1, 6, -1, 13, -1, 13, -1, 12, -1, 12, -1, 5, -1, 5, -1, 4, -1, 4,
+        -1, 11, -1, 11, -1, 10, -1, 10, -1, 3, -1, 3, -1, 2, -1, 2, -1, 9, -1, 9, -1, 8, -1, 8, -1, 1, -1, 1, -1, 0, -1, 0);
+    return _mm512_shuffle_epi8(v, at);
+}
+
+// Q5_K's sub-blocks 2j, 2j + 1 (e = 0), Q6_K's 8 (j / 2) + 2e + j % 2 and the one 2 on (e = 0, 2): lane 2r the first's
+// scale of row r, lane 2r + 1 the second's
+static inline __m512i two_scales(const uint8_t *g, int j, int e, const int SIX) {
+    if (!SIX) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(g + Q4K_SC + 16 * j));
+        return _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(v, _mm_srli_si128(v, 8)));
+    }
+    const uint8_t *sc = g + Q6K_SC + 16 * (4 * (j / 2) + e);   // sub-block s's scales: bytes 2r + s % 2 of row s / 2
+    const int o = j % 2;
+    const __m128i first = _mm_setr_epi8(o, -1, 2 + o, -1, 4 + o, -1, 6 + o, -1, 8 + o, -1, 10 + o, -1, 12 + o, -1, 14 + o, -1);
+    const __m128i second = _mm_setr_epi8(-1, o, -1, 2 + o, -1, 4 + o, -1, 6 + o, -1, 8 + o, -1, 10 + o, -1, 12 + o, -1, 14 + o);
+    const __m128i v = _mm_or_si128(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)sc), first),
+                                   _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(sc + 16)), second));
+    return _mm512_cvtepi8_epi32(v);
+}
+
 static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g, int KB, const Acts *a, int64_t m0,
                                                                 const int MB, const int FIVE, const int SIX, float *out) {
     const __m512i nib = _mm512_set1_epi8(0x0F);
     __m256 acc[PACKED_MB512];
     for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
-    for (int b = 0; b < KB; b++, g += SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED) {
+    const int size = SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
+    for (int b = 0; b < KB; b++, g += size) {
+        for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T0);
         const int8_t *x = a->q256 + (m0 * KB + b) * 256;
         __m512i T[PACKED_MB512];
         for (int i = 0; i < MB; i++) T[i] = _mm512_setzero_si512();
@@ -138,17 +166,30 @@ static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g
                     }
                 }
             }
-            _Pragma("GCC unroll 4") for (int e = 0; e < (SIX ? 4 : 2); e++) {
-                const __m512i c = SIX ? _mm512_cvtepi8_epi32(q6k_scales(g, 8 * (j / 2) + 2 * e + j % 2))
-                                      : _mm512_cvtepu8_epi32(q4k_scales(g, 2 * j + e));
-                for (int i = 0; i < MB; i++) T[i] = _mm512_add_epi32(T[i], _mm512_mullo_epi32(D[e][i], c));
+            if (!SIX && !FIVE) {                       // Q4_K: a lane's 16 products of q <= 15 fit int16, so one
+                const __m512i c = q4k_pair_scales(g, j);  // madd scales both sub-blocks and adds a row's two lanes
+                for (int i = 0; i < MB; i++) T[i] = _mm512_add_epi32(T[i], _mm512_madd_epi16(_mm512_packs_epi32(D[0][i], D[1][i]), c));
+                continue;
+            }
+            _Pragma("GCC unroll 2") for (int e = 0; e < (SIX ? 4 : 2); e += 2) {   // two sub-blocks a product:
+                const __m512i c = two_scales(g, j, e, SIX);     // lane 2r their row r's total, 2r + 1 the other's
+                for (int i = 0; i < MB; i++) {
+                    const __m512i a = _mm512_add_epi32(D[e][i], _mm512_shuffle_epi32(D[e][i], _MM_PERM_CDAB));
+                    const __m512i b = _mm512_add_epi32(D[e + 1][i], _mm512_shuffle_epi32(D[e + 1][i], _MM_PERM_CDAB));
+                    T[i] = _mm512_add_epi32(T[i], _mm512_mullo_epi32(_mm512_mask_blend_epi32(0xAAAA, a, b), c));
+                }
             }
         }
         for (int i = 0; i < MB; i++) {
             const int64_t at = (m0 + i) * KB + b;
-            const __m512i pairs = _mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_CDAB));
-            acc[i] = packed_float(acc[i], _mm512_cvtepi64_epi32(pairs), g, SIX ? a->b256 + at * 16 : a->s256 + at * 8,
-                                  a->d256[at], SIX);
+            __m256i rows;                              // the 8 rows' totals T
+            if (!SIX && !FIVE) {                       // lanes (k, 0..3): rows 2k, 2k + 1 of the even sub-blocks, then of the odd
+                const __m512i t = _mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_BADC));
+                rows = _mm512_castsi512_si256(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13), t));
+            } else {                                   // lanes (r, e): row r's halves
+                rows = _mm512_cvtepi64_epi32(_mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_CDAB)));
+            }
+            acc[i] = packed_float(acc[i], rows, g, SIX ? a->b256 + at * 16 : a->s256 + at * 8, a->d256[at], SIX);
         }
     }
     for (int i = 0; i < MB; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
