@@ -4,6 +4,7 @@
 // float part is blocks.c's, instruction for instruction); the packed K-quants 8 weight rows per register.
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
 #include "blocks.h"
+#include "blocks512.h"
 #include "vec.h"
 #include <stdlib.h>
 
@@ -87,21 +88,6 @@ static inline __m512i dot8_512(__m512i acc, __m512i q, const int8_t *x) {
     int64_t v;
     memcpy(&v, x, 8);
     return _mm512_dpbusd_epi32(acc, q, _mm512_set1_epi64(v));
-}
-
-static inline __m512i q6_bits512(__m512i ql0, __m512i ql1, __m512i qh, int gr) {      // blocks.c's q6_bits
-    const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
-    const __m512i l = gr % 2 ? ql1 : ql0;
-    const __m512i low = _mm512_and_si512(gr < 2 ? l : _mm512_srli_epi16(l, 4), nib);
-    const __m512i high = gr == 0 ? _mm512_slli_epi16(qh, 4) : gr == 1 ? _mm512_slli_epi16(qh, 2)
-                       : gr == 2 ? qh : _mm512_srli_epi16(qh, 2);
-    return _mm512_or_si512(low, _mm512_and_si512(high, top));
-}
-
-// Q5_K: sub-block s's fifth bits (bit s of each byte of qh) at bit 4, the rest of the byte zero
-static inline __m512i fifth512(__m512i qh, int s) {
-    const __m512i at4 = s < 4 ? _mm512_slli_epi16(qh, 4 - s) : s == 4 ? qh : _mm512_srli_epi16(qh, s - 4);
-    return _mm512_and_si512(at4, _mm512_set1_epi8(0x10));
 }
 
 // Q4_K: sub-blocks 2j and 2j + 1's scales as int16 in packs_epi32(D0, D1)'s order, each twice: 128-bit lane k holds

@@ -1,5 +1,5 @@
-// The packed K-quants (blocks.h) on AMX's int8 tiles, for products of several rows of activations (verification,
-// prefill): the same bits as blocks.c's and blocks512.c's packed kernels. A tile product gives one sub-block's
+// The packed K-quants (blocks.h) on AMX's int8 tiles, for products of 16 rows of activations or more (prefills; below,
+// blocks512.c's are faster): the same bits as blocks.c's and blocks512.c's packed kernels. A tile product gives one sub-block's
 // exact int32 sums for up to 16 activation rows x 16 weight rows (two groups of 8); the sub-blocks' scales, the
 // mins and the float step follow in AVX-512, lane for lane blocks.h's packed_float.
 //
@@ -9,6 +9,7 @@
 // (Q4_K, Q5_K) or 16 (Q6_K): a tile product may not span two scales.
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl")
 #include "blocks.h"
+#include "blocks512.h"
 #include <stdlib.h>
 
 typedef struct {
@@ -62,20 +63,6 @@ static inline __m512 halves(const uint8_t *a, const uint8_t *b) {       // 8 row
                                                    _mm_loadu_si128((const __m128i *)b), 1));
 }
 
-static inline __m512i q6_bits(__m512i ql0, __m512i ql1, __m512i qh, int gr) {          // blocks512.c's q6_bits512
-    const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
-    const __m512i l = gr % 2 ? ql1 : ql0;
-    const __m512i low = _mm512_and_si512(gr < 2 ? l : _mm512_srli_epi16(l, 4), nib);
-    const __m512i high = gr == 0 ? _mm512_slli_epi16(qh, 4) : gr == 1 ? _mm512_slli_epi16(qh, 2)
-                       : gr == 2 ? qh : _mm512_srli_epi16(qh, 2);
-    return _mm512_or_si512(low, _mm512_and_si512(high, top));
-}
-
-static inline __m512i fifth(__m512i qh, int s) {                                        // blocks512.c's fifth512
-    const __m512i at4 = s < 4 ? _mm512_slli_epi16(qh, 4 - s) : s == 4 ? qh : _mm512_srli_epi16(qh, s - 4);
-    return _mm512_and_si512(at4, _mm512_set1_epi8(0x10));
-}
-
 static void ready_q45(const uint8_t *ga, const uint8_t *gb, int five, Ready *r) {
     const __m512i nib = _mm512_set1_epi8(0x0F);
     const int qs = five ? Q5K_QS : Q4K_QS;
@@ -86,8 +73,8 @@ static void ready_q45(const uint8_t *ga, const uint8_t *gb, int five, Ready *r) 
             __m512i lb = _mm512_and_si512(vb, nib), hb = _mm512_and_si512(_mm512_srli_epi16(vb, 4), nib);
             if (five) {
                 const __m512i qa = _mm512_loadu_si512(ga + Q5K_QH + 64 * t), qb = _mm512_loadu_si512(gb + Q5K_QH + 64 * t);
-                la = _mm512_or_si512(la, fifth(qa, 2 * j)), ha = _mm512_or_si512(ha, fifth(qa, 2 * j + 1));
-                lb = _mm512_or_si512(lb, fifth(qb, 2 * j)), hb = _mm512_or_si512(hb, fifth(qb, 2 * j + 1));
+                la = _mm512_or_si512(la, fifth512(qa, 2 * j)), ha = _mm512_or_si512(ha, fifth512(qa, 2 * j + 1));
+                lb = _mm512_or_si512(lb, fifth512(qb, 2 * j)), hb = _mm512_or_si512(hb, fifth512(qb, 2 * j + 1));
             }
             vnni_rows(la, lb, r->b + 512 * (2 * j) + 128 * t);
             vnni_rows(ha, hb, r->b + 512 * (2 * j + 1) + 128 * t);
@@ -108,7 +95,7 @@ static void ready_q6(const uint8_t *ga, const uint8_t *gb, Ready *r) {
             const __m512i a0 = _mm512_loadu_si512(a3), a1 = _mm512_loadu_si512(a3 + 64), ah = _mm512_loadu_si512(a3 + 128);
             const __m512i b0 = _mm512_loadu_si512(b3), b1 = _mm512_loadu_si512(b3 + 64), bh = _mm512_loadu_si512(b3 + 128);
             for (int gr = 0; gr < 4; gr++)             // weights 128 hh + 32 gr + 8 t ..: sub-block 8 hh + 2 gr + t / 2
-                vnni_rows(q6_bits(a0, a1, ah, gr), q6_bits(b0, b1, bh, gr), r->b + 256 * (8 * hh + 2 * gr + t / 2) + 128 * (t % 2));
+                vnni_rows(q6_bits512(a0, a1, ah, gr), q6_bits512(b0, b1, bh, gr), r->b + 256 * (8 * hh + 2 * gr + t / 2) + 128 * (t % 2));
         }
     for (int p = 0; p < 8; p++) {                      // scales 2p, 2p + 1 of each row, as int16 pairs
         const __m512i pair = two_groups(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(ga + Q6K_SC + 16 * p))),

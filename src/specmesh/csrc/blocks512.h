@@ -1,0 +1,19 @@
+// What csrc/blocks512.c and csrc/blocks_amx.c share: the packed K-quants' weights unpacked 512 bits at a time.
+// Included after a file's AVX-512 target pragma.
+#pragma once
+#include "blocks.h"
+
+static inline __m512i q6_bits512(__m512i ql0, __m512i ql1, __m512i qh, int gr) {      // blocks.c's q6_bits, 8 rows
+    const __m512i nib = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+    const __m512i l = gr % 2 ? ql1 : ql0;
+    const __m512i low = _mm512_and_si512(gr < 2 ? l : _mm512_srli_epi16(l, 4), nib);
+    const __m512i high = gr == 0 ? _mm512_slli_epi16(qh, 4) : gr == 1 ? _mm512_slli_epi16(qh, 2)
+                       : gr == 2 ? qh : _mm512_srli_epi16(qh, 2);
+    return _mm512_or_si512(low, _mm512_and_si512(high, top));
+}
+
+// Q5_K: sub-block s's fifth bits (bit s of each byte of qh) at bit 4, the rest of the byte zero
+static inline __m512i fifth512(__m512i qh, int s) {
+    const __m512i at4 = s < 4 ? _mm512_slli_epi16(qh, 4 - s) : s == 4 ? qh : _mm512_srli_epi16(qh, s - 4);
+    return _mm512_and_si512(at4, _mm512_set1_epi8(0x10));
+}
