@@ -160,7 +160,7 @@ extern int vnni;
 
 static int wide(void) { return vnni && dot_rows512; }
 
-// csrc/blocks_amx.c, where it builds; used where use_tiles is on for products of at least tile_rows(type) rows of
+// csrc/blocks_amx.c, where it builds; used where use_tiles is on for products of least_tile_rows(type) rows or more of
 // activations (the same bits): below, the tiles' per-sub-block sums cost more than the vector kernels (the results log)
 void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, int M, const float *bias, float *y, int N,
                   int n) __attribute__((weak));
