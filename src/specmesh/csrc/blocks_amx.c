@@ -117,6 +117,14 @@ static inline __m512i pair_sums16(const __m512i *pairs, const int16_t *xs, int P
     return m;
 }
 
+// sub-block s's exact sums into tile Cn: the activations' bytes of it (rows at a stride of K) times its B
+#define SUB_BLOCK(Cn, An, Bn, s) do {                                                                                \
+        _tile_loadd(An, x + kw * (s), K);                                                                            \
+        _tile_loadd(Bn, r->b + 16 * kw * (s), 64);                                                                   \
+        _tile_zero(Cn);                                                                                              \
+        _tile_dpbssd(Cn, An, Bn);                                                                                    \
+    } while (0)
+
 // One slab of 16 weight rows (groups ga, gb; gb NULL: none, its outputs zero) against activation rows 0 .. M, with
 // the tiles configured for `configured` rows: acc [M][16], rows 0..7 of group a then of group b
 static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Acts *a, int M, Ready *r,
@@ -132,22 +140,10 @@ static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Ac
             if (mt != *configured) configure(mt, kw), *configured = mt;
             const int8_t *x = a->q256 + (int64_t)m0 * K + 256 * b;
             for (int s = 0; s < S; s += 4) {       // four sub-blocks at a time, each on a C tile of its own
-                _tile_loadd(A0, x + kw * s, K);
-                _tile_loadd(B0, r->b + 16 * kw * s, 64);
-                _tile_zero(C0);
-                _tile_dpbssd(C0, A0, B0);
-                _tile_loadd(A1, x + kw * (s + 1), K);
-                _tile_loadd(B1, r->b + 16 * kw * (s + 1), 64);
-                _tile_zero(C1);
-                _tile_dpbssd(C1, A1, B1);
-                _tile_loadd(A0, x + kw * (s + 2), K);
-                _tile_loadd(B0, r->b + 16 * kw * (s + 2), 64);
-                _tile_zero(C2);
-                _tile_dpbssd(C2, A0, B0);
-                _tile_loadd(A1, x + kw * (s + 3), K);
-                _tile_loadd(B1, r->b + 16 * kw * (s + 3), 64);
-                _tile_zero(C3);
-                _tile_dpbssd(C3, A1, B1);
+                SUB_BLOCK(C0, A0, B0, s);
+                SUB_BLOCK(C1, A1, B1, s + 1);
+                SUB_BLOCK(C2, A0, B0, s + 2);
+                SUB_BLOCK(C3, A1, B1, s + 3);
                 _tile_stored(C0, c[s], 64);
                 _tile_stored(C1, c[s + 1], 64);
                 _tile_stored(C2, c[s + 2], 64);
