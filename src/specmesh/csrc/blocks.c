@@ -379,10 +379,6 @@ static void packed_rows(int type, const uint8_t *g0, int K, const Acts *a, int64
     }
 }
 
-static int packed_block(int type) {
-    return type == Q4_K ? Q4K_PACKED : type == Q5_K ? Q5K_PACKED : type == Q6_K ? Q6K_PACKED : 0;
-}
-
 // the bytes of a part's rows of `type` packed (gguf_pack), or 0 where the type has no packed kernel
 int64_t gguf_packed_bytes(int type, int rows, int K) {
     return K % 256 ? 0 : (int64_t)(rows + PACK_ROWS - 1) / PACK_ROWS * (K / 256) * packed_block(type);

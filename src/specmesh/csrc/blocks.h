@@ -61,12 +61,18 @@ static inline void scale_min_bytes(const uint8_t *s, uint64_t *sc, uint64_t *mn)
 // the speed). Every kernel of the layout computes a row's block as exact integers
 // (Q4_K, Q5_K: T = sum_s sc_s sum(q x over s), Mn = sum_s mn_s sum(x over s); Q6_K: T = sum_s sc_s sum((q - 32) x)), then
 // the one float part below, so a row's result is the same on AVX2 and AVX-512 and whatever the batch.
-// the packed kernels fetch the group-blocks AHEAD of the one they multiply: one row of activations streams the
-// weights faster than the hardware's prefetch alone fetches them
-#define AHEAD 4
 enum { PACK_ROWS = 8, Q4K_PACKED = 1184, Q4K_SC = 32, Q4K_MN = 96, Q4K_QS = 160, Q5K_PACKED = 1440, Q5K_QH = 160,
        Q5K_QS = 416,
        Q6K_PACKED = 1680, Q6K_SC = 16, Q6K_QS = 144 };
+
+// a group-block's bytes for a packed type (0: a type that is not packed)
+static inline int packed_block(int type) {
+    return type == Q4_K ? Q4K_PACKED : type == Q5_K ? Q5K_PACKED : type == Q6_K ? Q6K_PACKED : 0;
+}
+
+// the packed kernels fetch the group-blocks AHEAD of the one they multiply: one row of activations streams the
+// weights faster than the hardware's prefetch alone fetches them
+#define AHEAD 4
 
 // bytes (r, r) for 8 rows r: a sub-block's scale in the lanes (2r, 2r + 1) of a row's two 4-byte halves
 static inline __m128i q4k_scales(const uint8_t *g, int s) {

@@ -130,7 +130,7 @@ static inline __m512i pair_sums16(const __m512i *pairs, const int16_t *xs, int P
 static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Acts *a, int M, Ready *r,
                  int32_t (*c)[16][16], int *configured, float *acc) {
     const int six = type == Q6_K, five = type == Q5_K, S = six ? 16 : 8, kw = 256 / S, KB = K / 256;
-    const int size = six ? Q6K_PACKED : five ? Q5K_PACKED : Q4K_PACKED;
+    const int size = packed_block(type);
     for (int64_t i = 0; i < (int64_t)M * 16; i++) acc[i] = 0;
     for (int b = 0; b < KB; b++, ga += size, gb = gb ? gb + size : NULL) {
         if (six) ready_q6(ga, gb ? gb : zero_group, r);
@@ -171,7 +171,7 @@ static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Ac
 // packed_float gives it.
 void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, int M, const float *bias, float *y,
                   int N, int n) {
-    const int64_t group = (int64_t)(K / 256) * (type == Q6_K ? Q6K_PACKED : type == Q5_K ? Q5K_PACKED : Q4K_PACKED);
+    const int64_t group = (int64_t)(K / 256) * packed_block(type);
     Ready *r = aligned_alloc(64, sizeof(Ready));
     int32_t (*c)[16][16] = aligned_alloc(64, sizeof(int32_t) * 16 * 16 * 16);
     float *acc = aligned_alloc(64, sizeof(float) * 16 * (int64_t)M);
