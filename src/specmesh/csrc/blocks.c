@@ -153,7 +153,6 @@ static void quantize_256(const float *x, int M, int K, int8_t *xq, float *xd, in
 }
 
 // csrc/blocks512.c, where it builds; used where use_vnni is on (csrc/avx2.c), with the same results
-#define ROWS512 8
 void dot_rows512(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) __attribute__((weak));
 void packed_rows512(int type, const uint8_t *g, int K, const Acts *a, int64_t m0, int mb, float *out) __attribute__((weak));
 extern int vnni;
@@ -250,8 +249,8 @@ static inline __attribute__((always_inline)) void dot32(const uint8_t *w, int QB
 #define ROWS_CASES(CALL) \
     switch (mb) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; default: CALL(4); }
 
-// one weight row of a 32-block `type` against rows m0 .. m0 + mb of the activations
-static void dot_row(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) {
+// one weight row of a 32-block `type` against rows m0 .. m0 + mb (mb <= MAXROWS) of the activations
+static void dot_rows(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) {
 #define D32(T) ROWS_CASES(C32_##T)
 #define C32_Q4_0(n) dot32(w, K / 32, a, m0, n, Q4_0, out)
 #define C32_Q4_1(n) dot32(w, K / 32, a, m0, n, Q4_1, out)
@@ -265,6 +264,11 @@ static void dot_row(int type, const uint8_t *w, int K, const Acts *a, int64_t m0
         case Q5_1: D32(Q5_1) break;
         case Q8_0: D32(Q8_0) break;
     }
+}
+
+// the same for mb <= PASS_ROWS rows, MAXROWS at a time (the weight row read again from L1)
+static void dot_row(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) {
+    for (int i = 0; i < mb; i += MAXROWS) dot_rows(type, w, K, a, m0 + i, mb - i < MAXROWS ? mb - i : MAXROWS, out + i);
 }
 
 // -- K-quants packed by 8 rows (blocks.h) ----------------------------------------------------------------------
@@ -307,76 +311,86 @@ static inline __m256i fifth(__m256i qh, int s) {
     return _mm256_and_si256(at4, _mm256_set1_epi8(0x10));
 }
 
-// A group's 8 rows of Q4_K, Q5_K (FIVE) or Q6_K (SIX) against activation rows m0 .. m0 + MB: out[i][r]
-static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, int KB, const Acts *a, int64_t m0,
-                                                             const int MB, const int FIVE, const int SIX, float *out) {
+// group-block b (at g) of 8 rows of Q4_K, Q5_K (FIVE) or Q6_K (SIX) against activation rows m0 .. m0 + MB:
+// acc[i] += its part
+static inline __attribute__((always_inline)) void group_block(const uint8_t *g, int KB, int b, const Acts *a, int64_t m0,
+                                                               const int MB, const int FIVE, const int SIX, __m256 *acc) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
-    __m256 acc[PACKED_MB];
-    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
+    __m256i T[2][PACKED_MB];
+    for (int h = 0; h < 2; h++) {
+        for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {  // Q4/5_K: sub-blocks 2j, 2j + 1; Q6_K: 4 of 16
+            __m256i D[4][PACKED_MB];
+            for (int i = 0; i < MB; i++) D[0][i] = D[1][i] = D[2][i] = D[3][i] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int u = 0; u < (SIX ? 2 : 4); u++) {
+                const int8_t *x = a->q256 + (m0 * KB + b) * 256;
+                if (SIX) {                         // weights 128 hh + 32 gr + 8 t ..: sub-block 8 hh + 2 gr + j % 2
+                    const int hh = j / 2, t = 2 * (j % 2) + u;
+                    const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192 + 32 * h;
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)q3);
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(q3 + 64));
+                    const __m256i hb = _mm256_loadu_si256((const __m256i *)(q3 + 128));
+                    _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
+                        const __m256i q = q6_bits(l0, l1, hb, gr);
+                        for (int i = 0; i < MB; i++)
+                            D[gr][i] = _mm256_add_epi32(D[gr][i], dot8(q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t));
+                    }
+                } else {                           // weights 64 j + 8 u .. (low nibbles) and 64 j + 32 + 8 u ..
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(g + (FIVE ? Q5K_QS : Q4K_QS) + (4 * j + u) * 64 + 32 * h));
+                    __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                    if (FIVE) {
+                        const __m256i qh = _mm256_loadu_si256((const __m256i *)(g + Q5K_QH + 64 * u + 32 * h));
+                        lo = _mm256_or_si256(lo, fifth(qh, 2 * j)), hi = _mm256_or_si256(hi, fifth(qh, 2 * j + 1));
+                    }
+                    for (int i = 0; i < MB; i++) {
+                        D[0][i] = _mm256_add_epi32(D[0][i], dot8(lo, x + i * KB * 256 + 64 * j + 8 * u));
+                        D[1][i] = _mm256_add_epi32(D[1][i], dot8(hi, x + i * KB * 256 + 64 * j + 32 + 8 * u));
+                    }
+                }
+            }
+            _Pragma("GCC unroll 4") for (int e = 0; e < (SIX ? 4 : 2); e++) {
+                const __m256i c = SIX ? half_scales(q6k_scales(g, 8 * (j / 2) + 2 * e + j % 2), h, 1)
+                                      : half_scales(q4k_scales(g, 2 * j + e), h, 0);
+                for (int i = 0; i < MB; i++) T[h][i] = _mm256_add_epi32(T[h][i], _mm256_mullo_epi32(D[e][i], c));
+            }
+        }
+    }
+    for (int i = 0; i < MB; i++) {
+        const int64_t at = (m0 + i) * KB + b;
+        acc[i] = packed_float(acc[i], row_totals(T[0][i], T[1][i]), g, SIX ? a->b256 + at * 16 : a->s256 + at * 8,
+                              a->d256[at], SIX);
+    }
+}
+
+// A group's 8 rows against activation rows m0 .. m0 + 2 chunks + REST (at most PASS_ROWS): out[i][r]. One pass over the
+// weights, each group-block multiplied by every chunk of rows in turn: fetching the next block overlaps the products
+// (a pass a chunk would fetch the weights in the first alone).
+static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, int KB, const Acts *a, int64_t m0,
+                                                             int chunks, const int REST, const int FIVE, const int SIX,
+                                                             float *out) {
+    __m256 acc[PASS_ROWS];
+    for (int i = 0; i < PACKED_MB * chunks + REST; i++) acc[i] = _mm256_setzero_ps();
     const int size = SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
     for (int b = 0; b < KB; b++, g += size) {
         for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T0);
-        __m256i T[2][PACKED_MB];
-        for (int h = 0; h < 2; h++) {
-            for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {  // Q4/5_K: sub-blocks 2j, 2j + 1; Q6_K: 4 of 16
-                __m256i D[4][PACKED_MB];
-                for (int i = 0; i < MB; i++) D[0][i] = D[1][i] = D[2][i] = D[3][i] = _mm256_setzero_si256();
-                _Pragma("GCC unroll 4") for (int u = 0; u < (SIX ? 2 : 4); u++) {
-                    const int8_t *x = a->q256 + (m0 * KB + b) * 256;
-                    if (SIX) {                         // weights 128 hh + 32 gr + 8 t ..: sub-block 8 hh + 2 gr + j % 2
-                        const int hh = j / 2, t = 2 * (j % 2) + u;
-                        const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192 + 32 * h;
-                        const __m256i l0 = _mm256_loadu_si256((const __m256i *)q3);
-                        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(q3 + 64));
-                        const __m256i hb = _mm256_loadu_si256((const __m256i *)(q3 + 128));
-                        _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
-                            const __m256i q = q6_bits(l0, l1, hb, gr);
-                            for (int i = 0; i < MB; i++)
-                                D[gr][i] = _mm256_add_epi32(D[gr][i], dot8(q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t));
-                        }
-                    } else {                           // weights 64 j + 8 u .. (low nibbles) and 64 j + 32 + 8 u ..
-                        const __m256i v = _mm256_loadu_si256((const __m256i *)(g + (FIVE ? Q5K_QS : Q4K_QS) + (4 * j + u) * 64 + 32 * h));
-                        __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-                        if (FIVE) {
-                            const __m256i qh = _mm256_loadu_si256((const __m256i *)(g + Q5K_QH + 64 * u + 32 * h));
-                            lo = _mm256_or_si256(lo, fifth(qh, 2 * j)), hi = _mm256_or_si256(hi, fifth(qh, 2 * j + 1));
-                        }
-                        for (int i = 0; i < MB; i++) {
-                            D[0][i] = _mm256_add_epi32(D[0][i], dot8(lo, x + i * KB * 256 + 64 * j + 8 * u));
-                            D[1][i] = _mm256_add_epi32(D[1][i], dot8(hi, x + i * KB * 256 + 64 * j + 32 + 8 * u));
-                        }
-                    }
-                }
-                _Pragma("GCC unroll 4") for (int e = 0; e < (SIX ? 4 : 2); e++) {
-                    const __m256i c = SIX ? half_scales(q6k_scales(g, 8 * (j / 2) + 2 * e + j % 2), h, 1)
-                                          : half_scales(q4k_scales(g, 2 * j + e), h, 0);
-                    for (int i = 0; i < MB; i++) T[h][i] = _mm256_add_epi32(T[h][i], _mm256_mullo_epi32(D[e][i], c));
-                }
-            }
-        }
-        for (int i = 0; i < MB; i++) {
-            const int64_t at = (m0 + i) * KB + b;
-            acc[i] = packed_float(acc[i], row_totals(T[0][i], T[1][i]), g, SIX ? a->b256 + at * 16 : a->s256 + at * 8,
-                                  a->d256[at], SIX);
-        }
+        for (int c = 0; c < chunks; c++)
+            group_block(g, KB, b, a, m0 + PACKED_MB * c, PACKED_MB, FIVE, SIX, acc + PACKED_MB * c);
+        if (REST) group_block(g, KB, b, a, m0 + PACKED_MB * chunks, REST, FIVE, SIX, acc + PACKED_MB * chunks);
     }
-    for (int i = 0; i < MB; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
+    for (int i = 0; i < PACKED_MB * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 
-// group g0 (its first byte) of `type` against rows m0 .. m0 + mb: out [mb][8]
+// group g0 (its first byte) of `type` against rows m0 .. m0 + mb (mb <= PASS_ROWS): out [mb][8]
 static void packed_rows(int type, const uint8_t *g0, int K, const Acts *a, int64_t m0, int mb, float *out) {
     if (wide()) {
         packed_rows512(type, g0, K, a, m0, mb, out);
         return;
     }
-#define PACKED_TYPES(n) type == Q6_K ? packed_dot(g0, K / 256, a, m0 + i, n, 0, 1, o)                                    \
-                     : type == Q5_K ? packed_dot(g0, K / 256, a, m0 + i, n, 1, 0, o) : packed_dot(g0, K / 256, a, m0 + i, n, 0, 0, o)
-    for (int i = 0; i < mb; i += PACKED_MB) {
-        float *o = out + 8 * i;
-        if (mb - i >= 2) PACKED_TYPES(2);
-        else PACKED_TYPES(1);
-    }
+#define PACKED_TYPES(r) type == Q6_K ? packed_dot(g0, K / 256, a, m0, mb / PACKED_MB, r, 0, 1, out)                      \
+                     : type == Q5_K ? packed_dot(g0, K / 256, a, m0, mb / PACKED_MB, r, 1, 0, out)                      \
+                                    : packed_dot(g0, K / 256, a, m0, mb / PACKED_MB, r, 0, 0, out)
+    if (mb % PACKED_MB) PACKED_TYPES(1);
+    else PACKED_TYPES(0);
 }
 
 // the bytes of a part's rows of `type` packed (gguf_pack), or 0 where the type has no packed kernel
@@ -443,22 +457,22 @@ typedef struct {            // gguf_linear's arguments, for its parallel tasks
     float *y;
 } BlockProduct;
 
-// output columns n0 .. n1 for every row of x: a few rows at a time (MAXROWS, ROWS512) against each of the columns'
+// output columns n0 .. n1 for every row of x: PASS_ROWS rows at a time against each of the columns'
 // weight rows (a task's rows of weights stay in L1/L2 while the activations stream once; the next weight row is
 // fetched ahead)
 static void block_rows(void *ctx, int64_t n0, int64_t n1) {
     const BlockProduct *p = ctx;
-    const int wide512 = wide(), step = wide512 ? ROWS512 : MAXROWS;
-    float out[ROWS512];
-    for (int m0 = 0; m0 < p->M; m0 += step) {
-        const int mb = p->M - m0 < step ? p->M - m0 : step;
+    const int wide512 = wide();
+    float out[PASS_ROWS];
+    for (int m0 = 0; m0 < p->M; m0 += PASS_ROWS) {
+        const int mb = p->M - m0 < PASS_ROWS ? p->M - m0 : PASS_ROWS;
         for (int64_t n = n0; n < n1; n++) {
             int part = 0, r = (int)n;
             while (r >= p->w->part[part].rows) r -= p->w->part[part++].rows;
             const Part *pt = &p->w->part[part];
             if (pt->packed) {                          // its group of 8 rows at once, those in this task kept
                 const int first = r / PACK_ROWS * PACK_ROWS, last = first + PACK_ROWS < pt->rows ? first + PACK_ROWS : pt->rows;
-                float group[ROWS512 * PACK_ROWS];
+                float group[PASS_ROWS * PACK_ROWS];
                 packed_rows(pt->type, pt->packed + (int64_t)first / PACK_ROWS * (p->K / 256) * packed_block(pt->type), p->K,
                             p->a, m0, mb, group);
                 const int count = (int)(last - r < n1 - n ? last - r : n1 - n);

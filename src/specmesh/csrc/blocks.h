@@ -18,6 +18,7 @@ typedef struct {            // one part of a matrix (kernels.GGUFLinear fills it
 } Part;
 
 #define MAX_PARTS 3
+#define PASS_ROWS 8         // activation rows multiplied in one pass over a task's weights (gguf_linear's block_rows)
 typedef struct Matrix {
     int n;
     Part part[MAX_PARTS];   // output rows: part 0's, then part 1's ...

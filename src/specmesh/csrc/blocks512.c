@@ -1,5 +1,5 @@
 // gguf_linear's products on AVX-512 with VNNI (csrc/blocks.c calls them where use_vnni is on), the same bits as
-// blocks.c's: the 32-blocks up to ROWS512 rows of activations per unpacked weight row, a 512-bit register holding
+// blocks.c's: the 32-blocks up to PASS_ROWS rows of activations per unpacked weight row, a 512-bit register holding
 // two of blocks.c's 256-bit vectors (each int32 lane sums the same products as the AVX2 kernel's lane, and the
 // float part is blocks.c's, instruction for instruction); the packed K-quants 8 weight rows per register.
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
@@ -7,8 +7,6 @@
 #include "blocks512.h"
 #include "vec.h"
 #include <stdlib.h>
-
-#define ROWS512 8
 
 // The 32-blocks, two at a time: blocks b and b + 1 in the low and high halves. A block's int32 lanes are
 // AVX2's maddubs + madd(1) (no pair saturates: |q| <= 128, |x| <= 127) as one dpbusd; x takes q's sign as
@@ -31,8 +29,8 @@ static inline __attribute__((always_inline)) void dot32_512(const uint8_t *w, in
                                                             const int MB, const int TYPE, float *out) {
     const int mins = TYPE == Q4_1 || TYPE == Q5_1;
     const int BB = TYPE == Q8_0 ? 34 : TYPE == Q4_0 ? 18 : TYPE == Q4_1 ? 20 : TYPE == Q5_0 ? 22 : 24;
-    __m256 acc[ROWS512];
-    float off[ROWS512];
+    __m256 acc[PASS_ROWS];
+    float off[PASS_ROWS];
     for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps(), off[i] = 0;
     for (int b = 0; b < QB; b += 2, w += 2 * BB) {
         const int two = b + 1 < QB;                    // a last block alone: the high half is zero, unused
@@ -59,11 +57,11 @@ static inline __attribute__((always_inline)) void dot32_512(const uint8_t *w, in
     for (int i = 0; i < MB; i++) out[i] = hsum(acc[i]) + off[i];
 }
 
-#define ROWS512_CASES(CALL) switch (mb) { \
+#define ROWS_CASES512(CALL) switch (mb) { \
     case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
     case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; default: CALL(8); }
 
-// one weight row of a 32-block `type` against rows m0 .. m0 + mb (mb <= ROWS512) of the activations
+// one weight row of a 32-block `type` against rows m0 .. m0 + mb (mb <= PASS_ROWS) of the activations
 void dot_rows512(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) {
 #define C32(T, n) dot32_512(w, K / 32, a, m0, n, T, out)
 #define C_Q4_0(n) C32(Q4_0, n)
@@ -72,11 +70,11 @@ void dot_rows512(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, i
 #define C_Q5_1(n) C32(Q5_1, n)
 #define C_Q8_0(n) C32(Q8_0, n)
     switch (type) {
-        case Q4_0: ROWS512_CASES(C_Q4_0) break;
-        case Q4_1: ROWS512_CASES(C_Q4_1) break;
-        case Q5_0: ROWS512_CASES(C_Q5_0) break;
-        case Q5_1: ROWS512_CASES(C_Q5_1) break;
-        case Q8_0: ROWS512_CASES(C_Q8_0) break;
+        case Q4_0: ROWS_CASES512(C_Q4_0) break;
+        case Q4_1: ROWS_CASES512(C_Q4_1) break;
+        case Q5_0: ROWS_CASES512(C_Q5_0) break;
+        case Q5_1: ROWS_CASES512(C_Q5_1) break;
+        case Q8_0: ROWS_CASES512(C_Q8_0) break;
     }
 }
 
@@ -116,81 +114,92 @@ static inline __m512i two_scales(const uint8_t *g, int j, int e, const int SIX) 
     return _mm512_cvtepi8_epi32(v);
 }
 
-static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g, int KB, const Acts *a, int64_t m0,
-                                                                const int MB, const int FIVE, const int SIX, float *out) {
+// group-block b (at g) of 8 rows of Q4_K, Q5_K (FIVE) or Q6_K (SIX) against activation rows m0 .. m0 + MB: acc[i] += its part
+static inline __attribute__((always_inline)) void group_block512(const uint8_t *g, int KB, int b, const Acts *a, int64_t m0,
+                                                                  const int MB, const int FIVE, const int SIX, __m256 *acc) {
     const __m512i nib = _mm512_set1_epi8(0x0F);
-    __m256 acc[PACKED_MB512];
-    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps();
+    const int8_t *x = a->q256 + (m0 * KB + b) * 256;
+    __m512i T[PACKED_MB512];
+    for (int i = 0; i < MB; i++) T[i] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {   // as blocks.c's packed_dot
+        __m512i D[4][PACKED_MB512];
+        for (int i = 0; i < MB; i++) D[0][i] = D[1][i] = D[2][i] = D[3][i] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int u = 0; u < (SIX ? 2 : 4); u++) {
+            if (SIX) {
+                const int hh = j / 2, t = 2 * (j % 2) + u;
+                const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192;
+                const __m512i l0 = _mm512_loadu_si512(q3), l1 = _mm512_loadu_si512(q3 + 64), hb = _mm512_loadu_si512(q3 + 128);
+                _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
+                    const __m512i q = q6_bits512(l0, l1, hb, gr);
+                    for (int i = 0; i < MB; i++) D[gr][i] = dot8_512(D[gr][i], q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t);
+                }
+            } else {
+                const __m512i v = _mm512_loadu_si512(g + (FIVE ? Q5K_QS : Q4K_QS) + (4 * j + u) * 64);
+                __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                if (FIVE) {
+                    const __m512i qh = _mm512_loadu_si512(g + Q5K_QH + 64 * u);
+                    lo = _mm512_or_si512(lo, fifth512(qh, 2 * j)), hi = _mm512_or_si512(hi, fifth512(qh, 2 * j + 1));
+                }
+                for (int i = 0; i < MB; i++) {
+                    D[0][i] = dot8_512(D[0][i], lo, x + i * KB * 256 + 64 * j + 8 * u);
+                    D[1][i] = dot8_512(D[1][i], hi, x + i * KB * 256 + 64 * j + 32 + 8 * u);
+                }
+            }
+        }
+        if (!SIX && !FIVE) {                       // Q4_K: a lane's 16 products of q <= 15 fit int16, so one
+            const __m512i c = q4k_pair_scales(g, j);  // madd scales both sub-blocks and adds a row's two lanes
+            for (int i = 0; i < MB; i++) T[i] = _mm512_add_epi32(T[i], _mm512_madd_epi16(_mm512_packs_epi32(D[0][i], D[1][i]), c));
+            continue;
+        }
+        _Pragma("GCC unroll 2") for (int e = 0; e < (SIX ? 4 : 2); e += 2) {   // two sub-blocks a product:
+            const __m512i c = two_scales(g, j, e, SIX);     // lane 2r their row r's total, 2r + 1 the other's
+            for (int i = 0; i < MB; i++) {
+                const __m512i a = _mm512_add_epi32(D[e][i], _mm512_shuffle_epi32(D[e][i], _MM_PERM_CDAB));
+                const __m512i b = _mm512_add_epi32(D[e + 1][i], _mm512_shuffle_epi32(D[e + 1][i], _MM_PERM_CDAB));
+                T[i] = _mm512_add_epi32(T[i], _mm512_mullo_epi32(_mm512_mask_blend_epi32(0xAAAA, a, b), c));
+            }
+        }
+    }
+    for (int i = 0; i < MB; i++) {
+        const int64_t at = (m0 + i) * KB + b;
+        __m256i rows;                              // the 8 rows' totals T
+        if (!SIX && !FIVE) {                       // lanes (k, 0..3): rows 2k, 2k + 1 of the even sub-blocks, then of the odd
+            const __m512i t = _mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_BADC));
+            rows = _mm512_castsi512_si256(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13), t));
+        } else {                                   // lanes (r, e): row r's halves
+            rows = _mm512_cvtepi64_epi32(_mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_CDAB)));
+        }
+        acc[i] = packed_float(acc[i], rows, g, SIX ? a->b256 + at * 16 : a->s256 + at * 8, a->d256[at], SIX);
+    }
+}
+
+// A group's 8 rows against activation rows m0 .. m0 + 4 chunks + REST (at most PASS_ROWS): out[i][r]. One pass over the
+// weights, each group-block multiplied by every chunk of 4 rows in turn: fetching the next block overlaps the products
+// (a pass a chunk would fetch the weights in the first alone).
+static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g, int KB, const Acts *a, int64_t m0,
+                                                                int chunks, const int REST, const int FIVE, const int SIX,
+                                                                float *out) {
+    __m256 acc[PASS_ROWS];
+    for (int i = 0; i < PACKED_MB512 * chunks + REST; i++) acc[i] = _mm256_setzero_ps();
     const int size = SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
     for (int b = 0; b < KB; b++, g += size) {
         for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T0);
-        const int8_t *x = a->q256 + (m0 * KB + b) * 256;
-        __m512i T[PACKED_MB512];
-        for (int i = 0; i < MB; i++) T[i] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {   // as blocks.c's packed_dot
-            __m512i D[4][PACKED_MB512];
-            for (int i = 0; i < MB; i++) D[0][i] = D[1][i] = D[2][i] = D[3][i] = _mm512_setzero_si512();
-            _Pragma("GCC unroll 4") for (int u = 0; u < (SIX ? 2 : 4); u++) {
-                if (SIX) {
-                    const int hh = j / 2, t = 2 * (j % 2) + u;
-                    const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192;
-                    const __m512i l0 = _mm512_loadu_si512(q3), l1 = _mm512_loadu_si512(q3 + 64), hb = _mm512_loadu_si512(q3 + 128);
-                    _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
-                        const __m512i q = q6_bits512(l0, l1, hb, gr);
-                        for (int i = 0; i < MB; i++) D[gr][i] = dot8_512(D[gr][i], q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t);
-                    }
-                } else {
-                    const __m512i v = _mm512_loadu_si512(g + (FIVE ? Q5K_QS : Q4K_QS) + (4 * j + u) * 64);
-                    __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-                    if (FIVE) {
-                        const __m512i qh = _mm512_loadu_si512(g + Q5K_QH + 64 * u);
-                        lo = _mm512_or_si512(lo, fifth512(qh, 2 * j)), hi = _mm512_or_si512(hi, fifth512(qh, 2 * j + 1));
-                    }
-                    for (int i = 0; i < MB; i++) {
-                        D[0][i] = dot8_512(D[0][i], lo, x + i * KB * 256 + 64 * j + 8 * u);
-                        D[1][i] = dot8_512(D[1][i], hi, x + i * KB * 256 + 64 * j + 32 + 8 * u);
-                    }
-                }
-            }
-            if (!SIX && !FIVE) {                       // Q4_K: a lane's 16 products of q <= 15 fit int16, so one
-                const __m512i c = q4k_pair_scales(g, j);  // madd scales both sub-blocks and adds a row's two lanes
-                for (int i = 0; i < MB; i++) T[i] = _mm512_add_epi32(T[i], _mm512_madd_epi16(_mm512_packs_epi32(D[0][i], D[1][i]), c));
-                continue;
-            }
-            _Pragma("GCC unroll 2") for (int e = 0; e < (SIX ? 4 : 2); e += 2) {   // two sub-blocks a product:
-                const __m512i c = two_scales(g, j, e, SIX);     // lane 2r their row r's total, 2r + 1 the other's
-                for (int i = 0; i < MB; i++) {
-                    const __m512i a = _mm512_add_epi32(D[e][i], _mm512_shuffle_epi32(D[e][i], _MM_PERM_CDAB));
-                    const __m512i b = _mm512_add_epi32(D[e + 1][i], _mm512_shuffle_epi32(D[e + 1][i], _MM_PERM_CDAB));
-                    T[i] = _mm512_add_epi32(T[i], _mm512_mullo_epi32(_mm512_mask_blend_epi32(0xAAAA, a, b), c));
-                }
-            }
-        }
-        for (int i = 0; i < MB; i++) {
-            const int64_t at = (m0 + i) * KB + b;
-            __m256i rows;                              // the 8 rows' totals T
-            if (!SIX && !FIVE) {                       // lanes (k, 0..3): rows 2k, 2k + 1 of the even sub-blocks, then of the odd
-                const __m512i t = _mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_BADC));
-                rows = _mm512_castsi512_si256(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13), t));
-            } else {                                   // lanes (r, e): row r's halves
-                rows = _mm512_cvtepi64_epi32(_mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_CDAB)));
-            }
-            acc[i] = packed_float(acc[i], rows, g, SIX ? a->b256 + at * 16 : a->s256 + at * 8, a->d256[at], SIX);
-        }
+        for (int c = 0; c < chunks; c++)
+            group_block512(g, KB, b, a, m0 + PACKED_MB512 * c, PACKED_MB512, FIVE, SIX, acc + PACKED_MB512 * c);
+        if (REST) group_block512(g, KB, b, a, m0 + PACKED_MB512 * chunks, REST, FIVE, SIX, acc + PACKED_MB512 * chunks);
     }
-    for (int i = 0; i < MB; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
+    for (int i = 0; i < PACKED_MB512 * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 
+// group g0 (its first byte) of `type` against rows m0 .. m0 + mb (mb <= PASS_ROWS): out [mb][8]
 void packed_rows512(int type, const uint8_t *g0, int K, const Acts *a, int64_t m0, int mb, float *out) {
-#define PACKED_CASE(n) type == Q6_K ? packed_dot512(g0, K / 256, a, m0 + i, n, 0, 1, o)                              \
-                     : type == Q5_K ? packed_dot512(g0, K / 256, a, m0 + i, n, 1, 0, o) : packed_dot512(g0, K / 256, a, m0 + i, n, 0, 0, o)
-    for (int i = 0; i < mb; i += PACKED_MB512) {
-        float *o = out + 8 * i;
-        switch (mb - i) {
-            case 1: PACKED_CASE(1); break;
-            case 2: PACKED_CASE(2); break;
-            case 3: PACKED_CASE(3); break;
-            default: PACKED_CASE(4);
-        }
+#define PACKED_CASE(r) type == Q6_K ? packed_dot512(g0, K / 256, a, m0, mb / PACKED_MB512, r, 0, 1, out)              \
+                     : type == Q5_K ? packed_dot512(g0, K / 256, a, m0, mb / PACKED_MB512, r, 1, 0, out)              \
+                                    : packed_dot512(g0, K / 256, a, m0, mb / PACKED_MB512, r, 0, 0, out)
+    switch (mb % PACKED_MB512) {
+        case 0: PACKED_CASE(0); break;
+        case 1: PACKED_CASE(1); break;
+        case 2: PACKED_CASE(2); break;
+        default: PACKED_CASE(3);
     }
 }
