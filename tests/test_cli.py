@@ -1,8 +1,12 @@
-"""The command line, run as a user would (subprocesses)."""
+"""The command line, run as a user would (subprocesses); the bad arguments' checks through main() in this process,
+the function the command runs (a process each would spend most of its time starting)."""
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 from conftest import run_measured
@@ -13,6 +17,20 @@ ENV = os.environ | {"OMP_NUM_THREADS": "1"}
 def specmesh(*args, stdin=None, env=None):
     return subprocess.run([sys.executable, "-m", "specmesh.cli", *map(str, args)], capture_output=True, text=True,
                           input=stdin, env=ENV | (env or {}), timeout=300)
+
+
+def specmesh_here(*args) -> tuple[int, str]:
+    """`specmesh ARGS` as main() in this process: its exit code and what it wrote to stderr."""
+    from specmesh.cli import main
+    err, shown = io.StringIO(), warnings.showwarning
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code
+    finally:
+        warnings.showwarning = shown                    # main() prints warnings its own way
+    return code, err.getvalue()
 
 
 def test_generate_json_to_stdout_and_prompt_file_verbatim(tiny_checkpoint, tmp_path):
@@ -68,8 +86,8 @@ def test_damaged_files_exit_2_with_one_line_naming_them(tiny_checkpoint, tmp_pat
          "table.npz is not an n-gram corpus cache"),
     ]:
         prompt = [] if "--prompt-file" in args else ["x"]
-        r = specmesh("generate", *prompt, *args, "--max-new-tokens", 2)
-        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        code, err = specmesh_here("generate", *prompt, *args, "--max-new-tokens", 2)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_generate_names_the_dtype_auto_chose(tiny_checkpoint, monkeypatch):
@@ -146,9 +164,9 @@ def test_max_new_tokens_past_the_context_warns(tiny_checkpoint):
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, message, tiny_checkpoint):
-    r = specmesh(*[tiny_checkpoint if a == "TINY" else a for a in args])
-    assert r.returncode == 2
-    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    code, err = specmesh_here(*[tiny_checkpoint if a == "TINY" else a for a in args])
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_help_for_every_subcommand(capsys):

