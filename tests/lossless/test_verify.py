@@ -6,7 +6,7 @@ import torch
 from scipy.stats import chisquare
 
 from specmesh.lossless import verify as V
-from specmesh.lossless.sampling import SamplingParams
+from specmesh.lossless.sampling import SamplingParams, sample
 from specmesh.lossless.token_tree import TokenTree
 
 SAMPLE = SamplingParams(temperature=1.0)
@@ -47,6 +47,14 @@ def pvalue(counts, p):
     return chisquare(counts[keep].numpy(), (p[keep] * counts.sum()).numpy()).pvalue
 
 
+def test_a_draw_follows_its_distribution_row_by_row_and_never_gives_a_zero():
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.1, 0.0, 0.45, 0.0, 0.3, 0.15])
+    drawn = sample(p.expand(TRIALS, -1), g)                   # [TRIALS] rows at once, one draw each
+    assert drawn.shape == (TRIALS,) and pvalue(torch.bincount(drawn, minlength=6).float(), p) > 1e-3
+    assert int(sample(torch.tensor([0.0, 0.0, 1.0, 0.0]), g)) == 2 and sample(p * 3, g).shape == ()
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("children", [1, 3])
 def test_rejection_sampling_reproduces_the_target(case, children):
@@ -68,8 +76,10 @@ def test_always_accept_mutant_fails(monkeypatch):
     assert pvalue(first_tokens(P, CASES["q skewed"], 1), P) < 1e-6
 
 
-def test_unnormalised_residual_mutant_fails(monkeypatch):
-    monkeypatch.setattr(V, "residual", lambda p, q: (p - q).clamp(min=0))
+def test_a_residual_that_forgets_q_fails(monkeypatch):
+    """After a rejection the token comes from norm(max(0, p - q)); drawing it from p over-weights what q proposes.
+    (An unnormalised residual is no fault: the draw scales its uniform by the distribution's total.)"""
+    monkeypatch.setattr(V, "residual", lambda p, q: p)
     for children in (1, 3):
         assert pvalue(first_tokens(P, CASES["q skewed"], children), P) < 1e-6
 

@@ -148,8 +148,12 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row from probs [B, V] -> [B]."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """One token per row from probs [..., V] -> [...]: the inverse CDF at one uniform draw a row, u in [0, total),
+    the first token whose cumulative probability exceeds u (a token of probability 0 never does). torch's
+    multinomial draws an exponential for every token of the vocabulary instead: a cost that grows with V."""
+    cdf = probs.cumsum(-1)
+    u = torch.rand(probs.shape[:-1] + (1,), generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[..., -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def next_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:

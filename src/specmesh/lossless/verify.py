@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from specmesh.lossless.penalties import Penalty, penalise
-from specmesh.lossless.sampling import SamplingParams, argmax, probs_from_logits
+from specmesh.lossless.sampling import SamplingParams, argmax, probs_from_logits, sample
 from specmesh.lossless.token_tree import TokenTree
 
 
@@ -58,13 +58,6 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return r / total if total > 0 else p
 
 
-def draw(p: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Inverse-CDF draw from a normalised distribution p [V]."""
-    u = torch.rand((), generator=generator, device=p.device)
-    idx = int(torch.searchsorted(p.cumsum(0), u, right=True))
-    return min(idx, p.shape[0] - 1)
-
-
 def verify(tree: TokenTree, logits: torch.Tensor, params: SamplingParams,
            generator: torch.Generator | None = None, penalty: Penalty | None = None) -> Verdict:
     """logits [N, V] at every node, or [n < N, V] at the first n (the rest are not processed yet)."""
@@ -74,7 +67,7 @@ def verify(tree: TokenTree, logits: torch.Tensor, params: SamplingParams,
     probs = probs_from_logits(logits, params)                   # [n, V]
     if tree.sampled:
         return _rejection_walk(tree, probs, generator)
-    return _walk(tree, len(probs), lambda node: draw(probs[node], generator))
+    return _walk(tree, len(probs), lambda node: int(sample(probs[node], generator)))
 
 
 def _unprocessed(tree: TokenTree, path: list[int]) -> Verdict:
@@ -111,7 +104,7 @@ def _rejection_walk(tree: TokenTree, probs: torch.Tensor, generator: torch.Gener
                 break
             p = residual(p, q)
         if chosen is None:
-            x = draw(p, generator)
+            x = int(sample(p, generator))
             return Verdict(path, [tree.tokens[i] for i in path[1:]] + [x], x)
         node = chosen
         path.append(node)

@@ -37,7 +37,7 @@ import torch
 from specmesh.engine.sequence import Sequence
 from specmesh.engine.stats import Stats
 from specmesh.lossless.penalties import penalise
-from specmesh.lossless.sampling import SamplingParams, argmax, probs_from_logits
+from specmesh.lossless.sampling import SamplingParams, argmax, probs_from_logits, sample
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
 from specmesh.model.cache import KVCache
@@ -168,7 +168,7 @@ class DraftModel:
                     tree.add(x, level[0], float(row.float().softmax(-1)[x]) if self.stop_below else 1.0)
                 else:                                       # a sampling chain: x ~ q, verified against q
                     q = probs_from_logits(row, seq.params)
-                    x = int(torch.multinomial(q, 1, generator=seq.generator))
+                    x = int(sample(q, seq.generator))
                     tree.sampled, tree.q[level[0]] = True, q
                     tree.add(x, level[0], float(q[x]))
             return [len(trees[0]) - 1]
