@@ -117,6 +117,25 @@ def tiny_draft_copy(tiny_draft_checkpoint, tmp_path_factory):
     return path
 
 
+def specmesh_here(*args) -> tuple[int, str]:
+    """`specmesh ARGS` as main() in this process, the function the command runs: its exit code and what it wrote
+    to stderr (for argument errors: a process each would spend most of its time starting)."""
+    import contextlib
+    import io
+    import warnings
+
+    from specmesh.cli import main
+    err, shown = io.StringIO(), warnings.showwarning
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code
+    finally:
+        warnings.showwarning = shown                    # main() prints warnings its own way
+    return code, err.getvalue()
+
+
 def run_measured(cmd: list[str], timeout: float = 600) -> tuple[int, float]:
     """Run cmd (its output discarded) under a parent of its own; its exit status and peak resident memory
     in MiB (RUSAGE_CHILDREN of a fresh parent: this process's other children do not count)."""

@@ -1,8 +1,6 @@
 """`specmesh serve --api-key-file`: every /v1 route asks for `Authorization: Bearer KEY` (401 in OpenAI's shape
 otherwise, which the official client raises as AuthenticationError); /health and /metrics stay open unless
 --key-everywhere; the key comes from the flag, the file or $SPECMESH_API_KEY."""
-import subprocess
-import sys
 
 import httpx
 import pytest
@@ -51,22 +49,17 @@ def test_key_everywhere_guards_health_and_metrics_too():
     assert key.admits(f"Bearer {KEY}") and not key.admits(f"Bearer {KEY[:-1]}") and not key.admits(f"Basic {KEY}")
 
 
-def serve_args(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "specmesh.cli", "serve", *args], capture_output=True, text=True,
-                          timeout=120, env=env)
-
-
 @pytest.mark.parametrize("args, message", [
     (["--api-key", "a", "--api-key-file", "/etc/hostname"], "give one of --api-key and --api-key-file"),
     (["--api-key-file", "/no/such/file"], "argument --api-key-file: /no/such/file: No such file or directory"),
     (["--key-everywhere"], "--key-everywhere needs a key"),
     (["--api-key", " "], "the API key is empty"),
 ])
-def test_bad_key_arguments_are_clear_errors_before_anything_loads(args, message, tmp_path):
-    import os
-    env = {k: v for k, v in os.environ.items() if k != "SPECMESH_API_KEY"}
-    out = serve_args(*args, env=env)
-    assert out.returncode == 2 and message in out.stderr, out.stderr
+def test_bad_key_arguments_are_clear_errors_before_anything_loads(args, message, monkeypatch):
+    from conftest import specmesh_here
+    monkeypatch.delenv("SPECMESH_API_KEY", raising=False)
+    code, err = specmesh_here("serve", *args)
+    assert code == 2 and message in err, err
 
 
 def test_the_key_from_a_file_or_the_environment(tmp_path, monkeypatch):
