@@ -167,6 +167,7 @@ class Engine:
                 start = time.perf_counter()
                 self._admit()
                 self._retire()                  # some may be done at once (EOS or a limit of one token)
+                self._flush()
                 self.busy_s[0] += time.perf_counter() - start
             running = self.scheduler.running
             if running:
@@ -174,9 +175,9 @@ class Engine:
                 self.stats.steps += 1
                 for seq, block in zip(running, self.method.step(running)):
                     self._emit(seq, block)
-                self._flush()
                 self.busy_s[1] += time.perf_counter() - start
-            self._retire()
+            self._retire()                      # before the flush: a finished answer arrives already counted
+            self._flush()
             if not self.scheduler.running:
                 self.busy_s = [0.0, 0.0]
 
@@ -204,7 +205,8 @@ class Engine:
                 row = self.scheduler.admit(seq)
                 self.stats.waiting = self.scheduler.waiting
             self._emit(seq, self.method.admit(seq, row))
-            self._flush()
+            if not seq.done:
+                self._flush()                   # its first token now; a finished one waits for _retire
         self.stats.running = len(self.scheduler.running)
 
     def _emit(self, seq: Sequence, tokens: list[int]) -> None:
