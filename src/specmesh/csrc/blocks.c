@@ -275,18 +275,20 @@ static void dot_row(int type, const uint8_t *w, int K, const Acts *a, int64_t m0
 #define PACKED_MB 2
 
 // Each 256-bit vector is 4 rows' 8 bytes (h: rows 4h .. 4h + 3) against the activation row's 8 bytes broadcast:
-// int32 lane (r, e) sums 4 products (maddubs + madd; none saturates, q <= 63), a sub-block's lanes times its
-// scales, a row's two lanes added at the block's end.
-static inline __m256i dot8(__m256i q, const int8_t *x) {
+// int16 lane (r, p) sums 2 products (maddubs; q <= 63 and |x| <= 127, so none saturates). A sub-block's int16 sums
+// add in int16 (at most 4 of Q4_K, Q5_K or 2 of Q6_K: |sum| <= 32004), then one madd by the rows' scales gives int32
+// lanes (r, e), a row's two lanes added at the block's end.
+static inline __m256i pairs8(__m256i q, const int8_t *x) {
     int64_t v;
     memcpy(&v, x, 8);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_set1_epi64x(v)), _mm256_set1_epi16(1));
+    return _mm256_maddubs_epi16(q, _mm256_set1_epi64x(v));
 }
 
-// rows 4h .. 4h + 3 of a sub-block's scales (q4k_scales, q6k_scales) as int32 lanes (r, e)
+// rows 4h .. 4h + 3 of a sub-block's scales (q4k_scales, q6k_scales: bytes (r, r)) as int16, each in its row's 4 lanes
 static inline __m256i half_scales(__m128i s, int h, const int SIGNED) {
-    const __m128i v = h ? _mm_srli_si128(s, 8) : s;
-    return SIGNED ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+    const __m128i v = _mm_shuffle_epi8(s, _mm_add_epi8(_mm_set1_epi8(8 * h), _mm_setr_epi8(0, 0, 0, 0, 2, 2, 2, 2,
+                                                                                             4, 4, 4, 4, 6, 6, 6, 6)));
+    return SIGNED ? _mm256_cvtepi8_epi16(v) : _mm256_cvtepu8_epi16(v);
 }
 
 // the 8 rows' int32 sums from the halves' lanes (r, e)
@@ -313,17 +315,18 @@ static inline __m256i fifth(__m256i qh, int s) {
 
 // group-block b (at g) of 8 rows of Q4_K, Q5_K (FIVE) or Q6_K (SIX) against activation rows m0 .. m0 + MB:
 // acc[i] += its part
-static inline __attribute__((always_inline)) void group_block(const uint8_t *g, int KB, int b, const Acts *a, int64_t m0,
-                                                               const int MB, const int FIVE, const int SIX, __m256 *acc) {
+static inline __attribute__((always_inline)) void group_block(const uint8_t *g, const __m256i *sc, int KB, int b,
+                                                               const Acts *a, int64_t m0, const int MB, const int FIVE,
+                                                               const int SIX, __m256 *acc) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
+    const int8_t *x = a->q256 + (m0 * KB + b) * 256;
     __m256i T[2][PACKED_MB];
     for (int h = 0; h < 2; h++) {
         for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {  // Q4/5_K: sub-blocks 2j, 2j + 1; Q6_K: 4 of 16
-            __m256i D[4][PACKED_MB];
-            for (int i = 0; i < MB; i++) D[0][i] = D[1][i] = D[2][i] = D[3][i] = _mm256_setzero_si256();
+            __m256i S[4][PACKED_MB];                           // int16 sums of each sub-block
+            for (int i = 0; i < MB; i++) S[0][i] = S[1][i] = S[2][i] = S[3][i] = _mm256_setzero_si256();
             _Pragma("GCC unroll 4") for (int u = 0; u < (SIX ? 2 : 4); u++) {
-                const int8_t *x = a->q256 + (m0 * KB + b) * 256;
                 if (SIX) {                         // weights 128 hh + 32 gr + 8 t ..: sub-block 8 hh + 2 gr + j % 2
                     const int hh = j / 2, t = 2 * (j % 2) + u;
                     const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192 + 32 * h;
@@ -333,7 +336,7 @@ static inline __attribute__((always_inline)) void group_block(const uint8_t *g, 
                     _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
                         const __m256i q = q6_bits(l0, l1, hb, gr);
                         for (int i = 0; i < MB; i++)
-                            D[gr][i] = _mm256_add_epi32(D[gr][i], dot8(q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t));
+                            S[gr][i] = _mm256_add_epi16(S[gr][i], pairs8(q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t));
                     }
                 } else {                           // weights 64 j + 8 u .. (low nibbles) and 64 j + 32 + 8 u ..
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(g + (FIVE ? Q5K_QS : Q4K_QS) + (4 * j + u) * 64 + 32 * h));
@@ -343,15 +346,14 @@ static inline __attribute__((always_inline)) void group_block(const uint8_t *g, 
                         lo = _mm256_or_si256(lo, fifth(qh, 2 * j)), hi = _mm256_or_si256(hi, fifth(qh, 2 * j + 1));
                     }
                     for (int i = 0; i < MB; i++) {
-                        D[0][i] = _mm256_add_epi32(D[0][i], dot8(lo, x + i * KB * 256 + 64 * j + 8 * u));
-                        D[1][i] = _mm256_add_epi32(D[1][i], dot8(hi, x + i * KB * 256 + 64 * j + 32 + 8 * u));
+                        S[0][i] = _mm256_add_epi16(S[0][i], pairs8(lo, x + i * KB * 256 + 64 * j + 8 * u));
+                        S[1][i] = _mm256_add_epi16(S[1][i], pairs8(hi, x + i * KB * 256 + 64 * j + 32 + 8 * u));
                     }
                 }
             }
             _Pragma("GCC unroll 4") for (int e = 0; e < (SIX ? 4 : 2); e++) {
-                const __m256i c = SIX ? half_scales(q6k_scales(g, 8 * (j / 2) + 2 * e + j % 2), h, 1)
-                                      : half_scales(q4k_scales(g, 2 * j + e), h, 0);
-                for (int i = 0; i < MB; i++) T[h][i] = _mm256_add_epi32(T[h][i], _mm256_mullo_epi32(D[e][i], c));
+                const __m256i c = sc[16 * h + (SIX ? 8 * (j / 2) + 2 * e + j % 2 : 2 * j + e)];
+                for (int i = 0; i < MB; i++) T[h][i] = _mm256_add_epi32(T[h][i], _mm256_madd_epi16(S[e][i], c));
             }
         }
     }
@@ -373,9 +375,13 @@ static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, i
     const int size = SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
     for (int b = 0; b < KB; b++, g += size) {
         for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T0);
+        __m256i sc[32];                                // [h][sub-block]: the scales, once for every chunk
+        for (int h = 0; h < 2; h++)
+            for (int s = 0; s < (SIX ? 16 : 8); s++)
+                sc[16 * h + s] = SIX ? half_scales(q6k_scales(g, s), h, 1) : half_scales(q4k_scales(g, s), h, 0);
         for (int c = 0; c < chunks; c++)
-            group_block(g, KB, b, a, m0 + PACKED_MB * c, PACKED_MB, FIVE, SIX, acc + PACKED_MB * c);
-        if (REST) group_block(g, KB, b, a, m0 + PACKED_MB * chunks, REST, FIVE, SIX, acc + PACKED_MB * chunks);
+            group_block(g, sc, KB, b, a, m0 + PACKED_MB * c, PACKED_MB, FIVE, SIX, acc + PACKED_MB * c);
+        if (REST) group_block(g, sc, KB, b, a, m0 + PACKED_MB * chunks, REST, FIVE, SIX, acc + PACKED_MB * chunks);
     }
     for (int i = 0; i < PACKED_MB * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
