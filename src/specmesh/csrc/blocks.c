@@ -2,10 +2,10 @@
 // gguf_dequantize: blocks -> float32 with the `gguf` package's arithmetic, bit for bit;
 // gguf_linear: y[M, N] = x[M, K] . w[N, K]^T (+ bias) over the blocks, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of
 //   32 weights) and Q4_K, Q5_K, Q6_K (blocks of 256). The activations are quantized to 8 bits per block as llama.cpp
-//   does for each kind: per 32 with one scale for the 32-blocks, per 256 with one scale and sums of each 16 (its
-//   and of each 32, its Q8_K) for the K-quants, which multiply only packed (gguf_pack: 8 rows interleaved, blocks.h).
-//   A block's products sum exactly in int32, blocks add in float32 in order, the same instructions for every row
-//   whatever M, so a row's result does not depend on the others.
+//   does for each kind: per 32 with one scale and their sum for the 32-blocks, per 256 with one scale and sums of
+//   each 16 (and of each 32, its Q8_K) for the K-quants. Every type multiplies packed (gguf_pack: 8 rows
+//   interleaved, blocks.h), 8 weight rows a vector. A block's products sum exactly in int32, blocks add in float32
+//   in order, the same instructions for every row whatever M, so a row's result does not depend on the others.
 // A matrix is up to three parts of rows (a fused projection: q, k, v of their own types), each row read at a
 // stride from the file, through a map of rows where the model's order differs from the file's (rope's q and k).
 #include "api.h"
@@ -153,11 +153,10 @@ static void quantize_256(const float *x, int M, int K, int8_t *xq, float *xd, in
 }
 
 // csrc/blocks512.c, where it builds; used where use_vnni is on (csrc/avx2.c), with the same results
-void dot_rows512(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) __attribute__((weak));
 void packed_rows512(int type, const uint8_t *g, int K, const Acts *a, int64_t m0, int mb, float *out) __attribute__((weak));
 extern int vnni;
 
-static int wide(void) { return vnni && dot_rows512; }
+static int wide(void) { return vnni && packed_rows512; }
 
 // csrc/blocks_amx.c, where it builds; used where use_tiles is on for products of least_tile_rows(type) rows or more of
 // activations (the same bits): below, the tiles' per-sub-block sums cost more than the vector kernels (the results log)
@@ -192,83 +191,6 @@ static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a
 
 static void free_acts(Acts *a) {
     free(a->q32); free(a->d32); free(a->s32); free(a->q256); free(a->d256); free(a->b256); free(a->s256);
-}
-
-// -- products: one weight row against MB rows of activations, each row's sum out[i] -------------------------
-#define MAXROWS 4
-
-// byte l = 0xFF where bit l of x is set
-static inline __m256i bit_bytes(uint32_t x) {
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), spread);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-}
-
-// The 32-blocks: w = d q (+ m), q the block's 32 integers in order. A block's int32 dot with the row's bytes,
-// times d d_x, into 8 float32 lanes; the offset m d_x sum(q_x) into a float of its own.
-static inline __attribute__((always_inline)) void dot32(const uint8_t *w, int QB, const Acts *a, int64_t m0,
-                                                        const int MB, const int TYPE, float *out) {
-    const int mins = TYPE == Q4_1 || TYPE == Q5_1, five = TYPE == Q5_0 || TYPE == Q5_1;
-    const int BB = TYPE == Q8_0 ? 34 : TYPE == Q4_0 ? 18 : TYPE == Q4_1 ? 20 : TYPE == Q5_0 ? 22 : 24;
-    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    __m256 acc[MAXROWS];
-    float off[MAXROWS];
-    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps(), off[i] = 0;
-    for (int b = 0; b < QB; b++, w += BB) {
-        const float d = fp16(w), m = mins ? fp16(w + 2) : 0;
-        __m256i q;                                     // signed weights (no offset) or unsigned (mins)
-        if (TYPE == Q8_0)
-            q = _mm256_loadu_si256((const __m256i *)(w + 2));
-        else {
-            const uint8_t *qs = w + 2 + 2 * mins + 4 * five;
-            __m128i v = _mm_loadu_si128((const __m128i *)qs);
-            q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), nib);
-            if (five) {
-                uint32_t qh;
-                memcpy(&qh, w + 2 + 2 * mins, 4);
-                q = _mm256_or_si256(q, _mm256_and_si256(bit_bytes(qh), _mm256_set1_epi8(0x10)));
-            }
-            if (!mins) q = _mm256_sub_epi8(q, _mm256_set1_epi8(five ? 16 : 8));
-        }
-        const __m256i mag = mins ? q : _mm256_sign_epi8(q, q);
-        for (int i = 0; i < MB; i++) {
-            const int64_t at = (m0 + i) * QB + b;
-            __m256i x = _mm256_loadu_si256((const __m256i *)(a->q32 + at * 32));
-            if (!mins) x = _mm256_sign_epi8(x, q);
-            const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, x), ones);
-            const float dx = a->d32[at];
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * dx), acc[i]);
-            if (mins) off[i] += m * dx * (float)a->s32[at];
-        }
-    }
-    for (int i = 0; i < MB; i++) out[i] = hsum(acc[i]) + off[i];
-}
-
-#define ROWS_CASES(CALL) \
-    switch (mb) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; default: CALL(4); }
-
-// one weight row of a 32-block `type` against rows m0 .. m0 + mb (mb <= MAXROWS) of the activations
-static void dot_rows(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) {
-#define D32(T) ROWS_CASES(C32_##T)
-#define C32_Q4_0(n) dot32(w, K / 32, a, m0, n, Q4_0, out)
-#define C32_Q4_1(n) dot32(w, K / 32, a, m0, n, Q4_1, out)
-#define C32_Q5_0(n) dot32(w, K / 32, a, m0, n, Q5_0, out)
-#define C32_Q5_1(n) dot32(w, K / 32, a, m0, n, Q5_1, out)
-#define C32_Q8_0(n) dot32(w, K / 32, a, m0, n, Q8_0, out)
-    switch (type) {
-        case Q4_0: D32(Q4_0) break;
-        case Q4_1: D32(Q4_1) break;
-        case Q5_0: D32(Q5_0) break;
-        case Q5_1: D32(Q5_1) break;
-        case Q8_0: D32(Q8_0) break;
-    }
-}
-
-// the same for mb <= PASS_ROWS rows, MAXROWS at a time (the weight row read again from L1)
-static void dot_row(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) {
-    for (int i = 0; i < mb; i += MAXROWS) dot_rows(type, w, K, a, m0 + i, mb - i < MAXROWS ? mb - i : MAXROWS, out + i);
 }
 
 // -- K-quants packed by 8 rows (blocks.h) ----------------------------------------------------------------------
@@ -386,26 +308,124 @@ static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, i
     for (int i = 0; i < PACKED_MB * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 
+// -- 32-blocks packed by 8 rows (blocks.h) ---------------------------------------------------------------------
+
+// byte l = 0xFF where bit l of x is set
+static inline __m256i bit_bytes(uint32_t x) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), spread);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+// group-block b (at g) of 8 rows of a 32-block TYPE against activation rows m0 .. m0 + MB: acc[i] += its part. Vectors
+// as the K-quants' (4 rows' 8 bytes, h: rows 4h .. 4h + 3). Q8_0: |q| maddubs x with q's sign (a pair <= 2 128 127:
+// none saturates), a madd to int32 a vector; Q4_0 .. Q5_1: q unsigned <= 31, a block's 4 maddubs add in int16
+// (|sum| <= 4 2 31 127 = 31496), then one madd.
+static inline __attribute__((always_inline)) void group_block32(const uint8_t *g, int QB, int b, const Acts *a,
+                                                                 int64_t m0, const int MB, const int TYPE, __m256 *acc) {
+    const __m256i ones = _mm256_set1_epi16(1), nib = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(0x10);
+    const int8_t *x = a->q32 + (m0 * QB + b) * 32;
+    __m256i T[2][PACKED_MB];
+    for (int h = 0; h < 2; h++) {
+        if (TYPE == Q8_0) {
+            for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {      // the weights 8 t ..
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(g + qs32(TYPE) + 64 * t + 32 * h));
+                const __m256i mag = _mm256_sign_epi8(q, q);
+                for (int i = 0; i < MB; i++) {
+                    int64_t v;
+                    memcpy(&v, x + i * QB * 32 + 8 * t, 8);
+                    const __m256i p = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(_mm256_set1_epi64x(v), q));
+                    T[h][i] = _mm256_add_epi32(T[h][i], _mm256_madd_epi16(p, ones));
+                }
+            }
+            continue;
+        }
+        __m256i S[PACKED_MB];
+        for (int i = 0; i < MB; i++) S[i] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 2") for (int t = 0; t < 2; t++) {          // the weights 8 t .. (lo) and 16 + 8 t .. (hi)
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(g + qs32(TYPE) + 64 * t + 32 * h));
+            __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+            if (five32(TYPE)) {
+                uint32_t l, u;
+                memcpy(&l, g + qh32(TYPE) + 8 * t + 4 * h, 4), memcpy(&u, g + qh32(TYPE) + 8 * (2 + t) + 4 * h, 4);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(bit_bytes(l), fifth));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(bit_bytes(u), fifth));
+            }
+            for (int i = 0; i < MB; i++) {
+                S[i] = _mm256_add_epi16(S[i], pairs8(lo, x + i * QB * 32 + 8 * t));
+                S[i] = _mm256_add_epi16(S[i], pairs8(hi, x + i * QB * 32 + 16 + 8 * t));
+            }
+        }
+        for (int i = 0; i < MB; i++) T[h][i] = _mm256_madd_epi16(S[i], ones);
+    }
+    for (int i = 0; i < MB; i++) {
+        const int64_t at = (m0 + i) * QB + b;
+        acc[i] = packed_float32(acc[i], row_totals(T[0][i], T[1][i]), g, a->d32[at], a->s32[at], TYPE);
+    }
+}
+
+// packed_dot for the 32-blocks: a group's 8 rows against activation rows m0 .. m0 + 2 chunks + REST, one pass over
+// the weights
+static inline __attribute__((always_inline)) void packed_dot32(const uint8_t *g, int QB, const Acts *a, int64_t m0,
+                                                               int chunks, const int REST, const int TYPE, float *out) {
+    __m256 acc[PASS_ROWS];
+    for (int i = 0; i < PACKED_MB * chunks + REST; i++) acc[i] = _mm256_setzero_ps();
+    const int size = packed_block(TYPE);
+    for (int b = 0; b < QB; b++, g += size) {
+        for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD_BYTES + l, _MM_HINT_T0);
+        for (int c = 0; c < chunks; c++)
+            group_block32(g, QB, b, a, m0 + PACKED_MB * c, PACKED_MB, TYPE, acc + PACKED_MB * c);
+        if (REST) group_block32(g, QB, b, a, m0 + PACKED_MB * chunks, REST, TYPE, acc + PACKED_MB * chunks);
+    }
+    for (int i = 0; i < PACKED_MB * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+
 // group g0 (its first byte) of `type` against rows m0 .. m0 + mb (mb <= PASS_ROWS): out [mb][8]
 static void packed_rows(int type, const uint8_t *g0, int K, const Acts *a, int64_t m0, int mb, float *out) {
     if (wide()) {
         packed_rows512(type, g0, K, a, m0, mb, out);
         return;
     }
-#define PACKED_TYPES(r) type == Q6_K ? packed_dot(g0, K / 256, a, m0, mb / PACKED_MB, r, 0, 1, out)                      \
-                     : type == Q5_K ? packed_dot(g0, K / 256, a, m0, mb / PACKED_MB, r, 1, 0, out)                      \
-                                    : packed_dot(g0, K / 256, a, m0, mb / PACKED_MB, r, 0, 0, out)
-    if (mb % PACKED_MB) PACKED_TYPES(1);
-    else PACKED_TYPES(0);
+    const int c = mb / PACKED_MB;
+#define ROWS(R) switch (type) {                                                                                       \
+        case Q4_K: packed_dot(g0, K / 256, a, m0, c, R, 0, 0, out); break;                                            \
+        case Q5_K: packed_dot(g0, K / 256, a, m0, c, R, 1, 0, out); break;                                            \
+        case Q6_K: packed_dot(g0, K / 256, a, m0, c, R, 0, 1, out); break;                                            \
+        case Q8_0: packed_dot32(g0, K / 32, a, m0, c, R, Q8_0, out); break;                                           \
+        case Q4_0: packed_dot32(g0, K / 32, a, m0, c, R, Q4_0, out); break;                                           \
+        case Q4_1: packed_dot32(g0, K / 32, a, m0, c, R, Q4_1, out); break;                                           \
+        case Q5_0: packed_dot32(g0, K / 32, a, m0, c, R, Q5_0, out); break;                                           \
+        case Q5_1: packed_dot32(g0, K / 32, a, m0, c, R, Q5_1, out); break;                                           \
+    }
+    if (mb % PACKED_MB) ROWS(1)
+    else ROWS(0)
+#undef ROWS
 }
 
 // the bytes of a part's rows of `type` packed (gguf_pack), or 0 where the type has no packed kernel
 int64_t gguf_packed_bytes(int type, int rows, int K) {
-    return K % 256 ? 0 : (int64_t)(rows + PACK_ROWS - 1) / PACK_ROWS * (K / 256) * packed_block(type);
+    const int bs = block_size(type);
+    return K % bs ? 0 : (int64_t)(rows + PACK_ROWS - 1) / PACK_ROWS * (K / bs) * packed_block(type);
+}
+
+// the first byte of group g's blocks in a part packed from K columns
+static const uint8_t *packed_group(const Part *p, int K, int64_t g) {
+    return p->packed + g * (K / block_size(p->type)) * packed_block(p->type);
 }
 
 // row r's block w (of the file) into its group-block o (blocks.h's layouts)
 static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
+    if (block_size(type) == 32) {
+        const uint8_t *qh = w + 2 + 2 * mins32(type), *qs = qh + 4 * five32(type);
+        memcpy(o + 2 * r, w, 2);
+        if (mins32(type)) memcpy(o + 16 + 2 * r, w + 2, 2);
+        for (int c = 0; five32(type) && c < 4; c++) o[qh32(type) + 8 * c + r] = qh[c];
+        for (int t = 0; t < (type == Q8_0 ? 4 : 2); t++) memcpy(o + qs32(type) + 64 * t + 8 * r, qs + 8 * t, 8);
+        return;
+    }
     if (type == Q4_K || type == Q5_K) {
         const int five = type == Q5_K;
         uint8_t sc[8], mn[8];
@@ -435,7 +455,7 @@ typedef struct {
 static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
     const Packing *k = ctx;
     const Part *p = k->p;
-    const int KB = k->K / 256, size = packed_block(p->type), bytes = block_bytes(p->type);
+    const int KB = k->K / block_size(p->type), size = packed_block(p->type), bytes = block_bytes(p->type);
     for (int64_t g = k->first + g0; g < k->first + g1; g++)
         for (int b = 0; b < KB; b++) {
             uint8_t *o = k->out + ((g - k->first) * KB + b) * size;
@@ -450,7 +470,8 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
 // groups g0 .. g1 of 8 rows of part `part`, in output order (its map applied), into out (gguf_packed_bytes of the
 // part's rows: out is the whole part's)
 void gguf_pack(const Matrix *w, int part, int K, int64_t g0, int64_t g1, uint8_t *out) {
-    Packing k = {&w->part[part], K, out + g0 * (K / 256) * packed_block(w->part[part].type)};
+    const int type = w->part[part].type;
+    Packing k = {&w->part[part], K, out + g0 * (K / block_size(type)) * packed_block(type)};
     k.first = g0;
     parallel_for(g1 - g0, 64, pack_groups, &k);
 }
@@ -463,38 +484,24 @@ typedef struct {            // gguf_linear's arguments, for its parallel tasks
     float *y;
 } BlockProduct;
 
-// output columns n0 .. n1 for every row of x: PASS_ROWS rows at a time against each of the columns'
-// weight rows (a task's rows of weights stay in L1/L2 while the activations stream once; the next weight row is
-// fetched ahead)
+// output columns n0 .. n1 for every row of x: PASS_ROWS rows at a time against each group of 8 weight rows (a
+// task's weights stream once for every PASS_ROWS rows; a group's rows outside the task computed and let go)
 static void block_rows(void *ctx, int64_t n0, int64_t n1) {
     const BlockProduct *p = ctx;
-    const int wide512 = wide();
-    float out[PASS_ROWS];
     for (int m0 = 0; m0 < p->M; m0 += PASS_ROWS) {
         const int mb = p->M - m0 < PASS_ROWS ? p->M - m0 : PASS_ROWS;
-        for (int64_t n = n0; n < n1; n++) {
+        for (int64_t n = n0; n < n1;) {
             int part = 0, r = (int)n;
             while (r >= p->w->part[part].rows) r -= p->w->part[part++].rows;
             const Part *pt = &p->w->part[part];
-            if (pt->packed) {                          // its group of 8 rows at once, those in this task kept
-                const int first = r / PACK_ROWS * PACK_ROWS, last = first + PACK_ROWS < pt->rows ? first + PACK_ROWS : pt->rows;
-                float group[PASS_ROWS * PACK_ROWS];
-                packed_rows(pt->type, pt->packed + (int64_t)first / PACK_ROWS * (p->K / 256) * packed_block(pt->type), p->K,
-                            p->a, m0, mb, group);
-                const int count = (int)(last - r < n1 - n ? last - r : n1 - n);
-                for (int c = 0; c < count; c++)
-                    for (int i = 0; i < mb; i++)
-                        p->y[(int64_t)(m0 + i) * p->N + n + c] = group[PACK_ROWS * i + r - first + c] + (p->bias ? p->bias[n + c] : 0.0f);
-                n += count - 1;
-                continue;
-            }
-            const uint8_t *row = pt->data + (int64_t)(pt->map ? pt->map[r] : r) * pt->stride;
-            if (m0 == 0 && n + 1 < n1 && !pt->map && r + 1 < pt->rows)
-                for (int64_t at = 0; at < pt->stride; at += 64) _mm_prefetch((const char *)row + pt->stride + at, _MM_HINT_T0);
-            if (wide512) dot_rows512(pt->type, row, p->K, p->a, m0, mb, out);
-            else dot_row(pt->type, row, p->K, p->a, m0, mb, out);
-            const float bias = p->bias ? p->bias[n] : 0.0f;
-            for (int i = 0; i < mb; i++) p->y[(int64_t)(m0 + i) * p->N + n] = out[i] + bias;
+            const int first = r / PACK_ROWS * PACK_ROWS, last = first + PACK_ROWS < pt->rows ? first + PACK_ROWS : pt->rows;
+            float group[PASS_ROWS * PACK_ROWS];
+            packed_rows(pt->type, packed_group(pt, p->K, first / PACK_ROWS), p->K, p->a, m0, mb, group);
+            const int count = (int)(last - r < n1 - n ? last - r : n1 - n);
+            for (int c = 0; c < count; c++)
+                for (int i = 0; i < mb; i++)
+                    p->y[(int64_t)(m0 + i) * p->N + n + c] = group[PACK_ROWS * i + r - first + c] + (p->bias ? p->bias[n + c] : 0.0f);
+            n += count;
         }
     }
 }
@@ -508,11 +515,11 @@ static void tile_rows(void *ctx, int64_t n0, int64_t n1) {
         while (r >= p->w->part[part].rows) r -= p->w->part[part++].rows;
         const Part *pt = &p->w->part[part];
         const int64_t end = n + (pt->rows - r) < n1 ? n + (pt->rows - r) : n1;
-        if (!pt->packed || r % 16 || p->M < least_tile_rows(pt->type))
+        if (block_size(pt->type) != 256 || r % 16 || p->M < least_tile_rows(pt->type))
             block_rows(ctx, n, end);
         else
-            packed_tiles(pt->type, pt->packed + (int64_t)r / PACK_ROWS * (p->K / 256) * packed_block(pt->type),
-                         (int)(end - n), p->K, p->a, p->M, p->bias, p->y, p->N, (int)n);
+            packed_tiles(pt->type, packed_group(pt, p->K, r / PACK_ROWS), (int)(end - n), p->K, p->a, p->M, p->bias,
+                         p->y, p->N, (int)n);
         n = end;
     }
 }

@@ -66,14 +66,34 @@ enum { PACK_ROWS = 8, Q4K_PACKED = 1184, Q4K_SC = 32, Q4K_MN = 96, Q4K_QS = 160,
        Q5K_QS = 416,
        Q6K_PACKED = 1680, Q6K_SC = 16, Q6K_QS = 144 };
 
+// -- 32-blocks packed (gguf_pack): 8 rows' blocks b interleaved. A group-block holds d [8 rows] (fp16), then m [8]
+// (fp16; Q4_1, Q5_1), then the fifth bits qh [4 c][8 rows] (Q5_0, Q5_1: byte c of the row's qh, bit k its weight
+// 8 c + k), then the qs: Q8_0's [4 t][8 rows][8 bytes: q of the weights 8 t ..], Q4's and Q5's [2 t][8 rows][8 bytes:
+// the file's qs 8 t ..: low nibbles the weights 8 t + k, high nibbles 16 + 8 t + k]. The file's bytes, no more.
+// Every kernel computes a row's block as the exact integer T = sum(q x) (q in -128..127 for Q8_0, the unsigned
+// 0..15 or 0..31 for the others), then the one float part below.
+static inline int mins32(int type) { return type == Q4_1 || type == Q5_1; }
+static inline int five32(int type) { return type == Q5_0 || type == Q5_1; }
+static inline int qh32(int type) { return 16 + 16 * mins32(type); }            // where qh starts
+static inline int qs32(int type) { return qh32(type) + 32 * five32(type); }     // where the qs start
+static inline int q32_offset(int type) { return type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0; }  // w = d (q - offset) (+ m)
+
 // a group-block's bytes for a packed type (0: a type that is not packed)
 static inline int packed_block(int type) {
-    return type == Q4_K ? Q4K_PACKED : type == Q5_K ? Q5K_PACKED : type == Q6_K ? Q6K_PACKED : 0;
+    switch (type) {
+        case Q4_K: return Q4K_PACKED;
+        case Q5_K: return Q5K_PACKED;
+        case Q6_K: return Q6K_PACKED;
+        case Q8_0: return 16 + 256;
+        case Q4_0: case Q4_1: case Q5_0: case Q5_1: return qs32(type) + 128;
+        default: return 0;
+    }
 }
 
 // the packed kernels fetch the group-blocks AHEAD of the one they multiply: one row of activations streams the
 // weights faster than the hardware's prefetch alone fetches them
 #define AHEAD 4
+#define AHEAD_BYTES (AHEAD * Q4K_PACKED)    // the 32-blocks' (smaller) group-blocks: about the same distance
 
 // bytes (r, r) for 8 rows r: a sub-block's scale in the lanes (2r, 2r + 1) of a row's two 4-byte halves
 static inline __m128i q4k_scales(const uint8_t *g, int s) {
@@ -111,4 +131,14 @@ static inline __m256 packed_float(__m256 acc, __m256i T, const uint8_t *g, const
     if (SIX) return acc;
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16)));
     return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(pair_sums(g + Q4K_MN, xs, 0)), _mm256_mul_ps(dmin, vdx), acc);
+}
+
+// acc[r] += (T[r] - offset s) (d[r] dx) (+ m[r] (dx s)): a 32-block group-block's float part, s the activation row's sum
+// of the block's 32 bytes
+static inline __m256 packed_float32(__m256 acc, __m256i T, const uint8_t *g, float dx, int32_t s, const int TYPE) {
+    if (q32_offset(TYPE)) T = _mm256_sub_epi32(T, _mm256_set1_epi32(q32_offset(TYPE) * s));
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc);
+    if (!mins32(TYPE)) return acc;
+    return _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16))), _mm256_set1_ps(dx * (float)s), acc);
 }

@@ -1,82 +1,11 @@
 // gguf_linear's products on AVX-512 with VNNI (csrc/blocks.c calls them where use_vnni is on), the same bits as
-// blocks.c's: the 32-blocks up to PASS_ROWS rows of activations per unpacked weight row, a 512-bit register holding
-// two of blocks.c's 256-bit vectors (each int32 lane sums the same products as the AVX2 kernel's lane, and the
-// float part is blocks.c's, instruction for instruction); the packed K-quants 8 weight rows per register.
+// blocks.c's: the packed types 8 weight rows per 512-bit register, where blocks.c holds 4 in each of two 256-bit
+// vectors; a row's block sums the same exact integer, and the float part is blocks.h's, instruction for instruction.
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
 #include "blocks.h"
 #include "blocks512.h"
 #include "vec.h"
 #include <stdlib.h>
-
-// The 32-blocks, two at a time: blocks b and b + 1 in the low and high halves. A block's int32 lanes are
-// AVX2's maddubs + madd(1) (no pair saturates: |q| <= 128, |x| <= 127) as one dpbusd; x takes q's sign as
-// AVX2's sign_epi8 gives it.
-static inline __attribute__((always_inline)) __m256i unpack32(const uint8_t *w, const int TYPE) {
-    const int mins = TYPE == Q4_1 || TYPE == Q5_1, five = TYPE == Q5_0 || TYPE == Q5_1;
-    if (TYPE == Q8_0) return _mm256_loadu_si256((const __m256i *)(w + 2));
-    const uint8_t *qs = w + 2 + 2 * mins + 4 * five;
-    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
-    __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
-    if (five) {
-        uint32_t qh;
-        memcpy(&qh, w + 2 + 2 * mins, 4);
-        q = _mm256_or_si256(q, _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(0x10)));
-    }
-    return mins ? q : _mm256_sub_epi8(q, _mm256_set1_epi8(five ? 16 : 8));
-}
-
-static inline __attribute__((always_inline)) void dot32_512(const uint8_t *w, int QB, const Acts *a, int64_t m0,
-                                                            const int MB, const int TYPE, float *out) {
-    const int mins = TYPE == Q4_1 || TYPE == Q5_1;
-    const int BB = TYPE == Q8_0 ? 34 : TYPE == Q4_0 ? 18 : TYPE == Q4_1 ? 20 : TYPE == Q5_0 ? 22 : 24;
-    __m256 acc[PASS_ROWS];
-    float off[PASS_ROWS];
-    for (int i = 0; i < MB; i++) acc[i] = _mm256_setzero_ps(), off[i] = 0;
-    for (int b = 0; b < QB; b += 2, w += 2 * BB) {
-        const int two = b + 1 < QB;                    // a last block alone: the high half is zero, unused
-        const float d0 = fp16(w), d1 = two ? fp16(w + BB) : 0;
-        const float m0w = mins ? fp16(w + 2) : 0, m1w = mins && two ? fp16(w + BB + 2) : 0;
-        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(unpack32(w, TYPE)),
-                                             two ? unpack32(w + BB, TYPE) : _mm256_setzero_si256(), 1);
-        const __m512i mag = mins ? q : _mm512_abs_epi8(q);
-        const __mmask64 neg = _mm512_movepi8_mask(q);
-        for (int i = 0; i < MB; i++) {
-            const int64_t at = (m0 + i) * QB + b;
-            __m512i x = two ? _mm512_loadu_si512(a->q32 + at * 32)
-                            : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(a->q32 + at * 32)));
-            if (!mins) x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-            const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), mag, x));
-            acc[i] = _mm256_fmadd_ps(_mm512_castps512_ps256(dot), _mm256_set1_ps(d0 * a->d32[at]), acc[i]);
-            if (mins) off[i] += m0w * a->d32[at] * (float)a->s32[at];
-            if (two) {
-                acc[i] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(dot, 1), _mm256_set1_ps(d1 * a->d32[at + 1]), acc[i]);
-                if (mins) off[i] += m1w * a->d32[at + 1] * (float)a->s32[at + 1];
-            }
-        }
-    }
-    for (int i = 0; i < MB; i++) out[i] = hsum(acc[i]) + off[i];
-}
-
-#define ROWS_CASES512(CALL) switch (mb) { \
-    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
-    case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; default: CALL(8); }
-
-// one weight row of a 32-block `type` against rows m0 .. m0 + mb (mb <= PASS_ROWS) of the activations
-void dot_rows512(int type, const uint8_t *w, int K, const Acts *a, int64_t m0, int mb, float *out) {
-#define C32(T, n) dot32_512(w, K / 32, a, m0, n, T, out)
-#define C_Q4_0(n) C32(Q4_0, n)
-#define C_Q4_1(n) C32(Q4_1, n)
-#define C_Q5_0(n) C32(Q5_0, n)
-#define C_Q5_1(n) C32(Q5_1, n)
-#define C_Q8_0(n) C32(Q8_0, n)
-    switch (type) {
-        case Q4_0: ROWS_CASES512(C_Q4_0) break;
-        case Q4_1: ROWS_CASES512(C_Q4_1) break;
-        case Q5_0: ROWS_CASES512(C_Q5_0) break;
-        case Q5_1: ROWS_CASES512(C_Q5_1) break;
-        case Q8_0: ROWS_CASES512(C_Q8_0) break;
-    }
-}
 
 // K-quants packed by 8 rows (blocks.h): each 512-bit vector the 8 rows' 8 bytes against the activation row's 8 bytes
 // broadcast, one dpbusd; int32 lane (r, e) holds what blocks.c's packed_dot holds in its lane (r, e) of rows 4h ..
@@ -191,15 +120,78 @@ static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g
     for (int i = 0; i < PACKED_MB512 * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 
+// 32-blocks packed by 8 rows (blocks.h): each 512-bit vector the 8 rows' 8 bytes against the activation row's 8 bytes
+// broadcast, one dpbusd (unsigned weights: Q8_0's q + 128, its extra 128 sum(x) taken off after)
+static inline __attribute__((always_inline)) void group_block32_512(const uint8_t *g, int QB, int b, const Acts *a,
+                                                                     int64_t m0, const int MB, const int TYPE,
+                                                                     __m256 *acc) {
+    const __m512i nib = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+    const int8_t *x = a->q32 + (m0 * QB + b) * 32;
+    __m512i T[PACKED_MB512];
+    for (int i = 0; i < MB; i++) T[i] = _mm512_setzero_si512();
+    if (TYPE == Q8_0) {
+        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {          // the weights 8 t ..
+            const __m512i q = _mm512_xor_si512(_mm512_loadu_si512(g + qs32(TYPE) + 64 * t), _mm512_set1_epi8(-128));
+            for (int i = 0; i < MB; i++) T[i] = dot8_512(T[i], q, x + i * QB * 32 + 8 * t);
+        }
+    } else {
+        _Pragma("GCC unroll 2") for (int t = 0; t < 2; t++) {          // the weights 8 t .. (lo) and 16 + 8 t .. (hi)
+            const __m512i v = _mm512_loadu_si512(g + qs32(TYPE) + 64 * t);
+            __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            if (five32(TYPE)) {                    // byte (r, k) of the vector: bit k of row r's qh byte, as a mask
+                uint64_t l, u;
+                memcpy(&l, g + qh32(TYPE) + 8 * t, 8), memcpy(&u, g + qh32(TYPE) + 8 * (2 + t), 8);
+                lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(l, fifth));
+                hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(u, fifth));
+            }
+            for (int i = 0; i < MB; i++) {
+                T[i] = dot8_512(T[i], lo, x + i * QB * 32 + 8 * t);
+                T[i] = dot8_512(T[i], hi, x + i * QB * 32 + 16 + 8 * t);
+            }
+        }
+    }
+    for (int i = 0; i < MB; i++) {                 // lanes (r, e): row r's halves
+        const int64_t at = (m0 + i) * QB + b;
+        __m256i rows = _mm512_cvtepi64_epi32(_mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_CDAB)));
+        if (TYPE == Q8_0) rows = _mm256_sub_epi32(rows, _mm256_set1_epi32(128 * a->s32[at]));
+        acc[i] = packed_float32(acc[i], rows, g, a->d32[at], a->s32[at], TYPE);
+    }
+}
+
+// packed_dot512 for the 32-blocks
+static inline __attribute__((always_inline)) void packed_dot32_512(const uint8_t *g, int QB, const Acts *a, int64_t m0,
+                                                                   int chunks, const int REST, const int TYPE,
+                                                                   float *out) {
+    __m256 acc[PASS_ROWS];
+    for (int i = 0; i < PACKED_MB512 * chunks + REST; i++) acc[i] = _mm256_setzero_ps();
+    const int size = packed_block(TYPE);
+    for (int b = 0; b < QB; b++, g += size) {
+        for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD_BYTES + l, _MM_HINT_T0);
+        for (int c = 0; c < chunks; c++)
+            group_block32_512(g, QB, b, a, m0 + PACKED_MB512 * c, PACKED_MB512, TYPE, acc + PACKED_MB512 * c);
+        if (REST) group_block32_512(g, QB, b, a, m0 + PACKED_MB512 * chunks, REST, TYPE, acc + PACKED_MB512 * chunks);
+    }
+    for (int i = 0; i < PACKED_MB512 * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+
 // group g0 (its first byte) of `type` against rows m0 .. m0 + mb (mb <= PASS_ROWS): out [mb][8]
 void packed_rows512(int type, const uint8_t *g0, int K, const Acts *a, int64_t m0, int mb, float *out) {
-#define PACKED_CASE(r) type == Q6_K ? packed_dot512(g0, K / 256, a, m0, mb / PACKED_MB512, r, 0, 1, out)              \
-                     : type == Q5_K ? packed_dot512(g0, K / 256, a, m0, mb / PACKED_MB512, r, 1, 0, out)              \
-                                    : packed_dot512(g0, K / 256, a, m0, mb / PACKED_MB512, r, 0, 0, out)
-    switch (mb % PACKED_MB512) {
-        case 0: PACKED_CASE(0); break;
-        case 1: PACKED_CASE(1); break;
-        case 2: PACKED_CASE(2); break;
-        default: PACKED_CASE(3);
+    const int c = mb / PACKED_MB512;
+#define ROWS(R) switch (type) {                                                                                       \
+        case Q4_K: packed_dot512(g0, K / 256, a, m0, c, R, 0, 0, out); break;                                         \
+        case Q5_K: packed_dot512(g0, K / 256, a, m0, c, R, 1, 0, out); break;                                         \
+        case Q6_K: packed_dot512(g0, K / 256, a, m0, c, R, 0, 1, out); break;                                         \
+        case Q8_0: packed_dot32_512(g0, K / 32, a, m0, c, R, Q8_0, out); break;                                       \
+        case Q4_0: packed_dot32_512(g0, K / 32, a, m0, c, R, Q4_0, out); break;                                       \
+        case Q4_1: packed_dot32_512(g0, K / 32, a, m0, c, R, Q4_1, out); break;                                       \
+        case Q5_0: packed_dot32_512(g0, K / 32, a, m0, c, R, Q5_0, out); break;                                       \
+        case Q5_1: packed_dot32_512(g0, K / 32, a, m0, c, R, Q5_1, out); break;                                       \
     }
+    switch (mb % PACKED_MB512) {
+        case 0: ROWS(0) break;
+        case 1: ROWS(1) break;
+        case 2: ROWS(2) break;
+        default: ROWS(3)
+    }
+#undef ROWS
 }

@@ -17,7 +17,6 @@ from specmesh.kernels.build import Matrix, amx_lib, kernel_lib
 
 SMALL_ROWS = 16     # AVX2: up to this many rows the C kernel beats the packed float32 copy
 GEMV_ROWS = 3       # without the C kernel: up to this many rows PyTorch's bf16 product beats it
-PACKED_TYPES = {12, 13, 14}   # Q4_K, Q5_K, Q6_K: GGUFLinear packs them (csrc/blocks.c's gguf_pack)
 PACK_GROUPS = 2048  # GGUFLinear packs this many groups of 8 rows at a time (a 2048-wide Q6_K: 28 MB)
 
 
@@ -163,9 +162,9 @@ class GGUFLinear(nn.Module):
     Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K, each part of a fused projection of its own
     type. `parts`: (rows, type, map) for each part in output order, rows a uint8 [N_p, bytes per row] view of the
     file, map (or None) the file row each output row reads (int32 [N_p]). Holds the views: the file stays mapped
-    while the model lives. `packed`: the K-quant parts are re-laid once, 8 rows interleaved (csrc/blocks.h: the
-    same bits, up to 3% more bytes), into memory of their own, and the file's pages of them are let go; without it
-    (an embedding table's lookups alone) they have no product."""
+    while the model lives. `packed`: the parts are re-laid once, 8 rows interleaved (csrc/blocks.h: the same bytes,
+    the K-quants up to 3% more), into memory of their own, and the file's pages of them are let go; without it (an
+    embedding table's lookups alone) they have no product."""
     KIND = 9                                    # csrc/avx2.c's weight kind
 
     def __init__(self, parts: list[tuple[np.ndarray, int, np.ndarray | None]], in_features: int,
@@ -209,9 +208,9 @@ class GGUFLinear(nn.Module):
         return sum(rows.nbytes if packed is None else packed.nbytes for (rows, _), packed in zip(self.held, self.packed))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if any(p is None and part.type in PACKED_TYPES for p, part in zip(self.packed, self.matrix.part)):
-            raise RuntimeError("this GGUF matrix was built as a lookup table (packed=False): its K-quant rows have "
-                               "no product kernel until packed")
+        if any(p is None for p in self.packed):
+            raise RuntimeError("this GGUF matrix was built as a lookup table (packed=False): its rows have no product "
+                               "kernel until packed")
         rows = x.numel() // self.in_features
         flat = x.reshape(rows, self.in_features).float().contiguous()
         y = torch.empty(rows, self.out_features)
