@@ -368,7 +368,7 @@ static inline __attribute__((always_inline)) void group_block32(const uint8_t *g
 }
 
 // packed_dot for the 32-blocks: a group's 8 rows against activation rows m0 .. m0 + 2 chunks + REST, one pass over
-// the weights
+// the weights (a loop of its own, as in blocks512.c, where one loop for both kinds slowed the K-quants' products)
 static inline __attribute__((always_inline)) void packed_dot32(const uint8_t *g, int QB, const Acts *a, int64_t m0,
                                                                int chunks, const int REST, const int TYPE, float *out) {
     __m256 acc[PASS_ROWS];

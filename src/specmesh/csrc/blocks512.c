@@ -158,7 +158,7 @@ static inline __attribute__((always_inline)) void group_block32_512(const uint8_
     }
 }
 
-// packed_dot512 for the 32-blocks
+// packed_dot512 for the 32-blocks (a loop of its own, as blocks.c's packed_dot32)
 static inline __attribute__((always_inline)) void packed_dot32_512(const uint8_t *g, int QB, const Acts *a, int64_t m0,
                                                                    int chunks, const int REST, const int TYPE,
                                                                    float *out) {
