@@ -226,7 +226,7 @@ def test_bench_layer_similarity_table(tiny_checkpoint, tmp_path):
 
 
 def test_many_samples_of_one_prompt_share_its_prefill_in_bounded_memory(tmp_path):
-    """`--n 3000` on a 100-token prompt with the embedded target: the prompt's keys and values are computed
+    """`--n 1500` on a 100-token prompt with the embedded target: the prompt's keys and values are computed
     once and copied into the rows of each wave of max_batch samples, so memory does not grow with n times
     the prompt (peak resident memory of the generate process, measured by a parent of its own)."""
     from specmesh.bench.prompts import load_prompts
@@ -237,13 +237,13 @@ def test_many_samples_of_one_prompt_share_its_prefill_in_bounded_memory(tmp_path
     (tmp_path / "prompt.txt").write_text(prompt)
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "specmesh.cli", "generate", "--prompt-file", str(tmp_path / "prompt.txt"),
-           "--method", "ar", "--n", "3000", "--max-new-tokens", "3", "--temperature", "1", "--seed", "0",
+           "--method", "ar", "--n", "1500", "--max-new-tokens", "3", "--temperature", "1", "--seed", "0",
            "--json", str(out)]
     rc, peak_mib = run_measured(cmd)
     assert rc == 0
     samples = json.loads(out.read_text())["samples"]
-    assert len(samples) == 3000 and all(len(s["tokens"]) == 3 or s["tokens"][-1] == 0 for s in samples)   # 0: eos
-    assert len({tuple(s["tokens"]) for s in samples}) > 1000          # independent draws
+    assert len(samples) == 1500 and all(len(s["tokens"]) == 3 or s["tokens"][-1] == 0 for s in samples)   # 0: eos
+    assert len({tuple(s["tokens"]) for s in samples}) > 500           # independent draws
     assert peak_mib < 2048, f"peak resident memory {peak_mib:.0f} MiB"
 
 

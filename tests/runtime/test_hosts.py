@@ -107,7 +107,7 @@ def test_a_host_that_never_joins_fails_the_job_within_30_s():
         assert hosts.pids(0) == []
 
 
-@pytest.mark.parametrize("method", ["pearl", "pp"])
+@pytest.mark.parametrize("method", ["pearl"])     # the pipelines' sampling: tests/methods/pipeline, one host
 def test_seeded_sampling_across_hosts_draws_what_one_host_draws(method):
     sampled = [*GENERATE, "--method", method, "--temperature", "1", "--seed", "7", PROMPT]
     one_host = subprocess.run(["specmesh", *sampled[2:]], capture_output=True, text=True, check=True)
@@ -117,7 +117,7 @@ def test_seeded_sampling_across_hosts_draws_what_one_host_draws(method):
     assert tokens(results[0].stdout) == tokens(one_host.stdout)
 
 
-@pytest.mark.parametrize("method", ["pp", "pipedec"])
+@pytest.mark.parametrize("method", ["pipedec"])   # pp and stpp: tests/methods/pipeline/test_interrupted.py, one host
 def test_after_an_interrupt_or_a_dropped_stream_across_hosts_the_next_request_works(method):
     """Rank 0 under torchrun, Ctrl-C in a long answer, then a stream dropped half-way: each next answer equals the
     first (the stages on host 1 stayed in step)."""

@@ -115,8 +115,8 @@ def test_bad_pipelines_are_refused_before_any_process_starts(tiny_checkpoint, ti
         LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, method="pipedec", draft_apart=2)
 
 
-TORCHRUN_ROLES = {"pp": ("stage0", "stage1"), "stpp": (r"draft\+stage0", "stage1"),
-                  "pipedec": (r"draft\+stage0", "stage1"), "pearl": ("target", "draft")}
+# pp and stpp under torchrun: tests/runtime/test_hosts.py
+TORCHRUN_ROLES = {"pipedec": (r"draft\+stage0", "stage1"), "pearl": ("target", "draft")}
 
 
 @pytest.mark.parametrize("method", list(TORCHRUN_ROLES))
