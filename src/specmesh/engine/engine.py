@@ -166,8 +166,7 @@ class Engine:
             if self.scheduler.waiting and self._may_prefill():
                 start = time.perf_counter()
                 self._admit()
-                self._retire()                  # some may be done at once (EOS or a limit of one token)
-                self._flush()
+                self._retire()
                 self.busy_s[0] += time.perf_counter() - start
             running = self.scheduler.running
             if running:
@@ -205,8 +204,9 @@ class Engine:
                 row = self.scheduler.admit(seq)
                 self.stats.waiting = self.scheduler.waiting
             self._emit(seq, self.method.admit(seq, row))
-            if not seq.done:
-                self._flush()                   # its first token now; a finished one waits for _retire
+            if seq.done:
+                self._retire()                  # counted before its answer goes out, as in step
+            self._flush()                       # its first token now
         self.stats.running = len(self.scheduler.running)
 
     def _emit(self, seq: Sequence, tokens: list[int]) -> None:
