@@ -11,7 +11,6 @@
 #include "api.h"
 #include "blocks.h"
 #include "pool.h"
-#include "vec.h"
 #include <stdlib.h>
 
 // -- dequantization (gguf.quants' numpy arithmetic: products and differences rounded one by one) ---------------
@@ -405,16 +404,16 @@ static void packed_rows(int type, const uint8_t *g0, int K, const Acts *a, int64
 #undef ROWS
 }
 
+// the packed bytes of one group of 8 rows of `type` and K columns
+static int64_t group_bytes(int type, int K) { return (int64_t)(K / block_size(type)) * packed_block(type); }
+
 // the bytes of a part's rows of `type` packed (gguf_pack), or 0 where the type has no packed kernel
 int64_t gguf_packed_bytes(int type, int rows, int K) {
-    const int bs = block_size(type);
-    return K % bs ? 0 : (int64_t)(rows + PACK_ROWS - 1) / PACK_ROWS * (K / bs) * packed_block(type);
+    return K % block_size(type) ? 0 : (rows + PACK_ROWS - 1) / PACK_ROWS * group_bytes(type, K);
 }
 
 // the first byte of group g's blocks in a part packed from K columns
-static const uint8_t *packed_group(const Part *p, int K, int64_t g) {
-    return p->packed + g * (K / block_size(p->type)) * packed_block(p->type);
-}
+static const uint8_t *packed_group(const Part *p, int K, int64_t g) { return p->packed + g * group_bytes(p->type, K); }
 
 // row r's block w (of the file) into its group-block o (blocks.h's layouts)
 static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
@@ -470,8 +469,7 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
 // groups g0 .. g1 of 8 rows of part `part`, in output order (its map applied), into out (gguf_packed_bytes of the
 // part's rows: out is the whole part's)
 void gguf_pack(const Matrix *w, int part, int K, int64_t g0, int64_t g1, uint8_t *out) {
-    const int type = w->part[part].type;
-    Packing k = {&w->part[part], K, out + g0 * (K / block_size(type)) * packed_block(type)};
+    Packing k = {&w->part[part], K, out + g0 * group_bytes(w->part[part].type, K)};
     k.first = g0;
     parallel_for(g1 - g0, 64, pack_groups, &k);
 }

@@ -4,7 +4,6 @@
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
 #include "blocks.h"
 #include "blocks512.h"
-#include "vec.h"
 #include <stdlib.h>
 
 // K-quants packed by 8 rows (blocks.h): each 512-bit vector the 8 rows' 8 bytes against the activation row's 8 bytes

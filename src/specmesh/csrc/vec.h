@@ -1,4 +1,4 @@
-// Vector helpers csrc/avx2.c and csrc/blocks.c share (AVX2).
+// Vector helpers of csrc/avx2.c (AVX2).
 #pragma once
 #include <immintrin.h>
 
