@@ -9,7 +9,8 @@ from openai import BadRequestError
 from test_serve import LiveServer, complete
 
 from specmesh.lossless.sampling import SamplingParams
-from specmesh.serve.protocol import APIError, ChatRequest, CompletionRequest, Limits, sampling_params
+from specmesh.serve.protocol import (LOOKED_OVER_ABOVE, APIError, ChatRequest, CompletionRequest, Limits,
+                                     refuse_wide_fields, sampling_params)
 
 
 @pytest.fixture(scope="module")
@@ -273,3 +274,26 @@ def test_a_prompt_whose_bytes_exceed_the_context_is_refused_before_it_is_tokeniz
     assert f"({size} bytes)" in r.json()["error"]["message"]
     over = post(live, {"prompt": "x", "max_tokens": live.server.engine.context})
     assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_big_bodys_field_wider_than_any_valid_request_is_refused_before_it_is_built():
+    """refuse_wide_fields reads a body lazily (simdjson): logit_bias past its bound, an array longer than the
+    context. What simdjson cannot read (an integer past 64 bits) is left to json.loads, which names it."""
+    with pytest.raises(APIError, match="at most 300 token ids, got 150000") as e:
+        refuse_wide_fields(json.dumps({"prompt": "x", "logit_bias": {str(i): 1 for i in range(150_000)}}).encode(), 256)
+    assert e.value.param == "logit_bias"
+    with pytest.raises(APIError, match="prompt holds 257 values") as e:
+        refuse_wide_fields(json.dumps({"prompt": [1] * 257}).encode(), 256)
+    assert e.value.param == "prompt"
+    for fine in ({"prompt": [1] * 256, "logit_bias": {"1": 1}}, {"prompt": "x", "seed": 2 ** 64}, ["x"] * 1000):
+        refuse_wide_fields(json.dumps(fine).encode(), 256)
+
+
+def test_a_big_body_is_looked_over_first_and_answered_as_any_other(live):
+    pad = " " * LOOKED_OVER_ABOVE
+    wide = post(live, {"prompt": list(range(live.server.engine.context + 1)), "x": pad})
+    assert wide.status_code == 400 and wide.json()["error"]["param"] == "prompt" and "holds" in wide.text, wide.text
+    seed = post(live, {"prompt": "x", "seed": 2 ** 64, "user": pad})
+    assert seed.status_code == 400 and seed.json()["error"]["param"] == "seed", seed.text
+    ok = post(live, {"prompt": "def", "max_tokens": 2, "user": pad})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2, ok.text

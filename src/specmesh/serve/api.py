@@ -24,8 +24,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specmesh.engine.engine import Engine, deliver_here, failure_code
 from specmesh.engine.sequence import Sequence
 from specmesh.serve.metrics import Metrics
-from specmesh.serve.protocol import (APIError, ChatRequest, CompletionRequest, Limits, Request, chat_prompt,
-                                     completion_prompts, encode, sampling_params)
+from specmesh.serve.protocol import (LOOKED_OVER_ABOVE, APIError, ChatRequest, CompletionRequest, Limits, Request,
+                                     chat_prompt, completion_prompts, encode, refuse_wide_fields, sampling_params)
 from specmesh.lossless.sampling import InvalidParameter, SamplingParams
 
 UNAVAILABLE = ("server_shutting_down", "peer_lost")     # error codes answered 503: the service, not the request
@@ -87,6 +87,8 @@ class Server:
             raw += piece
             if len(raw) > MAX_BODY_BYTES:
                 raise APIError(f"request body over {MAX_BODY_BYTES // 2 ** 20} MB", code="body_too_large", status=413)
+        if len(raw) > LOOKED_OVER_ABOVE:
+            refuse_wide_fields(bytes(raw), self.engine.context)
         try:
             body = json.loads(bytes(raw).decode("utf-8"))
         except UnicodeDecodeError:

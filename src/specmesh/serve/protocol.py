@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
+import simdjson
 from pydantic import BaseModel, ConfigDict, ValidationError, WrapValidator
 
 from specmesh.lossless.sampling import MAX_LOGIT_BIAS, InvalidParameter, SamplingParams, logit_bias_count
@@ -193,6 +194,29 @@ def sampling_params(request: CompletionRequest | ChatRequest, prompt_tokens: int
     bound(len(params.stop), limits.max_stop, "stop", "stop strings")
     bound(max((len(s) for s in params.stop), default=0), limits.max_stop_chars, "stop", "characters of a stop string")
     return params
+
+
+LOOKED_OVER_ABOVE = 64 * 2 ** 10     # bytes of a body that simdjson looks over before json.loads reads it
+
+
+def refuse_wide_fields(raw: bytes, context: int) -> None:
+    """Refuse a top-level field with more values than any valid request holds (logit_bias: MAX_LOGIT_BIAS entries; an
+    array: a context of token ids or messages) before any of it becomes Python objects. json.loads holds the GIL the
+    engine's thread needs for as long as it builds them (tens of ms for 100,000 small values); simdjson reads the
+    document lazily, in a few ms a megabyte. What simdjson cannot read goes on to json.loads, which names the problem."""
+    try:
+        doc = simdjson.Parser().parse(raw)
+    except (ValueError, RuntimeError):                  # not JSON, too deep, a number past 64 bits
+        return
+    if not isinstance(doc, simdjson.Object):
+        return
+    bias = doc.get("logit_bias")
+    if isinstance(bias, simdjson.Object) and len(bias) > MAX_LOGIT_BIAS:
+        raise APIError(logit_bias_count(len(bias)), "logit_bias")
+    for name in doc.keys():                             # doc[name], not doc.items(): items would build them
+        if isinstance(value := doc[name], simdjson.Array) and len(value) > context:
+            raise APIError(f"{name} holds {len(value)} values; no request's {name} holds more than the context "
+                           f"({context} tokens)", name)
 
 
 def logit_bias(value) -> dict | None:
