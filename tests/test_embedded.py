@@ -22,7 +22,7 @@ def target_dir():
 
 @pytest.fixture(scope="module")
 def prompts():
-    return load_prompts(limit=4)
+    return load_prompts(limit=2)
 
 
 def test_models_lists_target_and_draft(target_dir):
