@@ -81,7 +81,6 @@ def abuse(port: int, stop: threading.Event) -> tuple[list[str], list[float]]:
     return [repr(what)[:200] for ok, what in seen if not ok], times
 
 
-
 if __name__ == "__main__":
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
