@@ -87,10 +87,11 @@ class Server:
             raw += piece
             if len(raw) > MAX_BODY_BYTES:
                 raise APIError(f"request body over {MAX_BODY_BYTES // 2 ** 20} MB", code="body_too_large", status=413)
-        if len(raw) > LOOKED_OVER_ABOVE:
-            refuse_wide_fields(bytes(raw), self.engine.context)
+        data = bytes(raw)                       # one copy, for the look-over and the parse
+        if len(data) > LOOKED_OVER_ABOVE:
+            refuse_wide_fields(data, self.engine.context)
         try:
-            body = json.loads(bytes(raw).decode("utf-8"))
+            body = json.loads(data.decode("utf-8"))
         except UnicodeDecodeError:
             raise APIError("request body is not valid UTF-8") from None
         except json.JSONDecodeError as e:
