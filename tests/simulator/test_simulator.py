@@ -40,6 +40,22 @@ def test_gpu_cluster_clock_arithmetic(tmp_path, tiny_checkpoint):
     assert pd["ms_per_token"] < pp["ms_per_token"] / 5
 
 
+@pytest.mark.parametrize("gamma, round_ms", [(4, 0.5 + 4 * 4.0 + 0.5), (2, 10.0)])
+def test_pearl_simulated_gives_ars_tokens_and_prices_each_round(tmp_path, tiny_checkpoint, gamma, round_ms):
+    """The gpu-cluster profile: the target's forward 10 ms, a drafted token 4 ms, a hop 0.5 ms. A round lasts the
+    longer of the target's forward and the draft's γ tokens between two hops; rank 0's own work, timed as this
+    process runs it, adds a little."""
+    result = simulate(tmp_path, "def add(a, b):", "--method", "pearl", "--gamma", str(gamma), "--target",
+                      str(tiny_checkpoint), "--draft", str(tiny_checkpoint))
+    assert set(result) == KEYS | {"gamma"} and result["gamma"] == gamma and result["simulated"] is True
+    ar = LLM(target=tiny_checkpoint).generate("def add(a, b):", SamplingParams(max_new_tokens=20))
+    assert result["tokens"] == ar.tokens
+    n = len(result["tokens"])
+    rounds = round(n / result["tokens_per_timestep"])
+    modelled = 10.0 + rounds * round_ms                     # the prompt's pass, then the rounds
+    assert modelled <= result["ms_per_token"] * n <= 1.1 * modelled
+
+
 def test_profiles_load_and_fail_clearly(tmp_path):
     gpu = Profile.load("gpu-cluster")
     assert gpu.stage_ms(64) == 10.0 and gpu.stage_ms(100) == pytest.approx(13.6) and gpu.draft_ms(32) == 4.0

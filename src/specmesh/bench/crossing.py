@@ -3,9 +3,12 @@ one core each, pinned), at each link rate, with `specmesh simulate`'s figure for
 
     python -m specmesh.bench.crossing --rates 10gbit,1gbit --json docs/results/crossing.json
 
-Every figure is a real run of `specmesh generate` (bfloat16, the embedded models, greedy) but the simulated ones,
-which run the real algorithm on a virtual clock from a profile measured here first (`specmesh simulate --calibrate
---hosts`). Needs root (network namespaces).
+Every figure is a real run of the method (bfloat16, the embedded models, greedy; `pearl` with γ fixed at the
+simulator's) but the simulated ones, which run the real algorithm on a virtual clock from a profile measured here
+first (`specmesh simulate --calibrate --hosts`). A shared machine slows down for seconds at a time, so each side
+takes what the machine does undisturbed: the profile each cost's fastest of its rounds, a run each prompt's
+fastest of `--repeat` answers, a pause between them (`job`, one process or torchrun job for them all). Needs root
+(network namespaces).
 """
 from __future__ import annotations
 
@@ -16,64 +19,87 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from specmesh.bench.hosts import Hosts
 
 METHODS = ("pp", "pipedec", "stpp", "pearl")
-SIMULATED = ("pp", "pipedec", "stpp")           # the pipeline simulator's methods
 PROMPTS = ("def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\ndef list_files(path):")
 
 
-def generate(method: str, prompt: str, tokens: int) -> list[str]:
-    return ["-m", "specmesh.cli", "generate", "--target", "embedded", "--method", method, "--max-new-tokens",
-            str(tokens), "--json", "-", prompt]
+def options(method: str) -> dict:
+    """The options every run of `method` takes here, measured and simulated alike."""
+    from specmesh.simulator.pearl import GAMMA
+    return {"gamma": GAMMA} if method == "pearl" else {"stages": 2}
 
 
-def tokens_per_s(stdout: str) -> float:
-    return json.loads(stdout)["stats"]["tokens_per_s"]
+def flags(method: str) -> list[str]:
+    return [flag for k, v in options(method).items() for flag in (f"--{k}", str(v))]
 
 
-def median_over_prompts(rate_of: Callable[[str], float]) -> float:
-    return statistics.median(rate_of(prompt) for prompt in PROMPTS)
+def job(method: str, tokens: int, repeat: int, prompts: list[str]) -> None:
+    """One process, or every rank of a torchrun job: rank 0 answers each prompt `repeat` times and prints, as JSON,
+    each prompt's fastest tokens/s and first answer; the ranks after it serve the method as `specmesh generate`
+    does."""
+    from specmesh import LLM, SamplingParams
+    from specmesh.cli import main
+    from specmesh.cli.ranks import torchrun_rank
+    from specmesh.simulator.pipelines import pause_then
+    if torchrun_rank():
+        sys.exit(main(["generate", "--target", "embedded", "--dtype", "bfloat16", "--method", method, *flags(method),
+                       prompts[0]]))
+    params, out = SamplingParams(max_new_tokens=tokens), {"tokens_per_s": [], "tokens": []}
+    with LLM(target="embedded", dtype="bfloat16", method=method, **options(method)) as llm:
+        llm.generate(prompts[0], params)                                    # the processes' first steps
+        for prompt in prompts:
+            fastest = 0.0
+            for _ in range(repeat):
+                answer = pause_then(lambda: llm.generate(prompt, params))
+                fastest = max(fastest, answer.stats.tokens_per_s)
+            out["tokens_per_s"].append(fastest)
+            out["tokens"].append(answer.tokens)
+    print(json.dumps(out))
 
 
-def checked(done: subprocess.CompletedProcess, what: str) -> str:
-    """A finished run's stdout, or a RuntimeError with its stderr."""
+def job_argv(method: str, tokens: int, repeat: int, prompts: list[str]) -> list[str]:
+    return ["-m", "specmesh.bench.crossing", "--job", method, "--max-new-tokens", str(tokens), "--repeat",
+            str(repeat), "--prompts", json.dumps(prompts)]
+
+
+def checked(done: subprocess.CompletedProcess, what: str) -> dict:
+    """A finished job's JSON, or a RuntimeError with its stderr."""
     if done.returncode:
         raise RuntimeError(f"{what}: {done.stderr[-800:]}")
-    return done.stdout
+    return json.loads(done.stdout)
 
 
-def one_host(method: str, tokens: int, cores: str) -> float:
-    """Median tokens/s over the prompts, every process of the method on `cores`."""
-    def rate_of(prompt: str) -> float:
-        done = subprocess.run(["taskset", "-c", cores, sys.executable, *generate(method, prompt, tokens)],
-                              capture_output=True, text=True, timeout=600)
-        return tokens_per_s(checked(done, f"{method} on one host"))
-    return median_over_prompts(rate_of)
+def one_host(method: str, tokens: int, cores: str, repeat: int = 5, prompts=PROMPTS) -> dict:
+    """`job` in one process on `cores` (the method's own processes beside it)."""
+    done = subprocess.run(["taskset", "-c", cores, sys.executable, *job_argv(method, tokens, repeat, list(prompts))],
+                          capture_output=True, text=True, timeout=900)
+    return checked(done, f"{method} on one host")
 
 
-def across_hosts(method: str, tokens: int, rate: str, cpus: list[list[int]]) -> float:
-    def rate_of(prompt: str) -> float:
-        with Hosts(2, rate=rate, cpus=cpus) as hosts:
-            done = hosts.torchrun(generate(method, prompt, tokens), timeout=600)[0]
-        return tokens_per_s(checked(done, f"{method} across hosts at {rate}"))
-    return median_over_prompts(rate_of)
+def across_hosts(method: str, tokens: int, rate: str, cpus: list[list[int]], repeat: int = 5,
+                 prompts=PROMPTS) -> dict:
+    """`job` under torchrun on two hosts at `rate`."""
+    with Hosts(2, rate=rate, cpus=cpus) as hosts:
+        done = hosts.torchrun(job_argv(method, tokens, repeat, list(prompts)), timeout=900)[0]
+    return checked(done, f"{method} across hosts at {rate}")
 
 
-def simulated(method: str, tokens: int, rate: str, profile: Path) -> float:
+def simulated(method: str, tokens: int, rate: str, profile: Path, prompts=PROMPTS) -> list[float]:
+    """`specmesh simulate`'s tokens/s for each prompt, every rank on a host of its own at `rate`."""
     def rate_of(prompt: str) -> float:
         done = subprocess.run([sys.executable, "-m", "specmesh.cli", "simulate", "--target", "embedded", "--method",
-                               method, "--stages", "2", "--profile", str(profile), "--link", rate,
+                               method, *flags(method), "--profile", str(profile), "--link", rate,
                                "--max-new-tokens", str(tokens), "--json", "-", prompt],
                               capture_output=True, text=True, timeout=600)
-        return json.loads(checked(done, f"simulate {method}"))["tokens_per_s"]
-    return median_over_prompts(rate_of)
+        return checked(done, f"simulate {method}")["tokens_per_s"]
+    return [rate_of(p) for p in prompts]
 
 
-def run(rates: list[str], tokens: int, methods=METHODS) -> dict:
+def run(rates: list[str], tokens: int, methods=METHODS, repeat: int = 5) -> dict:
     cores = sorted(os.sched_getaffinity(0))[:2]
     if len(cores) < 2:
         raise ValueError("the crossing bench needs two cores (one per host)")
@@ -84,17 +110,18 @@ def run(rates: list[str], tokens: int, methods=METHODS) -> dict:
         link_ms = json.loads(profile.read_text())["link_ms"]
         rows = []
         for method in methods:
-            alone = one_host(method, tokens, ",".join(map(str, cores)))
+            alone = statistics.median(one_host(method, tokens, ",".join(map(str, cores)), repeat)["tokens_per_s"])
             for rate in rates:
+                hosts = across_hosts(method, tokens, rate, [[c] for c in cores], repeat)["tokens_per_s"]
                 row = {"method": method, "rate": rate, "one_host_tokens_per_s": alone,
-                       "hosts_tokens_per_s": across_hosts(method, tokens, rate, [[c] for c in cores]),
-                       "simulated_tokens_per_s": simulated(method, tokens, rate, profile) if method in SIMULATED
-                       else None}
+                       "hosts_tokens_per_s": statistics.median(hosts),
+                       "simulated_tokens_per_s": statistics.median(simulated(method, tokens, rate, profile))}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     return {"what": "the embedded models in bfloat16, greedy, 2 processes: one host (both cores) vs 2 hosts (network "
-                    "namespaces on this machine, one core each, pinned; tbf at each rate)",
-            "tokens": tokens, "prompts": list(PROMPTS), "link_ms": link_ms, "rows": rows}
+                    "namespaces on this machine, one core each, pinned; tbf at each rate); the median over the "
+                    "prompts of each prompt's fastest answer",
+            "tokens": tokens, "repeat": repeat, "prompts": list(PROMPTS), "link_ms": link_ms, "rows": rows}
 
 
 def table(result: dict) -> str:
@@ -102,9 +129,8 @@ def table(result: dict) -> str:
              "|---|---|---|---|---|---|"]
     for r in result["rows"]:
         sim = r["simulated_tokens_per_s"]
-        ratio = f"{sim / r['hosts_tokens_per_s']:.2f}" if sim else "not simulated"
         lines.append(f"| {r['method']} | {r['rate']} | {r['one_host_tokens_per_s']:.0f} | "
-                     f"{r['hosts_tokens_per_s']:.0f} | {f'{sim:.0f}' if sim else '-'} | {ratio} |")
+                     f"{r['hosts_tokens_per_s']:.0f} | {sim:.0f} | {sim / r['hosts_tokens_per_s']:.2f} |")
     return "\n".join(lines)
 
 
@@ -114,8 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--json", metavar="FILE", help="write the result here")
+    parser.add_argument("--job", metavar="METHOD", help=argparse.SUPPRESS)    # job(): a process of the runs
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="answers to each prompt in a run, the fastest counting (default: 5)")
+    parser.add_argument("--prompts", type=json.loads, default=list(PROMPTS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    result = run(args.rates.split(","), args.max_new_tokens, args.methods.split(","))
+    if args.job:
+        job(args.job, args.max_new_tokens, args.repeat, args.prompts)
+        return 0
+    result = run(args.rates.split(","), args.max_new_tokens, args.methods.split(","), args.repeat)
     print(table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -51,12 +51,13 @@ def add(sub) -> None:
                                      "server chooses per request)")
     add_json(lt)
 
-    sm = sub.add_parser("simulate", help="pipedec / pp / stpp on a virtual clock for N pipeline stages, easyspec / tree "
-                        "for a target split over N devices, or cosine / sd / tree on a cluster (simulated)")
+    sm = sub.add_parser("simulate", help="pipedec / pp / stpp on a virtual clock for N pipeline stages, pearl's draft "
+                        "and target on devices of their own, easyspec / tree for a target split over N devices, or "
+                        "cosine / sd / tree on a cluster (simulated)")
     sm.add_argument("prompt", nargs="?", help="the prompt text (or --prompts FILE)")
     sm.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (one JSON object with 'prompt' per line)")
     sm.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts of --prompts")
-    sm.add_argument("--method", choices=["pipedec", "pp", "stpp", "easyspec", "tree", "cosine", "sd"],
+    sm.add_argument("--method", choices=["pipedec", "pp", "stpp", "pearl", "easyspec", "tree", "cosine", "sd"],
                     default="pipedec",
                     help="pipedec, pp, stpp: pipeline stages (--stages); easyspec, tree: a split target (--tp); "
                          "cosine, sd, tree with --concurrency: drafter nodes around a verification server")
@@ -80,6 +81,9 @@ def add(sub) -> None:
                     help="c: children per node (default: the paper's 16 on gpu-cluster, else pipedec's default)")
     sm.add_argument("--depth", type=positive_int,
                     help="stpp: levels of its static tree (default: 5 on gpu-cluster, else stpp's default)")
+    sm.add_argument("--gamma", type=positive_int, default=4,
+                    help="pearl: drafts a round, fixed (default: 4; the real method's measured rule chooses by "
+                         "wall-clock times)")
     sm.add_argument("--draft-window", type=positive_int, default=64,
                     help="prompt tokens the draft reads (default: 64, as the methods')")
     sm.add_argument("--target", metavar="DIR")
@@ -92,7 +96,7 @@ def add(sub) -> None:
                     help="with --calibrate: also measure a message's time between two hosts made here (network "
                          "namespaces; needs root), for --link")
     sm.add_argument("--link", type=link_rate, metavar="RATE",
-                    help="pipedec / pp / stpp: every stage on a host of its own, joined by links of RATE (10gbit, "
+                    help="pipedec / pp / stpp / pearl: every rank on a host of its own, joined by links of RATE (10gbit, "
                          "1gbit, 100mbit), with the profile's latency between hosts (--calibrate --hosts)")
     sm.add_argument("--plot", metavar="OUT.png", type=plot_path,
                     help="simulate all three methods at 7, 14 and 21 stages and plot ms per token against depth")
@@ -199,6 +203,15 @@ def cmd_simulate(args, parser) -> int:
                     args.tree_width or (32 if paper else pipedec["tree_width"]),
                     args.max_children or (16 if paper else pipedec["max_children"]),
                     args.depth or (5 if paper else stpp["gamma"]), args.draft_window, args.target, args.draft)
+    if args.method == "pearl":
+        from specmesh.simulator.pearl import simulate as simulate_pearl
+        result = simulate_pearl(cfg, prompts, args.gamma)
+        print(f"[simulated, profile {result['profile']}] pearl, gamma {args.gamma}: {result['ms_per_token']:.2f} "
+              f"ms/token, {result['tokens_per_s']:.1f} tokens/s, {result['tokens_per_timestep']:.3f} tokens/round",
+              file=sys.stderr)
+        if args.json:
+            write_json(result, args.json)
+        return 0
     if args.plot:
         from specmesh.simulator.pipelines import sweep_plot
         table = sweep_plot(cfg, prompts, args.plot)

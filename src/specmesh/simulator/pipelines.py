@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,23 +223,20 @@ def simulate(cfg: SimConfig, prompts: list[str]) -> dict:
             "tokens": results[0].tokens}
 
 
-def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, hosts: bool = False) -> dict:
+def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, hosts: bool = False,
+              rounds: int = 6) -> dict:
     """Measure this machine's costs (bfloat16, one thread, as each pipeline process runs) and write
-    the `local` profile; `hosts`: also a message's time between two hosts made here (simulator/hop.py)."""
+    the `local` profile; `hosts`: also a message's time between two hosts made here (simulator/hop.py).
+    Every cost is the fastest of `rounds` rounds over all of them: a shared machine slows down for seconds at a
+    time, and a slow spell then costs one round of every cost, not every round of one."""
     from specmesh.model.loader import load_model
-    from specmesh.proposers.draft_model import round_ms
-    from specmesh.proposers.dynamic_tree import grow_ms
-    from specmesh.timing import layer_and_head_ms, torch_threads
-
-    def costs(tree: int) -> tuple[list[float], list[float]]:
-        return tuple(list(v) for v in zip(*(layer_and_head_ms(target, T, context, 15, tree) for T in counts)))
+    from specmesh.timing import torch_threads
 
     with torch.inference_mode(), torch_threads(1):
         target = load_model(embedded.path("target"), torch.bfloat16, "cpu")
         draft = load_model(embedded.path("draft"), torch.bfloat16, "cpu", draft=True)
-        (layer, head), (tree_layer, tree_head) = costs(0), costs(STPP_CHILDREN)
-        drafts = [grow_ms(draft, T, min(T, 16), 64) for T in counts]
-        levels = [round_ms(draft, STPP_LEVELS, T, T, 64) / STPP_LEVELS for T in counts]
+        fastest = [min(costs) for costs in zip(*(_costs(target, draft, counts, context) for _ in range(rounds)))]
+    layer, head, tree_layer, tree_head, drafts, levels = (fastest[i::6] for i in range(6))
     hop = link_one_way_ms(target.config.hidden_size)
     profile = {"name": "local", "stage": {"tokens": list(counts), "layer_ms": layer, "head_ms": head,
                                           "tree_layer_ms": tree_layer, "tree_head_ms": tree_head},
@@ -252,7 +250,27 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, ho
     return profile
 
 
+def _costs(target, draft, counts, context: int) -> list[float]:
+    """One round of the profile's costs, for each token count in turn: a layer's and the head's time on a chain and
+    on STPP's tree, the draft's pipedec timestep and STPP level (six figures a count, in that order; each the median
+    of a few runs: the rounds do the rest)."""
+    from specmesh.proposers.draft_model import round_ms
+    from specmesh.proposers.dynamic_tree import grow_ms
+    from specmesh.timing import layer_and_head_ms
+    out = []
+    for T in counts:
+        out += [*layer_and_head_ms(target, T, context, 5), *layer_and_head_ms(target, T, context, 5, STPP_CHILDREN),
+                grow_ms(draft, T, min(T, 16), 64, reps=5), round_ms(draft, STPP_LEVELS, T, T, 64, reps=5) / STPP_LEVELS]
+    return out
+
+
 CALIBRATION_PROMPT, CALIBRATION_TOKENS = "def fibonacci(n):", 48
+CALIBRATION_RUNS, PAUSE_S = 10, 0.3     # real runs, spread over the machine's slow and quiet spells
+
+
+def pause_then(run):
+    time.sleep(PAUSE_S)
+    return run()
 
 
 def runtime_ms(method: str, profile: dict) -> float:
@@ -264,7 +282,8 @@ def runtime_ms(method: str, profile: dict) -> float:
     params = SamplingParams(max_new_tokens=CALIBRATION_TOKENS)              # as the simulator runs it
     with LLM(target="embedded", method=method, stages=2, dtype="bfloat16") as llm:
         llm.generate(CALIBRATION_PROMPT, params)                    # a warm-up: the processes' first steps
-        real = min(llm.generate(CALIBRATION_PROMPT, params).stats.elapsed_s for _ in range(3)) * 1e3   # undisturbed
+        real = 1e3 * min(pause_then(lambda: llm.generate(CALIBRATION_PROMPT, params).stats.elapsed_s)
+                         for _ in range(CALIBRATION_RUNS))          # the machine undisturbed
         o = llm.method.config
     tree = {k: getattr(o, k) for k in ("tree_width", "max_children", "draft_window") if hasattr(o, k)}
     sim = Simulator(SimConfig(method, 2, Profile(**profile), max_new_tokens=CALIBRATION_TOKENS, target="embedded",
