@@ -58,6 +58,16 @@ def rank_threads(processes: int):
         yield
 
 
+PAUSE_S = 0.3       # between runs that should not all fall in one of a shared machine's slow spells
+
+
+def pause_then(run):
+    """run() after PAUSE_S: repeated runs spread over a shared machine's slow and quiet spells, whose fastest then
+    tells what the machine does undisturbed."""
+    time.sleep(PAUSE_S)
+    return run()
+
+
 def median_ms(step, reps: int = 20, warmup: int = 3) -> float:
     """Median wall time in ms of `step()` over `reps` runs, after `warmup` untimed ones."""
     times = []

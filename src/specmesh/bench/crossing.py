@@ -3,8 +3,8 @@ one core each, pinned), at each link rate, with `specmesh simulate`'s figure for
 
     python -m specmesh.bench.crossing --rates 10gbit,1gbit --json docs/results/crossing.json
 
-Every figure is a real run of the method (bfloat16, the embedded models, greedy; `pearl` with γ fixed at the
-simulator's) but the simulated ones, which run the real algorithm on a virtual clock from a profile measured here
+Every figure is a real run of the method (bfloat16, the embedded models, greedy; `pearl` with γ fixed, as the
+simulator runs it) but the simulated ones, which run the real algorithm on a virtual clock from a profile measured here
 first (`specmesh simulate --calibrate --hosts`). A shared machine slows down for seconds at a time, so each side
 takes what the machine does undisturbed: the profile each cost's fastest of its rounds, a run each prompt's
 fastest of `--repeat` answers, a pause between them (`job`, one process or torchrun job for them all). Needs root
@@ -28,9 +28,9 @@ PROMPTS = ("def fibonacci(n):", "class Stack:\n    def __init__(self):", "import
 
 
 def options(method: str) -> dict:
-    """The options every run of `method` takes here, measured and simulated alike."""
-    from specmesh.simulator.pearl import GAMMA
-    return {"gamma": GAMMA} if method == "pearl" else {"stages": 2}
+    """The options every run of `method` takes here, measured and simulated alike (pearl's γ fixed: its measured
+    rule chooses by wall-clock times, which a simulation has not got)."""
+    return {"gamma": 4} if method == "pearl" else {"stages": 2}
 
 
 def flags(method: str) -> list[str]:
@@ -39,15 +39,13 @@ def flags(method: str) -> list[str]:
 
 def job(method: str, tokens: int, repeat: int, prompts: list[str]) -> None:
     """One process, or every rank of a torchrun job: rank 0 answers each prompt `repeat` times and prints, as JSON,
-    each prompt's fastest tokens/s and first answer; the ranks after it serve the method as `specmesh generate`
-    does."""
+    each prompt's fastest tokens/s and last answer; the ranks after it become `specmesh generate` processes, which
+    serve the method."""
     from specmesh import LLM, SamplingParams
-    from specmesh.cli import main
-    from specmesh.cli.ranks import torchrun_rank
-    from specmesh.simulator.pipelines import pause_then
-    if torchrun_rank():
-        sys.exit(main(["generate", "--target", "embedded", "--dtype", "bfloat16", "--method", method, *flags(method),
-                       prompts[0]]))
+    from specmesh.timing import pause_then
+    if int(os.environ.get("RANK", 0)):
+        os.execv(sys.executable, [sys.executable, "-m", "specmesh.cli", "generate", "--target", "embedded", "--dtype",
+                                  "bfloat16", "--method", method, *flags(method), prompts[0]])
     params, out = SamplingParams(max_new_tokens=tokens), {"tokens_per_s": [], "tokens": []}
     with LLM(target="embedded", dtype="bfloat16", method=method, **options(method)) as llm:
         llm.generate(prompts[0], params)                                    # the processes' first steps

@@ -204,7 +204,7 @@ def cmd_simulate(args, parser) -> int:
                     args.max_children or (16 if paper else pipedec["max_children"]),
                     args.depth or (5 if paper else stpp["gamma"]), args.draft_window, args.target, args.draft)
     if args.method == "pearl":
-        from specmesh.simulator.pearl import simulate as simulate_pearl
+        from specmesh.simulator.parallel_draft import simulate as simulate_pearl
         result = simulate_pearl(cfg, prompts, args.gamma)
         print(f"[simulated, profile {result['profile']}] pearl, gamma {args.gamma}: {result['ms_per_token']:.2f} "
               f"ms/token, {result['tokens_per_s']:.1f} tokens/s, {result['tokens_per_timestep']:.3f} tokens/round",

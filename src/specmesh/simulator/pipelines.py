@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,12 +264,7 @@ def _costs(target, draft, counts, context: int) -> list[float]:
 
 
 CALIBRATION_PROMPT, CALIBRATION_TOKENS = "def fibonacci(n):", 48
-CALIBRATION_RUNS, PAUSE_S = 10, 0.3     # real runs, spread over the machine's slow and quiet spells
-
-
-def pause_then(run):
-    time.sleep(PAUSE_S)
-    return run()
+CALIBRATION_RUNS = 10                   # real runs, spread over the machine's slow and quiet spells
 
 
 def runtime_ms(method: str, profile: dict) -> float:
@@ -279,6 +273,7 @@ def runtime_ms(method: str, profile: dict) -> float:
     simulated time of the same run, per pipedec timestep or per pp pass (a token after the first)."""
     from specmesh import LLM
     from specmesh.lossless.sampling import SamplingParams
+    from specmesh.timing import pause_then
     params = SamplingParams(max_new_tokens=CALIBRATION_TOKENS)              # as the simulator runs it
     with LLM(target="embedded", method=method, stages=2, dtype="bfloat16") as llm:
         llm.generate(CALIBRATION_PROMPT, params)                    # a warm-up: the processes' first steps
