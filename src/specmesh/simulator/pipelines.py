@@ -57,9 +57,11 @@ class Profile:
     draft_beside_stage0: bool = False       # S shares stage 0's process (its work adds to stage 0's)
     link_ms: float | None = None            # one way between two hosts (`--calibrate --hosts`; None: not measured)
     link_gbit: float | None = None          # every rank on a host of its own, links of this rate (simulate --link)
-    # the real runtime's own work beyond the modelled costs (calibrate measures it): per pipedec timestep, per pp pass
+    # the real runtime's own work beyond the modelled costs (calibrate measures it): per pipedec timestep, per pp
+    # pass, per stpp round
     timestep_ms: float = 0.0
     pass_ms: float = 0.0
+    round_ms: float = 0.0
 
     def hop(self, nbytes: int = 0) -> float:
         """One message of `nbytes` between ranks: `hop_ms` within a host; across hosts (link_gbit set) the measured
@@ -140,6 +142,7 @@ class Result:
     timesteps: int
     hits: int = 0
     decisions: int = 0
+    steps: int = 0                  # pipedec timesteps, pp passes or stpp rounds (the runtime's own work is by them)
 
 
 class Simulator:
@@ -196,15 +199,17 @@ class Simulator:
                 tl = pipedec.run(self.llm.models.target, self.draft, ids, params, cfg.max_new_tokens, cfg.stages,
                                  cfg.tree_width, cfg.max_children, cfg.draft_window)
             ms = sum(self.timestep_ms(loads, width) for loads, width in zip(tl.loads, tl.widths))
-            return Result(tl.tokens, prompt + ms, tl.timesteps, tl.hits, len(tl.outcomes))
+            return Result(tl.tokens, prompt + ms, tl.timesteps, tl.hits, len(tl.outcomes), tl.timesteps)
         out = self.llm.generate(ids, params)
         if cfg.method == "pp":                              # then one full pass per token
-            return Result(out.tokens, prompt + (len(out.tokens) - 1) * (self.pass_ms(1) + p.pass_ms),
-                          len(out.tokens) * cfg.stages)
+            passes = len(out.tokens) - 1
+            return Result(out.tokens, prompt + passes * (self.pass_ms(1) + p.pass_ms), len(out.tokens) * cfg.stages,
+                          steps=passes)
         rounds = max(1, out.stats.verifications)            # stpp: draft the whole tree, then one pass
         size = 1 + out.stats.drafted_tokens / rounds
-        per_round = cfg.depth * p.level_ms(cfg.tree_width) + self.pass_ms(round(size), tree=True) + p.broadcast()
-        return Result(out.tokens, prompt + rounds * per_round, rounds * (cfg.depth + cfg.stages))
+        per_round = cfg.depth * p.level_ms(cfg.tree_width) + self.pass_ms(round(size), tree=True) + p.broadcast() \
+            + p.round_ms
+        return Result(out.tokens, prompt + rounds * per_round, rounds * (cfg.depth + cfg.stages), steps=rounds)
 
 
 def simulate(cfg: SimConfig, prompts: list[str]) -> dict:
@@ -241,7 +246,8 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, ho
                                           "tree_layer_ms": tree_layer, "tree_head_ms": tree_head},
                "draft": {"tokens": list(counts), "ms": drafts, "level_ms": levels}, "hop_ms": hop,
                "broadcast_ms": hop, "draft_beside_stage0": True}
-    profile |= {f"{unit}_ms": runtime_ms(method, profile) for unit, method in (("timestep", "pipedec"), ("pass", "pp"))}
+    profile |= {f"{unit}_ms": runtime_ms(method, profile)
+                for unit, method in (("timestep", "pipedec"), ("pass", "pp"), ("round", "stpp"))}
     if hosts:
         from specmesh.simulator.hop import across_hosts
         profile["link_ms"] = across_hosts()
@@ -270,7 +276,7 @@ CALIBRATION_RUNS = 10                   # real runs, spread over the machine's s
 def runtime_ms(method: str, profile: dict) -> float:
     """What the real runtime of `method` (2 stages, the embedded pair, one thread a process, on this machine) spends
     beyond what `profile` models (its ranks' bookkeeping and their messages' handling): its run's time less the
-    simulated time of the same run, per pipedec timestep or per pp pass (a token after the first)."""
+    simulated time of the same run, per pipedec timestep, pp pass (a token after the first) or stpp round."""
     from specmesh import LLM
     from specmesh.lossless.sampling import SamplingParams
     from specmesh.timing import pause_then
@@ -281,11 +287,12 @@ def runtime_ms(method: str, profile: dict) -> float:
                          for _ in range(CALIBRATION_RUNS))          # the machine undisturbed
         o = llm.method.config
     tree = {k: getattr(o, k) for k in ("tree_width", "max_children", "draft_window") if hasattr(o, k)}
+    if method == "stpp":
+        tree["depth"] = o.gamma
     sim = Simulator(SimConfig(method, 2, Profile(**profile), max_new_tokens=CALIBRATION_TOKENS, target="embedded",
                               **tree))
     modelled = sim(sim.llm.encode(CALIBRATION_PROMPT))
-    steps = modelled.timesteps if method == "pipedec" else len(modelled.tokens) - 1
-    return max(0.0, (real - modelled.ms) / steps)
+    return max(0.0, (real - modelled.ms) / modelled.steps)
 
 
 def link_one_way_ms(hidden: int, tokens: int = 4, reps: int = 200) -> float:
