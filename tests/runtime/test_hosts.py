@@ -172,17 +172,17 @@ def test_a_server_whose_method_lost_a_host_answers_503_naming_it():
 
 @pytest.mark.slow
 def test_the_simulator_gives_the_time_per_token_measured_across_hosts(tmp_path):
-    """pp, pipedec and pearl over 2 hosts (one core each) at 1 Gbit, measured, and `specmesh simulate --link 1gbit` with
+    """pp, pipedec, stpp and pearl over 2 hosts (one core each) at 1 Gbit, measured, and `specmesh simulate --link 1gbit` with
     a profile measured here first: within 25%. A shared machine slows down for seconds at a time, so each side takes
     what it does undisturbed: the profile each cost's fastest of its rounds, the measured side each method's fastest
-    of 16 answers, spread out (bench/crossing.py). About 100 s; `slow` while the VMs it runs on swing too far for
+    of 16 answers, spread out (bench/crossing.py). About 2 minutes; `slow` while the VMs it runs on swing too far for
     that (pp's answers across these hosts ran at 89 to 344 tokens/s within a minute on one: docs/hosts.md)."""
     import os
     from specmesh.bench import crossing
     profile = tmp_path / "profile.json"                 # (measured in a process of its own: this one stays idle)
     subprocess.run(["specmesh", "simulate", "--calibrate", str(profile), "--hosts"], check=True, capture_output=True)
     cpus = [[c] for c in sorted(os.sched_getaffinity(0))[:2]]
-    for method in ("pp", "pipedec", "pearl"):
+    for method in ("pp", "pipedec", "stpp", "pearl"):
         measured = crossing.across_hosts(method, 32, "1gbit", cpus, repeat=16, prompts=[PROMPT])
         [simulated] = crossing.simulated(method, 32, "1gbit", profile, prompts=[PROMPT])
         assert 0.75 <= simulated / measured["tokens_per_s"][0] <= 1.25, (method, simulated, measured["tokens_per_s"])
