@@ -9,7 +9,7 @@ import pytest
 
 from specmesh.bench import hosts as hosts_module
 from specmesh.bench.hosts import Hosts, HostsError
-from specmesh.runtime.link import address_towards
+from specmesh.runtime.link import route_to
 
 PROMPT = "def fibonacci(n):"
 GENERATE = ["-m", "specmesh.cli", "generate", "--target", "embedded", "--dtype", "float32", "--max-new-tokens", "24",
@@ -49,10 +49,24 @@ def test_a_machine_that_cannot_make_hosts_says_so(monkeypatch):
 
 
 def test_gloo_leaves_from_the_address_towards_the_rendezvous():
-    assert address_towards("127.0.0.1") == "127.0.0.1"
+    assert route_to("127.0.0.1") == ("127.0.0.1", "127.0.0.1")
     with Hosts(2) as hosts:
-        code = f"from specmesh.runtime.link import address_towards; print(address_towards('{hosts[0].address}'))"
-        assert hosts.run(1, ["python3", "-c", code]).strip() == hosts[1].address
+        code = "from specmesh.runtime.link import route_to; print(*route_to('host0'), *route_to('host1'))"
+        seen = [hosts.run(i, ["python3", "-c", code]).split() for i in range(2)]
+    assert seen == [["127.0.0.1", "127.0.1.1", hosts[0].address, hosts[1].address],      # a Debian host's own name
+                    [hosts[1].address, hosts[0].address, "127.0.0.1", "127.0.1.1"]]
+
+
+@pytest.mark.parametrize("rendezvous", ["name", "c10d"])
+def test_a_rendezvous_host_whose_name_is_127_0_1_1_on_itself_still_joins_the_others(ar_tokens, rendezvous):
+    """Host 0's name is 127.0.1.1 on host 0 and its address elsewhere: with `--master-addr host0`, and with torchrun's
+    c10d rendezvous at host0 (which hands the ranks out itself), pearl across the two hosts gives `ar`'s tokens: the
+    ranks on host 0 take the address the other host reached it at."""
+    with Hosts(2) as hosts:
+        results = hosts.torchrun([*GENERATE, "--method", "pearl", PROMPT], timeout=240, rendezvous=rendezvous)
+    for i, r in enumerate(results):
+        assert r.returncode == 0, f"host{i}: {r.stderr[-1500:]}"
+    assert [tokens(r.stdout) for r in results if r.stdout.strip()] == [ar_tokens]          # rank 0's host answers
 
 
 @pytest.mark.parametrize("method, n, extra", [

@@ -1,7 +1,8 @@
 """Several hosts on one machine, for running the multi-process methods across a real network: each host a Linux
-network namespace with its own interface, address and hostname (a UTS namespace) and its own /dev/shm (a mount
-namespace with a private tmpfs), joined to the others by a veth pair through a bridge in a switch namespace of
-their own, each link's rate set by `tc ... tbf`. Traffic between hosts crosses the kernel's network stack over
+network namespace with its own interface, address and hostname (a UTS namespace) and its own /dev/shm and
+/etc/hosts (a mount namespace with a private tmpfs and file), joined to the others by a veth pair through a bridge in
+a switch namespace of their own, each link's rate set by `tc ... tbf`. A host's /etc/hosts is a Debian host's: its
+own name is 127.0.1.1, the others' their addresses (as a cluster's DNS would give them). Traffic between hosts crosses the kernel's network stack over
 TCP; no memory is shared. Nothing outside the namespaces made here is touched: the switch is one of them, and no
 address is routed beyond it. Needs root (the namespaces) and iproute2 and util-linux (`ip`, `tc`, `unshare`).
 
@@ -19,8 +20,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 SUBNET = "10.203.{block}.{host}"        # host i's address: .i+1 in a /24 of its own for each Hosts
 TOOLS = ("ip", "tc", "unshare")
@@ -56,11 +59,17 @@ class Hosts:
                       for i in range(n)]
         self.made: list[str] = []
         self.started: list[subprocess.Popen] = []      # killed at close with their process groups
+        self.files: tempfile.TemporaryDirectory | None = None     # each host's /etc/hosts
 
     # -- making and removing them ------------------------------------------------------------
     def __enter__(self) -> "Hosts":
         check_machine()
         try:
+            self.files = tempfile.TemporaryDirectory(prefix=f"{self.id}-")
+            for h in self.hosts:
+                names = [f"{o.address} {o.name}" for o in self.hosts if o is not h]
+                Path(self.files.name, h.name).write_text("\n".join(["127.0.0.1 localhost", f"127.0.1.1 {h.name}",
+                                                                    *names]) + "\n")
             self._netns(self.switch)
             self._ip(self.switch, "link add br0 type bridge", "link set br0 up")
             for h in self.hosts:
@@ -99,6 +108,9 @@ class Hosts:
                     pass
             subprocess.run(["ip", "netns", "del", netns], capture_output=True)
         self.made = []
+        if self.files is not None:
+            self.files.cleanup()
+            self.files = None
 
     def _netns(self, name: str) -> None:
         ip("netns", "add", name)
@@ -118,7 +130,9 @@ class Hosts:
         h = self.hosts[i]
         if self.cpus is not None:
             argv = ["taskset", "-c", ",".join(map(str, self.cpus[i])), *argv]
-        inner = f"hostname {h.name} && mount -t tmpfs tmpfs /dev/shm && exec {shlex.join(argv)}"
+        names = shlex.quote(str(Path(self.files.name, h.name)))
+        inner = f"hostname {h.name} && mount -t tmpfs tmpfs /dev/shm && mount --bind {names} /etc/hosts && " \
+                f"exec {shlex.join(argv)}"
         return ["ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount", "--propagation", "private",
                 "sh", "-c", inner]
 
@@ -135,12 +149,14 @@ class Hosts:
             raise HostsError(f"host{i}: {shlex.join(argv)} exited with {done.returncode}: {done.stderr[-500:]}")
         return done.stdout
 
-    def torchrun(self, argv: list[str], port: int = 29500, timeout: float = 300,
-                 hosts: range | None = None) -> list[subprocess.CompletedProcess]:
+    def torchrun(self, argv: list[str], port: int = 29500, timeout: float = 300, hosts: range | None = None,
+                 rendezvous: str = "address") -> list[subprocess.CompletedProcess]:
         """`python -m torch.distributed.run ... ARGV` on every host at once, one process each, host 0 holding the
         rendezvous (as `torchrun --nnodes N --node-rank R --master-addr HOST0` on N real machines); each host's
-        result, in order."""
-        procs = self.start_torchrun(argv, port, hosts)
+        result, in order. `rendezvous`: "address" (--master-addr host 0's address), "name" (its name, which host 0
+        itself resolves to 127.0.1.1) or "c10d" (torchrun's c10d rendezvous at host 0's name: the agents then name
+        their hosts to each other)."""
+        procs = self.start_torchrun(argv, port, hosts, rendezvous=rendezvous)
         results = []
         for p in procs:
             out, err = p.communicate(timeout=timeout)
@@ -148,12 +164,15 @@ class Hosts:
         return results
 
     def start_torchrun(self, argv: list[str], port: int = 29500, hosts: range | None = None,
-                       join_s: float = JOIN_S) -> list[subprocess.Popen]:
+                       join_s: float = JOIN_S, rendezvous: str = "address") -> list[subprocess.Popen]:
         """torchrun's processes started on `hosts` (default: all), one a host (stdout and stderr piped, as text),
         for a job of every host: one that does not join within `join_s` fails them all."""
+        head = self.hosts[0].name if rendezvous in ("name", "c10d") else self.hosts[0].address
+        meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:{port}", "--rdzv-id", self.id] \
+            if rendezvous == "c10d" else ["--master-addr", head, "--master-port", str(port)]
         return [self.start(i, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.n),
-                               "--node-rank", str(i), "--nproc-per-node", "1", "--master-addr", self.hosts[0].address,
-                               "--master-port", str(port), "--rdzv-conf", f"timeout={join_s:g}", *argv],
+                               "--node-rank", str(i), "--nproc-per-node", "1", *meet, "--rdzv-conf",
+                               f"timeout={join_s:g}", *argv],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for i in (hosts if hosts is not None else range(self.n))]
 

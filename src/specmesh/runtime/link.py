@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime
 import errno
 import functools
+import ipaddress
 import json
 import math
 import os
@@ -176,7 +177,7 @@ class Link:
         self.procs = procs or {}
         store.set(f"pid/{rank}", str(os.getpid()))
         self.pids = [int(store.get(f"pid/{r}")) for r in range(len(roles))]
-        address = this_address()
+        address = this_address(store, rank, len(roles))
         self.group = gloo_group(dist.PrefixStore("link", store), rank, len(roles), address)
         boxes = Mailboxes(store, rank, len(roles)) if Mailboxes.possible(store, rank, len(roles)) else None
         self.hosts = [store.get(f"host/{r}").decode() for r in range(len(roles))]     # (set by `possible`)
@@ -420,12 +421,37 @@ def gloo_group(store: dist.Store, rank: int, world: int, address: str) -> dist.P
     return dist.ProcessGroupGloo(store, rank, world, options)
 
 
-def this_address() -> str:
-    """The address this rank's connections leave from: GLOO_SOCKET_IFNAME's, where set, else the one on the route to
-    the rendezvous (MASTER_ADDR)."""
+def this_address(store: dist.Store, rank: int, world: int) -> str:
+    """The address this rank's connections leave from and the other ranks reach it at: GLOO_SOCKET_IFNAME's, where
+    set, else this host's on the route to the rendezvous (MASTER_ADDR). Where that route is the loopback, because
+    the rendezvous is this host and its name resolves here to 127.0.1.1 (as on many hosts), while ranks run on other
+    hosts: the address those ranks reached this host at (each rank says in the store what MASTER_ADDR named for
+    it)."""
     interface = os.environ.get("GLOO_SOCKET_IFNAME")
-    if not interface:
-        return address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    if interface:
+        return interface_address(interface)
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    own, named = route_to(master)
+    here = socket.gethostname()
+    store.set(f"route/{rank}", f"{here} {named}")
+    if not ipaddress.ip_address(own).is_loopback:
+        return own
+    seen = {ip for host, ip in (store.get(f"route/{r}").decode().split() for r in range(world))
+            if host != here and not ipaddress.ip_address(ip).is_loopback}
+    if not seen:
+        return own                                          # every rank on this host
+    address = seen.pop()
+    try:
+        socket.create_server((address, 0)).close()
+    except OSError as e:
+        raise PeerError(f"MASTER_ADDR {master} is {here} itself, which the other hosts reach at {address}, and that is "
+                        f"no address of {here} ({e.strerror or e}): name this host's interface in "
+                        "GLOO_SOCKET_IFNAME") from None
+    return address
+
+
+def interface_address(interface: str) -> str:
+    """The IPv4 address of this host's `interface` (GLOO_SOCKET_IFNAME)."""
     import fcntl
     import struct
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -437,12 +463,13 @@ def this_address() -> str:
                             f"({e.strerror or e})") from None
 
 
-def address_towards(host: str) -> str:
-    """This host's address on the route to `host` (no packet is sent), or a PeerError saying why there is none."""
+def route_to(host: str) -> tuple[str, str]:
+    """This host's address on the route to `host`, and the address `host` names from here (no packet is sent); or a
+    PeerError saying why there is none."""
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((host, 9))
-            return probe.getsockname()[0]
+            return probe.getsockname()[0], probe.getpeername()[0]
     except OSError as e:
         raise PeerError(f"no route from {socket.gethostname()} to the rendezvous host {host} (MASTER_ADDR): "
                         f"{e.strerror or e}; check the address, or name this host's interface in "
