@@ -132,6 +132,38 @@ def write_gguf(path, arch="llama", tokenizer="gpt2"):
     return path
 
 
+def test_the_files_types_are_the_gguf_packages():
+    """Reading a file takes ggml's types from a table of its own (the package's import is a tenth of a second of
+    every start): each entry as the package has it, and the types it lacks looked up in the package."""
+    from specmesh.model.gguf_file import TYPES, tensor_type
+    for kind, (name, block, size) in TYPES.items():
+        known = gguf.GGMLQuantizationType(kind)
+        assert (name, block, size) == (known.name, *gguf.GGML_QUANT_SIZES[known])
+    iq4 = gguf.GGMLQuantizationType.IQ4_XS
+    assert tensor_type(iq4.value) == ("IQ4_XS", *gguf.GGML_QUANT_SIZES[iq4])
+    with pytest.raises(GGUFError, match="unknown type 999"):
+        tensor_type(999)
+    from specmesh.model.gguf import FLOATS
+    values = torch.randn(3, 64).numpy()
+    raw = {"F32": values, "F16": values.astype("float16"), "BF16": torch.from_numpy(values).bfloat16().view(torch.int16)
+           .numpy()}
+    for name, convert in FLOATS.items():
+        data = raw[name].view("uint8")
+        assert (convert(data) == gguf.quants.dequantize(data, gguf.GGMLQuantizationType[name])).all(), name
+
+
+def test_a_file_read_again_leaves_the_gguf_package_unimported(chat_checkpoint, tmp_path):
+    """The first read builds the file's tokenizer (with the package's token types) and caches it; later ones, as
+    every start of `generate` on the file, read it without the package."""
+    path = to_gguf(chat_checkpoint, tmp_path / "m.gguf", "q8_0")
+    code = (f"import sys; from specmesh.model.loader import load_model, load_tokenizer; load_model({str(path)!r}); "
+            f"load_tokenizer({str(path)!r}).render_chat([{{'role': 'user', 'content': 'hi'}}]); "
+            f"print('gguf' in sys.modules)")
+    first, again = (subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+                    for _ in range(2))
+    assert (first.strip(), again.strip()) == ("True", "False")
+
+
 def test_bad_files_name_their_problem(chat_checkpoint, tmp_path):
     text = tmp_path / "notes.gguf"
     text.write_text("hello")

@@ -21,15 +21,18 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
-from specmesh.model.gguf_file import GGUFError, GGUFFile, Tensor, is_gguf, open_gguf  # noqa: F401  (re-exported)
+from specmesh.model.gguf_file import GGUFError, GGUFFile, Tensor, is_gguf, open_gguf, tensor_type  # noqa: F401
 from specmesh.model.model import FULL, SLIDING, ModelConfig
 from specmesh.model.tokenizer import Tokenizer, byte_level_alphabet
 from specmesh.paths import write_whole
 
+if TYPE_CHECKING:
+    import gguf         # imported where it is used: reading a file needs the package only for types it rarely has
 # a GGUF architecture -> the model_type it reads as (llama: Llama and Mistral alike), and back
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
@@ -113,7 +116,7 @@ BLOCK_FORMATS = ("Q8_0", "Q4_0", "Q4_1")     # what the kernels multiply as it i
 
 def layer_format(path: str | Path) -> str | None:
     """The one format of the file's layer matrices where it is one of BLOCK_FORMATS, else None."""
-    kinds = {gguf.GGMLQuantizationType(t.kind).name for t in open_gguf(path).tensors
+    kinds = {tensor_type(t.kind)[0] for t in open_gguf(path).tensors
              if t.name.startswith("blk.") and len(t.shape) == 2}
     return kinds.pop() if len(kinds) == 1 and kinds <= set(BLOCK_FORMATS) else None
 
@@ -121,16 +124,15 @@ def layer_format(path: str | Path) -> str | None:
 def read_blocks(t: Tensor) -> Blocks | None:
     """A 2-D Q8_0 / Q4_0 / Q4_1 tensor's blocks (ggml's layouts: an fp16 d, Q4_1's fp16 m, then 32 int8 or 16
     bytes whose low nibbles are weights 0-15 and high nibbles 16-31), else None."""
-    Q = gguf.GGMLQuantizationType
-    kind = Q(t.kind)
-    if kind not in (Q.Q8_0, Q.Q4_0, Q.Q4_1) or len(t.shape) != 2:
+    kind = tensor_type(t.kind)[0]
+    if kind not in BLOCK_FORMATS or len(t.shape) != 2:
         return None
     N, K = t.shape
     raw = np.asarray(t.data).reshape(N, K // 32, -1)
     d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    if kind == Q.Q8_0:
+    if kind == "Q8_0":
         return Blocks(torch.from_numpy(raw[..., 2:].copy().view(np.int8).reshape(N, K)), torch.from_numpy(d), None, 8)
-    start = 4 if kind == Q.Q4_1 else 2
+    start = 4 if kind == "Q4_1" else 2
     nibbles = raw[..., start:start + 16]
     q = np.concatenate([nibbles & 0x0F, nibbles >> 4], -1).astype(np.int8) - 8
     m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d if kind == Q.Q4_1 else None
@@ -293,13 +295,19 @@ def rope_rows(cfg: ModelConfig, name: str, rows: int) -> np.ndarray | None:
     return unpermute_rope(torch.arange(rows, dtype=torch.int32)[:, None], heads)[:, 0].numpy()
 
 
+# the float types in float32, from a tensor's bytes [rows, bytes a row], as gguf.quants.dequantize gives them
+FLOATS = {"F32": lambda raw: raw.view(np.float32).astype(np.float32),         # (a copy: the map is read-only)
+          "F16": lambda raw: raw.view(np.float16).astype(np.float32),
+          "BF16": lambda raw: (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)}    # float32's top half
 C_DEQUANTIZED = {2, 3, 6, 7, 8, 12, 13, 14}     # Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K: csrc/blocks.c, bit for bit
 
 
 def dequantize(path, t: Tensor) -> np.ndarray:
     """A tensor's values in float32, as the `gguf` package computes them (through csrc/blocks.c where it builds: the
     same bits, without numpy's temporaries)."""
-    kind = gguf.GGMLQuantizationType(t.kind)
+    name = tensor_type(t.kind)[0]
+    if name in FLOATS:
+        return FLOATS[name](np.asarray(t.data))
     from specmesh.kernels.build import kernel_lib
     lib = kernel_lib() if t.kind in C_DEQUANTIZED else None
     if lib is not None:
@@ -307,10 +315,11 @@ def dequantize(path, t: Tensor) -> np.ndarray:
         out = np.empty(t.shape, np.float32)
         if lib.gguf_dequantize(t.kind, raw.ctypes.data, out.size, out.ctypes.data) == 0:
             return out
+    import gguf
     try:
-        data = gguf.quants.dequantize(t.data, kind)
+        data = gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType(t.kind))
     except NotImplementedError:
-        raise GGUFError(f"{path}: tensor {t.name} is {kind.name}, which gguf {gguf_version()} cannot dequantize; "
+        raise GGUFError(f"{path}: tensor {t.name} is {name}, which gguf {gguf_version()} cannot dequantize; "
                         f"F32, F16, BF16, Q8_0, Q4_0, Q4_1 and the K-quants can be read") from None
     return np.array(data, dtype=np.float32, order="C")          # a copy: the map is read-only
 
@@ -384,6 +393,7 @@ def tokenizer_spec(path: Path) -> tuple[str, dict]:
 def bpe_spec(path, meta: dict) -> dict:
     """The byte-level BPE's tokenizer.json: control tokens special, user-defined ones added whole (as llama.cpp
     matches them), the pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre`."""
+    import gguf
     tokens, types = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.token_type")
     rule = meta.get("tokenizer.ggml.pre", "default")
     pre = PRE_TOKENIZERS.get(rule)
@@ -415,6 +425,7 @@ def spm_spec(meta: dict) -> dict:
     derived from the pieces (spm_merges), control pieces special and user-defined ones matched whole. A gemma file
     spells its whitespace-run pieces with real spaces, where its merges need U+2581 (they are then reached by
     merging, not matched whole), and ranks its merges by position rather than score."""
+    import gguf
     spelled, scores, types = (meta.get(f"tokenizer.ggml.{k}") for k in ("tokens", "scores", "token_type"))
     gemma = meta.get("general.architecture", "").startswith("gemma")
     tokens = [SPACE * len(t) if gemma and " " in t and not t.strip() else t for t in spelled]
@@ -506,6 +517,7 @@ def write_gguf(out: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor], to
     """A Llama-family model (HF-named weights) as a GGUF file of type ftype ('bf16', 'f16', 'f32', 'q8_0', 'q4_0' or 'q4_1'), with
     its tokenizer (and llama.cpp's name for how it splits text) and chat template. loader.to_gguf writes a
     checkpoint so. The architecture is the config's (GGUF_ARCHITECTURES)."""
+    import gguf
     if cfg.model_type not in GGUF_ARCHITECTURES:
         raise GGUFError(f"model_type {cfg.model_type!r} has no GGUF architecture here; supported: "
                         f"{', '.join(GGUF_ARCHITECTURES)}")
@@ -532,6 +544,7 @@ def write_architecture(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
     """What read_config reads beyond HPARAMS: linear rope scaling (llama3's: write_tensors' rope_freqs), the
     sliding window and its layers (a bool a layer), and Gemma 3's sliding rotary base and logit soft-cap. An
     attention scale llama.cpp would not set is refused."""
+    import gguf
     kind = cfg.rope_scaling and (cfg.rope_scaling.get("rope_type") or cfg.rope_scaling.get("type"))
     if kind == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -552,6 +565,7 @@ def write_architecture(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
 
 def write_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict, pre: str) -> None:
     """The byte-level BPE of a tokenizer.json as GGUF's gpt2 tokenizer, split by llama.cpp's rule `pre`."""
+    import gguf
     vocab = tok["model"]["vocab"]
     tokens = sorted(vocab, key=vocab.get)
     special = {t["id"] for t in tok.get("added_tokens", []) if t.get("special")}
@@ -580,6 +594,7 @@ def write_spm_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict, bo
     """A byte-fallback BPE's tokenizer.json (spm_spec's, or a folder's SentencePiece one) as GGUF's llama tokenizer:
     its pieces by id; control pieces (special added tokens), user-defined ones (other added tokens), byte pieces
     <0xXX>; scores falling with the id (the merges spm_spec derives again: their order is the pieces')."""
+    import gguf
     vocab = tok["model"]["vocab"]
     pieces = sorted(vocab, key=vocab.get)
     added = {t["id"]: t["special"] for t in tok.get("added_tokens", [])}
@@ -603,6 +618,7 @@ def write_spm_tokenizer(writer: gguf.GGUFWriter, cfg: ModelConfig, tok: dict, bo
 def write_tensors(writer: gguf.GGUFWriter, cfg: ModelConfig, weights: dict[str, torch.Tensor], ftype: str) -> None:
     """Norms in float32; matrices in bf16, f16, float32, Q8_0, Q4_0 or Q4_1 (the embedding table in bf16 then, as
     specmesh keeps it); q and k rows in GGUF's rope order."""
+    import gguf
     if cfg.tie_word_embeddings and "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]     # llama.cpp then reads output.weight
     weights = hf_to_file(cfg, weights)

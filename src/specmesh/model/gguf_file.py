@@ -11,12 +11,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf
 import numpy as np
 
 from specmesh.paths import cache_dir, stamp, write_whole
 
 MAGIC = b"GGUF"
+
+# ggml's tensor types by id: (name, weights a block, bytes a block), as the gguf package's GGMLQuantizationType and
+# GGML_QUANT_SIZES give them (tests/model/test_gguf.py holds this to them); any other type is looked up there. The
+# table spares reading a file the package's import, a tenth of a second of every start.
+TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+         7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
+         12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
+
+
+def tensor_type(kind: int) -> tuple[str, int, int]:
+    """(name, weights a block, bytes a block) of ggml's tensor type `kind`, or a GGUFError where it is unknown."""
+    if kind in TYPES:
+        return TYPES[kind]
+    import gguf
+    try:
+        known = gguf.GGMLQuantizationType(kind)
+        return (known.name, *gguf.GGML_QUANT_SIZES[known])
+    except (ValueError, KeyError):
+        raise GGUFError(f"unknown type {kind}") from None
 
 
 class GGUFError(ValueError):
@@ -167,8 +185,8 @@ class GGUFFile:
 
     def tensor(self, name: str, dims: list[int], kind: int, offset: int) -> Tensor:
         try:
-            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
-        except (ValueError, KeyError):
+            _, block, size = tensor_type(kind)
+        except GGUFError:
             raise GGUFError(f"tensor {name} has unknown type {kind}") from None
         rows, row = int(np.prod(dims[1:])), dims[0]
         nbytes = rows * row // block * size
