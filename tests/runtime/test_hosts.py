@@ -9,7 +9,7 @@ import pytest
 
 from specmesh.bench import hosts as hosts_module
 from specmesh.bench.hosts import Hosts, HostsError
-from specmesh.runtime.link import route_to
+from specmesh.runtime.link import PeerError, interface_address, route_to
 
 PROMPT = "def fibonacci(n):"
 GENERATE = ["-m", "specmesh.cli", "generate", "--target", "embedded", "--dtype", "float32", "--max-new-tokens", "24",
@@ -50,6 +50,8 @@ def test_a_machine_that_cannot_make_hosts_says_so(monkeypatch):
 
 def test_gloo_leaves_from_the_address_towards_the_rendezvous():
     assert route_to("127.0.0.1") == ("127.0.0.1", "127.0.0.1")
+    with pytest.raises(PeerError, match="GLOO_SOCKET_IFNAME=nope0: no IPv4 address on that interface"):
+        interface_address("nope0")
     with Hosts(2) as hosts:
         code = "from specmesh.runtime.link import route_to; print(*route_to('host0'), *route_to('host1'))"
         seen = [hosts.run(i, ["python3", "-c", code]).split() for i in range(2)]
@@ -57,11 +59,14 @@ def test_gloo_leaves_from_the_address_towards_the_rendezvous():
                     [hosts[1].address, hosts[0].address, "127.0.0.1", "127.0.1.1"]]
 
 
-@pytest.mark.parametrize("rendezvous", ["name", "c10d"])
-def test_a_rendezvous_host_whose_name_is_127_0_1_1_on_itself_still_joins_the_others(ar_tokens, rendezvous):
+@pytest.mark.parametrize("rendezvous, interface", [("name", None), ("c10d", None), ("name", "eth0")])
+def test_a_rendezvous_host_whose_name_is_127_0_1_1_on_itself_still_joins_the_others(ar_tokens, monkeypatch,
+                                                                                    rendezvous, interface):
     """Host 0's name is 127.0.1.1 on host 0 and its address elsewhere: with `--master-addr host0`, and with torchrun's
     c10d rendezvous at host0 (which hands the ranks out itself), pearl across the two hosts gives `ar`'s tokens: the
-    ranks on host 0 take the address the other host reached it at."""
+    ranks on host 0 take the address the other host reached it at, or GLOO_SOCKET_IFNAME's interface's."""
+    if interface:
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", interface)
     with Hosts(2) as hosts:
         results = hosts.torchrun([*GENERATE, "--method", "pearl", PROMPT], timeout=240, rendezvous=rendezvous)
     for i, r in enumerate(results):

@@ -427,17 +427,21 @@ def this_address(store: dist.Store, rank: int, world: int) -> str:
     the rendezvous is this host and its name resolves here to 127.0.1.1 (as on many hosts), while ranks run on other
     hosts: the address those ranks reached this host at (each rank says in the store what MASTER_ADDR named for
     it)."""
-    interface = os.environ.get("GLOO_SOCKET_IFNAME")
+    interface, master, here = os.environ.get("GLOO_SOCKET_IFNAME"), os.environ.get("MASTER_ADDR", "127.0.0.1"), \
+        socket.gethostname()
+    try:
+        own, named = route_to(master)
+    except PeerError:
+        if not interface:
+            raise
+        own = named = "-"
+    store.set(f"route/{rank}", f"{here} {named}")          # (every rank says, whatever it binds to)
     if interface:
         return interface_address(interface)
-    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    own, named = route_to(master)
-    here = socket.gethostname()
-    store.set(f"route/{rank}", f"{here} {named}")
     if not ipaddress.ip_address(own).is_loopback:
         return own
     seen = {ip for host, ip in (store.get(f"route/{r}").decode().split() for r in range(world))
-            if host != here and not ipaddress.ip_address(ip).is_loopback}
+            if host != here and ip != "-" and not ipaddress.ip_address(ip).is_loopback}
     if not seen:
         return own                                          # every rank on this host
     address = seen.pop()
