@@ -189,6 +189,17 @@ def test_a_server_whose_method_lost_a_host_answers_503_naming_it():
         assert status == 503 and body["error"]["code"] == "peer_lost" and " on host1)" in body["error"]["message"], said
 
 
+def test_the_crossing_bench_takes_each_prompts_fastest_answer_across_hosts():
+    """bench/crossing.py's job under torchrun on two hosts: each prompt answered `repeat` times, the fastest kept,
+    the answer `ar`'s (bfloat16 here: its own `ar` beside it)."""
+    from specmesh import LLM, SamplingParams
+    from specmesh.bench import crossing
+    got = crossing.across_hosts("pearl", 16, "1gbit", None, repeat=2, prompts=[PROMPT, "class Stack:"])
+    assert len(got["tokens_per_s"]) == 2 and min(got["tokens_per_s"]) > 0
+    ar = LLM(target="embedded", dtype="bfloat16", method="ar")
+    assert got["tokens"] == [ar.generate(p, SamplingParams(max_new_tokens=16)).tokens for p in (PROMPT, "class Stack:")]
+
+
 @pytest.mark.slow
 def test_the_simulator_gives_the_time_per_token_measured_across_hosts(tmp_path):
     """pp, pipedec, stpp and pearl over 2 hosts (one core each) at 1 Gbit, measured, and `specmesh simulate --link 1gbit` with

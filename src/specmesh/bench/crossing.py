@@ -78,9 +78,9 @@ def one_host(method: str, tokens: int, cores: str, repeat: int = 5, prompts=PROM
     return checked(done, f"{method} on one host")
 
 
-def across_hosts(method: str, tokens: int, rate: str, cpus: list[list[int]], repeat: int = 5,
+def across_hosts(method: str, tokens: int, rate: str, cpus: list[list[int]] | None, repeat: int = 5,
                  prompts=PROMPTS) -> dict:
-    """`job` under torchrun on two hosts at `rate`."""
+    """`job` under torchrun on two hosts at `rate` (host i pinned to the cores cpus[i]; None: not pinned)."""
     with Hosts(2, rate=rate, cpus=cpus) as hosts:
         done = hosts.torchrun(job_argv(method, tokens, repeat, list(prompts)), timeout=900)[0]
     return checked(done, f"{method} across hosts at {rate}")
