@@ -1,10 +1,11 @@
 """Several hosts on one machine, for running the multi-process methods across a real network: each host a Linux
 network namespace with its own interface, address and hostname (a UTS namespace) and its own /dev/shm and
-/etc/hosts (a mount namespace with a private tmpfs and file), joined to the others by a veth pair through a bridge in
-a switch namespace of their own, each link's rate set by `tc ... tbf`. A host's /etc/hosts is a Debian host's: its
-own name is 127.0.1.1, the others' their addresses (as a cluster's DNS would give them). Traffic between hosts crosses the kernel's network stack over
-TCP; no memory is shared. Nothing outside the namespaces made here is touched: the switch is one of them, and no
-address is routed beyond it. Needs root (the namespaces) and iproute2 and util-linux (`ip`, `tc`, `unshare`).
+/etc/hosts (a mount namespace with a private tmpfs and file), joined to the others by a veth pair through a bridge
+in a switch namespace of their own, each link's rate set by `tc ... tbf`. A host's /etc/hosts is a Debian host's:
+its own name is 127.0.1.1, the others' their addresses (as a cluster's DNS gives them). Traffic between hosts
+crosses the kernel's network stack over TCP; no memory is shared. Nothing outside the namespaces made here is
+touched: the switch is one of them, and no address is routed beyond it. Needs root (the namespaces) and iproute2
+and util-linux (`ip`, `tc`, `unshare`).
 
     with Hosts(2, rate="1gbit") as hosts:
         hosts.run(0, ["hostname"])
@@ -28,6 +29,7 @@ from pathlib import Path
 SUBNET = "10.203.{block}.{host}"        # host i's address: .i+1 in a /24 of its own for each Hosts
 TOOLS = ("ip", "tc", "unshare")
 JOIN_S = 30             # torchrun's rendezvous: a host that has not joined by then fails the job
+RENDEZVOUS = ("address", "name", "c10d")       # how the hosts find host 0 (Hosts.torchrun)
 
 
 class HostsError(RuntimeError):
@@ -167,7 +169,9 @@ class Hosts:
                        join_s: float = JOIN_S, rendezvous: str = "address") -> list[subprocess.Popen]:
         """torchrun's processes started on `hosts` (default: all), one a host (stdout and stderr piped, as text),
         for a job of every host: one that does not join within `join_s` fails them all."""
-        head = self.hosts[0].name if rendezvous in ("name", "c10d") else self.hosts[0].address
+        if rendezvous not in RENDEZVOUS:
+            raise ValueError(f"hosts: rendezvous must be one of {', '.join(RENDEZVOUS)}, got {rendezvous!r}")
+        head = self.hosts[0].address if rendezvous == "address" else self.hosts[0].name
         meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:{port}", "--rdzv-id", self.id] \
             if rendezvous == "c10d" else ["--master-addr", head, "--master-port", str(port)]
         return [self.start(i, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.n),
