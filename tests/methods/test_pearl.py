@@ -250,6 +250,19 @@ def test_start_up_measures_c_and_the_target_by_width(pair):
         assert info["gamma_rule"] == "given" and info["gamma"] == 4
 
 
+def test_the_target_by_width_is_measured_once_per_model_and_machine(tiny_checkpoint, capfd):
+    """A start of pearl measures the target by width (about a second) where this machine has not for this model
+    file; a later one reads them from the cache, under the machine, the model file and the lending."""
+    from specmesh.proposers import remote_chain
+    for _ in range(2):
+        with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma=3) as llm:
+            peer = llm.models.remote
+            key = remote_chain.widths_key(llm.models.target, tiny_checkpoint, peer.link)
+            assert remote_chain.cached_widths(key) == (peer.target_ms_by_width, peer.lent_ms_by_width)
+    starts = [line for line in capfd.readouterr().err.splitlines() if line.startswith("pearl: target forward")]
+    assert "target forward by width (cached): " in starts[-1]
+
+
 def test_lending_can_be_turned_off_to_compare(tiny_checkpoint, ar, monkeypatch):
     monkeypatch.setenv("SPECMESH_KERNELS", "no-lend")
     with LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="pearl", gamma=3, lookup=2) as llm:

@@ -242,7 +242,7 @@ def decode(models: Models, seq: Sequence, options: PearlOptions) -> Iterator[lis
 
 def start(models: Models, draft: Path, dtype: torch.dtype, options: PearlOptions) -> None:
     """Method hook (LLM): the draft lives in its own process."""
-    models.remote = DraftPeer.start(models.target, draft, dtype, options.timeout)
+    models.remote = DraftPeer.start(models.target, draft, dtype, options.timeout, models.target_path)
 
 
 SPEC = MethodSpec.of("pearl", build=lambda models, method, runner: Loop(models, decode, method.config),

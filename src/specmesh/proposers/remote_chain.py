@@ -11,6 +11,8 @@ decision names the next round's γ, and the drafts come with the time the draft 
 from __future__ import annotations
 
 import atexit
+import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ from specmesh.lossless.penalties import Penalty, penalty_for
 from specmesh.lossless.sampling import SamplingParams
 from specmesh.lossless.verify import Verdict
 from specmesh.model.loader import DTYPES, load_model
+from specmesh.paths import write_whole
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.ngram import SuffixIndex
 from specmesh.runtime.link import Link, PeerError, connect, lending_wanted
@@ -171,6 +174,49 @@ def by_width_text(ms: dict[int, float]) -> str:
     return ", ".join(f"{w}: {t:.2f}" for w, t in ms.items()) + " ms"
 
 
+def widths_key(target, path: Path, link: Link) -> str:
+    """What the target's forward by width depends on: the machine, rank 0's threads, the model file, its dtype and
+    quantization, the kernels, and whether the draft rank lends its core."""
+    from specmesh.kernels.build import cpu_name, kernel_version, vector_units
+    from specmesh.paths import stamp
+    return " | ".join([cpu_name(), vector_units(), f"{len(os.sched_getaffinity(0))} cores", str(target.device),
+                       str(target.dtype), f"quant {target.quant}", stamp(path), f"kernels {kernel_version()}",
+                       f"lent {link.boxes is not None}", f"widths {WIDTHS}"])
+
+
+def widths_cache() -> Path:
+    from specmesh.paths import cache_dir
+    return cache_dir() / "pearl-widths.json"
+
+
+def cached_widths(key: str | None) -> tuple[dict[int, float], dict[int, float] | None] | None:
+    """The target's forward ms by width, alone and lent, as measured_widths stored them under `key`; or None."""
+    try:
+        entry = json.loads(widths_cache().read_text()).get(key) if key else None
+    except (OSError, ValueError):
+        return None
+    if entry is None:
+        return None
+    alone, lent = ({int(w): t for w, t in ms.items()} if ms is not None else None for ms in (entry["alone"], entry["lent"]))
+    return alone, lent
+
+
+def measured_widths(target, link: Link, key: str | None) -> tuple[dict[int, float], dict[int, float] | None]:
+    """The target's forward ms by width with the threads rank 0 decodes with, alone and with the draft rank's core
+    lent (about a second), cached under `key` (None: not cached): a model's start on a machine measures them once."""
+    with rank_threads(2):
+        alone = {w: forward_ms(target, w, reps=10) for w in WIDTHS}
+        with link.lending():
+            lent = {w: forward_ms(target, w, reps=10) for w in WIDTHS} if link.boxes else None
+    if key is not None:
+        try:
+            known = json.loads(widths_cache().read_text())
+        except (OSError, ValueError):
+            known = {}
+        write_whole(widths_cache(), json.dumps(known | {key: {"alone": alone, "lent": lent}}).encode())
+    return alone, lent
+
+
 class DraftPeer:
     """The draft rank, seen from rank 0: start-up and calibration, then per job
     begin -> (decide -> drafts)* -> end."""
@@ -187,7 +233,8 @@ class DraftPeer:
         self.broken: PeerError | None = None
 
     @classmethod
-    def start(cls, target, draft: Path, dtype: torch.dtype, timeout_s: float) -> "DraftPeer":
+    def start(cls, target, draft: Path, dtype: torch.dtype, timeout_s: float,
+              target_path: Path | None = None) -> "DraftPeer":
         device = target.device
         if device.type == "cuda" and torch.cuda.device_count() > 1:      # the draft gets a GPU of its own
             device = torch.device("cuda", ((device.index or 0) + 1) % torch.cuda.device_count())
@@ -198,15 +245,14 @@ class DraftPeer:
         with torch_threads(threads):
             target_ms = forward_ms(target)          # while the draft times itself
         draft_ms, vocab = link.recv(torch.zeros(2, dtype=torch.float64), 1).tolist()
-        with rank_threads(2):                       # with the threads it decodes with, alone and with the draft's core
-            widths = {w: forward_ms(target, w, reps=10) for w in WIDTHS}
-            with link.lending():
-                lent = {w: forward_ms(target, w, reps=10) for w in WIDTHS} if link.boxes else None
+        key = widths_key(target, target_path, link) if target_path is not None else None
+        cached = cached_widths(key)
+        widths, lent = cached or measured_widths(target, link, key)
         peer = cls(link, target_ms, draft_ms, int(vocab), widths, lent)
         print(f"pearl: target forward {target_ms:.2f} ms, draft forward {draft_ms:.2f} ms ({threads} "
-              f"thread(s) each, measured together): c = {peer.c:.2f}, round(c) = {peer.gamma}; target forward by width: "
-              + by_width_text(widths) + (f"; with the draft's core lent: {by_width_text(lent)}" if lent else ""),
-              file=sys.stderr, flush=True)
+              f"thread(s) each, measured together): c = {peer.c:.2f}, round(c) = {peer.gamma}; target forward by width"
+              f"{' (cached)' if cached else ''}: " + by_width_text(widths)
+              + (f"; with the draft's core lent: {by_width_text(lent)}" if lent else ""), file=sys.stderr, flush=True)
         atexit.register(peer.close)
         return peer
 
