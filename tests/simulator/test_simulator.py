@@ -56,6 +56,13 @@ def test_pearl_simulated_gives_ars_tokens_and_prices_each_round(tmp_path, tiny_c
     assert modelled <= result["ms_per_token"] * n <= 1.1 * modelled
 
 
+@pytest.mark.parametrize("method", ["cosine", "tree"])
+def test_link_is_refused_where_the_simulation_has_no_hosts(method, capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "def f():", "--method", method, "--link", "1gbit"])
+    assert f"{method}'s simulation has no hosts to put them on: drop --link" in capsys.readouterr().err
+
+
 def test_profiles_load_and_fail_clearly(tmp_path):
     gpu = Profile.load("gpu-cluster")
     assert gpu.stage_ms(64) == 10.0 and gpu.stage_ms(100) == pytest.approx(13.6) and gpu.draft_ms(32) == 4.0

@@ -175,8 +175,12 @@ def cmd_simulate(args, parser) -> int:
         return 0
     if (args.prompt is None) == (args.prompts is None):
         parser.error("give exactly one of PROMPT or --prompts FILE" + json_took_prompt(args))
+    cluster, split = args.method in ("cosine", "sd") or args.concurrency, args.method in ("easyspec", "tree")
+    if args.link is not None and (cluster or split):
+        parser.error(f"--link puts the ranks of pipedec, pp, stpp and pearl on hosts; {args.method}'s simulation has "
+                     "no hosts to put them on: drop --link")
     prompts = [args.prompt] if args.prompt is not None else load_prompts(args.prompts, args.limit)
-    if args.method in ("cosine", "sd") or args.concurrency:
+    if cluster:
         from specmesh.simulator.cluster import ClusterProfile, print_cluster, simulate_cluster
         methods = [args.method] + [m for m in ("sd",) if m != args.method]
         result = simulate_cluster(methods, args.concurrency or 8, ClusterProfile.load(args.profile), prompts,
@@ -185,7 +189,7 @@ def cmd_simulate(args, parser) -> int:
         if args.json:
             write_json(result, args.json)
         return 0
-    if args.method in ("easyspec", "tree"):
+    if split:
         from specmesh.simulator.split_target import TPProfile, print_tp, simulate_tp
         result = simulate_tp(args.method, args.tp, TPProfile.load(args.profile), prompts, args.max_new_tokens,
                              args.target, args.draft, args.calibration)
