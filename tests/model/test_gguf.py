@@ -152,6 +152,21 @@ def test_the_files_types_are_the_gguf_packages():
         assert (convert(data) == gguf.quants.dequantize(data, gguf.GGMLQuantizationType[name])).all(), name
 
 
+@pytest.mark.parametrize("ftype", ["q8_0", "q4_0", "q4_1"])
+def test_a_files_blocks_are_its_dequantized_values(chat_checkpoint, tmp_path, ftype):
+    """read_blocks on every CPU (the kernels that multiply the blocks run only where AMX does not): the integers
+    times each block's d, plus Q4_1's offset, are the values the file dequantizes to."""
+    from specmesh.model.gguf import dequantize, open_gguf, read_blocks
+    path = to_gguf(chat_checkpoint, tmp_path / f"{ftype}.gguf", ftype)
+    matrices = [t for t in open_gguf(path).tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+    for t in matrices:
+        b = read_blocks(t)
+        N, K = t.shape
+        values = b.q.reshape(N, K // 32, 32).float() * b.d[..., None] + (0 if b.m is None else b.m[..., None])
+        assert torch.allclose(values.reshape(N, K), torch.from_numpy(dequantize(path, t)).view(N, K),
+                              rtol=1e-6, atol=1e-6), t.name
+
+
 def test_a_file_read_again_leaves_the_gguf_package_unimported(chat_checkpoint, tmp_path):
     """The first read builds the file's tokenizer (with the package's token types) and caches it; later ones, as
     every start of `generate` on the file, read it without the package."""

@@ -20,7 +20,6 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,6 +32,7 @@ from specmesh.paths import write_whole
 
 if TYPE_CHECKING:
     import gguf         # imported where it is used: reading a file needs the package only for types it rarely has
+
 # a GGUF architecture -> the model_type it reads as (llama: Llama and Mistral alike), and back
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
@@ -135,7 +135,7 @@ def read_blocks(t: Tensor) -> Blocks | None:
     start = 4 if kind == "Q4_1" else 2
     nibbles = raw[..., start:start + 16]
     q = np.concatenate([nibbles & 0x0F, nibbles >> 4], -1).astype(np.int8) - 8
-    m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d if kind == Q.Q4_1 else None
+    m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d if kind == "Q4_1" else None
     return Blocks(torch.from_numpy(q.reshape(N, K)), torch.from_numpy(d), None if m is None else torch.from_numpy(m), 4)
 
 
