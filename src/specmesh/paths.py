@@ -2,6 +2,7 @@
 commands read it)."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -21,6 +22,20 @@ def stamp(path: Path) -> str:
     path = Path(path).resolve()
     files = sorted(path.iterdir()) if path.is_dir() else [path]
     return f"{path}:" + ",".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+
+
+def cached_json(file: Path) -> dict:
+    """A cache file's JSON object, or {} where it is missing, unreadable or not an object (made again)."""
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def cache_entry(file: Path, key: str, value, indent: int | None = None) -> None:
+    """`value` under `key` in a cache file's JSON object, the file written whole (write_whole)."""
+    write_whole(file, json.dumps(cached_json(file) | {key: value}, indent=indent).encode())
 
 
 def write_whole(file: Path, data: bytes) -> None:

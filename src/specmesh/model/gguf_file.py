@@ -3,7 +3,6 @@ file's parameters with it); model/gguf.py makes a specmesh checkpoint of them.""
 from __future__ import annotations
 
 import functools
-import json
 import math
 import mmap
 import struct
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specmesh.paths import cache_dir, stamp, write_whole
+from specmesh.paths import cache_dir, cache_entry, cached_json, stamp
 
 MAGIC = b"GGUF"
 
@@ -128,18 +127,12 @@ class GGUFFile:
     def array_ends(stamp: str) -> dict[int, int]:
         """The cached ends of this file's string arrays, by their start (none for a file not seen before)."""
         try:
-            return {int(k): v for k, v in json.loads((cache_dir() / HEADERS).read_text()).get(stamp, {}).items()}
-        except (OSError, ValueError, AttributeError):
+            return {int(k): v for k, v in cached_json(cache_dir() / HEADERS).get(stamp, {}).items()}
+        except (ValueError, AttributeError):
             return {}
 
     def save_array_ends(self, stamp: str) -> None:
-        file = cache_dir() / HEADERS
-        try:
-            known = json.loads(file.read_text())
-        except (OSError, ValueError):
-            known = {}
-        known[stamp] = self.ends
-        write_whole(file, json.dumps(known).encode())
+        cache_entry(cache_dir() / HEADERS, stamp, self.ends)
 
     def read(self, dtype: str, count: int | None = None):
         size = struct.calcsize(dtype) * (count or 1)

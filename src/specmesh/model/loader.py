@@ -25,7 +25,7 @@ from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
 from specmesh.model.quant import keep_blocks, quantize_model
 from specmesh.model.shard import shard
 from specmesh.model.tokenizer import Tokenizer
-from specmesh.paths import cache_dir, stamp, write_whole
+from specmesh.paths import cache_dir, cache_entry, cached_json, stamp
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -324,14 +324,10 @@ def vocabulary(path: str | Path) -> str:
     """The fingerprint of a checkpoint's vocabulary (Tokenizer.fingerprint), cached under the checkpoint's stamp:
     checking that a draft speaks the target's vocabulary reads neither tokenizer again."""
     file = cache_dir() / "tokenizers" / FINGERPRINTS
-    try:
-        known = json.loads(file.read_text())
-    except (OSError, ValueError):
-        known = {}
-    key = stamp(path)
+    known, key = cached_json(file), stamp(path)
     if key not in known:
         known[key] = load_tokenizer(path).fingerprint
-        write_whole(file, json.dumps(known).encode())
+        cache_entry(file, key, known[key])
     return known[key]
 
 

@@ -11,7 +11,6 @@ decision names the next round's γ, and the drafts come with the time the draft 
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import sys
 import time
@@ -26,7 +25,7 @@ from specmesh.lossless.penalties import Penalty, penalty_for
 from specmesh.lossless.sampling import SamplingParams
 from specmesh.lossless.verify import Verdict
 from specmesh.model.loader import DTYPES, load_model
-from specmesh.paths import write_whole
+from specmesh.paths import cache_dir, cache_entry, cached_json, stamp
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.ngram import SuffixIndex
 from specmesh.runtime.link import Link, PeerError, connect, lending_wanted
@@ -178,27 +177,26 @@ def widths_key(target, path: Path, link: Link) -> str:
     """What the target's forward by width depends on: the machine, rank 0's threads, the model file, its dtype and
     quantization, the kernels, and whether the draft rank lends its core."""
     from specmesh.kernels.build import cpu_name, kernel_version, vector_units
-    from specmesh.paths import stamp
     return " | ".join([cpu_name(), vector_units(), f"{len(os.sched_getaffinity(0))} cores", str(target.device),
                        str(target.dtype), f"quant {target.quant}", stamp(path), f"kernels {kernel_version()}",
                        f"lent {link.boxes is not None}", f"widths {WIDTHS}"])
 
 
 def widths_cache() -> Path:
-    from specmesh.paths import cache_dir
     return cache_dir() / "pearl-widths.json"
 
 
 def cached_widths(key: str | None) -> tuple[dict[int, float], dict[int, float] | None] | None:
     """The target's forward ms by width, alone and lent, as measured_widths stored them under `key`; or None."""
-    try:
-        entry = json.loads(widths_cache().read_text()).get(key) if key else None
-    except (OSError, ValueError):
-        return None
+    entry = cached_json(widths_cache()).get(key) if key else None
     if entry is None:
         return None
-    alone, lent = ({int(w): t for w, t in ms.items()} if ms is not None else None for ms in (entry["alone"], entry["lent"]))
-    return alone, lent
+    return int_widths(entry["alone"]), int_widths(entry["lent"])
+
+
+def int_widths(ms: dict[str, float] | None) -> dict[int, float] | None:
+    """A stored table by width (JSON's keys are strings)."""
+    return None if ms is None else {int(w): t for w, t in ms.items()}
 
 
 def measured_widths(target, link: Link, key: str | None) -> tuple[dict[int, float], dict[int, float] | None]:
@@ -209,11 +207,7 @@ def measured_widths(target, link: Link, key: str | None) -> tuple[dict[int, floa
         with link.lending():
             lent = {w: forward_ms(target, w, reps=10) for w in WIDTHS} if link.boxes else None
     if key is not None:
-        try:
-            known = json.loads(widths_cache().read_text())
-        except (OSError, ValueError):
-            known = {}
-        write_whole(widths_cache(), json.dumps(known | {key: {"alone": alone, "lent": lent}}).encode())
+        cache_entry(widths_cache(), key, {"alone": alone, "lent": lent})
     return alone, lent
 
 

@@ -41,7 +41,7 @@ from specmesh.engine.sequence import Output
 from specmesh.engine.stats import Stats
 from specmesh.kernels import cache_dir, cpu_name, kernel_version, vector_units
 from specmesh.lossless.sampling import SamplingParams
-from specmesh.paths import stamp, write_whole
+from specmesh.paths import cache_entry, cached_json, stamp
 from specmesh.settings import settings
 from specmesh.timing import by_width, widths_ms  # noqa: F401  (by_width: re-exported)
 from specmesh.tuning.cost_model import (MARGIN, MAX_SD_GAMMA, PAIR_MARGIN, Candidate, Choice, Costs,  # noqa: F401
@@ -293,10 +293,7 @@ def cache_key(llm, draft: Path | None) -> str:
 
 
 def load_cache() -> dict:
-    try:
-        return json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
+    return cached_json(cache_path())
 
 
 def cached(key: str) -> Choice | None:
@@ -305,7 +302,7 @@ def cached(key: str) -> Choice | None:
 
 
 def store(choice: Choice) -> None:
-    write_whole(cache_path(), json.dumps(load_cache() | {choice.key: asdict(choice)}, indent=1).encode())
+    cache_entry(cache_path(), choice.key, asdict(choice), indent=1)
 
 
 def cpu_kind(device: torch.device) -> str:
