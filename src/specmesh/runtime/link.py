@@ -427,8 +427,8 @@ def this_address(store: dist.Store, rank: int, world: int) -> str:
     the rendezvous is this host and its name resolves here to 127.0.1.1 (as on many hosts), while ranks run on other
     hosts: the address those ranks reached this host at (each rank says in the store what MASTER_ADDR named for
     it)."""
-    interface, master, here = os.environ.get("GLOO_SOCKET_IFNAME"), os.environ.get("MASTER_ADDR", "127.0.0.1"), \
-        socket.gethostname()
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")
+    master, here = os.environ.get("MASTER_ADDR", "127.0.0.1"), socket.gethostname()
     try:
         own, named = route_to(master)
     except PeerError:

@@ -46,8 +46,10 @@ class LocalDraft:
         return self.profile.stage_ms(width, self.layers, last=True)
 
     def begin(self, seq, window: int, lookup: int, seed: int) -> None:
+        """A job begins: its clock starts with the target's pass over the prompt."""
         from specmesh.proposers.remote_chain import ChainDrafter
         self.drafter = ChainDrafter(self.model, seq.ids, window, seq.limit, seq.params, seed, lookup)
+        self.ms, self.rounds, self.verifying = self.target_ms(len(seq.ids)), 0, None
 
     def decide(self, accepted: int, token: int, gamma: int) -> None:
         """A round begins: all of the last round's drafts accepted (token < 0) leaves γ of them for the target to
@@ -81,8 +83,8 @@ def simulate(cfg: SimConfig, prompts: list[str], gamma: int = GAMMA) -> dict:
     from specmesh.lossless.sampling import SamplingParams
     from specmesh.model.loader import load_model
     llm = LLM(target=cfg.target, method="ar")               # the target alone: nothing for auto to measure
-    draft = catalog.required_draft(catalog.resolve(cfg.target), cfg.draft, "pearl")
-    check_vocabularies(catalog.resolve(cfg.target), draft)
+    draft = catalog.required_draft(llm.models.target_path, cfg.draft, "pearl")
+    check_vocabularies(llm.models.target_path, draft)
     target = llm.models.target
     local = LocalDraft(load_model(draft, torch.float32, "cpu", draft=True), cfg.profile, target.config.num_layers)
     pearl = methods.get("pearl", {"gamma": gamma, "draft_window": cfg.draft_window})
@@ -91,9 +93,7 @@ def simulate(cfg: SimConfig, prompts: list[str], gamma: int = GAMMA) -> dict:
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens)
     tokens, ms, rounds, first = 0, 0.0, 0, None
     for prompt in tqdm(prompts, desc="simulate pearl", unit="prompt"):
-        ids = llm.encode(prompt)
-        local.ms, local.rounds, local.verifying = local.target_ms(len(ids)), 0, None    # the prompt's pass
-        seqs = engine.sequences(ids, params)
+        seqs = engine.sequences(llm.encode(prompt), params)
         with torch.inference_mode():
             engine.complete([seqs])
         tokens, ms, rounds = tokens + len(seqs[0].tokens), ms + local.ms, rounds + local.rounds
