@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from specmesh.bench.hosts import Hosts
@@ -46,17 +47,27 @@ def job(method: str, tokens: int, repeat: int, prompts: list[str]) -> None:
     if int(os.environ.get("RANK", 0)):
         os.execv(sys.executable, [sys.executable, "-m", "specmesh.cli", "generate", "--target", "embedded", "--dtype",
                                   "bfloat16", "--method", method, *flags(method), prompts[0]])
-    params, out = SamplingParams(max_new_tokens=tokens), {"tokens_per_s": [], "tokens": []}
+    params, out = SamplingParams(max_new_tokens=tokens), {"tokens_per_s": [], "tokens": [], "traffic": []}
     with LLM(target="embedded", dtype="bfloat16", method=method, **options(method)) as llm:
         llm.generate(prompts[0], params)                                    # the processes' first steps
+        traffic = llm.models.remote.link.traffic                            # rank 0's: every message of 2 ranks
         for prompt in prompts:
             fastest = 0.0
             for _ in range(repeat):
+                before = traffic.copy()
                 answer = pause_then(lambda: llm.generate(prompt, params))
                 fastest = max(fastest, answer.stats.tokens_per_s)
             out["tokens_per_s"].append(fastest)
             out["tokens"].append(answer.tokens)
+            out["traffic"].append(per_token(traffic - before, len(answer.tokens)))
     print(json.dumps(out))
+
+
+def per_token(traffic: Counter, tokens: int) -> dict:
+    """An answer's messages and bytes (in all, and by way) per token it gave."""
+    ways = {way: n / tokens for way, n in sorted(traffic.items())}
+    messages = sum(n for way, n in ways.items() if not way.endswith("bytes"))
+    return {"messages": messages, "bytes": sum(ways.values()) - messages, "ways": ways}
 
 
 def job_argv(method: str, tokens: int, repeat: int, prompts: list[str]) -> list[str]:
@@ -110,25 +121,29 @@ def run(rates: list[str], tokens: int, methods=METHODS, repeat: int = 5) -> dict
         for method in methods:
             alone = statistics.median(one_host(method, tokens, ",".join(map(str, cores)), repeat)["tokens_per_s"])
             for rate in rates:
-                hosts = across_hosts(method, tokens, rate, [[c] for c in cores], repeat)["tokens_per_s"]
+                hosts = across_hosts(method, tokens, rate, [[c] for c in cores], repeat)
                 row = {"method": method, "rate": rate, "one_host_tokens_per_s": alone,
-                       "hosts_tokens_per_s": statistics.median(hosts),
+                       "hosts_tokens_per_s": statistics.median(hosts["tokens_per_s"]),
+                       "messages_per_token": statistics.median(t["messages"] for t in hosts["traffic"]),
+                       "bytes_per_token": statistics.median(t["bytes"] for t in hosts["traffic"]),
                        "simulated_tokens_per_s": statistics.median(simulated(method, tokens, rate, profile))}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     return {"what": "the embedded models in bfloat16, greedy, 2 processes: one host (both cores) vs 2 hosts (network "
                     "namespaces on this machine, one core each, pinned; tbf at each rate); the median over the "
-                    "prompts of each prompt's fastest answer",
+                    "prompts of each prompt's fastest answer; the messages between the hosts (either way) and "
+                    "their bytes per token given, as rank 0 counts them",
             "tokens": tokens, "repeat": repeat, "prompts": list(PROMPTS), "link_ms": link_ms, "rows": rows}
 
 
 def table(result: dict) -> str:
-    lines = ["| method | link | 1 host tok/s | 2 hosts tok/s | simulated tok/s | simulated / measured |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| method | link | messages / token | bytes / token | 1 host tok/s | 2 hosts tok/s | simulated tok/s "
+             "| simulated / measured |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         sim = r["simulated_tokens_per_s"]
-        lines.append(f"| {r['method']} | {r['rate']} | {r['one_host_tokens_per_s']:.0f} | "
-                     f"{r['hosts_tokens_per_s']:.0f} | {sim:.0f} | {sim / r['hosts_tokens_per_s']:.2f} |")
+        lines.append(f"| {r['method']} | {r['rate']} | {r['messages_per_token']:.2f} | {r['bytes_per_token']:.0f} | "
+                     f"{r['one_host_tokens_per_s']:.0f} | {r['hosts_tokens_per_s']:.0f} | {sim:.0f} | "
+                     f"{sim / r['hosts_tokens_per_s']:.2f} |")
     return "\n".join(lines)
 
 

@@ -46,6 +46,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -175,6 +176,9 @@ class Link:
                  procs: dict[int, subprocess.Popen] | None = None, lend: bool = False):
         self.rank, self.roles, self.timeout_s, self.store = rank, roles, timeout_s, store
         self.procs = procs or {}
+        # the messages this rank sent or received, and their bytes, by way: "socket", "mailbox", "gloo" (and
+        # "socket bytes" ..); a rank's own view, which in a group of two is every message
+        self.traffic: Counter[str] = Counter()
         store.set(f"pid/{rank}", str(os.getpid()))
         self.pids = [int(store.get(f"pid/{r}")) for r in range(len(roles))]
         address = this_address(store, rank, len(roles))
@@ -230,6 +234,7 @@ class Link:
         `mailbox=False`: on this host through gloo whatever the size (job messages, for which a rank waits idle);
         to another host a message that fits goes on its socket either way."""
         tensor = tensor.contiguous()
+        self._count(dst, tensor.nbytes, mailbox)
         if self.by_socket(dst, tensor.nbytes):              # in the kernel's buffer once sent
             self._by_socket(lambda: self.sockets.send(dst, memoryview(as_bytes(tensor))), dst)
             return None if wait else (lambda: None)
@@ -253,6 +258,7 @@ class Link:
         """Fill `tensor` from `src`, waiting at most the link's timeout (`idle`: as long as it takes,
         for a rank waiting for its next job; a peer's death still ends the wait at once).
         `mailbox` as in `send`: both ends must agree."""
+        self._count(src, tensor.nbytes, mailbox)
         if self.by_socket(src, tensor.nbytes):
             out = memoryview(as_bytes(tensor))
             self._by_socket(lambda: self.sockets.recv_into(src, out, None if idle else self.timeout_s), src)
@@ -264,6 +270,12 @@ class Link:
         work = self._guard(lambda: self.group.recv([tensor], src, 0), src)
         self._wait(work, src, None if idle else self.timeout_s)
         return tensor
+
+    def _count(self, peer: int, nbytes: int, mailbox: bool) -> None:
+        way = "socket" if self.by_socket(peer, nbytes) else "mailbox" if mailbox and self.by_mailbox(peer, nbytes) \
+            else "gloo"
+        self.traffic[way] += 1
+        self.traffic[f"{way} bytes"] += nbytes
 
     def _poll(self, ready: Callable, peer: int, timeout_s: float, box: Mailbox, counter: int):
         """Poll `ready()` until it returns something true (returned); after SPIN_S, sleep until

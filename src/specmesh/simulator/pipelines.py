@@ -228,26 +228,35 @@ def simulate(cfg: SimConfig, prompts: list[str]) -> dict:
 
 
 def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, hosts: bool = False,
-              rounds: int = 6) -> dict:
+              rounds: int = 6, methods=METHODS) -> dict:
     """Measure this machine's costs (bfloat16, one thread, as each pipeline process runs) and write
-    the `local` profile; `hosts`: also a message's time between two hosts made here (simulator/hop.py).
-    Every cost is the fastest of `rounds` rounds over all of them: a shared machine slows down for seconds at a
-    time, and a slow spell then costs one round of every cost, not every round of one."""
+    the `local` profile; `hosts`: also a message's time between two hosts made here (simulator/hop.py);
+    `methods`: those whose runtime's own work is measured (the others' is 0).
+    Every cost is the fastest of `rounds` rounds over all of them, and each round also times the methods' real
+    runs: a shared machine slows down for seconds at a time, and a slow spell then costs one round of every cost,
+    not every round of one, and the real runs and the costs they are set against are taken in the same spells."""
+    from contextlib import ExitStack
     from specmesh.model.loader import load_model
     from specmesh.timing import torch_threads
 
-    with torch.inference_mode(), torch_threads(1):
+    with torch.inference_mode(), torch_threads(1), ExitStack() as running:
         target = load_model(embedded.path("target"), torch.bfloat16, "cpu")
         draft = load_model(embedded.path("draft"), torch.bfloat16, "cpu", draft=True)
-        fastest = [min(costs) for costs in zip(*(_costs(target, draft, counts, context) for _ in range(rounds)))]
+        real = {m: running.enter_context(RealRuns(m)) for m in methods}
+        costs = []
+        for _ in range(rounds):
+            costs.append(_costs(target, draft, counts, context))
+            for runs in real.values():
+                runs.time(RUNS_A_ROUND)
+        fastest = [min(c) for c in zip(*costs)]
     layer, head, tree_layer, tree_head, drafts, levels = (fastest[i::6] for i in range(6))
     hop = link_one_way_ms(target.config.hidden_size)
     profile = {"name": "local", "stage": {"tokens": list(counts), "layer_ms": layer, "head_ms": head,
                                           "tree_layer_ms": tree_layer, "tree_head_ms": tree_head},
                "draft": {"tokens": list(counts), "ms": drafts, "level_ms": levels}, "hop_ms": hop,
                "broadcast_ms": hop, "draft_beside_stage0": True}
-    profile |= {f"{unit}_ms": runtime_ms(method, profile)
-                for unit, method in (("timestep", "pipedec"), ("pass", "pp"), ("round", "stpp"))}
+    profile |= {f"{unit}_ms": real[method].runtime_ms(profile)
+                for unit, method in (("timestep", "pipedec"), ("pass", "pp"), ("round", "stpp")) if method in real}
     if hosts:
         from specmesh.simulator.hop import across_hosts
         profile["link_ms"] = across_hosts()
@@ -270,29 +279,45 @@ def _costs(target, draft, counts, context: int) -> list[float]:
 
 
 CALIBRATION_PROMPT, CALIBRATION_TOKENS = "def fibonacci(n):", 48
-CALIBRATION_RUNS = 10                   # real runs, spread over the machine's slow and quiet spells
+RUNS_A_ROUND = 2                        # real runs of each method in each round of costs
 
 
-def runtime_ms(method: str, profile: dict) -> float:
-    """What the real runtime of `method` (2 stages, the embedded pair, one thread a process, on this machine) spends
-    beyond what `profile` models (its ranks' bookkeeping and their messages' handling): its run's time less the
-    simulated time of the same run, per pipedec timestep, pp pass (a token after the first) or stpp round."""
-    from specmesh import LLM
-    from specmesh.lossless.sampling import SamplingParams
-    from specmesh.timing import pause_then
-    params = SamplingParams(max_new_tokens=CALIBRATION_TOKENS)              # as the simulator runs it
-    with LLM(target="embedded", method=method, stages=2, dtype="bfloat16") as llm:
-        llm.generate(CALIBRATION_PROMPT, params)                    # a warm-up: the processes' first steps
-        real = 1e3 * min(pause_then(lambda: llm.generate(CALIBRATION_PROMPT, params).stats.elapsed_s)
-                         for _ in range(CALIBRATION_RUNS))          # the machine undisturbed
-        o = llm.method.config
-    tree = {k: getattr(o, k) for k in ("tree_width", "max_children", "draft_window") if hasattr(o, k)}
-    if method == "stpp":
-        tree["depth"] = o.gamma
-    sim = Simulator(SimConfig(method, 2, Profile(**profile), max_new_tokens=CALIBRATION_TOKENS, target="embedded",
-                              **tree))
-    modelled = sim(sim.llm.encode(CALIBRATION_PROMPT))
-    return max(0.0, (real - modelled.ms) / modelled.steps)
+class RealRuns:
+    """The real runtime of `method` (2 stages, the embedded pair, one thread a process, on this machine) answering
+    the calibration prompt: its fastest answer, and what that answer spent beyond what a profile models."""
+
+    def __init__(self, method: str):
+        from specmesh import LLM
+        from specmesh.lossless.sampling import SamplingParams
+        self.method, self.params = method, SamplingParams(max_new_tokens=CALIBRATION_TOKENS)   # as simulated
+        self.llm = LLM(target="embedded", method=method, stages=2, dtype="bfloat16")
+        self.fastest_ms = float("inf")
+
+    def __enter__(self) -> "RealRuns":
+        self.llm.generate(CALIBRATION_PROMPT, self.params)             # a warm-up: the processes' first steps
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.llm.close()
+
+    def time(self, runs: int) -> None:
+        from specmesh.timing import pause_then
+        for _ in range(runs):
+            answer = pause_then(lambda: self.llm.generate(CALIBRATION_PROMPT, self.params))
+            self.fastest_ms = min(self.fastest_ms, 1e3 * answer.stats.elapsed_s)
+
+    def runtime_ms(self, profile: dict) -> float:
+        """The runtime's own work (its ranks' bookkeeping and their messages' handling): the fastest answer's
+        time less the same answer simulated from `profile`, per pipedec timestep, pp pass (a token after the
+        first) or stpp round."""
+        o = self.llm.method.config
+        tree = {k: getattr(o, k) for k in ("tree_width", "max_children", "draft_window") if hasattr(o, k)}
+        if self.method == "stpp":
+            tree["depth"] = o.gamma
+        sim = Simulator(SimConfig(self.method, 2, Profile(**profile), max_new_tokens=CALIBRATION_TOKENS,
+                                  target="embedded", **tree))
+        modelled = sim(sim.llm.encode(CALIBRATION_PROMPT))
+        return max(0.0, (self.fastest_ms - modelled.ms) / modelled.steps)
 
 
 def link_one_way_ms(hidden: int, tokens: int = 4, reps: int = 200) -> float:
