@@ -224,7 +224,7 @@ def test_the_simulator_gives_pp_s_time_per_token_across_hosts_and_the_messages_a
 
 @pytest.mark.slow
 def test_the_simulator_gives_the_time_per_token_measured_across_hosts(tmp_path):
-    """pp, pipedec, stpp and pearl over 2 hosts (one core each) at 1 Gbit, measured, and `specmesh simulate --link
+    """pp, pipedec, stpp, pearl and sd --tp 2 over 2 hosts (one core each) at 1 Gbit, measured, and `specmesh simulate --link
     1gbit` with a profile measured here first: within 25%. A shared machine slows down for seconds at a time, so each
     side takes what it does undisturbed: the profile each cost's fastest of its rounds, the measured side each
     method's fastest of 16 answers, spread out (bench/crossing.py). About 2 minutes; `slow` while the VMs it runs on
@@ -235,7 +235,7 @@ def test_the_simulator_gives_the_time_per_token_measured_across_hosts(tmp_path):
     profile = tmp_path / "profile.json"                 # (measured in a process of its own: this one stays idle)
     subprocess.run(["specmesh", "simulate", "--calibrate", str(profile), "--hosts"], check=True, capture_output=True)
     cpus = [[c] for c in sorted(os.sched_getaffinity(0))[:2]]
-    for method in ("pp", "pipedec", "stpp", "pearl"):
+    for method in crossing.METHODS:
         measured = crossing.across_hosts(method, 32, "1gbit", cpus, repeat=16, prompts=[PROMPT])
         [simulated] = crossing.simulated(method, 32, "1gbit", profile, prompts=[PROMPT])
         assert 0.75 <= simulated / measured["tokens_per_s"][0] <= 1.25, (method, simulated, measured["tokens_per_s"])

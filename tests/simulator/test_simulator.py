@@ -56,6 +56,48 @@ def test_pearl_simulated_gives_ars_tokens_and_prices_each_round(tmp_path, tiny_c
     assert modelled <= result["ms_per_token"] * n <= 1.1 * modelled
 
 
+def test_sd_with_its_target_split_over_hosts_gives_sds_tokens_and_prices_each_round(tmp_path, tiny_checkpoint):
+    """`simulate --method sd --link 1gbit`: rank 0's shard 2 ms a forward, 2 sums a layer (4 layers) and the
+    forward's message each a hop of 0.1 ms plus its bytes at 1 Gbit, a draft step 0.5 ms, the runtime's work 1 ms a
+    round; the rounds are the real sd's."""
+    split = {"world": 2, "layers": 4, "hidden": 64, "tokens": [1, 64], "shard_ms": [2.0, 2.0],
+             "draft_ms": [0.5, 0.5], "round_ms": 1.0}
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"name": "t", "stage": {"base_ms": 1.0, "flat_tokens": 1, "per_token_ms": 0.0},
+                                   "draft": {"per_layer_ms": 1.0}, "hop_ms": 0.01, "broadcast_ms": 0.01,
+                                   "link_ms": 0.1, "split": split}))
+    prompt = "def add(a, b):"
+    result = simulate(tmp_path, prompt, "--method", "sd", "--link", "1gbit", "--profile", str(profile), "--target",
+                      str(tiny_checkpoint), "--draft", str(tiny_checkpoint))
+    llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="sd", gamma=4)
+    ids = llm.encode(prompt)
+    sd = llm.generate(ids, SamplingParams(max_new_tokens=20))
+    assert result["tokens"] == sd.tokens == LLM(target=tiny_checkpoint).generate(prompt, SamplingParams(
+        max_new_tokens=20)).tokens
+    s = sd.stats
+    forward = lambda w: 2.0 + (2 * 4 + 1) * 0.1 + 2 * 4 * (4 * w * 64) * 8 / 1e6
+    width = round(1 + s.drafted_tokens / s.verifications)
+    ms = forward(len(ids)) + 0.5 + s.draft_forwards * 0.5 + s.verifications * (forward(width) + 1.0)
+    assert result["ms_per_token"] == pytest.approx(ms / len(sd.tokens))
+
+
+def test_sd_over_hosts_needs_one_tp_and_a_profile_measured_for_it(tmp_path, capsys):
+    def refused(*args) -> str:
+        with pytest.raises(SystemExit):
+            main(["simulate", "def f():", "--method", "sd", "--link", "1gbit", *args])
+        return capsys.readouterr().err
+    assert "give one --tp N" in refused("--tp", "2,4")
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"name": "t", "stage": {"base_ms": 1.0, "flat_tokens": 1, "per_token_ms": 0.0},
+                                   "draft": {"per_layer_ms": 1.0}, "hop_ms": 0.01, "broadcast_ms": 0.01,
+                                   "link_ms": 0.1}))
+    assert "has no costs of a split target: run `specmesh simulate --calibrate --hosts`" in refused(
+        "--profile", str(profile))
+    split = {"world": 2, "layers": 4, "hidden": 64, "tokens": [1], "shard_ms": [2.0], "draft_ms": [0.5]}
+    profile.write_text(json.dumps(json.loads(profile.read_text()) | {"split": split}))
+    assert "measured over 2 ranks, not 4: --tp 2" in refused("--tp", "4", "--profile", str(profile))
+
+
 @pytest.mark.parametrize("method", ["cosine", "tree"])
 def test_link_is_refused_where_the_simulation_has_no_hosts(method, capsys):
     with pytest.raises(SystemExit):

@@ -24,14 +24,14 @@ from pathlib import Path
 
 from specmesh.bench.hosts import Hosts
 
-METHODS = ("pp", "pipedec", "stpp", "pearl")
+METHODS = ("pp", "pipedec", "stpp", "pearl", "sd")          # sd: its target split over the two (--tp 2)
 PROMPTS = ("def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\ndef list_files(path):")
 
 
 def options(method: str) -> dict:
     """The options every run of `method` takes here, measured and simulated alike (pearl's γ fixed: its measured
-    rule chooses by wall-clock times, which a simulation has not got)."""
-    return {"gamma": 4} if method == "pearl" else {"stages": 2}
+    rule chooses by wall-clock times, which a simulation has not got; sd's target split over the ranks)."""
+    return {"gamma": 4} if method == "pearl" else {"tp": 2} if method == "sd" else {"stages": 2}
 
 
 def flags(method: str) -> list[str]:

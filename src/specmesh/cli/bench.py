@@ -52,8 +52,8 @@ def add(sub) -> None:
     add_json(lt)
 
     sm = sub.add_parser("simulate", help="pipedec / pp / stpp on a virtual clock for N pipeline stages, pearl's draft "
-                        "and target on devices of their own, easyspec / tree for a target split over N devices, or "
-                        "cosine / sd / tree on a cluster (simulated)")
+                        "and target on devices of their own, easyspec / tree for a target split over N devices, "
+                        "sd's target split over hosts (--link), or cosine / sd / tree on a cluster (simulated)")
     sm.add_argument("prompt", nargs="?", help="the prompt text (or --prompts FILE)")
     sm.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (one JSON object with 'prompt' per line)")
     sm.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts of --prompts")
@@ -65,9 +65,9 @@ def add(sub) -> None:
                     help="cosine / sd / tree: the prompts N at a time (a finished one's row goes to the next) on "
                          "CoSine's cluster, each method shown with sd's")
     sm.add_argument("--stages", type=positive_int, default=14, help="pipeline stages to simulate (default: 14)")
-    sm.add_argument("--tp", type=device_counts, default=[2, 4, 8], metavar="N[,N...]",
+    sm.add_argument("--tp", type=device_counts, metavar="N[,N...]",
                     help="easyspec / tree: devices the target is split over (default: 2,4,8); easyspec is shown next "
-                         "to exact drafting of the same tree")
+                         "to exact drafting of the same tree. sd with --link: the ranks of `sd --tp N` (default: 2)")
     sm.add_argument("--calibration", choices=POLICIES, default="round",
                     help="easyspec: its calibration policy in the real runs; the clock prices the exact reads each "
                          "policy makes (default: round, the method's)")
@@ -83,7 +83,7 @@ def add(sub) -> None:
                     help="stpp: levels of its static tree (default: 5 on gpu-cluster, else stpp's default)")
     sm.add_argument("--gamma", type=positive_int, default=4,
                     help="pearl: drafts a round, fixed (default: 4; the real method's measured rule chooses by "
-                         "wall-clock times)")
+                         "wall-clock times); sd --link: its draft length (default: 4, sd's)")
     sm.add_argument("--draft-window", type=positive_int, default=64,
                     help="prompt tokens the draft reads (default: 64, as the methods')")
     sm.add_argument("--target", metavar="DIR")
@@ -96,8 +96,9 @@ def add(sub) -> None:
                     help="with --calibrate: also measure a message's time between two hosts made here (network "
                          "namespaces; needs root), for --link")
     sm.add_argument("--link", type=link_rate, metavar="RATE",
-                    help="pipedec / pp / stpp / pearl: every rank on a host of its own, joined by links of RATE (10gbit, "
-                         "1gbit, 100mbit), with the profile's latency between hosts (--calibrate --hosts)")
+                    help="pipedec / pp / stpp / pearl, and sd's target split (--tp): every rank on a host of its own, "
+                         "joined by links of RATE (10gbit, 1gbit, 100mbit), with the profile's latency between hosts "
+                         "(--calibrate --hosts)")
     sm.add_argument("--plot", metavar="OUT.png", type=plot_path,
                     help="simulate all three methods at 7, 14 and 21 stages and plot ms per token against depth")
     add_json(sm)
@@ -175,11 +176,27 @@ def cmd_simulate(args, parser) -> int:
         return 0
     if (args.prompt is None) == (args.prompts is None):
         parser.error("give exactly one of PROMPT or --prompts FILE" + json_took_prompt(args))
-    cluster, split = args.method in ("cosine", "sd") or args.concurrency, args.method in ("easyspec", "tree")
+    hosts_split = args.method == "sd" and args.link is not None and not args.concurrency
+    cluster = not hosts_split and (args.method in ("cosine", "sd") or args.concurrency)
+    split = args.method in ("easyspec", "tree")
     if args.link is not None and (cluster or split):
-        parser.error(f"--link puts the ranks of pipedec, pp, stpp and pearl on hosts; {args.method}'s simulation has "
-                     "no hosts to put them on: drop --link")
+        parser.error(f"--link puts the ranks of pipedec, pp, stpp, pearl and sd --tp on hosts; {args.method}'s "
+                     "simulation has no hosts to put them on: drop --link")
+    if hosts_split and args.tp is not None and len(args.tp) != 1:
+        parser.error("sd with --link simulates one split: give one --tp N")
     prompts = [args.prompt] if args.prompt is not None else load_prompts(args.prompts, args.limit)
+    if hosts_split:
+        from specmesh.simulator import split_hosts
+        profile = dataclasses.replace(Profile.load(args.profile), link_gbit=args.link)
+        profile.hop()                                       # a profile without link_ms: the error now
+        result = split_hosts.simulate(profile, (args.tp or [split_hosts.WORLD])[0], prompts, args.max_new_tokens,
+                                      args.gamma, args.target, args.draft)
+        print(f"[simulated, profile {result['profile']}] sd, its target over {result['tp']} hosts: "
+              f"{result['ms_per_token']:.2f} ms/token, {result['tokens_per_s']:.1f} tokens/s, "
+              f"{result['tokens_per_round']:.3f} tokens/round", file=sys.stderr)
+        if args.json:
+            write_json(result, args.json)
+        return 0
     if cluster:
         from specmesh.simulator.cluster import ClusterProfile, print_cluster, simulate_cluster
         methods = [args.method] + [m for m in ("sd",) if m != args.method]
@@ -191,7 +208,7 @@ def cmd_simulate(args, parser) -> int:
         return 0
     if split:
         from specmesh.simulator.split_target import TPProfile, print_tp, simulate_tp
-        result = simulate_tp(args.method, args.tp, TPProfile.load(args.profile), prompts, args.max_new_tokens,
+        result = simulate_tp(args.method, args.tp or [2, 4, 8], TPProfile.load(args.profile), prompts, args.max_new_tokens,
                              args.target, args.draft, args.calibration)
         print_tp(result, sys.stderr if args.json == "-" else sys.stdout)
         if args.json:

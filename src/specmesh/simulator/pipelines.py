@@ -62,6 +62,7 @@ class Profile:
     timestep_ms: float = 0.0
     pass_ms: float = 0.0
     round_ms: float = 0.0
+    split: dict | None = None               # `sd --tp 2`'s costs (simulator/split_hosts.py)
 
     def hop(self, nbytes: int = 0) -> float:
         """One message of `nbytes` between ranks: `hop_ms` within a host; across hosts (link_gbit set) the measured
@@ -228,35 +229,44 @@ def simulate(cfg: SimConfig, prompts: list[str]) -> dict:
 
 
 def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, hosts: bool = False,
-              rounds: int = 6, methods=METHODS) -> dict:
-    """Measure this machine's costs (bfloat16, one thread, as each pipeline process runs) and write
-    the `local` profile; `hosts`: also a message's time between two hosts made here (simulator/hop.py);
-    `methods`: those whose runtime's own work is measured (the others' is 0).
+              rounds: int = 6, methods=(*METHODS, "sd")) -> dict:
+    """Measure this machine's costs (bfloat16, one thread, as each rank runs) and write the `local` profile;
+    `hosts`: also a message's time between two hosts made here (simulator/hop.py); `methods`: the pipelines whose
+    runtime's own work is measured (the others' is 0), and "sd": the costs of `sd --tp 2` (simulator/split_hosts.py).
     Every cost is the fastest of `rounds` rounds over all of them, and each round also times the methods' real
     runs: a shared machine slows down for seconds at a time, and a slow spell then costs one round of every cost,
     not every round of one, and the real runs and the costs they are set against are taken in the same spells."""
     from contextlib import ExitStack
     from specmesh.model.loader import load_model
+    from specmesh.simulator import split_hosts
     from specmesh.timing import torch_threads
 
     with torch.inference_mode(), torch_threads(1), ExitStack() as running:
         target = load_model(embedded.path("target"), torch.bfloat16, "cpu")
         draft = load_model(embedded.path("draft"), torch.bfloat16, "cpu", draft=True)
-        real = {m: running.enter_context(RealRuns(m)) for m in methods}
+        shard = load_model(embedded.path("target"), torch.bfloat16, "cpu", part=(0, split_hosts.WORLD)) \
+            if "sd" in methods else None
+        real = {m: running.enter_context(RealRuns(m, **({"tp": split_hosts.WORLD} if m == "sd" else {"stages": 2})))
+                for m in methods}
         costs = []
         for _ in range(rounds):
-            costs.append(_costs(target, draft, counts, context))
+            costs.append(_costs(target, draft, counts, context) + (split_hosts.measure(shard, draft) if shard else []))
             for runs in real.values():
                 runs.time(RUNS_A_ROUND)
         fastest = [min(c) for c in zip(*costs)]
-    layer, head, tree_layer, tree_head, drafts, levels = (fastest[i::6] for i in range(6))
+    layer, head, tree_layer, tree_head, drafts, levels = (fastest[i:6 * len(counts):6] for i in range(6))
     hop = link_one_way_ms(target.config.hidden_size)
     profile = {"name": "local", "stage": {"tokens": list(counts), "layer_ms": layer, "head_ms": head,
                                           "tree_layer_ms": tree_layer, "tree_head_ms": tree_head},
                "draft": {"tokens": list(counts), "ms": drafts, "level_ms": levels}, "hop_ms": hop,
                "broadcast_ms": hop, "draft_beside_stage0": True}
-    profile |= {f"{unit}_ms": real[method].runtime_ms(profile)
+    profile |= {f"{unit}_ms": real[method].pipeline_work_ms(profile)
                 for unit, method in (("timestep", "pipedec"), ("pass", "pp"), ("round", "stpp")) if method in real}
+    if shard is not None:
+        sd = real["sd"]
+        profile["split"] = split_hosts.entry(fastest[6 * len(counts):], shard)
+        profile["split"]["round_ms"] = split_hosts.work_ms(sd.fastest_ms, split_hosts.counts(sd.ids, sd.fastest),
+                                                           Profile(**profile))
     if hosts:
         from specmesh.simulator.hop import across_hosts
         profile["link_ms"] = across_hosts()
@@ -283,18 +293,19 @@ RUNS_A_ROUND = 2                        # real runs of each method in each round
 
 
 class RealRuns:
-    """The real runtime of `method` (2 stages, the embedded pair, one thread a process, on this machine) answering
-    the calibration prompt: its fastest answer, and what that answer spent beyond what a profile models."""
+    """The real runtime of `method` (the embedded pair, bfloat16, one thread a process, on this machine) answering
+    the calibration prompt: its fastest answer and that answer's time."""
 
-    def __init__(self, method: str):
+    def __init__(self, method: str, **options):
         from specmesh import LLM
         from specmesh.lossless.sampling import SamplingParams
         self.method, self.params = method, SamplingParams(max_new_tokens=CALIBRATION_TOKENS)   # as simulated
-        self.llm = LLM(target="embedded", method=method, stages=2, dtype="bfloat16")
-        self.fastest_ms = float("inf")
+        self.llm = LLM(target="embedded", method=method, dtype="bfloat16", **options)
+        self.ids = self.llm.encode(CALIBRATION_PROMPT)
+        self.fastest, self.fastest_ms = None, float("inf")
 
     def __enter__(self) -> "RealRuns":
-        self.llm.generate(CALIBRATION_PROMPT, self.params)             # a warm-up: the processes' first steps
+        self.llm.generate(self.ids, self.params)                       # a warm-up: the processes' first steps
         return self
 
     def __exit__(self, *_) -> None:
@@ -303,11 +314,12 @@ class RealRuns:
     def time(self, runs: int) -> None:
         from specmesh.timing import pause_then
         for _ in range(runs):
-            answer = pause_then(lambda: self.llm.generate(CALIBRATION_PROMPT, self.params))
-            self.fastest_ms = min(self.fastest_ms, 1e3 * answer.stats.elapsed_s)
+            answer = pause_then(lambda: self.llm.generate(self.ids, self.params))
+            if 1e3 * answer.stats.elapsed_s < self.fastest_ms:
+                self.fastest, self.fastest_ms = answer, 1e3 * answer.stats.elapsed_s
 
-    def runtime_ms(self, profile: dict) -> float:
-        """The runtime's own work (its ranks' bookkeeping and their messages' handling): the fastest answer's
+    def pipeline_work_ms(self, profile: dict) -> float:
+        """A pipeline's own work (its ranks' bookkeeping and their messages' handling): the fastest answer's
         time less the same answer simulated from `profile`, per pipedec timestep, pp pass (a token after the
         first) or stpp round."""
         o = self.llm.method.config
