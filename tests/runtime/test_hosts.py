@@ -224,10 +224,11 @@ def test_the_simulator_gives_pp_s_time_per_token_across_hosts_and_the_messages_a
 
 @pytest.mark.slow
 def test_the_simulator_gives_the_time_per_token_measured_across_hosts(tmp_path):
-    """pp, pipedec, stpp, pearl and sd --tp 2 over 2 hosts (one core each) at 1 Gbit, measured, and `specmesh simulate --link
-    1gbit` with a profile measured here first: within 25%. A shared machine slows down for seconds at a time, so each
-    side takes what it does undisturbed: the profile each cost's fastest of its rounds, the measured side each
-    method's fastest of 16 answers, spread out (bench/crossing.py). About 2 minutes; `slow` while the VMs it runs on
+    """pp, pipedec, stpp, pearl and sd --tp 2 over 2 hosts (one core each) at 1 Gbit, measured, and `specmesh
+    simulate --link 1gbit` with a profile measured here first: within 25%. A shared machine slows down for seconds at
+    a time, so each side takes what it does undisturbed: the profile each cost's fastest of its rounds, the measured
+    side each method's fastest of 16 answers, spread out (bench/crossing.py). About 3 minutes; `slow` while the VMs
+    it runs on
     swing too far for that (pp's answers across these hosts ran at 89 to 344 tokens/s within a minute on one:
     docs/hosts.md)."""
     import os
