@@ -1,4 +1,5 @@
 """`specmesh simulate`: the real algorithms' tokens on a virtual clock."""
+import dataclasses
 import json
 
 import pytest
@@ -56,29 +57,45 @@ def test_pearl_simulated_gives_ars_tokens_and_prices_each_round(tmp_path, tiny_c
     assert modelled <= result["ms_per_token"] * n <= 1.1 * modelled
 
 
-def test_sd_with_its_target_split_over_hosts_gives_sds_tokens_and_prices_each_round(tmp_path, tiny_checkpoint):
-    """`simulate --method sd --link 1gbit`: rank 0's shard 2 ms a forward, 2 sums a layer (4 layers) and the
-    forward's message each a hop of 0.1 ms plus its bytes at 1 Gbit, a draft step 0.5 ms, the runtime's work 1 ms a
-    round; the rounds are the real sd's."""
-    split = {"world": 2, "layers": 4, "hidden": 64, "tokens": [1, 64], "shard_ms": [2.0, 2.0],
-             "draft_ms": [0.5, 0.5], "round_ms": 1.0}
+SPLIT = {"world": 2, "layers": 4, "hidden": 64, "tokens": [1, 64], "shard_ms": [2.0, 2.0], "draft_ms": [0.5, 0.5],
+         "forward_ms": 1.0}
+
+
+def split_profile(tmp_path, **fields):
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps({"name": "t", "stage": {"base_ms": 1.0, "flat_tokens": 1, "per_token_ms": 0.0},
                                    "draft": {"per_layer_ms": 1.0}, "hop_ms": 0.01, "broadcast_ms": 0.01,
-                                   "link_ms": 0.1, "split": split}))
+                                   "link_ms": 0.1} | fields))
+    return profile
+
+
+def test_a_split_targets_forward_is_its_shard_its_sums_and_its_message():
+    """Rank 0's shard 2 ms; 2 sums a layer (4 layers) and the forward's message, each a hop of 0.1 ms plus its bytes
+    at 1 Gbit (a sum: w x 64 float32); the runtime's 1 ms a forward."""
+    from specmesh.simulator.split_hosts import Split
+    p = Profile("t", {}, {}, hop_ms=0.01, broadcast_ms=0.01, link_ms=0.1, link_gbit=1.0)
+    for w in (1, 8):
+        assert Split(**SPLIT).target_ms(w, p) == pytest.approx(2.0 + 9 * 0.1 + 8 * (4 * w * 64) * 8 / 1e6 + 1.0)
+    assert Split(**SPLIT).draft_step_ms(3) == 0.5
+
+
+def test_sd_with_its_target_split_over_hosts_gives_sds_tokens_and_prices_its_forwards(tmp_path, tiny_checkpoint):
+    """`simulate --method sd --link 1gbit`: the real sd here, each target and draft forward priced by the profile,
+    the rest of rank 0's work as this process runs it."""
+    from specmesh.simulator import split_hosts
     prompt = "def add(a, b):"
-    result = simulate(tmp_path, prompt, "--method", "sd", "--link", "1gbit", "--profile", str(profile), "--target",
-                      str(tiny_checkpoint), "--draft", str(tiny_checkpoint))
-    llm = LLM(target=tiny_checkpoint, draft=tiny_checkpoint, method="sd", gamma=4)
-    ids = llm.encode(prompt)
-    sd = llm.generate(ids, SamplingParams(max_new_tokens=20))
-    assert result["tokens"] == sd.tokens == LLM(target=tiny_checkpoint).generate(prompt, SamplingParams(
-        max_new_tokens=20)).tokens
-    s = sd.stats
-    forward = lambda w: 2.0 + (2 * 4 + 1) * 0.1 + 2 * 4 * (4 * w * 64) * 8 / 1e6
-    width = round(1 + s.drafted_tokens / s.verifications)
-    ms = forward(len(ids)) + 0.5 + s.draft_forwards * 0.5 + s.verifications * (forward(width) + 1.0)
-    assert result["ms_per_token"] == pytest.approx(ms / len(sd.tokens))
+    result = simulate(tmp_path, prompt, "--method", "sd", "--link", "1gbit", "--profile",
+                      str(split_profile(tmp_path, split=SPLIT)), "--target", str(tiny_checkpoint), "--draft",
+                      str(tiny_checkpoint))
+    ar = LLM(target=tiny_checkpoint).generate(prompt, SamplingParams(max_new_tokens=20))
+    assert result["tokens"] == ar.tokens and result["simulated"] is True and result["tp"] == 2
+    profile = dataclasses.replace(Profile.load(str(split_profile(tmp_path, split=SPLIT))), link_gbit=1.0)
+    sim = split_hosts.Simulator(profile, 20, 4, str(tiny_checkpoint), str(tiny_checkpoint))
+    answer, ms, forwards = sim(sim.llm.encode(prompt))
+    assert answer.tokens == ar.tokens and forwards == answer.stats.verifications + 1     # the prompt's, the rounds'
+    assert sim.draft.forwards == answer.stats.draft_forwards and sim.draft.ms == 0.5 * sim.draft.forwards
+    priced = sim.target.ms + sim.draft.ms
+    assert priced > forwards * 3.9 and priced <= ms <= priced + 50
 
 
 def test_sd_over_hosts_needs_one_tp_and_a_profile_measured_for_it(tmp_path, capsys):
@@ -87,15 +104,10 @@ def test_sd_over_hosts_needs_one_tp_and_a_profile_measured_for_it(tmp_path, caps
             main(["simulate", "def f():", "--method", "sd", "--link", "1gbit", *args])
         return capsys.readouterr().err
     assert "give one --tp N" in refused("--tp", "2,4")
-    profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps({"name": "t", "stage": {"base_ms": 1.0, "flat_tokens": 1, "per_token_ms": 0.0},
-                                   "draft": {"per_layer_ms": 1.0}, "hop_ms": 0.01, "broadcast_ms": 0.01,
-                                   "link_ms": 0.1}))
     assert "has no costs of a split target: run `specmesh simulate --calibrate --hosts`" in refused(
-        "--profile", str(profile))
-    split = {"world": 2, "layers": 4, "hidden": 64, "tokens": [1], "shard_ms": [2.0], "draft_ms": [0.5]}
-    profile.write_text(json.dumps(json.loads(profile.read_text()) | {"split": split}))
-    assert "measured over 2 ranks, not 4: --tp 2" in refused("--tp", "4", "--profile", str(profile))
+        "--profile", str(split_profile(tmp_path)))
+    assert "measured over 2 ranks, not 4: --tp 2" in refused("--tp", "4", "--profile",
+                                                             str(split_profile(tmp_path, split=SPLIT)))
 
 
 @pytest.mark.parametrize("method", ["cosine", "tree"])

@@ -1,22 +1,25 @@
 """`specmesh simulate --method sd --tp N --link RATE`: `sd` with its target split over N ranks (runtime/
 tensor_parallel.py), every rank on a host of its own, on a virtual clock from costs measured on this machine.
 
-The tokens and rounds are the real algorithm's: `sd` runs here in one process (greedy) with the same options, and
-its counts (rounds, draft forwards, tokens drafted) set the clock. Time is modelled from the profile's `split`
-entry (`specmesh simulate --calibrate`: one thread a rank, as on hosts of one core):
+The real `sd` runs here in one process (greedy, the same options), so every round, draft and verification is the
+algorithm's; as in pearl's simulation (simulator/parallel_draft.py), rank 0's own work (the engine, drafting's
+bookkeeping, verification) is timed as this process runs it, and each model forward is priced from the profile's
+`split` entry (`specmesh simulate --calibrate`: one thread a rank, as on hosts of one core) instead:
 
     a target forward of w tokens = rank 0's shard on w tokens (its part of every layer, and the head)
                                    + 2 L sums, each a hop of w x hidden float32 (every rank sends its part to
                                      the others at once) + the forward's message to the other ranks (a hop)
-    a round   = its draft forwards (the draft whole on rank 0) + a forward of 1 + its drafts + the runtime's
-                own work a round (`round_ms`: the real `sd --tp N` on one host less the same run modelled)
-    the prompt = a forward of its tokens and the draft's pass over them
+                                   + the split runtime's own work a forward (`forward_ms`)
+    a draft forward of w tokens  = the whole draft's on w tokens (rank 0 holds it)
 
 A hop is `Profile.hop`: the latency between hosts plus the bytes at the link's rate (`--link`), or a message
-between processes of one host without it.
+between processes of one host without it. `forward_ms` (the sums' and messages' handling in Python, the other
+ranks' repeats of rank 0's cache changes) is calibrated: the real `sd --tp N` on one host less the same run
+simulated, per target forward.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +28,7 @@ from specmesh.simulator.pipelines import Profile
 
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)       # the forward widths the profile measures
 WORLD = 2                               # ranks the profile's shard is of
+GAMMA = 4                               # sd's draft length, as calibrated
 
 
 @dataclass
@@ -35,14 +39,14 @@ class Split:
     tokens: list
     shard_ms: list              # rank 0's forward of each width: its shard of every layer and the head, no sums
     draft_ms: list              # the whole draft's forward of each width
-    round_ms: float = 0.0       # the real runtime's own work a round beyond these (calibrated)
+    forward_ms: float = 0.0     # the split runtime's own work a target forward beyond these (calibrated)
 
-    def forward_ms(self, tokens: int, p: Profile) -> float:
+    def target_ms(self, tokens: int, p: Profile) -> float:
         """A target forward of `tokens` over the ranks (module docstring)."""
         shard = float(np.interp(tokens, self.tokens, self.shard_ms))
-        return shard + 2 * self.layers * p.hop(4 * tokens * self.hidden) + p.hop()
+        return shard + 2 * self.layers * p.hop(4 * tokens * self.hidden) + p.hop() + self.forward_ms
 
-    def draft_step_ms(self, tokens: int = 1) -> float:
+    def draft_step_ms(self, tokens: int) -> float:
         return float(np.interp(tokens, self.tokens, self.draft_ms))
 
 
@@ -61,45 +65,82 @@ def entry(fastest: list[float], target, widths=WIDTHS) -> dict:
             "shard_ms": fastest[0::2], "draft_ms": fastest[1::2]}
 
 
-def counts(ids: list[int], answer) -> dict:
-    """What the clock needs of an answer to the prompt `ids`."""
-    s = answer.stats
-    return {"prompt": len(ids), "tokens": len(answer.tokens), "rounds": s.verifications,
-            "draft_forwards": s.draft_forwards, "drafted": s.drafted_tokens, "answer": answer.tokens}
+class Priced:
+    """A model's forwards as this process runs them (`real_ms`) and as the profile prices them (`ms`, by the
+    forward's tokens): forward hooks on the module."""
+
+    def __init__(self, model, price):
+        self.price, self.real_ms, self.ms, self.forwards, self.began = price, 0.0, 0.0, 0, 0.0
+        model.register_forward_pre_hook(self._begin)
+        model.register_forward_hook(self._end)
+
+    def _begin(self, _, args) -> None:
+        self.began = time.perf_counter()
+
+    def _end(self, _, args, out) -> None:
+        self.real_ms += 1e3 * (time.perf_counter() - self.began)
+        self.ms += self.price(args[0].shape[1])                # x: ids [B, T] (or hidden [B, T, D])
+        self.forwards += 1
 
 
-def clock(c: dict, split: Split, p: Profile, round_ms: float | None = None) -> float:
-    """A run's simulated time in ms from its `counts` (`round_ms`: the runtime's own work a round, default the
-    profile's)."""
-    rounds = max(1, c["rounds"])
-    width = round(1 + c["drafted"] / rounds)
-    work = split.round_ms if round_ms is None else round_ms
-    prompt = split.forward_ms(c["prompt"], p) + split.draft_step_ms(c["prompt"])
-    return prompt + c["draft_forwards"] * split.draft_step_ms() + rounds * (split.forward_ms(width, p) + work)
+class Simulator:
+    """The real `sd` in this process, its forwards priced: `__call__(ids)` -> (answer, simulated ms, target
+    forwards)."""
+
+    def __init__(self, profile: Profile, max_new_tokens: int, gamma: int, target: str | None = None,
+                 draft: str | None = None, forward_ms: float | None = None):
+        from specmesh import LLM, SamplingParams
+        if profile.split is None:
+            raise ValueError(f"profile {profile.name} has no costs of a split target: run `specmesh simulate "
+                             "--calibrate --hosts` (root) first")
+        self.split = Split(**profile.split)
+        if forward_ms is not None:
+            self.split.forward_ms = forward_ms
+        self.params = SamplingParams(max_new_tokens=max_new_tokens)
+        self.llm = LLM(target=target, draft=draft, method="sd", gamma=gamma)
+        self.llm.generate(self.llm.encode("def f():"), SamplingParams(max_new_tokens=4))    # a warm-up, untimed
+        self.target = Priced(self.llm.models.target, lambda w: self.split.target_ms(w, profile))
+        self.draft = Priced(self.llm.models.draft, self.split.draft_step_ms)
+
+    def __call__(self, ids: list[int]):
+        from specmesh.timing import torch_threads
+        spent = [(p.real_ms, p.ms, p.forwards) for p in (self.target, self.draft)]
+        with torch_threads(1):                              # rank 0's, as on a host of one core
+            began = time.perf_counter()
+            answer = self.llm.generate(ids, self.params)
+            own = 1e3 * (time.perf_counter() - began)
+        (t_real, t_ms, forwards), (d_real, d_ms, _) = ((p.real_ms - r, p.ms - m, p.forwards - n)
+                                                        for p, (r, m, n) in zip((self.target, self.draft), spent))
+        return answer, own - t_real - d_real + t_ms + d_ms, forwards
+
+    def close(self) -> None:
+        self.llm.close()
 
 
-def work_ms(fastest_ms: float, c: dict, profile: Profile) -> float:
-    """The runtime's own work a round: a real run on one host (`fastest_ms`, its `counts` c) less the same run
-    modelled without it."""
-    return max(0.0, (fastest_ms - clock(c, Split(**profile.split), profile, round_ms=0.0)) / max(1, c["rounds"]))
+def forward_work_ms(ids: list[int], answer, real_ms: float, profile: Profile, runs: int = 3) -> float:
+    """The split runtime's own work a target forward: a real answer to `ids` on one host (`real_ms`, the fastest
+    of its runs) less the same answer simulated without it (the fastest of `runs`)."""
+    sim = Simulator(profile, len(answer.tokens), GAMMA, "embedded", forward_ms=0.0)
+    try:
+        modelled, forwards = min(sim(ids)[1:] for _ in range(runs))
+    finally:
+        sim.close()
+    return max(0.0, (real_ms - modelled) / max(1, forwards))
 
 
 def simulate(profile: Profile, world: int, prompts: list[str], max_new_tokens: int, gamma: int,
              target: str | None = None, draft: str | None = None) -> dict:
     """The JSON of `specmesh simulate --method sd --tp N`, aggregated over the prompts (`tokens`: the first's)."""
-    if profile.split is None:
-        raise ValueError(f"profile {profile.name} has no costs of a split target: run `specmesh simulate "
-                         "--calibrate --hosts` (root) first")
-    split = Split(**profile.split)
-    if world != split.world:
-        raise ValueError(f"the profile's split target is measured over {split.world} ranks, not {world}: "
-                         f"--tp {split.world}")
-    from specmesh import LLM, SamplingParams
-    params = SamplingParams(max_new_tokens=max_new_tokens)
-    with LLM(target=target, draft=draft, method="sd", gamma=gamma) as llm:         # the real sd, one process
-        runs = [counts(ids, llm.generate(ids, params)) for ids in map(llm.encode, prompts)]
-    tokens, ms = sum(r["tokens"] for r in runs), sum(clock(r, split, profile) for r in runs)
-    rounds = sum(r["rounds"] for r in runs)
+    if profile.split is not None and world != profile.split["world"]:
+        raise ValueError(f"the profile's split target is measured over {profile.split['world']} ranks, not {world}: "
+                         f"--tp {profile.split['world']}")
+    sim = Simulator(profile, max_new_tokens, gamma, target, draft)
+    try:
+        runs = [sim(ids)[:2] for ids in map(sim.llm.encode, prompts)]
+    finally:
+        sim.close()
+    tokens, ms = sum(len(a.tokens) for a, _ in runs), sum(ms for _, ms in runs)
+    rounds = sum(a.stats.verifications for a, _ in runs)
     return {"method": "sd", "tp": world, "simulated": True, "profile": profile.name, "gamma": gamma,
             "ms_per_token": ms / tokens, "tokens_per_s": 1000 * tokens / ms, "tokens_per_round": tokens / rounds,
-            "tokens": runs[0]["answer"]}
+            "tokens": runs[0][0].tokens}
