@@ -62,7 +62,6 @@ class Profile:
     timestep_ms: float = 0.0
     pass_ms: float = 0.0
     round_ms: float = 0.0
-    request_ms: dict = dataclasses.field(default_factory=dict)     # and per request, by method
     split: dict | None = None               # `sd --tp 2`'s costs (simulator/split_hosts.py)
 
     def hop(self, nbytes: int = 0) -> float:
@@ -195,7 +194,7 @@ class Simulator:
         from specmesh.lossless.sampling import SamplingParams
         cfg, p = self.cfg, self.cfg.profile
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens)
-        prompt = self.pass_ms(len(ids)) + p.request_ms.get(cfg.method, 0.0)    # the prompt's pass: the first token
+        prompt = self.pass_ms(len(ids))                     # the prompt's pass, which gives the first token
         if cfg.method == "pipedec":
             with torch.inference_mode():
                 tl = pipedec.run(self.llm.models.target, self.draft, ids, params, cfg.max_new_tokens, cfg.stages,
@@ -261,13 +260,11 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, ho
                                           "tree_layer_ms": tree_layer, "tree_head_ms": tree_head},
                "draft": {"tokens": list(counts), "ms": drafts, "level_ms": levels}, "hop_ms": hop,
                "broadcast_ms": hop, "draft_beside_stage0": True}
-    work = {m: real[m].pipeline_work_ms(profile) for m in METHODS if m in real}
-    profile |= {f"{unit}_ms": work[m][0] for unit, m in (("timestep", "pipedec"), ("pass", "pp"), ("round", "stpp"))
-                if m in work}
-    profile["request_ms"] = {m: per_request for m, (_, per_request) in work.items()}
+    profile |= {f"{unit}_ms": real[m].pipeline_work_ms(profile)
+                for unit, m in (("timestep", "pipedec"), ("pass", "pp"), ("round", "stpp")) if m in real}
     if shard is not None:
         profile["split"] = split_hosts.entry(fastest[6 * len(counts):], shard)
-        ms, answer = real["sd"].fastest[CALIBRATION_TOKENS[-1]]
+        ms, answer = real["sd"].fastest
         profile["split"]["forward_ms"] = split_hosts.forward_work_ms(real["sd"].ids, answer, ms, Profile(**profile))
     if hosts:
         from specmesh.simulator.hop import across_hosts
@@ -290,24 +287,24 @@ def _costs(target, draft, counts, context: int) -> list[float]:
     return out
 
 
-CALIBRATION_PROMPT = "def fibonacci(n):"
-CALIBRATION_TOKENS = (16, 64)           # two answers' lengths: the runtime's work per step and per request
-RUNS_A_ROUND = 2                        # real runs of each method at each length in each round of costs
+CALIBRATION_PROMPT, CALIBRATION_TOKENS = "def fibonacci(n):", 48
+RUNS_A_ROUND = 2                        # real runs of each method in each round of costs
 
 
 class RealRuns:
     """The real runtime of `method` (the embedded pair, bfloat16, one thread a process, on this machine) answering
-    the calibration prompt at each of CALIBRATION_TOKENS: each length's fastest answer and its time."""
+    the calibration prompt: its fastest answer (`fastest`: ms, answer)."""
 
     def __init__(self, method: str, **options):
         from specmesh import LLM
-        self.method = method
+        from specmesh.lossless.sampling import SamplingParams
+        self.method, self.params = method, SamplingParams(max_new_tokens=CALIBRATION_TOKENS)   # as simulated
         self.llm = LLM(target="embedded", method=method, dtype="bfloat16", **options)
         self.ids = self.llm.encode(CALIBRATION_PROMPT)
-        self.fastest = {n: (float("inf"), None) for n in CALIBRATION_TOKENS}    # tokens -> (ms, answer)
+        self.fastest = (float("inf"), None)
 
     def __enter__(self) -> "RealRuns":
-        self.llm.generate(self.ids, params(CALIBRATION_TOKENS[0]))      # a warm-up: the processes' first steps
+        self.llm.generate(self.ids, self.params)                       # a warm-up: the processes' first steps
         return self
 
     def __exit__(self, *_) -> None:
@@ -315,39 +312,22 @@ class RealRuns:
 
     def time(self, runs: int) -> None:
         from specmesh.timing import pause_then
-        for n in CALIBRATION_TOKENS:
-            for _ in range(runs):
-                answer = pause_then(lambda: self.llm.generate(self.ids, params(n)))
-                self.fastest[n] = min(self.fastest[n], (1e3 * answer.stats.elapsed_s, answer), key=lambda t: t[0])
+        for _ in range(runs):
+            answer = pause_then(lambda: self.llm.generate(self.ids, self.params))
+            self.fastest = min(self.fastest, (1e3 * answer.stats.elapsed_s, answer), key=lambda t: t[0])
 
-    def work_ms(self, modelled) -> tuple[float, float]:
-        """The runtime's own work beyond what a profile models, per step and per request: each length's fastest
-        answer less the same answer modelled (`modelled(tokens, answer)` -> (ms, steps)), the line through the
-        two lengths."""
-        (w0, s0), (w1, s1) = ((ms - m, steps) for n, (ms, answer) in self.fastest.items()
-                              for m, steps in [modelled(n, answer)])
-        per_step = max(0.0, (w1 - w0) / (s1 - s0) if s1 > s0 else w1 / max(1, s1))
-        return per_step, max(0.0, w0 - s0 * per_step)
-
-    def pipeline_work_ms(self, profile: dict) -> tuple[float, float]:
-        """A pipeline's own work (its ranks' bookkeeping and their messages' handling), per pipedec timestep, pp
-        pass (a token after the first) or stpp round, and per request."""
+    def pipeline_work_ms(self, profile: dict) -> float:
+        """A pipeline's own work (its ranks' bookkeeping and their messages' handling): the fastest answer's
+        time less the same answer simulated from `profile`, per pipedec timestep, pp pass (a token after the
+        first) or stpp round."""
         o = self.llm.method.config
         tree = {k: getattr(o, k) for k in ("tree_width", "max_children", "draft_window") if hasattr(o, k)}
         if self.method == "stpp":
             tree["depth"] = o.gamma
-
-        def modelled(tokens: int, _) -> tuple[float, int]:
-            sim = Simulator(SimConfig(self.method, 2, Profile(**profile), max_new_tokens=tokens, target="embedded",
-                                      **tree))
-            run = sim(sim.llm.encode(CALIBRATION_PROMPT))
-            return run.ms, run.steps
-        return self.work_ms(modelled)
-
-
-def params(tokens: int):
-    from specmesh.lossless.sampling import SamplingParams
-    return SamplingParams(max_new_tokens=tokens)
+        sim = Simulator(SimConfig(self.method, 2, Profile(**profile), max_new_tokens=CALIBRATION_TOKENS,
+                                  target="embedded", **tree))
+        modelled = sim(sim.llm.encode(CALIBRATION_PROMPT))
+        return max(0.0, (self.fastest[0] - modelled.ms) / modelled.steps)
 
 
 def link_one_way_ms(hidden: int, tokens: int = 4, reps: int = 200) -> float:
