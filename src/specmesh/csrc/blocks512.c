@@ -120,10 +120,12 @@ static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g
 }
 
 // 32-blocks packed by 8 rows (blocks.h): each 512-bit vector the 8 rows' 8 bytes against the activation row's 8 bytes
-// broadcast, one dpbusd (unsigned weights: Q8_0's q + 128, its extra 128 sum(x) taken off after)
+// broadcast, one dpbusd (unsigned weights: Q8_0's q + 128, its extra 128 sum(x) taken off after). The float part is
+// blocks.h's packed_float32, lane for lane, on two activation rows at once: acc[p] holds rows 2p (low 8 lanes) and
+// 2p + 1 (high 8), the weights' scales converted once a block for every pair
 static inline __attribute__((always_inline)) void group_block32_512(const uint8_t *g, int QB, int b, const Acts *a,
                                                                      int64_t m0, const int MB, const int TYPE,
-                                                                     __m256 *acc) {
+                                                                     __m512 *acc) {
     const __m512i nib = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
     const int8_t *x = a->q32 + (m0 * QB + b) * 32;
     __m512i T[PACKED_MB512];
@@ -149,11 +151,27 @@ static inline __attribute__((always_inline)) void group_block32_512(const uint8_
             }
         }
     }
-    for (int i = 0; i < MB; i++) {                 // lanes (r, e): row r's halves
-        const int64_t at = (m0 + i) * QB + b;
-        __m256i rows = _mm512_cvtepi64_epi32(_mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_CDAB)));
-        if (TYPE == Q8_0) rows = _mm256_sub_epi32(rows, _mm256_set1_epi32(128 * a->s32[at]));
-        acc[i] = packed_float32(acc[i], rows, g, a->d32[at], a->s32[at], TYPE);
+    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512 d = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)g)));
+    const __m512 m = mins32(TYPE) ? _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(g + 16))))
+                                  : _mm512_setzero_ps();
+    const int offset = TYPE == Q8_0 ? 128 : q32_offset(TYPE);
+    for (int i = 0; i < MB; i += 2) {               // rows i and j (an odd last row paired with itself, its copy unused)
+        const int j = i + 1 < MB ? i + 1 : i;
+        const int64_t ai = (m0 + i) * QB + b, aj = (m0 + j) * QB + b;
+        // lanes (r, e) of T: row r's two halves, summed: the 8 rows' totals of row i, then of row j
+        __m512i rows = _mm512_add_epi32(_mm512_permutex2var_epi32(T[i], evens, T[j]),
+                                        _mm512_permutex2var_epi32(T[i], odds, T[j]));
+        if (offset)
+            rows = _mm512_sub_epi32(rows, _mm512_inserti32x8(_mm512_set1_epi32(offset * a->s32[ai]),
+                                                             _mm256_set1_epi32(offset * a->s32[aj]), 1));
+        const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(a->d32[ai]), _mm256_set1_ps(a->d32[aj]), 1);
+        __m512 out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(rows), _mm512_mul_ps(d, dx), acc[i / 2]);
+        if (mins32(TYPE))
+            out = _mm512_fmadd_ps(m, _mm512_insertf32x8(_mm512_set1_ps(a->d32[ai] * (float)a->s32[ai]),
+                                                        _mm256_set1_ps(a->d32[aj] * (float)a->s32[aj]), 1), out);
+        acc[i / 2] = out;
     }
 }
 
@@ -161,16 +179,18 @@ static inline __attribute__((always_inline)) void group_block32_512(const uint8_
 static inline __attribute__((always_inline)) void packed_dot32_512(const uint8_t *g, int QB, const Acts *a, int64_t m0,
                                                                    int chunks, const int REST, const int TYPE,
                                                                    float *out) {
-    __m256 acc[PASS_ROWS];
-    for (int i = 0; i < PACKED_MB512 * chunks + REST; i++) acc[i] = _mm256_setzero_ps();
+    __m512 acc[PASS_ROWS / 2];                     // acc[p]: rows 2p, 2p + 1
+    const int rows = PACKED_MB512 * chunks + REST;
+    for (int p = 0; p < (rows + 1) / 2; p++) acc[p] = _mm512_setzero_ps();
     const int size = packed_block(TYPE);
     for (int b = 0; b < QB; b++, g += size) {
         for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD_BYTES + l, _MM_HINT_T0);
         for (int c = 0; c < chunks; c++)
-            group_block32_512(g, QB, b, a, m0 + PACKED_MB512 * c, PACKED_MB512, TYPE, acc + PACKED_MB512 * c);
-        if (REST) group_block32_512(g, QB, b, a, m0 + PACKED_MB512 * chunks, REST, TYPE, acc + PACKED_MB512 * chunks);
+            group_block32_512(g, QB, b, a, m0 + PACKED_MB512 * c, PACKED_MB512, TYPE, acc + PACKED_MB512 / 2 * c);
+        if (REST) group_block32_512(g, QB, b, a, m0 + PACKED_MB512 * chunks, REST, TYPE, acc + PACKED_MB512 / 2 * chunks);
     }
-    for (int i = 0; i < PACKED_MB512 * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
+    for (int p = 0; p < rows / 2; p++) _mm512_storeu_ps(out + 16 * p, acc[p]);
+    if (rows % 2) _mm256_storeu_ps(out + 16 * (rows / 2), _mm512_castps512_ps256(acc[rows / 2]));
 }
 
 // group g0 (its first byte) of `type` against rows m0 .. m0 + mb (mb <= PASS_ROWS): out [mb][8]
