@@ -210,7 +210,7 @@ def test_the_simulator_gives_pp_s_time_per_token_across_hosts_and_the_messages_a
     import os
     from specmesh.bench import crossing
     profile = tmp_path / "profile.json"                 # (measured in a process of its own: this one stays idle)
-    subprocess.run([sys.executable, "-c", "import sys, pathlib\nfrom specmesh.simulator.pipelines import calibrate\n"
+    subprocess.run([sys.executable, "-c", "import sys, pathlib\nfrom specmesh.simulator.calibration import calibrate\n"
                     "calibrate(pathlib.Path(sys.argv[1]), counts=(1, 8), hosts=True, rounds=4, methods=('pp',))",
                     str(profile)], check=True, capture_output=True)
     cpus = [[c] for c in sorted(os.sched_getaffinity(0))[:2]]

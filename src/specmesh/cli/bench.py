@@ -166,7 +166,8 @@ def cmd_loadtest(args, parser) -> int:
 
 def cmd_simulate(args, parser) -> int:
     from specmesh.bench.prompts import load_prompts
-    from specmesh.simulator.pipelines import LOCAL, Profile, SimConfig, calibrate, simulate
+    from specmesh.simulator.calibration import calibrate
+    from specmesh.simulator.pipelines import LOCAL, Profile, SimConfig, simulate
     if args.calibrate is not None:
         out = Path(args.calibrate) if args.calibrate else LOCAL
         profile = calibrate(out, hosts=args.hosts)
