@@ -24,18 +24,22 @@ from pathlib import Path
 
 from specmesh.bench.hosts import Hosts
 
-METHODS = ("pp", "pipedec", "stpp", "pearl", "sd")          # sd: its target split over the two (--tp 2)
+PIPELINES = ("pp", "pipedec", "stpp")
+METHODS = (*PIPELINES, "pearl", "sd", "cosine")     # sd: its target split over the two (--tp 2); cosine: its drafter
 PROMPTS = ("def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\ndef list_files(path):")
 
 
 def options(method: str) -> dict:
-    """The options every run of `method` takes here, measured and simulated alike (pearl's γ fixed: its measured
-    rule chooses by wall-clock times, which a simulation has not got; sd's target split over the ranks)."""
-    return {"gamma": 4} if method == "pearl" else {"tp": 2} if method == "sd" else {"stages": 2}
+    """The options every real run of `method` takes here, as the simulator runs it (pearl's and cosine's γ fixed:
+    their rules choose by wall-clock times, which a simulation has not got; sd's target split over the ranks;
+    cosine's one model drafter in a process of its own)."""
+    from specmesh.simulator.calibration import OPTIONS
+    return ({"pearl": {"gamma": 4}} | OPTIONS).get(method, {"stages": 2})
 
 
 def flags(method: str) -> list[str]:
-    return [flag for k, v in options(method).items() for flag in (f"--{k}", str(v))]
+    return [flag for k, v in options(method).items()
+            for flag in ([f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)]))]
 
 
 def job(method: str, tokens: int, repeat: int, prompts: list[str]) -> None:
@@ -98,10 +102,12 @@ def across_hosts(method: str, tokens: int, rate: str, cpus: list[list[int]] | No
 
 
 def simulated(method: str, tokens: int, rate: str, profile: Path, prompts=PROMPTS) -> list[float]:
-    """`specmesh simulate`'s tokens/s for each prompt, every rank on a host of its own at `rate`."""
+    """`specmesh simulate`'s tokens/s for each prompt, every rank on a host of its own at `rate` (the simulator's
+    defaults are `options`' but for the pipelines' stages)."""
     def rate_of(prompt: str) -> float:
         done = subprocess.run([sys.executable, "-m", "specmesh.cli", "simulate", "--target", "embedded", "--method",
-                               method, *flags(method), "--profile", str(profile), "--link", rate,
+                               method, *(["--stages", "2"] if method in PIPELINES else []), "--profile", str(profile),
+                               "--link", rate,
                                "--max-new-tokens", str(tokens), "--json", "-", prompt],
                               capture_output=True, text=True, timeout=600)
         return checked(done, f"simulate {method}")["tokens_per_s"]

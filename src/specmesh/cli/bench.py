@@ -53,7 +53,8 @@ def add(sub) -> None:
 
     sm = sub.add_parser("simulate", help="pipedec / pp / stpp on a virtual clock for N pipeline stages, pearl's draft "
                         "and target on devices of their own, easyspec / tree for a target split over N devices, "
-                        "sd's target split over hosts (--link), or cosine / sd / tree on a cluster (simulated)")
+                        "sd's target or cosine's drafters over hosts (--link), or cosine / sd / tree on a cluster "
+                        "(simulated)")
     sm.add_argument("prompt", nargs="?", help="the prompt text (or --prompts FILE)")
     sm.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (one JSON object with 'prompt' per line)")
     sm.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts of --prompts")
@@ -96,9 +97,9 @@ def add(sub) -> None:
                     help="with --calibrate: also measure a message's time between two hosts made here (network "
                          "namespaces; needs root), for --link")
     sm.add_argument("--link", type=link_rate, metavar="RATE",
-                    help="pipedec / pp / stpp / pearl, and sd's target split (--tp): every rank on a host of its own, "
-                         "joined by links of RATE (10gbit, 1gbit, 100mbit), with the profile's latency between hosts "
-                         "(--calibrate --hosts)")
+                    help="pipedec / pp / stpp / pearl, sd's target split (--tp) and cosine's drafters: every rank on a "
+                         "host of its own, joined by links of RATE (10gbit, 1gbit, 100mbit), with the profile's "
+                         "latency between hosts (--calibrate --hosts)")
     sm.add_argument("--plot", metavar="OUT.png", type=plot_path,
                     help="simulate all three methods at 7, 14 and 21 stages and plot ms per token against depth")
     add_json(sm)
@@ -177,24 +178,30 @@ def cmd_simulate(args, parser) -> int:
         return 0
     if (args.prompt is None) == (args.prompts is None):
         parser.error("give exactly one of PROMPT or --prompts FILE" + json_took_prompt(args))
-    hosts_split = args.method == "sd" and args.link is not None and not args.concurrency
-    cluster = not hosts_split and (args.method in ("cosine", "sd") or args.concurrency)
+    on_hosts = args.link is not None and not args.concurrency and args.method in ("sd", "cosine")
+    cluster = not on_hosts and (args.method in ("cosine", "sd") or args.concurrency)
     split = args.method in ("easyspec", "tree")
     if args.link is not None and (cluster or split):
-        parser.error(f"--link puts the ranks of pipedec, pp, stpp, pearl and sd --tp on hosts; {args.method}'s "
-                     "simulation has no hosts to put them on: drop --link")
-    if hosts_split and args.tp is not None and len(args.tp) != 1:
+        parser.error(f"--link puts the ranks of pipedec, pp, stpp, pearl, sd --tp and cosine's drafters on hosts; "
+                     f"{args.method}'s simulation has no hosts to put them on: drop --link")
+    if on_hosts and args.method == "sd" and args.tp is not None and len(args.tp) != 1:
         parser.error("sd with --link simulates one split: give one --tp N")
     prompts = [args.prompt] if args.prompt is not None else load_prompts(args.prompts, args.limit)
-    if hosts_split:
-        from specmesh.simulator import split_hosts
+    if on_hosts:
+        from specmesh.simulator import drafter_hosts, split_hosts
         profile = dataclasses.replace(Profile.load(args.profile), link_gbit=args.link)
         profile.hop()                                       # a profile without link_ms: the error now
-        result = split_hosts.simulate(profile, (args.tp or [split_hosts.WORLD])[0], prompts, args.max_new_tokens,
-                                      args.gamma, args.target, args.draft)
-        print(f"[simulated, profile {result['profile']}] sd, its target over {result['tp']} hosts: "
-              f"{result['ms_per_token']:.2f} ms/token, {result['tokens_per_s']:.1f} tokens/s, "
-              f"{result['tokens_per_round']:.3f} tokens/round", file=sys.stderr)
+        if args.method == "sd":
+            result = split_hosts.simulate(profile, (args.tp or [split_hosts.WORLD])[0], prompts, args.max_new_tokens,
+                                          args.gamma, args.target, args.draft)
+            where = f"its target over {result['tp']} hosts"
+        else:
+            result = drafter_hosts.simulate(profile, prompts, args.max_new_tokens, args.target,
+                                            args.drafters or drafter_hosts.DRAFTERS)
+            where = f"its drafters on hosts of their own, gamma {result['gamma']}"
+        print(f"[simulated, profile {result['profile']}] {args.method}, {where}: {result['ms_per_token']:.2f} "
+              f"ms/token, {result['tokens_per_s']:.1f} tokens/s, {result['tokens_per_round']:.3f} tokens/round",
+              file=sys.stderr)
         if args.json:
             write_json(result, args.json)
         return 0

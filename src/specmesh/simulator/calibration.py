@@ -14,18 +14,22 @@ from pathlib import Path
 
 import torch
 
-from specmesh import embedded
-from specmesh.simulator import split_hosts
+from specmesh import catalog, embedded
+from specmesh.simulator import drafter_hosts, split_hosts
 from specmesh.simulator.pipelines import METHODS, Profile, SimConfig, Simulator
 
 STPP_LEVELS, STPP_CHILDREN = 4, 4   # the static tree timed (stpp's defaults)
+OPTIONS = {"sd": {"tp": split_hosts.WORLD, "gamma": split_hosts.GAMMA},        # each real run's, as simulated
+           "cosine": {"drafters": drafter_hosts.DRAFTERS, "gamma": drafter_hosts.GAMMA, "no_scheduler": True,
+                      "drafter_processes": True}}
 
 
 def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, hosts: bool = False,
-              rounds: int = 6, methods=(*METHODS, "sd")) -> dict:
+              rounds: int = 6, methods=(*METHODS, "sd", "cosine")) -> dict:
     """Measure this machine's costs (bfloat16, one thread, as each rank runs) and write the `local` profile;
     `hosts`: also a message's time between two hosts made here (simulator/hop.py); `methods`: the pipelines whose
-    runtime's own work is measured (the others' is 0), and "sd": the costs of `sd --tp 2` (simulator/split_hosts.py).
+    runtime's own work is measured (the others' is 0), "sd": the costs of `sd --tp 2` (simulator/split_hosts.py),
+    "cosine": of its drafters on hosts of their own (simulator/drafter_hosts.py).
     Every cost is the fastest of `rounds` rounds over all of them, and each round also times the methods' real
     runs: a shared machine slows down for seconds at a time, and a slow spell then costs one round of every cost,
     not every round of one, and the real runs and the costs they are set against are taken in the same spells."""
@@ -38,11 +42,14 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, ho
         draft = load_model(embedded.path("draft"), torch.bfloat16, "cpu", draft=True)
         shard = load_model(embedded.path("target"), torch.bfloat16, "cpu", part=(0, split_hosts.WORLD)) \
             if "sd" in methods else None
-        real = {m: running.enter_context(RealRuns(m, **({"tp": split_hosts.WORLD, "gamma": split_hosts.GAMMA}
-                                                         if m == "sd" else {"stages": 2}))) for m in methods}
+        drafters = {catalog.name_of(p): load_model(p, torch.bfloat16, "cpu", draft=True)
+                    for p in catalog.drafters_for(embedded.path("target"), drafter_hosts.DRAFTERS)[0]} \
+            if "cosine" in methods else {}
+        real = {m: running.enter_context(RealRuns(m, **OPTIONS.get(m, {"stages": 2}))) for m in methods}
         costs = []
         for _ in range(rounds):
-            costs.append(_costs(target, draft, counts, context) + (split_hosts.measure(shard, draft) if shard else []))
+            costs.append(_costs(target, draft, counts, context) + (split_hosts.measure(shard, draft) if shard else [])
+                         + drafter_hosts.measure(drafters))
             for runs in real.values():
                 runs.time(RUNS_A_ROUND)
         fastest = [min(c) for c in zip(*costs)]
@@ -55,9 +62,14 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, ho
     profile |= {f"{unit}_ms": real[m].pipeline_work_ms(profile)
                 for unit, m in (("timestep", "pipedec"), ("pass", "pp"), ("round", "stpp")) if m in real}
     if shard is not None:
-        profile["split"] = split_hosts.entry(fastest[6 * len(counts):], shard)
+        profile["split"] = split_hosts.entry(fastest[6 * len(counts):6 * len(counts) + 2 * len(split_hosts.WIDTHS)],
+                                             shard)
         ms, answer = real["sd"].fastest
         profile["split"]["forward_ms"] = split_hosts.forward_work_ms(real["sd"].ids, answer, ms, Profile(**profile))
+    if drafters:
+        profile["drafters"] = drafter_hosts.entry(fastest[-len(drafters) * len(drafter_hosts.WIDTHS):], list(drafters))
+        ms, answer = real["cosine"].fastest
+        profile["drafters"]["read_ms"] = drafter_hosts.read_work_ms(real["cosine"].ids, answer, ms, Profile(**profile))
     if hosts:
         from specmesh.simulator.hop import across_hosts
         profile["link_ms"] = across_hosts()

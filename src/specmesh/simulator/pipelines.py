@@ -60,6 +60,7 @@ class Profile:
     pass_ms: float = 0.0
     round_ms: float = 0.0
     split: dict | None = None               # `sd --tp 2`'s costs (simulator/split_hosts.py)
+    drafters: dict | None = None            # cosine's drafters' costs (simulator/drafter_hosts.py)
 
     def hop(self, nbytes: int = 0) -> float:
         """One message of `nbytes` between ranks: `hop_ms` within a host; across hosts (link_gbit set) the measured
