@@ -98,6 +98,31 @@ def test_sd_with_its_target_split_over_hosts_gives_sds_tokens_and_prices_its_for
     assert priced > forwards * 3.9 and priced <= ms <= priced + 50
 
 
+def test_cosine_with_its_drafters_on_hosts_gives_cosines_tokens_and_prices_its_reads(tmp_path):
+    """`simulate --method cosine --link 1gbit`: the real cosine here (γ fixed, no scheduler), each read of its model
+    drafter priced as a hop (10 ms), its part and a hop back plus 1 ms of the protocol's own work; its forwards
+    0.5 ms."""
+    from specmesh.simulator import drafter_hosts
+    drafters = {"tokens": [1, 64], "ms": {"specmesh-drafter-lib": [0.5, 0.5]}, "read_ms": 1.0}
+    profile = split_profile(tmp_path, drafters=drafters, link_ms=10.0)
+    prompt = "def fibonacci(n):"
+    result = simulate(tmp_path, prompt, "--method", "cosine", "--link", "1gbit", "--profile", str(profile),
+                      "--target", "embedded")
+    cosine = LLM(target="embedded", method="cosine", drafters=drafter_hosts.DRAFTERS, gamma=drafter_hosts.GAMMA,
+                 no_scheduler=True)
+    assert result["tokens"] == cosine.generate(prompt, SamplingParams(max_new_tokens=20)).tokens
+    assert result["simulated"] is True and result["gamma"] == drafter_hosts.GAMMA
+    p = dataclasses.replace(Profile.load(str(profile)), link_gbit=1.0)
+    sim = drafter_hosts.Simulator(p, 20, "embedded")
+    answer, ms, reads = sim(sim.llm.encode(prompt))
+    [priced] = sim.priced.values()
+    assert reads > 0 and priced.ms == 0.5 * priced.forwards and priced.forwards >= reads
+    least = reads * (0.5 + 2 * 10.0 + 1.0)                 # a forward at least, two hops and the protocol's work
+    assert least <= sim.reads.ms <= least + reads * 5.0 and ms >= least + sim.target.ms
+    with pytest.raises(ValueError, match="no costs of cosine's drafters"):
+        drafter_hosts.Simulator(dataclasses.replace(p, drafters=None), 20, "embedded")
+
+
 def test_sd_over_hosts_needs_one_tp_and_a_profile_measured_for_it(tmp_path, capsys):
     def refused(*args) -> str:
         with pytest.raises(SystemExit):
@@ -110,10 +135,10 @@ def test_sd_over_hosts_needs_one_tp_and_a_profile_measured_for_it(tmp_path, caps
                                                              str(split_profile(tmp_path, split=SPLIT)))
 
 
-@pytest.mark.parametrize("method", ["cosine", "tree"])
-def test_link_is_refused_where_the_simulation_has_no_hosts(method, capsys):
+@pytest.mark.parametrize("method, extra", [("cosine", ["--concurrency", "2"]), ("tree", []), ("easyspec", [])])
+def test_link_is_refused_where_the_simulation_has_no_hosts(method, extra, capsys):
     with pytest.raises(SystemExit):
-        main(["simulate", "def f():", "--method", method, "--link", "1gbit"])
+        main(["simulate", "def f():", "--method", method, "--link", "1gbit", *extra])
     assert f"{method}'s simulation has no hosts to put them on: drop --link" in capsys.readouterr().err
 
 
