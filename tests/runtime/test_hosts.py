@@ -202,10 +202,10 @@ def test_the_crossing_bench_takes_each_prompts_fastest_answer_across_hosts():
 
 def test_the_simulator_gives_pp_s_time_per_token_across_hosts_and_the_messages_are_counted(tmp_path):
     """A short `pp` answer across 2 pinned hosts at 1 Gbit, its fastest of 12, against `specmesh simulate --link
-    1gbit` from the costs `pp` needs, measured here first: within a factor of two, which a wrong clock misses (a
-    latency in seconds, bytes taken for bits); the slow test below and the bench hold every method to 25%, which
-    this VM's swings break in a short run (docs/results/2026-12-06-xeon-crossing.md). And the messages between the
-    hosts as rank 0 counts them: per token, the first stage's two (its header and hidden state) and the last's
+    1gbit` from the costs `pp` needs, measured here first: within 0.4-2.5x, which a wrong clock misses (a latency in
+    seconds, a rate taken in Mbit/s) and this VM's slow spells do not (2.0x in one: docs/results/
+    2026-12-06-xeon-crossing-messages.md); the slow test below holds every method to 25%. And the messages between
+    the hosts as rank 0 counts them: per token, the first stage's two (its header and hidden state) and the last's
     token, all on the hosts' own sockets."""
     import os
     from specmesh.bench import crossing
@@ -216,7 +216,7 @@ def test_the_simulator_gives_pp_s_time_per_token_across_hosts_and_the_messages_a
     cpus = [[c] for c in sorted(os.sched_getaffinity(0))[:2]]
     measured = crossing.across_hosts("pp", 32, "1gbit", cpus, repeat=12, prompts=[PROMPT])
     [simulated] = crossing.simulated("pp", 32, "1gbit", profile, prompts=[PROMPT])
-    assert 0.5 <= simulated / measured["tokens_per_s"][0] <= 2.0, (simulated, measured["tokens_per_s"])
+    assert 0.4 <= simulated / measured["tokens_per_s"][0] <= 2.5, (simulated, measured["tokens_per_s"])
     [traffic] = measured["traffic"]
     assert set(traffic["ways"]) == {"socket", "socket bytes"}, traffic
     assert 3 <= traffic["messages"] < 3.2, traffic           # (and the prompt's: a pass more, its end)
