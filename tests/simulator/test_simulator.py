@@ -263,3 +263,9 @@ def test_pipedec_needs_a_draft_with_the_targets_vocabulary(tiny_checkpoint, caps
         with pytest.raises(SystemExit) as exit:
             main(["simulate", "def f():", "--method", "pipedec", "--target", str(tiny_checkpoint), *more])
         assert exit.value.code == 2 and error in capsys.readouterr().err
+
+
+def test_the_crossing_bench_runs_each_method_as_the_simulator_and_its_calibration_do():
+    from specmesh.bench import crossing
+    from specmesh.simulator import calibration
+    assert {m: crossing.OPTIONS[m] for m in calibration.OPTIONS} == calibration.OPTIONS

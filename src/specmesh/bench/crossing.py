@@ -29,12 +29,16 @@ METHODS = (*PIPELINES, "pearl", "sd", "cosine")     # sd: its target split over 
 PROMPTS = ("def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\ndef list_files(path):")
 
 
+OPTIONS = {"pearl": {"gamma": 4}, "sd": {"tp": 2, "gamma": 4},
+           "cosine": {"drafters": "specmesh-drafter-lib,context", "gamma": 4, "no_scheduler": True,
+                      "drafter_processes": True}}
+
+
 def options(method: str) -> dict:
-    """The options every real run of `method` takes here, as the simulator runs it (pearl's and cosine's γ fixed:
-    their rules choose by wall-clock times, which a simulation has not got; sd's target split over the ranks;
-    cosine's one model drafter in a process of its own)."""
-    from specmesh.simulator.calibration import OPTIONS
-    return ({"pearl": {"gamma": 4}} | OPTIONS).get(method, {"stages": 2})
+    """The options every real run of `method` takes here: those `specmesh simulate` runs it with by default
+    (simulator/calibration.py's OPTIONS: pearl's and cosine's γ fixed, as their rules choose by wall-clock times a
+    simulation has not got; sd's target split over the ranks; cosine's one model drafter in a process of its own)."""
+    return OPTIONS.get(method, {"stages": 2})
 
 
 def flags(method: str) -> list[str]:

@@ -20,6 +20,7 @@ from specmesh.simulator.pipelines import METHODS, Profile, SimConfig, Simulator
 
 STPP_LEVELS, STPP_CHILDREN = 4, 4   # the static tree timed (stpp's defaults)
 OPTIONS = {"sd": {"tp": split_hosts.WORLD, "gamma": split_hosts.GAMMA},        # each real run's, as simulated
+                                                                                  # (bench/crossing.py's too)
            "cosine": {"drafters": drafter_hosts.DRAFTERS, "gamma": drafter_hosts.GAMMA, "no_scheduler": True,
                       "drafter_processes": True}}
 
@@ -65,11 +66,13 @@ def calibrate(out: Path, counts=(1, 2, 4, 8, 16, 32, 64), context: int = 256, ho
         profile["split"] = split_hosts.entry(fastest[6 * len(counts):6 * len(counts) + 2 * len(split_hosts.WIDTHS)],
                                              shard)
         ms, answer = real["sd"].fastest
-        profile["split"]["forward_ms"] = split_hosts.forward_work_ms(real["sd"].ids, answer, ms, Profile(**profile))
+        sim = split_hosts.Simulator(Profile(**profile), len(answer.tokens), split_hosts.GAMMA, "embedded", forward_ms=0)
+        profile["split"]["forward_ms"] = split_hosts.own_work_ms(ms, sim, real["sd"].ids)
     if drafters:
         profile["drafters"] = drafter_hosts.entry(fastest[-len(drafters) * len(drafter_hosts.WIDTHS):], list(drafters))
         ms, answer = real["cosine"].fastest
-        profile["drafters"]["read_ms"] = drafter_hosts.read_work_ms(real["cosine"].ids, answer, ms, Profile(**profile))
+        sim = drafter_hosts.Simulator(Profile(**profile), len(answer.tokens), "embedded", read_ms=0)
+        profile["drafters"]["read_ms"] = split_hosts.own_work_ms(ms, sim, real["cosine"].ids)
     if hosts:
         from specmesh.simulator.hop import across_hosts
         profile["link_ms"] = across_hosts()

@@ -107,17 +107,6 @@ class Simulator:
         self.llm.close()
 
 
-def read_work_ms(ids: list[int], answer, real_ms: float, profile: Profile, runs: int = 3) -> float:
-    """The drafter protocol's own work a read: a real answer to `ids` on one host (`real_ms`, the fastest of its
-    runs) less the same answer simulated without it (the fastest of `runs`)."""
-    sim = Simulator(profile, len(answer.tokens), "embedded", read_ms=0.0)
-    try:
-        modelled, reads = min(sim(ids)[1:] for _ in range(runs))
-    finally:
-        sim.close()
-    return max(0.0, (real_ms - modelled) / max(1, reads))
-
-
 def simulate(profile: Profile, prompts: list[str], max_new_tokens: int, target: str | None = None,
              drafters: str = DRAFTERS) -> dict:
     """The JSON of `specmesh simulate --method cosine --link RATE`, aggregated over the prompts (`tokens`: the

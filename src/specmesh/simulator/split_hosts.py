@@ -117,15 +117,15 @@ class Simulator:
         self.llm.close()
 
 
-def forward_work_ms(ids: list[int], answer, real_ms: float, profile: Profile, runs: int = 3) -> float:
-    """The split runtime's own work a target forward: a real answer to `ids` on one host (`real_ms`, the fastest
-    of its runs) less the same answer simulated without it (the fastest of `runs`)."""
-    sim = Simulator(profile, len(answer.tokens), GAMMA, "embedded", forward_ms=0.0)
+def own_work_ms(real_ms: float, sim, ids: list[int], runs: int = 3) -> float:
+    """A runtime's own work per unit the simulator `sim` counts (split_hosts': target forwards; drafter_hosts':
+    reads): a real answer to `ids` on one host (`real_ms`, the fastest of its runs) less the same answer simulated
+    without that work (the fastest of `runs`). Closes `sim`."""
     try:
-        modelled, forwards = min(sim(ids)[1:] for _ in range(runs))
+        modelled, units = min(sim(ids)[1:] for _ in range(runs))
     finally:
         sim.close()
-    return max(0.0, (real_ms - modelled) / max(1, forwards))
+    return max(0.0, (real_ms - modelled) / max(1, units))
 
 
 def simulate(profile: Profile, world: int, prompts: list[str], max_new_tokens: int, gamma: int,
