@@ -165,6 +165,13 @@ def cmd_loadtest(args, parser) -> int:
     return 1 if summary["requests"] and summary["errors"] == summary["requests"] else 0     # none got through
 
 
+def written(result: dict, args) -> int:
+    """A simulation's end: its JSON where --json asks for it; exit status 0."""
+    if args.json:
+        write_json(result, args.json)
+    return 0
+
+
 def cmd_simulate(args, parser) -> int:
     from specmesh.bench.prompts import load_prompts
     from specmesh.simulator.calibration import calibrate
@@ -202,26 +209,20 @@ def cmd_simulate(args, parser) -> int:
         print(f"[simulated, profile {result['profile']}] {args.method}, {where}: {result['ms_per_token']:.2f} "
               f"ms/token, {result['tokens_per_s']:.1f} tokens/s, {result['tokens_per_round']:.3f} tokens/round",
               file=sys.stderr)
-        if args.json:
-            write_json(result, args.json)
-        return 0
+        return written(result, args)
     if cluster:
         from specmesh.simulator.cluster import ClusterProfile, print_cluster, simulate_cluster
         methods = [args.method] + [m for m in ("sd",) if m != args.method]
         result = simulate_cluster(methods, args.concurrency or 8, ClusterProfile.load(args.profile), prompts,
                                   args.max_new_tokens, args.target, args.draft, args.drafters)
         print_cluster(result, sys.stderr if args.json == "-" else sys.stdout)
-        if args.json:
-            write_json(result, args.json)
-        return 0
+        return written(result, args)
     if split:
         from specmesh.simulator.split_target import TPProfile, print_tp, simulate_tp
-        result = simulate_tp(args.method, args.tp or [2, 4, 8], TPProfile.load(args.profile), prompts, args.max_new_tokens,
-                             args.target, args.draft, args.calibration)
+        result = simulate_tp(args.method, args.tp or [2, 4, 8], TPProfile.load(args.profile), prompts,
+                             args.max_new_tokens, args.target, args.draft, args.calibration)
         print_tp(result, sys.stderr if args.json == "-" else sys.stdout)
-        if args.json:
-            write_json(result, args.json)
-        return 0
+        return written(result, args)
     pipedec, stpp = CARDS["pipedec"].defaults, CARDS["stpp"].defaults
     paper = args.profile == "gpu-cluster"
     profile = Profile.load(args.profile)
@@ -238,23 +239,17 @@ def cmd_simulate(args, parser) -> int:
         print(f"[simulated, profile {result['profile']}] pearl, gamma {args.gamma}: {result['ms_per_token']:.2f} "
               f"ms/token, {result['tokens_per_s']:.1f} tokens/s, {result['tokens_per_timestep']:.3f} tokens/round",
               file=sys.stderr)
-        if args.json:
-            write_json(result, args.json)
-        return 0
+        return written(result, args)
     if args.plot:
         from specmesh.simulator.pipelines import sweep_plot
         table = sweep_plot(cfg, prompts, args.plot)
         for method, ms in table["ms_per_token"].items():
             print(f"[simulated] {method:8} " + "  ".join(f"{n} stages {v:7.2f} ms/token"
                                                          for n, v in zip(table["stages"], ms)), file=sys.stderr)
-        if args.json:
-            write_json(table, args.json)
-        return 0
+        return written(table, args)
     result = simulate(cfg, prompts)
     print(f"[simulated, profile {result['profile']}] {args.method} on {args.stages} stages: "
           f"{result['ms_per_token']:.2f} ms/token, {result['tokens_per_s']:.1f} tokens/s, "
           f"{result['tokens_per_timestep']:.3f} tokens/timestep"
           + (f", hit rate {result['hit_rate']:.3f}" if result["hit_rate"] is not None else ""), file=sys.stderr)
-    if args.json:
-        write_json(result, args.json)
-    return 0
+    return written(result, args)

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from specmesh.simulator.pipelines import Profile
-from specmesh.simulator.split_hosts import Priced
+from specmesh.simulator.split_hosts import Priced, answered
 
 WIDTHS = (1, 2, 4, 8, 16, 32)           # the drafters' forward widths the profile measures
 DRAFTERS = "specmesh-drafter-lib,context"   # the embedded target's: a model drafter (a host of its own) and the context
@@ -112,12 +112,4 @@ def simulate(profile: Profile, prompts: list[str], max_new_tokens: int, target: 
     """The JSON of `specmesh simulate --method cosine --link RATE`, aggregated over the prompts (`tokens`: the
     first's)."""
     sim = Simulator(profile, max_new_tokens, target, drafters)
-    try:
-        runs = [sim(ids)[:2] for ids in map(sim.llm.encode, prompts)]
-    finally:
-        sim.close()
-    tokens, ms = sum(len(a.tokens) for a, _ in runs), sum(ms for _, ms in runs)
-    rounds = sum(a.stats.verifications for a, _ in runs)
-    return {"method": "cosine", "drafters": drafters, "gamma": GAMMA, "simulated": True, "profile": profile.name,
-            "ms_per_token": ms / tokens, "tokens_per_s": 1000 * tokens / ms, "tokens_per_round": tokens / rounds,
-            "tokens": runs[0][0].tokens}
+    return {"method": "cosine", "drafters": drafters, "gamma": GAMMA} | answered(sim, prompts, profile)

@@ -135,12 +135,17 @@ def simulate(profile: Profile, world: int, prompts: list[str], max_new_tokens: i
         raise ValueError(f"the profile's split target is measured over {profile.split['world']} ranks, not {world}: "
                          f"--tp {profile.split['world']}")
     sim = Simulator(profile, max_new_tokens, gamma, target, draft)
+    return {"method": "sd", "tp": world, "gamma": gamma} | answered(sim, prompts, profile)
+
+
+def answered(sim, prompts: list[str], profile: Profile) -> dict:
+    """A simulator's (split_hosts', drafter_hosts') answers to `prompts`, aggregated: the JSON's common part
+    (`tokens`: the first prompt's). Closes `sim`."""
     try:
         runs = [sim(ids)[:2] for ids in map(sim.llm.encode, prompts)]
     finally:
         sim.close()
     tokens, ms = sum(len(a.tokens) for a, _ in runs), sum(ms for _, ms in runs)
     rounds = sum(a.stats.verifications for a, _ in runs)
-    return {"method": "sd", "tp": world, "simulated": True, "profile": profile.name, "gamma": gamma,
-            "ms_per_token": ms / tokens, "tokens_per_s": 1000 * tokens / ms, "tokens_per_round": tokens / rounds,
-            "tokens": runs[0][0].tokens}
+    return {"simulated": True, "profile": profile.name, "ms_per_token": ms / tokens, "tokens_per_s": 1000 * tokens / ms,
+            "tokens_per_round": tokens / rounds, "tokens": runs[0][0].tokens}
