@@ -234,11 +234,11 @@ class Link:
         `mailbox=False`: on this host through gloo whatever the size (job messages, for which a rank waits idle);
         to another host a message that fits goes on its socket either way."""
         tensor = tensor.contiguous()
-        self._count(dst, tensor.nbytes, mailbox)
-        if self.by_socket(dst, tensor.nbytes):              # in the kernel's buffer once sent
+        way = self._way(dst, tensor.nbytes, mailbox)
+        if way == "socket":                                 # in the kernel's buffer once sent
             self._by_socket(lambda: self.sockets.send(dst, memoryview(as_bytes(tensor))), dst)
             return None if wait else (lambda: None)
-        if mailbox and self.by_mailbox(dst, tensor.nbytes):
+        if way == "mailbox":
             box, data = self.outbox[dst], as_bytes(tensor)
             if self.boxes:                  # it computes once this arrives: free its core now
                 self.boxes.busy[dst] = self.boxes.threads[dst]
@@ -258,12 +258,12 @@ class Link:
         """Fill `tensor` from `src`, waiting at most the link's timeout (`idle`: as long as it takes,
         for a rank waiting for its next job; a peer's death still ends the wait at once).
         `mailbox` as in `send`: both ends must agree."""
-        self._count(src, tensor.nbytes, mailbox)
-        if self.by_socket(src, tensor.nbytes):
+        way = self._way(src, tensor.nbytes, mailbox)
+        if way == "socket":
             out = memoryview(as_bytes(tensor))
             self._by_socket(lambda: self.sockets.recv_into(src, out, None if idle else self.timeout_s), src)
             return tensor
-        if mailbox and self.by_mailbox(src, tensor.nbytes):
+        if way == "mailbox":
             box, out = self.inbox[src], as_bytes(tensor)
             self._poll(lambda: box.get(out), src, math.inf if idle else self.timeout_s, box, WRITTEN)
             return tensor
@@ -271,11 +271,13 @@ class Link:
         self._wait(work, src, None if idle else self.timeout_s)
         return tensor
 
-    def _count(self, peer: int, nbytes: int, mailbox: bool) -> None:
+    def _way(self, peer: int, nbytes: int, mailbox: bool) -> str:
+        """How a message of `nbytes` to or from `peer` goes ("socket", "mailbox" or "gloo"), counted in `traffic`."""
         way = "socket" if self.by_socket(peer, nbytes) else "mailbox" if mailbox and self.by_mailbox(peer, nbytes) \
             else "gloo"
         self.traffic[way] += 1
         self.traffic[f"{way} bytes"] += nbytes
+        return way
 
     def _poll(self, ready: Callable, peer: int, timeout_s: float, box: Mailbox, counter: int):
         """Poll `ready()` until it returns something true (returned); after SPIN_S, sleep until
