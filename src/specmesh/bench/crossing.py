@@ -1,7 +1,8 @@
 """The cost of crossing hosts: each multi-process method on one host and across two hosts made here (bench/hosts.py,
 one core each, pinned), at each link rate, with `specmesh simulate`'s figure for the same link beside it.
 
-    python -m specmesh.bench.crossing --rates 10gbit,1gbit --json docs/results/crossing.json
+    specmesh bench --link 10gbit,1gbit --json crossing.json --plot crossing.png
+    python -m specmesh.bench.crossing --rates 10gbit,1gbit --json crossing.json       # the same
 
 Every figure is a real run of the method (bfloat16, the embedded models, greedy; `pearl` with γ fixed, as the
 simulator runs it) but the simulated ones, which run the real algorithm on a virtual clock from a profile measured here
@@ -118,7 +119,7 @@ def simulated(method: str, tokens: int, rate: str, profile: Path, prompts=PROMPT
     return [rate_of(p) for p in prompts]
 
 
-def run(rates: list[str], tokens: int, methods=METHODS, repeat: int = 5) -> dict:
+def run(rates: list[str], tokens: int, methods=METHODS, repeat: int = 5, prompts=PROMPTS) -> dict:
     cores = sorted(os.sched_getaffinity(0))[:2]
     if len(cores) < 2:
         raise ValueError("the crossing bench needs two cores (one per host)")
@@ -129,21 +130,21 @@ def run(rates: list[str], tokens: int, methods=METHODS, repeat: int = 5) -> dict
         link_ms = json.loads(profile.read_text())["link_ms"]
         rows = []
         for method in methods:
-            alone = statistics.median(one_host(method, tokens, ",".join(map(str, cores)), repeat)["tokens_per_s"])
+            alone = one_host(method, tokens, ",".join(map(str, cores)), repeat, prompts)["tokens_per_s"]
             for rate in rates:
-                hosts = across_hosts(method, tokens, rate, [[c] for c in cores], repeat)
-                row = {"method": method, "rate": rate, "one_host_tokens_per_s": alone,
+                hosts = across_hosts(method, tokens, rate, [[c] for c in cores], repeat, prompts)
+                row = {"method": method, "rate": rate, "one_host_tokens_per_s": statistics.median(alone),
                        "hosts_tokens_per_s": statistics.median(hosts["tokens_per_s"]),
                        "messages_per_token": statistics.median(t["messages"] for t in hosts["traffic"]),
                        "bytes_per_token": statistics.median(t["bytes"] for t in hosts["traffic"]),
-                       "simulated_tokens_per_s": statistics.median(simulated(method, tokens, rate, profile))}
+                       "simulated_tokens_per_s": statistics.median(simulated(method, tokens, rate, profile, prompts))}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     return {"what": "the embedded models in bfloat16, greedy, 2 processes: one host (both cores) vs 2 hosts (network "
                     "namespaces on this machine, one core each, pinned; tbf at each rate); the median over the "
                     "prompts of each prompt's fastest answer; the messages between the hosts (either way) and "
                     "their bytes per token given, as rank 0 counts them",
-            "tokens": tokens, "repeat": repeat, "prompts": list(PROMPTS), "link_ms": link_ms, "rows": rows}
+            "tokens": tokens, "repeat": repeat, "prompts": list(prompts), "link_ms": link_ms, "rows": rows}
 
 
 def table(result: dict) -> str:
@@ -155,6 +156,33 @@ def table(result: dict) -> str:
                      f"{r['one_host_tokens_per_s']:.0f} | {r['hosts_tokens_per_s']:.0f} | {sim:.0f} | "
                      f"{sim / r['hosts_tokens_per_s']:.2f} |")
     return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> None:
+    """Tokens per second per method: one host, then across the hosts at each rate, measured and simulated."""
+    from specmesh.bench.report import pyplot
+    plt = pyplot()
+    methods = list(dict.fromkeys(r["method"] for r in result["rows"]))
+    rates = list(dict.fromkeys(r["rate"] for r in result["rows"]))
+    row = {(r["method"], r["rate"]): r for r in result["rows"]}
+    colors = ["#3a7", "#37a", "#a73", "#a37"]
+    bars = [("1 host", [row[m, rates[0]]["one_host_tokens_per_s"] for m in methods], "#888", None)]
+    for k, rate in enumerate(rates):
+        bars += [(rate, [row[m, rate]["hosts_tokens_per_s"] for m in methods], colors[k % len(colors)], None),
+                 (f"{rate} simulated", [row[m, rate]["simulated_tokens_per_s"] for m in methods],
+                  colors[k % len(colors)], "//")]
+    fig, ax = plt.subplots(figsize=(2 + 1.4 * len(methods), 3.6))
+    width = 0.8 / len(bars)
+    for i, (label, values, color, hatch) in enumerate(bars):
+        xs = [j + (i - (len(bars) - 1) / 2) * width for j in range(len(methods))]
+        ax.bar(xs, values, width, label=label, color=color, hatch=hatch, edgecolor="white")
+    ax.set_xticks(range(len(methods)), methods)
+    ax.set_ylabel("tokens / s")
+    ax.set_title("one host vs two hosts (one core each), measured and simulated", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

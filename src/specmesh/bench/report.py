@@ -54,14 +54,20 @@ def print_table(result: dict, file=sys.stdout) -> None:
                   f"gamma = {m['gamma']} (mean over rounds); mat = accepted drafts per drafting phase", file=file)
 
 
-def plot(result: dict, path: str) -> None:
-    """Two bar charts: speedup over ar and tokens per target forward, per method."""
+def pyplot():
+    """matplotlib.pyplot drawing to files, or a ValueError saying how to install it."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise ValueError("--plot needs matplotlib: pip install -e .[plot]") from None
+    return plt
+
+
+def plot(result: dict, path: str) -> None:
+    """Two bar charts: speedup over ar and tokens per target forward, per method."""
+    plt = pyplot()
     names = list(result["methods"])
     fig, axes = plt.subplots(1, 2, figsize=(4 + 1.2 * len(names), 3.6))
     for ax, key, title in ((axes[0], "speedup_vs_ar", "tokens/s vs ar"),

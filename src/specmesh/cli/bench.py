@@ -32,6 +32,11 @@ def add(sub) -> None:
     add_json(b)
     b.add_argument("--plot", metavar="OUT.png", type=plot_path,
                    help="draw speedup and tokens per target forward per method")
+    b.add_argument("--link", type=link_rates, metavar="RATE[,RATE...]",
+                   help="the multi-process methods (default: pp, pipedec, stpp, pearl, sd --tp 2, cosine's drafter "
+                        "process) on one host and across two hosts made here at each link rate (network namespaces, "
+                        "one core each; needs root), `specmesh simulate`'s figure beside each: the embedded pair in "
+                        "bfloat16, each prompt's fastest of 5 answers (docs/hosts.md)")
     b.add_argument("--layer-similarity", action="store_true",
                    help="instead of timing methods: how fuzzy easyspec's layer groups of 2, 3 and 4 are for the draft "
                         "(mean cosine of a layer's exact input and attention output with the group's, on the prompts)")
@@ -119,9 +124,19 @@ def link_rate(text: str) -> float:
     raise argparse.ArgumentTypeError(f"{text!r} is not a link rate like 10gbit, 1gbit or 100mbit")
 
 
+def link_rates(text: str) -> list[str]:
+    """--link's comma-separated rates, each checked by link_rate and kept as tc writes it."""
+    rates = [r.strip() for r in text.split(",") if r.strip()]
+    for rate in rates or [text]:
+        link_rate(rate)
+    return rates
+
+
 def cmd_bench(args, parser) -> int:
     from specmesh.bench.runner import BenchConfig, run_bench
     from specmesh.bench.report import print_table
+    if args.link:
+        return bench_across_hosts(args, parser)
     methods = [m.strip() for m in (args.methods or ("ar" if args.quant else "ar,hf")).split(",") if m.strip()]
     if not methods:
         parser.error("--methods is empty")
@@ -143,6 +158,34 @@ def cmd_bench(args, parser) -> int:
     if args.plot:
         from specmesh.bench.report import plot
         plot(result, args.plot)
+    return 0
+
+
+def bench_across_hosts(args, parser) -> int:
+    """bench --link: bench/crossing.py's runs, on the embedded pair (the simulator's profile is measured on it)."""
+    from specmesh.bench import crossing
+    from specmesh.bench.prompts import load_prompts
+    from specmesh.bench.hosts import HostsError
+    methods = [m.strip() for m in (args.methods or ",".join(crossing.METHODS)).split(",") if m.strip()]
+    if not set(methods) <= set(crossing.METHODS):
+        parser.error(f"--link runs {', '.join(crossing.METHODS)} across hosts, not "
+                     f"{', '.join(m for m in methods if m not in crossing.METHODS)}")
+    taken = [flag for flag, given in (("--target", args.target), ("--draft", args.draft), ("--quant", args.quant),
+                                      ("--tp", args.tp > 1)) if given]
+    taken += [f"--{k.replace('_', '-')}" for k in method_options(args)]
+    if taken:
+        parser.error(f"--link runs the embedded pair in bfloat16 with the options `specmesh simulate` prices "
+                     f"(docs/hosts.md); {', '.join(taken)} cannot go with it")
+    prompts = load_prompts(args.prompts, args.limit, None) if args.prompts else crossing.PROMPTS[:args.limit]
+    try:
+        result = crossing.run(args.link, args.max_new_tokens, methods, prompts=prompts)
+    except (HostsError, ValueError) as e:
+        parser.error(str(e))
+    print(crossing.table(result), file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.json:
+        write_json(result, args.json)
+    if args.plot:
+        crossing.plot(result, args.plot)
     return 0
 
 

@@ -228,12 +228,8 @@ def simulate(cfg: SimConfig, prompts: list[str]) -> dict:
 
 def sweep_plot(base: SimConfig, prompts: list[str], path: str, depths=(7, 14, 21)) -> dict:
     """Simulated ms per token against pipeline depth for the three methods, drawn to `path`."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ValueError("--plot needs matplotlib: pip install -e .[plot]") from None
+    from specmesh.bench.report import pyplot
+    plt = pyplot()
     table = {m: [simulate(dataclasses.replace(base, method=m, stages=n), prompts)["ms_per_token"] for n in depths]
              for m in METHODS}
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
