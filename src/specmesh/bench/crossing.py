@@ -168,9 +168,10 @@ def plot(result: dict, path: str) -> None:
     colors = ["#3a7", "#37a", "#a73", "#a37"]
     bars = [("1 host", [row[m, rates[0]]["one_host_tokens_per_s"] for m in methods], "#888", None)]
     for k, rate in enumerate(rates):
-        bars += [(rate, [row[m, rate]["hosts_tokens_per_s"] for m in methods], colors[k % len(colors)], None),
-                 (f"{rate} simulated", [row[m, rate]["simulated_tokens_per_s"] for m in methods],
-                  colors[k % len(colors)], "//")]
+        color = colors[k % len(colors)]
+        bars += [(f"2 hosts, {rate}", [row[m, rate]["hosts_tokens_per_s"] for m in methods], color, None),
+                 (f"2 hosts, {rate}, simulated", [row[m, rate]["simulated_tokens_per_s"] for m in methods], color,
+                  "//")]
     fig, ax = plt.subplots(figsize=(2 + 1.4 * len(methods), 3.6))
     width = 0.8 / len(bars)
     for i, (label, values, color, hatch) in enumerate(bars):

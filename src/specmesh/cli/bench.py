@@ -171,7 +171,9 @@ def bench_across_hosts(args, parser) -> int:
         parser.error(f"--link runs {', '.join(crossing.METHODS)} across hosts, not "
                      f"{', '.join(m for m in methods if m not in crossing.METHODS)}")
     taken = [flag for flag, given in (("--target", args.target), ("--draft", args.draft), ("--quant", args.quant),
-                                      ("--tp", args.tp > 1)) if given]
+                                      ("--tp", args.tp > 1), ("--dtype", args.dtype not in ("auto", "bfloat16")),
+                                      ("--device", args.device != "cpu"), ("--threads", args.threads),
+                                      ("--peer-weights", args.peer_weights != "file")) if given]
     taken += [f"--{k.replace('_', '-')}" for k in method_options(args)]
     if taken:
         parser.error(f"--link runs the embedded pair in bfloat16 with the options `specmesh simulate` prices "
