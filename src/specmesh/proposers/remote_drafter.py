@@ -21,7 +21,7 @@ from specmesh.engine.stats import Stats
 from specmesh.model.loader import DTYPES, load_model
 from specmesh.proposers.draft_model import DraftModel
 from specmesh.proposers.fused_drafters import Candidates, Drafter
-from specmesh.runtime.link import Link, PeerError, connect
+from specmesh.runtime.link import Link, PeerError, connect, lending_wanted
 from specmesh.timing import share_of_cores
 
 SERVE = f"{__name__}:DrafterServer"
@@ -146,7 +146,7 @@ class DrafterPool:
               timeout: float = TIMEOUT_S) -> "DrafterPool":
         config = {"serve": SERVE, "drafters": [str(p) for p in paths], "dtype": str(dtype).split(".")[-1],
                   "device": device, "quant": quant, "timeout": timeout, "threads": share_of_cores(len(paths) + 1)}
-        return cls(connect(roles(len(paths)), config, timeout), window)
+        return cls(connect(roles(len(paths)), config, timeout, lend=lending_wanted()), window)
 
     def drafters(self, rows: int, max_len: int) -> list[RemoteDrafter]:
         """A drafter handle per process, each with `rows` fresh cache rows (`dead` where its process is gone)."""

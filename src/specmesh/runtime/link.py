@@ -21,11 +21,11 @@ mailboxes (`Mailboxes`): the receiver polls, so nothing waits for a thread to be
 its core at each poll to any thread that can run (with more ranks than cores, as cosine's drafter
 processes beside a verifier on 2 cores, polling without yielding made its steps 5x slower), and
 after SPIN_S sleeps on a futex that the sender wakes (a rank waiting long burns no core).
-Ranks that take turns (`lend`: the pipelines' ranks) lend their cores while they wait: a waiting
-rank sleeps at once (after LEND_SPIN_S) and says so in shared memory (`Mailboxes.busy`), the kernels'
-pool (csrc/pool.c) runs the computing rank's loops on the cores no busy rank holds, and a rank that
-sends a waiting rank its message marks it busy first, so that a borrowed core is free by the time its
-owner wakes.
+Ranks that take turns (`lend`: a pipeline's ranks, pearl's two, cosine's verifier and drafter processes) lend their
+cores while they wait: a waiting rank sleeps at once (after LEND_SPIN_S) and says so in shared memory
+(`Mailboxes.busy`), the kernels' pool (csrc/pool.c) runs the computing rank's loops on the cores no busy rank holds,
+and a rank that sends a waiting rank its message marks it busy first, so that a borrowed core is free by the time
+its owner wakes.
 Through gloo a message had a long tail while both cores computed (gloo's I/O thread waits for
 a core), which cost PipeDec's pipeline time every timestep (docs/pipelines.md). Between hosts, messages of up to
 SOCKET_BYTES go on a TCP connection of each pair's own (runtime/sockets.py), for the same reason (docs/hosts.md).
