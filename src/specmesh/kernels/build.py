@@ -4,12 +4,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import os
 import platform
 import re
 import shutil
 import subprocess
 import tempfile
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -78,12 +80,15 @@ def kernel_lib() -> ctypes.CDLL | None:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             out = Path(tmp) / lib.name
+            built = compiled(Path(tmp), omp[:1])
             base = [SOURCE, POOL_SOURCE, BLOCKS_SOURCE]
-            for files in (base + [AVX512_SOURCE, BLOCKS512_SOURCE, BLOCKS_AMX_SOURCE], base + [AVX512_SOURCE, BLOCKS512_SOURCE],
-                          base):
+            wide = base + [AVX512_SOURCE, BLOCKS512_SOURCE]
+            for files in (wide + [BLOCKS_AMX_SOURCE], wide, base):
                 # without the AMX int8 tiles, then without AVX-512 too, where gcc is too old for them
-                build = subprocess.run(["gcc", "-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", *map(str, files),
-                                        "-o", str(out), *omp, "-lm", "-lpthread"], capture_output=True, text=True)
+                failed = [built[f] for f in files if built[f].returncode]
+                build = failed[0] if failed else subprocess.run(
+                    ["gcc", "-shared", *[str(Path(tmp) / f"{f.stem}.o") for f in files], "-o", str(out), *omp, "-lm",
+                     "-lpthread"], capture_output=True, text=True)
                 if build.returncode == 0:
                     break
             else:
@@ -97,6 +102,17 @@ def kernel_lib() -> ctypes.CDLL | None:
         kernel.use_vnni(int(vnni_products(kernel)))
         kernel.use_tiles(int(tile_products(kernel)))
     return kernel
+
+
+def compiled(folder: Path, flags: list[str]) -> dict[Path, subprocess.CompletedProcess]:
+    """Each source of csrc/ compiled to folder/NAME.o, as many at once as there are cores (gcc takes one each), the
+    longest first; source -> its gcc run."""
+    sources = [AVX512_SOURCE, BLOCKS512_SOURCE, SOURCE, BLOCKS_SOURCE, BLOCKS_AMX_SOURCE, POOL_SOURCE]
+    with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
+        runs = {f: pool.submit(subprocess.run, ["gcc", "-O3", "-mavx2", "-mfma", "-mf16c", "-fPIC", *flags, "-c",
+                                                str(f), "-o", str(folder / f"{f.stem}.o")], capture_output=True,
+                               text=True) for f in sources}
+    return {f: run.result() for f, run in runs.items()}
 
 
 SCALARS = {"void": None, "int": ctypes.c_int, "float": ctypes.c_float, "double": ctypes.c_double,
