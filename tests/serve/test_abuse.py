@@ -96,7 +96,7 @@ def abused_clients(url) -> list[tuple[str, float, float]]:
 
 def test_well_behaved_clients_keep_their_outputs_and_pace_under_abuse(server):
     """Calm and abused runs alternate, and the fastest of each counts: a shared machine's speed drifts by up to
-    2x within seconds, which is not what the abuse costs. A slow spell that hides the abuse's true cost gets more
+    2x within seconds, which is not what the abuse costs. A slow spell that falls on the abused runs gets more
     rounds, up to MAX_ROUNDS; an abuse that really doubles the time per token fails every one."""
     solo = [stream(server, p)[0] for p in GOOD]
     runs = {"calm": [], "abused": []}
