@@ -195,6 +195,15 @@ def test_a_server_whose_method_lost_a_host_answers_503_naming_it():
         assert status == 503 and body["error"]["code"] == "peer_lost" and " on host1)" in body["error"]["message"], said
 
 
+def faster_of_two(measure, low: float, high: float) -> tuple[dict, float]:
+    """measure() -> (an answer's figures across the hosts, the simulated tokens/s for it). Where a slow spell takes
+    the simulated / measured ratio out of [low, high], once more: each side's faster figure counts."""
+    runs = [measure()]
+    if not low <= runs[0][1] / runs[0][0]["tokens_per_s"][0] <= high:
+        runs.append(measure())
+    return max((m for m, _ in runs), key=lambda m: m["tokens_per_s"][0]), max(s for _, s in runs)
+
+
 def test_the_simulator_gives_pp_s_time_per_token_across_hosts_and_the_messages_are_counted(tmp_path):
     """A short `pp` answer across 2 pinned hosts at 1 Gbit, its fastest of 8, against `specmesh simulate --link
     1gbit` from the costs `pp` needs, measured here first: within 0.4-2.5x, which a wrong clock misses (a latency in
@@ -202,26 +211,21 @@ def test_the_simulator_gives_pp_s_time_per_token_across_hosts_and_the_messages_a
     2026-12-06-xeon-crossing-messages.md); the slow test below holds every method to 25%. And the messages between
     the hosts as rank 0 counts them: per token, the first stage's two (its header and hidden state) and the last's
     token, all on the hosts' own sockets. The answer (bench/crossing.py's job under torchrun) is `ar`'s (bfloat16:
-    its own `ar` beside it). Where a slow spell takes one side out of the bounds, both are measured once more and
-    each side's faster figure counts."""
+    its own `ar` beside it)."""
     import os
     from specmesh.bench import crossing
     profile = tmp_path / "profile.json"
     cpus = [[c] for c in sorted(os.sched_getaffinity(0))[:2]]
 
-    def measured_and_simulated() -> tuple[dict, float]:
+    def measure() -> tuple[dict, float]:
         subprocess.run([sys.executable, "-c", "import sys, pathlib\nfrom specmesh.simulator.calibration import "
                         "calibrate\ncalibrate(pathlib.Path(sys.argv[1]), counts=(1, 8), hosts=True, rounds=2, "
                         "methods=('pp',))", str(profile)], check=True, capture_output=True)   # (this process idle)
         measured = crossing.across_hosts("pp", 32, "1gbit", cpus, repeat=8, prompts=[PROMPT])
         return measured, crossing.simulated("pp", 32, "1gbit", profile, prompts=[PROMPT])[0]
 
-    runs = [measured_and_simulated()]
-    if not 0.4 <= runs[0][1] / runs[0][0]["tokens_per_s"][0] <= 2.5:
-        runs.append(measured_and_simulated())
-    measured = max((m for m, _ in runs), key=lambda m: m["tokens_per_s"][0])
-    simulated = max(s for _, s in runs)
-    assert 0.4 <= simulated / measured["tokens_per_s"][0] <= 2.5, runs
+    measured, simulated = faster_of_two(measure, 0.4, 2.5)
+    assert 0.4 <= simulated / measured["tokens_per_s"][0] <= 2.5, (simulated, measured["tokens_per_s"])
     [traffic] = measured["traffic"]
     assert set(traffic["ways"]) == {"socket", "socket bytes"}, traffic
     assert 3 <= traffic["messages"] < 3.2, traffic           # (and the prompt's: a pass more, its end)
@@ -232,21 +236,32 @@ def test_the_simulator_gives_pp_s_time_per_token_across_hosts_and_the_messages_a
 
 @pytest.mark.slow
 def test_the_simulator_gives_the_time_per_token_measured_across_hosts(tmp_path):
-    """pp, pipedec, stpp, pearl and sd --tp 2 over 2 hosts (one core each) at 1 Gbit, measured, and `specmesh
+    """pp, pipedec, stpp, pearl, sd --tp 2 and cosine over 2 hosts (one core each) at 1 Gbit, measured, and `specmesh
     simulate --link 1gbit` with a profile measured here first: within 25%. A shared machine slows down for seconds at
     a time, so each side takes what it does undisturbed: the profile each cost's fastest of its rounds, the measured
-    side each method's fastest of 16 answers, spread out (bench/crossing.py). About 3 minutes; `slow` while the VMs
-    it runs on
-    swing too far for that (pp's answers across these hosts ran at 89 to 344 tokens/s within a minute on one:
-    docs/hosts.md)."""
+    side each method's fastest of 16 answers, spread out (bench/crossing.py), and a method out of bounds both
+    once more (the profile measured again). Several minutes; `slow` while the VMs it runs on swing too far for it
+    (pp's answers across these hosts ran at 89 to 344 tokens/s within a minute on one: docs/hosts.md)."""
     import os
     from specmesh.bench import crossing
     profile = tmp_path / "profile.json"                 # (measured in a process of its own: this one stays idle)
-    subprocess.run(["specmesh", "simulate", "--calibrate", str(profile), "--hosts"], check=True, capture_output=True)
     cpus = [[c] for c in sorted(os.sched_getaffinity(0))[:2]]
+
+    def calibrate() -> None:
+        subprocess.run(["specmesh", "simulate", "--calibrate", str(profile), "--hosts"], check=True,
+                       capture_output=True)
+
+    calibrate()
     for method in crossing.METHODS:
-        measured = crossing.across_hosts(method, 32, "1gbit", cpus, repeat=16, prompts=[PROMPT])
-        [simulated] = crossing.simulated(method, 32, "1gbit", profile, prompts=[PROMPT])
+        again = iter([False, True])
+
+        def measure() -> tuple[dict, float]:
+            if next(again):
+                calibrate()
+            measured = crossing.across_hosts(method, 32, "1gbit", cpus, repeat=16, prompts=[PROMPT])
+            return measured, crossing.simulated(method, 32, "1gbit", profile, prompts=[PROMPT])[0]
+
+        measured, simulated = faster_of_two(measure, 0.75, 1.25)
         assert 0.75 <= simulated / measured["tokens_per_s"][0] <= 1.25, (method, simulated, measured["tokens_per_s"])
 
 
