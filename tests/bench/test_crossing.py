@@ -12,6 +12,7 @@ from specmesh.bench import crossing
 @pytest.mark.parametrize("argv, said", [
     (["--link", "1gbit", "--methods", "pp,ar"], "runs pp, pipedec, stpp, pearl, sd, cosine across hosts, not ar"),
     (["--link", "1gb"], "'1gb' is not a link rate like 10gbit, 1gbit or 100mbit"),
+    (["--link", "1gbit", "--methods", ","], "--methods is empty"),
     (["--link", "1gbit", "--target", "gemma3-270m"], "--target cannot go with it"),
     (["--link", "1gbit", "--tp", "2", "--gamma", "3"], "--tp, --gamma cannot go with it"),
     (["--link", "1gbit", "--dtype", "float32", "--threads", "1"], "--dtype, --threads cannot go with it"),

@@ -124,9 +124,14 @@ def link_rate(text: str) -> float:
     raise argparse.ArgumentTypeError(f"{text!r} is not a link rate like 10gbit, 1gbit or 100mbit")
 
 
+def listed(text: str) -> list[str]:
+    """A comma-separated option's items, stripped, empty ones left out."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def link_rates(text: str) -> list[str]:
     """--link's comma-separated rates, each checked by link_rate and kept as tc writes it."""
-    rates = [r.strip() for r in text.split(",") if r.strip()]
+    rates = listed(text)
     for rate in rates or [text]:
         link_rate(rate)
     return rates
@@ -137,7 +142,7 @@ def cmd_bench(args, parser) -> int:
     from specmesh.bench.report import print_table
     if args.link:
         return bench_across_hosts(args, parser)
-    methods = [m.strip() for m in (args.methods or ("ar" if args.quant else "ar,hf")).split(",") if m.strip()]
+    methods = listed(args.methods or ("ar" if args.quant else "ar,hf"))
     if not methods:
         parser.error("--methods is empty")
     warn_unused(args, methods)
@@ -166,7 +171,9 @@ def bench_across_hosts(args, parser) -> int:
     from specmesh.bench import crossing
     from specmesh.bench.prompts import load_prompts
     from specmesh.bench.hosts import HostsError
-    methods = [m.strip() for m in (args.methods or ",".join(crossing.METHODS)).split(",") if m.strip()]
+    methods = listed(args.methods or ",".join(crossing.METHODS))
+    if not methods:
+        parser.error("--methods is empty")
     if not set(methods) <= set(crossing.METHODS):
         parser.error(f"--link runs {', '.join(crossing.METHODS)} across hosts, not "
                      f"{', '.join(m for m in methods if m not in crossing.METHODS)}")
