@@ -254,7 +254,7 @@ def test_the_simulator_gives_the_time_per_token_measured_across_hosts(tmp_path, 
 
     calibrate()
     for method in crossing.METHODS:
-        again = iter([False, True])
+        again = iter([False, True])                     # faster_of_two's second call: the profile measured again
 
         def measure() -> tuple[dict, float]:
             if next(again):
