@@ -36,3 +36,21 @@ def test_a_wheel_built_from_the_tree_runs_models_and_names_what_it_lacks(tmp_pat
     smollm2 = run("generate", "--max-new-tokens", "4", "The capital of France is")
     assert smollm2.returncode == 0, smollm2.stderr[-2000:]
     assert "[ar, " in smollm2.stderr and "4 tokens" in smollm2.stderr
+
+
+EXTRAS = ("scipy", "transformers", "accelerate", "matplotlib", "fastapi", "uvicorn", "prometheus_client", "aiohttp",
+          "httpx", "openai", "simdjson", "llama_cpp", "pytest")        # the [test] extra's, none of them the core's
+
+
+def test_the_readmes_first_command_needs_only_the_core():
+    """The README's first command installs the core alone (`pip install -e .`): its answer must not import what
+    only an extra brings. Each extra's modules are made unimportable in the process that answers."""
+    probe = ("import sys\nclass Absent:\n    def find_spec(self, name, path=None, target=None):\n"
+             f"        if name.split('.')[0] in {EXTRAS!r}:\n"
+             "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+             "sys.meta_path.insert(0, Absent())\nfrom specmesh.cli import main\n"
+             "sys.exit(main(['generate', '--chat', 'Name a color.', '--max-new-tokens', '4', '--no-tune']))\n")
+    default_target = {k: v for k, v in os.environ.items() if k != "SPECMESH_TARGET"}
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, env=default_target)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "4 tokens" in r.stderr, r.stderr[-2000:]
