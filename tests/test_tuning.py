@@ -44,6 +44,16 @@ def test_a_calibrated_candidate_predicts_what_it_measured():
     assert sd.ms_per_token == pytest.approx(4.4 / 3.0) and "measured" in sd.reason
 
 
+def test_a_run_faster_than_the_timed_forwards_counts_as_it_ran():
+    """The forwards timed in a slow spell (2 ms) and ar run at 1 ms a token: ar is 1 ms, not the 2 ms of its
+    forward; sd's other γ are predicted at the speed its own run had (half the costs' here)."""
+    [ar] = tuning.predict(FLAT, [ar_trial(1.0)])
+    assert ar.ms_per_token == pytest.approx(1.0) and "measured" in ar.reason
+    slow, fast = (tuning.predict(FLAT, [sd_trial(3.0, 6, ms)]) for ms in (3.2, 1.6))  # 3.2 ms: the costs' own step
+    for a, b in zip(slow, fast):
+        assert (a.options, b.ms_per_token) == (b.options, pytest.approx(a.ms_per_token / 2))
+
+
 def test_sd_gamma_is_extrapolated_from_the_fitted_acceptance():
     alpha = tuning.fitted_alpha(3.0, 6)
     assert (1 - alpha ** 7) / (1 - alpha) == pytest.approx(3.0)
@@ -310,6 +320,9 @@ def test_the_reason_says_why_a_faster_runner_up_lost():
     assert guess.summary().endswith("next tree 2.00 ms/token (predicted, not measured)")
     slower = Choice("sd", own, [Candidate("sd", own, 2.56, "measured"), Candidate("ar", {}, 4.0, "measured")])
     assert slower.summary().endswith("next ar 4.00 ms/token")
+    dropped = Choice("ar", {}, [Candidate("ar", {}, 4.0, "measured"),
+                                Candidate("sd", faster, 3.5, "over 1.3x the fastest ..., dropped")])
+    assert dropped.summary().endswith("next sd (gamma=6, stop_below=0.3) 3.50 ms/token (dropped early as too slow)")
     hidden = Choice("sd", own, [Candidate("tree", {}, 2.0, "predicted"), Candidate("sd", faster, 2.50, "measured"),
                                 Candidate("sd", own, 2.56, "measured")])     # a measured faster one behind a guess
     assert hidden.summary().endswith("next sd (gamma=6, stop_below=0.3) 2.50 ms/token (the draft's own options "

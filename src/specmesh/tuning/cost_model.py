@@ -2,6 +2,8 @@
 the rules that pick among candidates (specmesh/tuning/__init__.py says what is measured):
 
     step = target(width) + draft forwards · draft(draft width) + overhead,    ms/token = step / τ
+
+A measured candidate's ms per token is what it measured; the forwards' costs split its step and predict other γ.
 """
 from __future__ import annotations
 
@@ -67,9 +69,10 @@ class Choice:
             return f"auto: {self.label()}: no draft and no n-gram table to speculate with"
         won = self.won()
         others = [c for c in self.candidates if c is not won]
-        beat = [c for c in others if not c.reason.endswith("predicted") and c.ms_per_token < won.ms_per_token]
+        beat = [c for c in others if c.reason.endswith("measured") and c.ms_per_token < won.ms_per_token]
         other = min(beat, key=lambda c: c.ms_per_token) if beat else next(iter(others), None)   # a measured faster
-        guess = " (predicted, not measured)" if other and other.reason.endswith("predicted") else ""
+        guess = " (predicted, not measured)" if other and other.reason.endswith("predicted") else \
+            " (dropped early as too slow)" if other and other.reason.endswith("dropped") else ""
         versus = f"; next {label(other.method, other.options)} {other.ms_per_token:.2f} ms/token{guess}" \
             if other else ""
         if other and not guess and other.ms_per_token < won.ms_per_token:       # a faster runner-up: why it lost
@@ -114,11 +117,14 @@ def predict(costs: Costs, trials: list[Trial]) -> list[Candidate]:
     target, draft = by_width(costs.target_ms), by_width(costs.draft_ms)
     out = []
     for t in trials:
-        width = t.target_tokens / t.steps
+        width, step = t.target_tokens / t.steps, t.ms / t.steps
         forwards = target(round(width)) + t.draft_forwards / t.steps * draft(t.draft_width)
-        overhead = max(0.0, t.ms / t.steps - forwards)
-        out.append(Candidate(t.method, t.options, (forwards + overhead) / t.tau,
-                             f"{t.tau:.2f} tokens per step of {forwards + overhead:.2f} ms (target {width:.1f} "
+        overhead = max(0.0, step - forwards)
+        # the costs were measured apart from the run: where the machine ran faster during the run than while the
+        # forwards were timed, its predictions are scaled by as much (1 otherwise)
+        scale = step / (forwards + overhead)
+        out.append(Candidate(t.method, t.options, step / t.tau,
+                             f"{t.tau:.2f} tokens per step of {step:.2f} ms (target {width:.1f} "
                              f"tokens {target(round(width)):.2f} ms, {t.draft_forwards / t.steps:.1f} draft forwards, "
                              f"{overhead:.2f} ms other), measured"))
         if t.method == "sd" and not t.options.get("stop_below") and not t.options.get("lookup"):   # geometric τ
@@ -129,7 +135,7 @@ def predict(costs: Costs, trials: list[Trial]) -> list[Candidate]:
                         or any(c.options == t.options | {"gamma": g} for c in out if c.method == "sd"):
                     continue                                    # measured itself, or predicted from another γ
                 tau = (1 - alpha ** (g + 1)) / (1 - alpha)
-                step = target(g + 1) + g * per_draft * draft(1) + overhead
+                step = scale * (target(g + 1) + g * per_draft * draft(1) + overhead)
                 out.append(Candidate("sd", t.options | {"gamma": g}, step / tau,
                                      f"{tau:.2f} tokens per step of {step:.2f} ms (α = {alpha:.2f} fitted to γ = "
                                      f"{gamma}'s τ), predicted"))
