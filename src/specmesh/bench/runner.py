@@ -277,7 +277,8 @@ def machine(device: str = "cpu") -> str:
     gpu = f", {torch.cuda.get_device_name(device)}" if torch.device(device).type == "cuda" else ""
     pages = "" if gpu else ", weights on 2 MiB pages" if huge_pages() else ", weights on 4 KiB pages"   # model/pages.py
     products = "" if gpu else f", bf16 products on {bf16_products()}"
-    return f"{cpu_model()}, {os.cpu_count()} cores{gpu}{pages}{products}, torch {torch.__version__}"
+    held = "".join(f", {k}={os.environ[k]}" for k in ("SPECMESH_KERNELS", "ATEN_CPU_CAPABILITY") if os.environ.get(k))
+    return f"{cpu_model()}, {os.cpu_count()} cores{gpu}{pages}{products}{held}, torch {torch.__version__}"
 
 
 def run_bench(cfg: BenchConfig) -> dict:
