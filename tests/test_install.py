@@ -30,7 +30,8 @@ def test_a_wheel_built_from_the_tree_runs_on_the_core_alone_and_names_what_it_la
     assert install.returncode == 0, install.stderr[-2000:]
 
     def run(*argv):
-        code = f"import sys\n{ABSENT}sys.path.insert(0, {str(site)!r})\nfrom specmesh.cli import main\nsys.exit(main({list(argv)!r}))"
+        code = (f"import sys\n{ABSENT}sys.path.insert(0, {str(site)!r})\n"
+                f"from specmesh.cli import main\nsys.exit(main({list(argv)!r}))")
         caches = {k: os.environ[k] for k in ("SPECMESH_KERNEL_DIR", "SPECMESH_CACHE_DIR") if k in os.environ}
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                               cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)} | caches)
@@ -44,4 +45,3 @@ def test_a_wheel_built_from_the_tree_runs_on_the_core_alone_and_names_what_it_la
     smollm2 = run("generate", "--max-new-tokens", "4", "--chat", "Name a color.")
     assert smollm2.returncode == 0, smollm2.stderr[-2000:]
     assert "[ar, " in smollm2.stderr and "4 tokens" in smollm2.stderr
-
