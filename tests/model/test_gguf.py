@@ -60,6 +60,29 @@ def test_gguf_config_tokenizer_and_chat_template(chat_checkpoint, tmp_path):
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
+# Qwen2.5's and Qwen3's tokenizer.json pre-tokenizer, as their folders hold it (their GGUF files say "qwen2")
+QWEN2_PRE = {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                                           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
+     "behavior": "Isolated", "invert": False},
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+
+
+def test_a_qwen_tokenizer_splits_in_its_file_as_in_its_folder(chat_checkpoint, tmp_path):
+    """A folder with Qwen's pre-tokenizer becomes a file whose tokenizer.ggml.pre is "qwen2", read back with the
+    same rule (one digit a piece, a sign joined to the word after it): the same tokens as the folder's."""
+    from specmesh.model.gguf import open_gguf
+    folder = tmp_path / "qwen"
+    shutil.copytree(chat_checkpoint, folder)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    (folder / "tokenizer.json").write_text(json.dumps(spec | {"pre_tokenizer": QWEN2_PRE}))
+    path = to_gguf(folder, tmp_path / "q.gguf", "f32")
+    assert open_gguf(path).fields["tokenizer.ggml.pre"] == "qwen2"
+    ours, theirs = load_tokenizer(path), load_tokenizer(folder)
+    for text in (TEXT, "x = 12345 + 678 (width)*2\n\tprint('héllo wörld') I'LL DON'T", "<|endoftext|> after"):
+        assert ours.encode(text) == theirs.encode(text)
+
+
 def test_a_files_tokenizer_is_built_once_and_read_back_from_the_cache(chat_checkpoint, tmp_path, monkeypatch):
     """The tokenizer.json, config and tokens' bytes a GGUF file's metadata gives are kept under the file's identity
     and read back the same; a damaged entry is made again; a changed file gets its own."""

@@ -69,10 +69,14 @@ DIGITS_THEN_GPT2 = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "in
 LLAMA3 = {"type": "Sequence", "pretokenizers": [
     {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
     GPT2 | {"use_regex": False}]}
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")      # Qwen2.5's and Qwen3's: one digit a piece
+QWEN2 = {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+    GPT2 | {"use_regex": False, "trim_offsets": False}]}
 PRE_TOKENIZERS = {"gpt-2": GPT2, "gpt2": GPT2, "default": GPT2,
                   "smollm": DIGITS_THEN_GPT2, "starcoder": DIGITS_THEN_GPT2, "refact": DIGITS_THEN_GPT2,
                   "codeshell": DIGITS_THEN_GPT2, "llama3": LLAMA3, "llama-v3": LLAMA3, "llama-bpe": LLAMA3,
-                  "smaug-bpe": LLAMA3, "dbrx": LLAMA3}
+                  "smaug-bpe": LLAMA3, "dbrx": LLAMA3, "qwen2": QWEN2, "deepseek-r1-qwen": QWEN2}
 
 
 def pre_name(tokenizer: Tokenizer) -> str:
