@@ -60,26 +60,36 @@ def test_gguf_config_tokenizer_and_chat_template(chat_checkpoint, tmp_path):
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
-# Qwen2.5's and Qwen3's tokenizer.json pre-tokenizer, as their folders hold it (their GGUF files say "qwen2")
-QWEN2_PRE = {"type": "Sequence", "pretokenizers": [
-    {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                                           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
-     "behavior": "Isolated", "invert": False},
-    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+def split_then_bytes(regex: str, trim_offsets: bool) -> dict:
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": trim_offsets, "use_regex": False}]}
 
 
-def test_a_qwen_tokenizer_splits_in_its_file_as_in_its_folder(chat_checkpoint, tmp_path):
-    """A folder with Qwen's pre-tokenizer becomes a file whose tokenizer.ggml.pre is "qwen2", read back with the
-    same rule (one digit a piece, a sign joined to the word after it): the same tokens as the folder's."""
+# pre-tokenizers as the folders' tokenizer.json hold them (Qwen2.5 and Qwen3; Mistral's Tekken), by the name their
+# GGUF files give them
+FOLDER_PRE = {
+    "qwen2": split_then_bytes(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", False),
+    "tekken": split_then_bytes(r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                               r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+", True)}
+
+
+@pytest.mark.parametrize("name", FOLDER_PRE)
+def test_a_tokenizers_split_is_named_in_its_file_and_read_back(name, chat_checkpoint, tmp_path):
+    """A folder with Qwen's (Mistral's) pre-tokenizer becomes a file whose tokenizer.ggml.pre is "qwen2" ("tekken"),
+    read back with the same rule (a digit a piece, ...): the same tokens as the folder's, not GPT-2's split."""
     from specmesh.model.gguf import open_gguf
-    folder = tmp_path / "qwen"
+    folder = tmp_path / name
     shutil.copytree(chat_checkpoint, folder)
     spec = json.loads((folder / "tokenizer.json").read_text())
-    (folder / "tokenizer.json").write_text(json.dumps(spec | {"pre_tokenizer": QWEN2_PRE}))
-    path = to_gguf(folder, tmp_path / "q.gguf", "f32")
-    assert open_gguf(path).fields["tokenizer.ggml.pre"] == "qwen2"
+    (folder / "tokenizer.json").write_text(json.dumps(spec | {"pre_tokenizer": FOLDER_PRE[name]}))
+    path = to_gguf(folder, tmp_path / f"{name}.gguf", "f32")
+    assert open_gguf(path).fields["tokenizer.ggml.pre"] == name
     ours, theirs = load_tokenizer(path), load_tokenizer(folder)
-    for text in (TEXT, "x = 12345 + 678 (width)*2\n\tprint('héllo wörld') I'LL DON'T", "<|endoftext|> after"):
+    for text in (TEXT, "x = 12345 + 678 (width)*2\n\tprint('héllo wörld') I'LL DON'T XMLHttpRequest a/b/c",
+                 "<|endoftext|> after"):
         assert ours.encode(text) == theirs.encode(text)
 
 

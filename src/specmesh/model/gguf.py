@@ -66,17 +66,24 @@ GPT2 = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "u
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 DIGITS_THEN_GPT2 = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, GPT2]}
-LLAMA3 = {"type": "Sequence", "pretokenizers": [
-    {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
-    GPT2 | {"use_regex": False}]}
-QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")      # Qwen2.5's and Qwen3's: one digit a piece
-QWEN2 = {"type": "Sequence", "pretokenizers": [
-    {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
-    GPT2 | {"use_regex": False, "trim_offsets": False}]}
+
+
+def split_then_bytes(regex: str, **byte_level) -> dict:
+    """A regex's pieces, each then as bytes (the split Llama 3's, Qwen's and Mistral's tokenizers make)."""
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        GPT2 | {"use_regex": False} | byte_level]}
+
+
+LLAMA3 = split_then_bytes(LLAMA3_SPLIT)
+QWEN2 = split_then_bytes(LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}"), trim_offsets=False)  # a digit a piece
+TEKKEN = split_then_bytes(r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"  # Mistral's:
+                          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"  # words by
+                          r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")              # case
 PRE_TOKENIZERS = {"gpt-2": GPT2, "gpt2": GPT2, "default": GPT2,
                   "smollm": DIGITS_THEN_GPT2, "starcoder": DIGITS_THEN_GPT2, "refact": DIGITS_THEN_GPT2,
                   "codeshell": DIGITS_THEN_GPT2, "llama3": LLAMA3, "llama-v3": LLAMA3, "llama-bpe": LLAMA3,
-                  "smaug-bpe": LLAMA3, "dbrx": LLAMA3, "qwen2": QWEN2, "deepseek-r1-qwen": QWEN2}
+                  "smaug-bpe": LLAMA3, "dbrx": LLAMA3, "qwen2": QWEN2, "deepseek-r1-qwen": QWEN2, "tekken": TEKKEN}
 
 
 def pre_name(tokenizer: Tokenizer) -> str:
