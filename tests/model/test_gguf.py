@@ -12,7 +12,7 @@ from torch import nn
 
 from conftest import TEXT
 from specmesh import kernels
-from specmesh.model.gguf import GGUFError, permute_rope, read_gguf, unpermute_rope
+from specmesh.model.gguf import GGUFError, permute_rope, read_gguf, split_then_bytes, unpermute_rope
 from specmesh.model.loader import load_model, load_tokenizer, stamp, to_gguf
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -60,20 +60,14 @@ def test_gguf_config_tokenizer_and_chat_template(chat_checkpoint, tmp_path):
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
-def split_then_bytes(regex: str, trim_offsets: bool) -> dict:
-    return {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": trim_offsets, "use_regex": False}]}
-
-
 # pre-tokenizers as the folders' tokenizer.json hold them (Qwen2.5 and Qwen3; Mistral's Tekken), by the name their
 # GGUF files give them
 FOLDER_PRE = {
     "qwen2": split_then_bytes(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", False),
+                              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", trim_offsets=False),
     "tekken": split_then_bytes(r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
                                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-                               r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+", True)}
+                               r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")}
 
 
 @pytest.mark.parametrize("name", FOLDER_PRE)
