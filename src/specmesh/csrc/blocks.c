@@ -234,49 +234,92 @@ static inline __m256i fifth(__m256i qh, int s) {
     return _mm256_and_si256(at4, _mm256_set1_epi8(0x10));
 }
 
-// group-block b (at g) of 8 rows of Q4_K, Q5_K (FIVE) or Q6_K (SIX) against activation rows m0 .. m0 + MB:
-// acc[i] += its part
-static inline __attribute__((always_inline)) void group_block(const uint8_t *g, const __m256i *sc, int KB, int b,
-                                                               const Acts *a, int64_t m0, const int MB, const int FIVE,
-                                                               const int SIX, __m256 *acc) {
+// A group-block's weights unpacked to bytes for several activation rows: q (unsigned; Q6_K's q - 32 is taken off in
+// packed_float) in vectors W[unpacked_at(sub-block s, t, h)] = the weights L s + 8 t .. of rows 4h .. 4h + 3, L = 32
+// (Q4_K, Q5_K) or 16 (Q6_K).
+#define UNPACKED 64
+static inline int sub_len(const int SIX) { return SIX ? 16 : 32; }
+static inline int unpacked_at(int s, int t, int h, const int SIX) { return (s * (sub_len(SIX) / 8) + t) * 2 + h; }
+
+// the k-th vector of half h of a group-block (k < 8 for Q6_K, 16 otherwise) unpacked into W: the 4 (Q6_K) or 2
+// sub-blocks' vectors it holds
+static inline __attribute__((always_inline)) void unpack_vector(const uint8_t *g, int k, int h, const int FIVE,
+                                                                 const int SIX, __m256i *W) {
+    if (SIX) {                                  // the weights 128 hh + 32 gr + 8 t .. for gr = 0 .. 3
+        const int hh = k / 4, t = k % 4;
+        const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192 + 32 * h;
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)q3);
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(q3 + 64));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(q3 + 128));
+        for (int gr = 0; gr < 4; gr++) W[unpacked_at(8 * hh + 2 * gr + t / 2, t % 2, h, 1)] = q6_bits(l0, l1, hb, gr);
+        return;
+    }
+    const int j = k / 4, u = k % 4;             // sub-blocks 2j (low nibbles) and 2j + 1 (high): the weights 8 u ..
     const __m256i nib = _mm256_set1_epi8(0x0F);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(g + (FIVE ? Q5K_QS : Q4K_QS) + (4 * j + u) * 64 + 32 * h));
+    __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+    if (FIVE) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(g + Q5K_QH + 64 * u + 32 * h));
+        lo = _mm256_or_si256(lo, fifth(qh, 2 * j)), hi = _mm256_or_si256(hi, fifth(qh, 2 * j + 1));
+    }
+    W[unpacked_at(2 * j, u, h, 0)] = lo;
+    W[unpacked_at(2 * j + 1, u, h, 0)] = hi;
+}
+
+// vector k of half h of group-block b against the one activation row x: its sub-blocks' int16 sums into S, and each
+// sub-block it completes, times its scales, into T
+static inline __attribute__((always_inline)) void streamed_vector(const uint8_t *g, const __m256i *sc, int k, int h,
+                                                                   const int8_t *x, const int FIVE, const int SIX,
+                                                                   __m256i *S, __m256i *T) {
+    const int L = sub_len(SIX);
+    __m256i W[UNPACKED];
+    unpack_vector(g, k, h, FIVE, SIX, W);
+    for (int e = 0; e < (SIX ? 4 : 2); e++) {
+        const int s = SIX ? 8 * (k / 4) + 2 * e + k % 4 / 2 : 2 * (k / 4) + e, t = SIX ? k % 2 : k % 4;
+        const __m256i p = pairs8(W[unpacked_at(s, t, h, SIX)], x + L * s + 8 * t);
+        S[s] = t ? _mm256_add_epi16(S[s], p) : p;
+        if (t == L / 8 - 1) *T = _mm256_add_epi32(*T, _mm256_madd_epi16(S[s], sc[16 * h + s]));
+    }
+}
+
+// group-block b (at g) of 8 rows against the one activation row m: acc += its part, the weights unpacked in registers
+// as they are read (a decoding row streams them: one pass, nothing stored)
+static inline __attribute__((always_inline)) void group_block(const uint8_t *g, const __m256i *sc, int KB, int b,
+                                                               const Acts *a, int64_t m, const int FIVE, const int SIX,
+                                                               __m256 *acc) {
+    const int8_t *x = a->q256 + (m * KB + b) * 256;
+    __m256i T[2], S[16];
+    for (int h = 0; h < 2; h++) {
+        T[h] = _mm256_setzero_si256();
+        if (SIX) _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) streamed_vector(g, sc, k, h, x, 0, 1, S, &T[h]);
+        else _Pragma("GCC unroll 16") for (int k = 0; k < 16; k++) streamed_vector(g, sc, k, h, x, FIVE, 0, S, &T[h]);
+    }
+    const int64_t at = m * KB + b;
+    *acc = packed_float(*acc, row_totals(T[0], T[1]), g, SIX ? a->b256 + at * 16 : a->s256 + at * 8, a->d256[at], SIX);
+}
+
+// the unpacked group-block W against activation rows m0 .. m0 + MB: acc[i] += its part. One broadcast of x serves
+// both halves; a sub-block's int16 sums, then its scales.
+static inline __attribute__((always_inline)) void unpacked_block(const __m256i *W, const uint8_t *g, const __m256i *sc,
+                                                                  int KB, int b, const Acts *a, int64_t m0, const int MB,
+                                                                  const int SIX, __m256 *acc) {
+    const int L = sub_len(SIX);
     const int8_t *x = a->q256 + (m0 * KB + b) * 256;
     __m256i T[2][PACKED_MB];
-    for (int h = 0; h < 2; h++) {
-        for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {  // Q4/5_K: sub-blocks 2j, 2j + 1; Q6_K: 4 of 16
-            __m256i S[4][PACKED_MB];                           // int16 sums of each sub-block
-            for (int i = 0; i < MB; i++) S[0][i] = S[1][i] = S[2][i] = S[3][i] = _mm256_setzero_si256();
-            _Pragma("GCC unroll 4") for (int u = 0; u < (SIX ? 2 : 4); u++) {
-                if (SIX) {                         // weights 128 hh + 32 gr + 8 t ..: sub-block 8 hh + 2 gr + j % 2
-                    const int hh = j / 2, t = 2 * (j % 2) + u;
-                    const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192 + 32 * h;
-                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)q3);
-                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(q3 + 64));
-                    const __m256i hb = _mm256_loadu_si256((const __m256i *)(q3 + 128));
-                    _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
-                        const __m256i q = q6_bits(l0, l1, hb, gr);
-                        for (int i = 0; i < MB; i++)
-                            S[gr][i] = _mm256_add_epi16(S[gr][i], pairs8(q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t));
-                    }
-                } else {                           // weights 64 j + 8 u .. (low nibbles) and 64 j + 32 + 8 u ..
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(g + (FIVE ? Q5K_QS : Q4K_QS) + (4 * j + u) * 64 + 32 * h));
-                    __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-                    if (FIVE) {
-                        const __m256i qh = _mm256_loadu_si256((const __m256i *)(g + Q5K_QH + 64 * u + 32 * h));
-                        lo = _mm256_or_si256(lo, fifth(qh, 2 * j)), hi = _mm256_or_si256(hi, fifth(qh, 2 * j + 1));
-                    }
-                    for (int i = 0; i < MB; i++) {
-                        S[0][i] = _mm256_add_epi16(S[0][i], pairs8(lo, x + i * KB * 256 + 64 * j + 8 * u));
-                        S[1][i] = _mm256_add_epi16(S[1][i], pairs8(hi, x + i * KB * 256 + 64 * j + 32 + 8 * u));
-                    }
-                }
+    for (int i = 0; i < MB; i++) T[0][i] = T[1][i] = _mm256_setzero_si256();
+    for (int s = 0; s < 256 / L; s++) {
+        __m256i S[PACKED_MB][2];
+        for (int i = 0; i < MB; i++) S[i][0] = S[i][1] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int t = 0; t < L / 8; t++)
+            for (int i = 0; i < MB; i++) {
+                int64_t v;
+                memcpy(&v, x + i * KB * 256 + L * s + 8 * t, 8);
+                const __m256i bx = _mm256_set1_epi64x(v);
+                for (int h = 0; h < 2; h++)
+                    S[i][h] = _mm256_add_epi16(S[i][h], _mm256_maddubs_epi16(W[unpacked_at(s, t, h, SIX)], bx));
             }
-            _Pragma("GCC unroll 4") for (int e = 0; e < (SIX ? 4 : 2); e++) {
-                const __m256i c = sc[16 * h + (SIX ? 8 * (j / 2) + 2 * e + j % 2 : 2 * j + e)];
-                for (int i = 0; i < MB; i++) T[h][i] = _mm256_add_epi32(T[h][i], _mm256_madd_epi16(S[e][i], c));
-            }
-        }
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < MB; i++) T[h][i] = _mm256_add_epi32(T[h][i], _mm256_madd_epi16(S[i][h], sc[16 * h + s]));
     }
     for (int i = 0; i < MB; i++) {
         const int64_t at = (m0 + i) * KB + b;
@@ -286,8 +329,9 @@ static inline __attribute__((always_inline)) void group_block(const uint8_t *g, 
 }
 
 // A group's 8 rows against activation rows m0 .. m0 + 2 chunks + REST (at most PASS_ROWS): out[i][r]. One pass over the
-// weights, each group-block multiplied by every chunk of rows in turn: fetching the next block overlaps the products
-// (a pass a chunk would fetch the weights in the first alone).
+// weights: one row unpacks each group-block as it multiplies; more rows unpack it once into W and multiply every chunk
+// of rows from there, so the unpacking is paid once and fetching the next blocks overlaps the products (a pass a
+// chunk would fetch the weights in the first alone).
 static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, int KB, const Acts *a, int64_t m0,
                                                              int chunks, const int REST, const int FIVE, const int SIX,
                                                              float *out) {
@@ -300,9 +344,17 @@ static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, i
         for (int h = 0; h < 2; h++)
             for (int s = 0; s < (SIX ? 16 : 8); s++)
                 sc[16 * h + s] = SIX ? half_scales(q6k_scales(g, s), h, 1) : half_scales(q4k_scales(g, s), h, 0);
+        if (!chunks) {
+            group_block(g, sc, KB, b, a, m0, FIVE, SIX, acc);
+            continue;
+        }
+        __m256i W[UNPACKED];
+        for (int h = 0; h < 2; h++)                    // (constant bounds: unrolled, every shift and index known)
+            if (SIX) _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) unpack_vector(g, k, h, 0, 1, W);
+            else _Pragma("GCC unroll 16") for (int k = 0; k < 16; k++) unpack_vector(g, k, h, FIVE, 0, W);
         for (int c = 0; c < chunks; c++)
-            group_block(g, sc, KB, b, a, m0 + PACKED_MB * c, PACKED_MB, FIVE, SIX, acc + PACKED_MB * c);
-        if (REST) group_block(g, sc, KB, b, a, m0 + PACKED_MB * chunks, REST, FIVE, SIX, acc + PACKED_MB * chunks);
+            unpacked_block(W, g, sc, KB, b, a, m0 + PACKED_MB * c, PACKED_MB, SIX, acc + PACKED_MB * c);
+        if (REST) unpacked_block(W, g, sc, KB, b, a, m0 + PACKED_MB * chunks, REST, SIX, acc + PACKED_MB * chunks);
     }
     for (int i = 0; i < PACKED_MB * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
