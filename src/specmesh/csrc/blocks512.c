@@ -26,78 +26,103 @@ static inline __m512i q4k_pair_scales(const uint8_t *g, int j) {
     return _mm512_shuffle_epi8(v, at);
 }
 
-// Q5_K's sub-blocks 2j, 2j + 1 (e = 0), Q6_K's 8 (j / 2) + 2e + j % 2 and the one 2 on (e = 0, 2): lane 2r the first's
-// scale of row r, lane 2r + 1 the second's
-static inline __m512i two_scales(const uint8_t *g, int j, int e, const int SIX) {
-    if (!SIX) {
-        const __m128i v = _mm_loadu_si128((const __m128i *)(g + Q4K_SC + 16 * j));
-        return _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(v, _mm_srli_si128(v, 8)));
-    }
-    const uint8_t *sc = g + Q6K_SC + 16 * (4 * (j / 2) + e);   // sub-block s's scales: bytes 2r + s % 2 of row s / 2
-    const int o = j % 2;
-    const __m128i first = _mm_setr_epi8(o, -1, 2 + o, -1, 4 + o, -1, 6 + o, -1, 8 + o, -1, 10 + o, -1, 12 + o, -1, 14 + o, -1);
-    const __m128i second = _mm_setr_epi8(-1, o, -1, 2 + o, -1, 4 + o, -1, 6 + o, -1, 8 + o, -1, 10 + o, -1, 12 + o, -1, 14 + o);
-    const __m128i v = _mm_or_si128(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)sc), first),
-                                   _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(sc + 16)), second));
-    return _mm512_cvtepi8_epi32(v);
+// Q5_K's sub-blocks 2j, 2j + 1: lane 2r the first's scale of row r, lane 2r + 1 the second's
+static inline __m512i two_scales(const uint8_t *g, int j) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(g + Q4K_SC + 16 * j));
+    return _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(v, _mm_srli_si128(v, 8)));
 }
 
-// group-block b (at g) of 8 rows of Q4_K, Q5_K (FIVE) or Q6_K (SIX) against activation rows m0 .. m0 + MB: acc[i] += its part
+// group-block b (at g) of 8 rows of Q4_K or Q5_K (FIVE) against activation rows m0 .. m0 + MB: acc[i] += its part
 static inline __attribute__((always_inline)) void group_block512(const uint8_t *g, int KB, int b, const Acts *a, int64_t m0,
-                                                                  const int MB, const int FIVE, const int SIX, __m256 *acc) {
+                                                                  const int MB, const int FIVE, __m256 *acc) {
     const __m512i nib = _mm512_set1_epi8(0x0F);
     const int8_t *x = a->q256 + (m0 * KB + b) * 256;
     __m512i T[PACKED_MB512];
     for (int i = 0; i < MB; i++) T[i] = _mm512_setzero_si512();
     _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {   // as blocks.c's packed_dot
-        __m512i D[4][PACKED_MB512];
-        for (int i = 0; i < MB; i++) D[0][i] = D[1][i] = D[2][i] = D[3][i] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 4") for (int u = 0; u < (SIX ? 2 : 4); u++) {
-            if (SIX) {
-                const int hh = j / 2, t = 2 * (j % 2) + u;
-                const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192;
-                const __m512i l0 = _mm512_loadu_si512(q3), l1 = _mm512_loadu_si512(q3 + 64), hb = _mm512_loadu_si512(q3 + 128);
-                _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
-                    const __m512i q = q6_bits512(l0, l1, hb, gr);
-                    for (int i = 0; i < MB; i++) D[gr][i] = dot8_512(D[gr][i], q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t);
-                }
-            } else {
-                const __m512i v = _mm512_loadu_si512(g + (FIVE ? Q5K_QS : Q4K_QS) + (4 * j + u) * 64);
-                __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-                if (FIVE) {
-                    const __m512i qh = _mm512_loadu_si512(g + Q5K_QH + 64 * u);
-                    lo = _mm512_or_si512(lo, fifth512(qh, 2 * j)), hi = _mm512_or_si512(hi, fifth512(qh, 2 * j + 1));
-                }
-                for (int i = 0; i < MB; i++) {
-                    D[0][i] = dot8_512(D[0][i], lo, x + i * KB * 256 + 64 * j + 8 * u);
-                    D[1][i] = dot8_512(D[1][i], hi, x + i * KB * 256 + 64 * j + 32 + 8 * u);
-                }
+        __m512i D[2][PACKED_MB512];
+        for (int i = 0; i < MB; i++) D[0][i] = D[1][i] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
+            const __m512i v = _mm512_loadu_si512(g + (FIVE ? Q5K_QS : Q4K_QS) + (4 * j + u) * 64);
+            __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            if (FIVE) {
+                const __m512i qh = _mm512_loadu_si512(g + Q5K_QH + 64 * u);
+                lo = _mm512_or_si512(lo, fifth512(qh, 2 * j)), hi = _mm512_or_si512(hi, fifth512(qh, 2 * j + 1));
+            }
+            for (int i = 0; i < MB; i++) {
+                D[0][i] = dot8_512(D[0][i], lo, x + i * KB * 256 + 64 * j + 8 * u);
+                D[1][i] = dot8_512(D[1][i], hi, x + i * KB * 256 + 64 * j + 32 + 8 * u);
             }
         }
-        if (!SIX && !FIVE) {                       // Q4_K: a lane's 16 products of q <= 15 fit int16, so one
+        if (!FIVE) {                               // Q4_K: a lane's 16 products of q <= 15 fit int16, so one
             const __m512i c = q4k_pair_scales(g, j);  // madd scales both sub-blocks and adds a row's two lanes
             for (int i = 0; i < MB; i++) T[i] = _mm512_add_epi32(T[i], _mm512_madd_epi16(_mm512_packs_epi32(D[0][i], D[1][i]), c));
             continue;
         }
-        _Pragma("GCC unroll 2") for (int e = 0; e < (SIX ? 4 : 2); e += 2) {   // two sub-blocks a product:
-            const __m512i c = two_scales(g, j, e, SIX);     // lane 2r their row r's total, 2r + 1 the other's
-            for (int i = 0; i < MB; i++) {
-                const __m512i a = _mm512_add_epi32(D[e][i], _mm512_shuffle_epi32(D[e][i], _MM_PERM_CDAB));
-                const __m512i b = _mm512_add_epi32(D[e + 1][i], _mm512_shuffle_epi32(D[e + 1][i], _MM_PERM_CDAB));
-                T[i] = _mm512_add_epi32(T[i], _mm512_mullo_epi32(_mm512_mask_blend_epi32(0xAAAA, a, b), c));
-            }
+        const __m512i c = two_scales(g, j);        // the two sub-blocks a product: lane 2r row r's total of the first,
+        for (int i = 0; i < MB; i++) {             // 2r + 1 of the second
+            const __m512i lo_sum = _mm512_add_epi32(D[0][i], _mm512_shuffle_epi32(D[0][i], _MM_PERM_CDAB));
+            const __m512i hi_sum = _mm512_add_epi32(D[1][i], _mm512_shuffle_epi32(D[1][i], _MM_PERM_CDAB));
+            T[i] = _mm512_add_epi32(T[i], _mm512_mullo_epi32(_mm512_mask_blend_epi32(0xAAAA, lo_sum, hi_sum), c));
         }
     }
     for (int i = 0; i < MB; i++) {
         const int64_t at = (m0 + i) * KB + b;
         __m256i rows;                              // the 8 rows' totals T
-        if (!SIX && !FIVE) {                       // lanes (k, 0..3): rows 2k, 2k + 1 of the even sub-blocks, then of the odd
+        if (!FIVE) {                               // lanes (k, 0..3): rows 2k, 2k + 1 of the even sub-blocks, then of the odd
             const __m512i t = _mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_BADC));
             rows = _mm512_castsi512_si256(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13), t));
         } else {                                   // lanes (r, e): row r's halves
             rows = _mm512_cvtepi64_epi32(_mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_CDAB)));
         }
-        acc[i] = packed_float(acc[i], rows, g, SIX ? a->b256 + at * 16 : a->s256 + at * 8, a->d256[at], SIX);
+        acc[i] = packed_float(acc[i], rows, g, a->s256 + at * 8, a->d256[at], 0);
+    }
+}
+
+// Q6_K's sub-block s scales as int16, row r's in its 4 lanes (r, p)
+static inline __m512i q6k_scales512(const uint8_t *g, int s) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(g + Q6K_SC + 16 * (s / 2))));
+    const int o = s % 2;
+    const __m256i at = _mm256_setr_epi8(o, o, o, o, 2 + o, 2 + o, 2 + o, 2 + o, 4 + o, 4 + o, 4 + o, 4 + o, 6 + o, 6 + o, 6 + o, 6 + o,
+                                        8 + o, 8 + o, 8 + o, 8 + o, 10 + o, 10 + o, 10 + o, 10 + o, 12 + o, 12 + o, 12 + o, 12 + o, 14 + o, 14 + o, 14 + o, 14 + o);
+    return _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(v, at));
+}
+
+// Q6_K's group-block b against activation rows m0 .. m0 + MB: a sub-block of 16 is 2 maddubs (int16 lane (r, p): 2
+// products, the two summing within int16: |sum| <= 32004), then one dpwssd by its rows' scales (sc: q6k_scales512 of
+// each sub-block, or NULL: made here) into int32 lanes (r, e). Fewer instructions than dpbusd's int32 sums, whose
+// scales take a 32-bit multiply.
+static inline __attribute__((always_inline)) void group_block512_q6(const uint8_t *g, const __m512i *sc, int KB, int b,
+                                                                     const Acts *a, int64_t m0, const int MB, __m256 *acc) {
+    const int8_t *x = a->q256 + (m0 * KB + b) * 256;
+    __m512i T[PACKED_MB512];
+    for (int i = 0; i < MB; i++) T[i] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 2") for (int hh = 0; hh < 2; hh++)
+        _Pragma("GCC unroll 2") for (int o = 0; o < 2; o++) {      // sub-blocks 8 hh + 2 gr + o: weights 128 hh + 32 gr + 16 o ..
+            __m512i S[4][PACKED_MB512];
+            _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
+                const int t = 2 * o + u;
+                const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192;
+                const __m512i l0 = _mm512_loadu_si512(q3), l1 = _mm512_loadu_si512(q3 + 64), hb = _mm512_loadu_si512(q3 + 128);
+                _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
+                    const __m512i q = q6_bits512(l0, l1, hb, gr);
+                    for (int i = 0; i < MB; i++) {
+                        int64_t v;
+                        memcpy(&v, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t, 8);
+                        const __m512i p = _mm512_maddubs_epi16(q, _mm512_set1_epi64(v));
+                        S[gr][i] = u ? _mm512_add_epi16(S[gr][i], p) : p;
+                    }
+                }
+            }
+            _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
+                const __m512i c = sc ? sc[8 * hh + 2 * gr + o] : q6k_scales512(g, 8 * hh + 2 * gr + o);
+                for (int i = 0; i < MB; i++) T[i] = _mm512_dpwssd_epi32(T[i], S[gr][i], c);
+            }
+        }
+    for (int i = 0; i < MB; i++) {
+        const int64_t at = (m0 + i) * KB + b;
+        const __m256i rows = _mm512_cvtepi64_epi32(_mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_CDAB)));
+        acc[i] = packed_float(acc[i], rows, g, a->b256 + at * 16, a->d256[at], 1);
     }
 }
 
@@ -112,9 +137,21 @@ static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g
     const int size = SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
     for (int b = 0; b < KB; b++, g += size) {
         for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T0);
+        if (SIX && !chunks) {                          // the scales made as they are used
+            group_block512_q6(g, NULL, KB, b, a, m0, REST, acc);
+            continue;
+        }
+        if (SIX) {                                     // the scales once for every chunk
+            __m512i sc[16];
+            for (int s = 0; s < 16; s++) sc[s] = q6k_scales512(g, s);
+            for (int c = 0; c < chunks; c++)
+                group_block512_q6(g, sc, KB, b, a, m0 + PACKED_MB512 * c, PACKED_MB512, acc + PACKED_MB512 * c);
+            if (REST) group_block512_q6(g, sc, KB, b, a, m0 + PACKED_MB512 * chunks, REST, acc + PACKED_MB512 * chunks);
+            continue;
+        }
         for (int c = 0; c < chunks; c++)
-            group_block512(g, KB, b, a, m0 + PACKED_MB512 * c, PACKED_MB512, FIVE, SIX, acc + PACKED_MB512 * c);
-        if (REST) group_block512(g, KB, b, a, m0 + PACKED_MB512 * chunks, REST, FIVE, SIX, acc + PACKED_MB512 * chunks);
+            group_block512(g, KB, b, a, m0 + PACKED_MB512 * c, PACKED_MB512, FIVE, acc + PACKED_MB512 * c);
+        if (REST) group_block512(g, KB, b, a, m0 + PACKED_MB512 * chunks, REST, FIVE, acc + PACKED_MB512 * chunks);
     }
     for (int i = 0; i < PACKED_MB512 * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
