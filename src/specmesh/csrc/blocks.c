@@ -298,8 +298,8 @@ static inline __attribute__((always_inline)) void group_block(const uint8_t *g, 
     *acc = packed_float(*acc, row_totals(T[0], T[1]), g, SIX ? a->b256 + at * 16 : a->s256 + at * 8, a->d256[at], SIX);
 }
 
-// the unpacked group-block W against activation rows m0 .. m0 + MB: acc[i] += its part. One broadcast of x serves
-// both halves; a sub-block's int16 sums, then its scales.
+// the unpacked group-block W against activation rows m0 .. m0 + MB: acc[i] += its part, a sub-block's int16 sums of
+// each half, then its scales
 static inline __attribute__((always_inline)) void unpacked_block(const __m256i *W, const uint8_t *g, const __m256i *sc,
                                                                   int KB, int b, const Acts *a, int64_t m0, const int MB,
                                                                   const int SIX, __m256 *acc) {
@@ -307,20 +307,16 @@ static inline __attribute__((always_inline)) void unpacked_block(const __m256i *
     const int8_t *x = a->q256 + (m0 * KB + b) * 256;
     __m256i T[2][PACKED_MB];
     for (int i = 0; i < MB; i++) T[0][i] = T[1][i] = _mm256_setzero_si256();
-    for (int s = 0; s < 256 / L; s++) {
-        __m256i S[PACKED_MB][2];
-        for (int i = 0; i < MB; i++) S[i][0] = S[i][1] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 4") for (int t = 0; t < L / 8; t++)
-            for (int i = 0; i < MB; i++) {
-                int64_t v;
-                memcpy(&v, x + i * KB * 256 + L * s + 8 * t, 8);
-                const __m256i bx = _mm256_set1_epi64x(v);
-                for (int h = 0; h < 2; h++)
-                    S[i][h] = _mm256_add_epi16(S[i][h], _mm256_maddubs_epi16(W[unpacked_at(s, t, h, SIX)], bx));
+    for (int s = 0; s < 256 / L; s++)
+        for (int h = 0; h < 2; h++) {
+            __m256i S[PACKED_MB];
+            for (int i = 0; i < MB; i++) S[i] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int t = 0; t < L / 8; t++) {
+                const __m256i w = W[unpacked_at(s, t, h, SIX)];
+                for (int i = 0; i < MB; i++) S[i] = _mm256_add_epi16(S[i], pairs8(w, x + i * KB * 256 + L * s + 8 * t));
             }
-        for (int h = 0; h < 2; h++)
-            for (int i = 0; i < MB; i++) T[h][i] = _mm256_add_epi32(T[h][i], _mm256_madd_epi16(S[i][h], sc[16 * h + s]));
-    }
+            for (int i = 0; i < MB; i++) T[h][i] = _mm256_add_epi32(T[h][i], _mm256_madd_epi16(S[i], sc[16 * h + s]));
+        }
     for (int i = 0; i < MB; i++) {
         const int64_t at = (m0 + i) * KB + b;
         acc[i] = packed_float(acc[i], row_totals(T[0][i], T[1][i]), g, SIX ? a->b256 + at * 16 : a->s256 + at * 8,
