@@ -340,7 +340,7 @@ static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, i
         for (int h = 0; h < 2; h++)
             for (int s = 0; s < (SIX ? 16 : 8); s++)
                 sc[16 * h + s] = SIX ? half_scales(q6k_scales(g, s), h, 1) : half_scales(q4k_scales(g, s), h, 0);
-        if (!chunks) {
+        if (!chunks) {                                 // one row (REST = 1)
             group_block(g, sc, KB, b, a, m0, FIVE, SIX, acc);
             continue;
         }
