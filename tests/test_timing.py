@@ -1,11 +1,12 @@
 """Threads per process: rank 0 of a multi-process method takes its share of the cores unless the user chose."""
 import os
+import time
 import warnings
 
 import pytest
 import torch
 
-from specmesh.timing import chosen_threads, rank_threads
+from specmesh.timing import chosen_threads, rank_threads, widths_ms
 
 CORES = len(os.sched_getaffinity(0))
 
@@ -59,3 +60,25 @@ def test_every_launched_process_gets_its_share_of_the_cores(launcher, monkeypatc
             remote_drafter.DrafterPool.start(["a", "b"], torch.float32, "cpu", None, 64)
     processes, threads, lend = launched.value.args
     assert threads == 8 // processes and lend
+
+
+class Drifting:
+    """A model whose forward sleeps 4 ms a row, three times as long once half its forwards are done: a machine
+    whose speed changes while the widths are measured."""
+    def __init__(self, model, forwards: int):
+        self.model, self.calls, self.half = model, 0, forwards // 2
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, x, cache, *rest):
+        self.calls += 1
+        time.sleep(0.004 * x.shape[1] * (3 if self.calls > self.half else 1))
+        return self.model(x, cache, *rest)
+
+
+def test_the_widths_take_turns_so_a_drifting_machine_keeps_their_ratio(tiny_model):
+    reps = 5
+    model = Drifting(tiny_model, forwards=1 + 2 * (1 + reps))      # the prefill, then each width's warm-up and reps
+    ms = widths_ms(model, (1, 8), context=8, reps=reps)
+    assert 6 < ms[8] / ms[1] < 10.5, ms                 # measured one width after the other: about 24

@@ -116,22 +116,31 @@ def forward_ms(model, tokens: int = 1, context: int = 128, reps: int = 20, layer
 
 
 def widths_ms(model, widths: tuple[int, ...], context: int = 128, reps: int = 5) -> dict[int, float]:
-    """forward_ms at each width, after one prefill of `context` random tokens shared by all (one warm-up each)."""
+    """Median time in ms of a forward at each width, after one prefill of `context` random tokens shared by all (one
+    warm-up each). The widths take turns, rep by rep, so a machine whose speed drifts while they are measured slows
+    them alike and their ratios hold."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(model.config.vocab_size, (1, context + max(widths)), generator=gen).to(model.device)
     cache = KVCache.for_model(model, 1, context + max(widths))
-    out = {}
+
+    def step(w: int) -> float:
+        start = time.perf_counter()
+        cache.rollback(0, context)
+        model(x[:, context:context + w], cache)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)
+        return time.perf_counter() - start
+
     with torch.inference_mode():
         model(x[:, :context], cache)
         cache.commit_all()
         for w in widths:
-            def step():
-                cache.rollback(0, context)
-                model(x[:, context:context + w], cache)
-                if model.device.type == "cuda":
-                    torch.cuda.synchronize(model.device)
-            out[w] = median_ms(step, reps, warmup=1)
-    return out
+            step(w)
+        times = {w: [] for w in widths}
+        for _ in range(reps):
+            for w in widths:
+                times[w].append(step(w))
+    return {w: sorted(t)[reps // 2] * 1e3 for w, t in times.items()}
 
 
 def layer_ms(model, tokens: int = 1, context: int = 128, reps: int = 20, tree: int = 0) -> float:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from specmesh.kernels import cpu_model
-from specmesh.timing import by_width, forward_ms
+from specmesh.timing import by_width, widths_ms
 
 WIDTHS = (1, 2, 4, 8, 16, 32)
 
@@ -47,11 +47,11 @@ class Projection:
     best_gamma_speedup: float | None = None
 
 
-def measure(path: Path, widths=WIDTHS, context: int = 256, reps: int = 5) -> dict[int, float]:
-    """A model file's forward time in ms by width (rows), after `context` cached tokens, bfloat16."""
+def measure(path: Path, widths=WIDTHS, context: int = 256, reps: int = 7) -> dict[int, float]:
+    """A model file's forward time in ms by width (rows), after `context` cached tokens, bfloat16 (the widths
+    measured in turns: timing.widths_ms)."""
     from specmesh.model.loader import load_model
-    model = load_model(path, torch.bfloat16)
-    return {w: forward_ms(model, w, context, reps) for w in widths}
+    return widths_ms(load_model(path, torch.bfloat16), tuple(widths), context, reps)
 
 
 def chain_gamma(acceptance: float, draft_ms: float, target_ms, most: int = 16) -> tuple[int, float]:
