@@ -7,7 +7,8 @@
 #include <stdlib.h>
 
 // K-quants packed by 8 rows (blocks.h): each 512-bit vector the 8 rows' 8 bytes against the activation row's 8 bytes
-// broadcast, one dpbusd; int32 lane (r, e) holds what blocks.c's packed_dot holds in its lane (r, e) of rows 4h ..
+// broadcast, one dpbusd (Q6_K: a maddubs, as blocks.c does); int32 lane (r, e) holds what blocks.c's packed_dot holds
+// in its lane (r, e) of rows 4h ..
 #define PACKED_MB512 4
 
 static inline __m512i dot8_512(__m512i acc, __m512i q, const int8_t *x) {
