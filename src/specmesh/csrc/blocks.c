@@ -177,7 +177,9 @@ static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a
         a->q32 = lines((int64_t)M * QB * 32);
         a->d32 = lines(sizeof(float) * (int64_t)M * QB);
         a->s32 = lines(sizeof(int32_t) * (int64_t)M * QB);
+        a->ds32 = lines(sizeof(float) * (int64_t)M * QB);
         q8_quantize_rows(x, M, K, QB, a->q32, a->d32, a->s32);
+        for (int64_t i = 0; i < (int64_t)M * QB; i++) a->ds32[i] = a->d32[i] * (float)a->s32[i];
     }
     if (k256) {
         a->q256 = lines((int64_t)M * K);
@@ -189,7 +191,7 @@ static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a
 }
 
 static void free_acts(Acts *a) {
-    free(a->q32); free(a->d32); free(a->s32); free(a->q256); free(a->d256); free(a->b256); free(a->s256);
+    free(a->q32); free(a->d32); free(a->s32); free(a->ds32); free(a->q256); free(a->d256); free(a->b256); free(a->s256);
 }
 
 // -- K-quants packed by 8 rows (blocks.h) ----------------------------------------------------------------------
@@ -410,7 +412,7 @@ static inline __attribute__((always_inline)) void group_block32(const uint8_t *g
     }
     for (int i = 0; i < MB; i++) {
         const int64_t at = (m0 + i) * QB + b;
-        acc[i] = packed_float32(acc[i], row_totals(T[0][i], T[1][i]), g, a->d32[at], a->s32[at], TYPE);
+        acc[i] = packed_float32(acc[i], row_totals(T[0][i], T[1][i]), g, a->d32[at], a->s32[at], a->ds32[at], TYPE);
     }
 }
 

@@ -25,9 +25,10 @@ typedef struct Matrix {
 } Matrix;
 
 typedef struct {            // x [M, K] quantized for the parts' kinds of block
-    int8_t *q32;            // per 32: [M][K / 32 * 32], scale d32 [M][K / 32], sums s32 [M][K / 32]
-    float *d32;
+    int8_t *q32;            // per 32: [M][K / 32 * 32], scale d32 [M][K / 32], sums s32 [M][K / 32], and d32 s32
+    float *d32;             // as a float, ds32 [M][K / 32] (what a Q4_1 or Q5_1 block's minimum multiplies)
     int32_t *s32;
+    float *ds32;
     int8_t *q256;           // per 256: [M][K], scale d256 [M][K / 256], sums of each 16 b256 [M][K / 16]
     float *d256;
     int16_t *b256;
@@ -133,12 +134,13 @@ static inline __m256 packed_float(__m256 acc, __m256i T, const uint8_t *g, const
     return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(pair_sums(g + Q4K_MN, xs, 0)), _mm256_mul_ps(dmin, vdx), acc);
 }
 
-// acc[r] += (T[r] - offset s) (d[r] dx) (+ m[r] (dx s)): a 32-block group-block's float part, s the activation row's sum
-// of the block's 32 bytes
-static inline __m256 packed_float32(__m256 acc, __m256i T, const uint8_t *g, float dx, int32_t s, const int TYPE) {
+// acc[r] += (T[r] - offset s) (d[r] dx) (+ m[r] ds): a 32-block group-block's float part, s the activation row's sum
+// of the block's 32 bytes, ds = dx s as a float
+static inline __m256 packed_float32(__m256 acc, __m256i T, const uint8_t *g, float dx, int32_t s, float ds,
+                                    const int TYPE) {
     if (q32_offset(TYPE)) T = _mm256_sub_epi32(T, _mm256_set1_epi32(q32_offset(TYPE) * s));
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc);
     if (!mins32(TYPE)) return acc;
-    return _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16))), _mm256_set1_ps(dx * (float)s), acc);
+    return _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16))), _mm256_set1_ps(ds), acc);
 }

@@ -207,8 +207,8 @@ static inline __attribute__((always_inline)) void group_block32_512(const uint8_
         const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(a->d32[ai]), _mm256_set1_ps(a->d32[aj]), 1);
         __m512 out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(rows), _mm512_mul_ps(d, dx), acc[i / 2]);
         if (mins32(TYPE))
-            out = _mm512_fmadd_ps(m, _mm512_insertf32x8(_mm512_set1_ps(a->d32[ai] * (float)a->s32[ai]),
-                                                        _mm256_set1_ps(a->d32[aj] * (float)a->s32[aj]), 1), out);
+            out = _mm512_fmadd_ps(m, _mm512_insertf32x8(_mm512_set1_ps(a->ds32[ai]), _mm256_set1_ps(a->ds32[aj]), 1),
+                                  out);
         acc[i / 2] = out;
     }
 }
