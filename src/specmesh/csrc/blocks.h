@@ -25,8 +25,8 @@ typedef struct Matrix {
 } Matrix;
 
 typedef struct {            // x [M, K] quantized for the parts' kinds of block
-    int8_t *q32;            // per 32: [M][K / 32 * 32], scale d32 [M][K / 32], sums s32 [M][K / 32], and d32 s32
-    float *d32;             // as a float, ds32 [M][K / 32] (what a Q4_1 or Q5_1 block's minimum multiplies)
+    int8_t *q32;            // per 32: [M][K / 32 * 32], scale d32 [M][K / 32], sums s32 [M][K / 32] and
+    float *d32;             // ds32 = d32 s32 as a float [M][K / 32] (what a Q4_1 or Q5_1 block's minimum multiplies)
     int32_t *s32;
     float *ds32;
     int8_t *q256;           // per 256: [M][K], scale d256 [M][K / 256], sums of each 16 b256 [M][K / 16]
