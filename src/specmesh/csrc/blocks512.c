@@ -17,6 +17,13 @@ static inline __m512i dot8_512(__m512i acc, __m512i q, const int8_t *x) {
     return _mm512_dpbusd_epi32(acc, q, _mm512_set1_epi64(v));
 }
 
+// blocks.c's pairs8 on 512 bits: int16 lane (r, p) sums 2 products of q and the activation row's 8 bytes at x
+static inline __m512i pairs8_512(__m512i q, const int8_t *x) {
+    int64_t v;
+    memcpy(&v, x, 8);
+    return _mm512_maddubs_epi16(q, _mm512_set1_epi64(v));
+}
+
 // Q4_K: sub-blocks 2j and 2j + 1's scales as int16 in packs_epi32(D0, D1)'s order, each twice: 128-bit lane k holds
 // c[2j][2k], c[2j][2k], c[2j][2k + 1], c[2j][2k + 1], then the same of sub-block 2j + 1 (rows 2k, 2k + 1)
 static inline __m512i q4k_pair_scales(const uint8_t *g, int j) {
@@ -108,9 +115,7 @@ static inline __attribute__((always_inline)) void group_block512_q6(const uint8_
                 _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
                     const __m512i q = q6_bits512(l0, l1, hb, gr);
                     for (int i = 0; i < MB; i++) {
-                        int64_t v;
-                        memcpy(&v, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t, 8);
-                        const __m512i p = _mm512_maddubs_epi16(q, _mm512_set1_epi64(v));
+                        const __m512i p = pairs8_512(q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t);
                         S[gr][i] = u ? _mm512_add_epi16(S[gr][i], p) : p;
                     }
                 }
