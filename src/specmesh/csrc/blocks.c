@@ -300,25 +300,61 @@ static inline __attribute__((always_inline)) void group_block(const uint8_t *g, 
     *acc = packed_float(*acc, row_totals(T[0], T[1]), g, SIX ? a->b256 + at * 16 : a->s256 + at * 8, a->d256[at], SIX);
 }
 
-// the unpacked group-block W against activation rows m0 .. m0 + MB: acc[i] += its part, a sub-block's int16 sums of
-// each half, then its scales
+// Step t of sub_block2: the weights 8 t .. of both halves (w: vectors 2 t, 2 t + 1) against the two activation rows'
+// 8 bytes (a broadcast serves both halves), into the int16 sums ymm4 (half 0, row 0), ymm5 (1, 0), ymm6 (0, 1),
+// ymm7 (1, 1), which step 0 starts; ymm0 .. ymm3 scratch
+#define SUB_LOAD(t, x)                                                                                                \
+    "vmovdqa " #t "*64(%[w]), %%ymm0\n\tvmovdqa " #t "*64+32(%[w]), %%ymm1\n\tvpbroadcastq " #t "*8(%[" #x "]), %%ymm2\n\t"
+#define SUB_FIRST(a, b) "vpmaddubsw %%ymm2, %%ymm0, %%ymm" #a "\n\tvpmaddubsw %%ymm2, %%ymm1, %%ymm" #b "\n\t"
+#define SUB_ADD(a, b) "vpmaddubsw %%ymm2, %%ymm0, %%ymm3\n\tvpaddw %%ymm3, %%ymm" #a ", %%ymm" #a "\n\t"             \
+                      "vpmaddubsw %%ymm2, %%ymm1, %%ymm3\n\tvpaddw %%ymm3, %%ymm" #b ", %%ymm" #b "\n\t"
+#define SUB_STEP0 SUB_LOAD(0, x0) SUB_FIRST(4, 5) "vpbroadcastq (%[x1]), %%ymm2\n\t" SUB_FIRST(6, 7)
+#define SUB_STEP(t) SUB_LOAD(t, x0) SUB_ADD(4, 5) "vpbroadcastq " #t "*8(%[x1]), %%ymm2\n\t" SUB_ADD(6, 7)
+#define SUB_END "vpmaddwd (%[s0]), %%ymm4, %%ymm4\n\tvpaddd %%ymm4, %[t00], %[t00]\n\t"                                \
+                "vpmaddwd (%[s1]), %%ymm5, %%ymm5\n\tvpaddd %%ymm5, %[t10], %[t10]\n\t"                                \
+                "vpmaddwd (%[s0]), %%ymm6, %%ymm6\n\tvpaddd %%ymm6, %[t01], %[t01]\n\t"                                \
+                "vpmaddwd (%[s1]), %%ymm7, %%ymm7\n\tvpaddd %%ymm7, %[t11], %[t11]\n\t"
+
+// A sub-block of the unpacked weights w (STEPS = its length / 8; vector (t, h) at w[2 t + h]) against activation rows
+// x0 and x1: T[h][i] += its int16 sums times the rows' scales s_h (madd). A broadcast of x serves both halves, which
+// saves a third of the loads; written out because gcc's schedule of the same intrinsics spilled the sums and loaded
+// each weight vector twice.
+static inline __attribute__((always_inline)) void sub_block2(const __m256i *w, const int8_t *x0, const int8_t *x1,
+                                                              const __m256i *s0, const __m256i *s1, const int STEPS,
+                                                              __m256i T[2][PACKED_MB]) {
+#define SUB_OPERANDS                                                                                                  \
+    : [t00] "+x"(T[0][0]), [t01] "+x"(T[0][1]), [t10] "+x"(T[1][0]), [t11] "+x"(T[1][1])                            \
+    : [w] "r"(w), [x0] "r"(x0), [x1] "r"(x1), [s0] "r"(s0), [s1] "r"(s1), "m"(*(const char (*)[64 * STEPS])w),       \
+      "m"(*(const char (*)[8 * STEPS])x0), "m"(*(const char (*)[8 * STEPS])x1), "m"(*s0), "m"(*s1)                  \
+    : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7"
+    if (STEPS == 2) __asm__(SUB_STEP0 SUB_STEP(1) SUB_END SUB_OPERANDS);
+    else __asm__(SUB_STEP0 SUB_STEP(1) SUB_STEP(2) SUB_STEP(3) SUB_END SUB_OPERANDS);
+#undef SUB_OPERANDS
+}
+
+// the unpacked group-block W against activation rows m0 .. m0 + MB (1 or 2): acc[i] += its part, a sub-block's int16
+// sums of each half, then its scales
 static inline __attribute__((always_inline)) void unpacked_block(const __m256i *W, const uint8_t *g, const __m256i *sc,
                                                                   int KB, int b, const Acts *a, int64_t m0, const int MB,
                                                                   const int SIX, __m256 *acc) {
     const int L = sub_len(SIX);
     const int8_t *x = a->q256 + (m0 * KB + b) * 256;
     __m256i T[2][PACKED_MB];
-    for (int i = 0; i < MB; i++) T[0][i] = T[1][i] = _mm256_setzero_si256();
-    for (int s = 0; s < 256 / L; s++)
-        for (int h = 0; h < 2; h++) {
-            __m256i S[PACKED_MB];
-            for (int i = 0; i < MB; i++) S[i] = _mm256_setzero_si256();
-            _Pragma("GCC unroll 4") for (int t = 0; t < L / 8; t++) {
-                const __m256i w = W[unpacked_at(s, t, h, SIX)];
-                for (int i = 0; i < MB; i++) S[i] = _mm256_add_epi16(S[i], pairs8(w, x + i * KB * 256 + L * s + 8 * t));
-            }
-            for (int i = 0; i < MB; i++) T[h][i] = _mm256_add_epi32(T[h][i], _mm256_madd_epi16(S[i], sc[16 * h + s]));
+    for (int i = 0; i < PACKED_MB; i++) T[0][i] = T[1][i] = _mm256_setzero_si256();
+    for (int s = 0; s < 256 / L; s++) {
+        const __m256i *w = W + unpacked_at(s, 0, 0, SIX);
+        if (MB == 2) {
+            sub_block2(w, x + L * s, x + KB * 256 + L * s, sc + s, sc + 16 + s, L / 8, T);
+            continue;
         }
+        __m256i S[2];
+        _Pragma("GCC unroll 4") for (int t = 0; t < L / 8; t++)
+            for (int h = 0; h < 2; h++) {
+                const __m256i p = pairs8(w[2 * t + h], x + L * s + 8 * t);
+                S[h] = t ? _mm256_add_epi16(S[h], p) : p;
+            }
+        for (int h = 0; h < 2; h++) T[h][0] = _mm256_add_epi32(T[h][0], _mm256_madd_epi16(S[h], sc[16 * h + s]));
+    }
     for (int i = 0; i < MB; i++) {
         const int64_t at = (m0 + i) * KB + b;
         acc[i] = packed_float(acc[i], row_totals(T[0][i], T[1][i]), g, SIX ? a->b256 + at * 16 : a->s256 + at * 8,
