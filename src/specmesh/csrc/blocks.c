@@ -404,13 +404,27 @@ static inline __m256i bit_bytes(uint32_t x) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
 
+// a nibble type's (Q4_0 .. Q5_1) weights 8 t .. (lo) and 16 + 8 t .. (hi) of rows 4h .. 4h + 3 as bytes q <= 31
+static inline __attribute__((always_inline)) void nibbles32(const uint8_t *g, int t, int h, const int TYPE, __m256i *lo,
+                                                             __m256i *hi) {
+    const __m256i nib = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(0x10);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(g + qs32(TYPE) + 64 * t + 32 * h));
+    *lo = _mm256_and_si256(v, nib), *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+    if (five32(TYPE)) {
+        uint32_t l, u;
+        memcpy(&l, g + qh32(TYPE) + 8 * t + 4 * h, 4), memcpy(&u, g + qh32(TYPE) + 8 * (2 + t) + 4 * h, 4);
+        *lo = _mm256_or_si256(*lo, _mm256_and_si256(bit_bytes(l), fifth));
+        *hi = _mm256_or_si256(*hi, _mm256_and_si256(bit_bytes(u), fifth));
+    }
+}
+
 // group-block b (at g) of 8 rows of a 32-block TYPE against activation rows m0 .. m0 + MB: acc[i] += its part. Vectors
 // as the K-quants' (4 rows' 8 bytes, h: rows 4h .. 4h + 3). Q8_0: |q| maddubs x with q's sign (a pair <= 2 128 127:
 // none saturates), a madd to int32 a vector; Q4_0 .. Q5_1: q unsigned <= 31, a block's 4 maddubs add in int16
 // (|sum| <= 4 2 31 127 = 31496), then one madd.
 static inline __attribute__((always_inline)) void group_block32(const uint8_t *g, int QB, int b, const Acts *a,
                                                                  int64_t m0, const int MB, const int TYPE, __m256 *acc) {
-    const __m256i ones = _mm256_set1_epi16(1), nib = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(0x10);
+    const __m256i ones = _mm256_set1_epi16(1);
     const int8_t *x = a->q32 + (m0 * QB + b) * 32;
     __m256i T[2][PACKED_MB];
     for (int h = 0; h < 2; h++) {
@@ -431,14 +445,8 @@ static inline __attribute__((always_inline)) void group_block32(const uint8_t *g
         __m256i S[PACKED_MB];
         for (int i = 0; i < MB; i++) S[i] = _mm256_setzero_si256();
         _Pragma("GCC unroll 2") for (int t = 0; t < 2; t++) {          // the weights 8 t .. (lo) and 16 + 8 t .. (hi)
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(g + qs32(TYPE) + 64 * t + 32 * h));
-            __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-            if (five32(TYPE)) {
-                uint32_t l, u;
-                memcpy(&l, g + qh32(TYPE) + 8 * t + 4 * h, 4), memcpy(&u, g + qh32(TYPE) + 8 * (2 + t) + 4 * h, 4);
-                lo = _mm256_or_si256(lo, _mm256_and_si256(bit_bytes(l), fifth));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(bit_bytes(u), fifth));
-            }
+            __m256i lo, hi;
+            nibbles32(g, t, h, TYPE, &lo, &hi);
             for (int i = 0; i < MB; i++) {
                 S[i] = _mm256_add_epi16(S[i], pairs8(lo, x + i * QB * 32 + 8 * t));
                 S[i] = _mm256_add_epi16(S[i], pairs8(hi, x + i * QB * 32 + 16 + 8 * t));
@@ -446,6 +454,28 @@ static inline __attribute__((always_inline)) void group_block32(const uint8_t *g
         }
         for (int i = 0; i < MB; i++) T[h][i] = _mm256_madd_epi16(S[i], ones);
     }
+    for (int i = 0; i < MB; i++) {
+        const int64_t at = (m0 + i) * QB + b;
+        acc[i] = packed_float32(acc[i], row_totals(T[0][i], T[1][i]), g, a->d32[at], a->s32[at], a->ds32[at], TYPE);
+    }
+}
+
+// A nibble type's group-block b unpacked (W[2 u + h]: the weights 8 u .. of rows 4h .. 4h + 3, so that step u meets
+// x's bytes 8 u ..) against activation rows m0 .. m0 + MB (1 or 2): acc[i] += its part, as group_block32's
+static inline __attribute__((always_inline)) void unpacked_block32(const __m256i *W, const uint8_t *g, int QB, int b,
+                                                                    const Acts *a, int64_t m0, const int MB,
+                                                                    const int TYPE, __m256 *acc) {
+    static const __m256i ones = {0x0001000100010001, 0x0001000100010001, 0x0001000100010001, 0x0001000100010001};
+    const int8_t *x = a->q32 + (m0 * QB + b) * 32;
+    __m256i T[2][PACKED_MB];
+    for (int i = 0; i < PACKED_MB; i++) T[0][i] = T[1][i] = _mm256_setzero_si256();
+    if (MB == 2) sub_block2(W, x, x + QB * 32, &ones, &ones, 4, T);
+    else
+        for (int h = 0; h < 2; h++) {
+            __m256i S = pairs8(W[h], x);
+            for (int u = 1; u < 4; u++) S = _mm256_add_epi16(S, pairs8(W[2 * u + h], x + 8 * u));
+            T[h][0] = _mm256_madd_epi16(S, ones);
+        }
     for (int i = 0; i < MB; i++) {
         const int64_t at = (m0 + i) * QB + b;
         acc[i] = packed_float32(acc[i], row_totals(T[0][i], T[1][i]), g, a->d32[at], a->s32[at], a->ds32[at], TYPE);
@@ -461,6 +491,15 @@ static inline __attribute__((always_inline)) void packed_dot32(const uint8_t *g,
     const int size = packed_block(TYPE);
     for (int b = 0; b < QB; b++, g += size) {
         for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD_BYTES + l, _MM_HINT_T0);
+        if (TYPE != Q8_0 && chunks) {                   // several rows: a nibble type unpacked once
+            __m256i W[8];
+            for (int t = 0; t < 2; t++)
+                for (int h = 0; h < 2; h++) nibbles32(g, t, h, TYPE, &W[2 * t + h], &W[2 * (2 + t) + h]);
+            for (int c = 0; c < chunks; c++)
+                unpacked_block32(W, g, QB, b, a, m0 + PACKED_MB * c, PACKED_MB, TYPE, acc + PACKED_MB * c);
+            if (REST) unpacked_block32(W, g, QB, b, a, m0 + PACKED_MB * chunks, REST, TYPE, acc + PACKED_MB * chunks);
+            continue;
+        }
         for (int c = 0; c < chunks; c++)
             group_block32(g, QB, b, a, m0 + PACKED_MB * c, PACKED_MB, TYPE, acc + PACKED_MB * c);
         if (REST) group_block32(g, QB, b, a, m0 + PACKED_MB * chunks, REST, TYPE, acc + PACKED_MB * chunks);
