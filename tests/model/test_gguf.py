@@ -246,14 +246,15 @@ def test_a_gguf_rewritten_in_16_bits_is_the_model_specmesh_runs_in_16_bits(chat_
 
 @pytest.mark.parametrize("ftype", ["q8_0", "q4_0", "q4_1"])
 def test_a_gguf_files_blocks_run_as_they_are(chat_checkpoint, tmp_path, ftype):
-    """In a bf16 run where the quantized kernels are (x86 without AMX: AVX512-VNNI or AVX2), a Q8_0 / Q4_0 / Q4_1
+    """In a bf16 run where Q8Linear takes them (AVX512-VNNI without AMX: loader.runs_blocks), a Q8_0 / Q4_0 / Q4_1
     file's matrices are multiplied as they are (its logits within activation-quantization rounding of the
-    dequantized float32 model), and llama.cpp gets that file; elsewhere they are dequantized."""
+    dequantized float32 model), and llama.cpp gets that file; elsewhere they are not Q8Linear's."""
     from specmesh.bench import llamacpp
+    from specmesh.model import loader
     source = to_gguf(chat_checkpoint, tmp_path / f"{ftype}.gguf", ftype)
     model = load_model(source, torch.bfloat16)
     kinds = {m.KIND for m in model.modules() if isinstance(m, kernels.Q8Linear)}
-    if kernels.q8_lib() is None:
+    if not loader.runs_blocks(source, torch.bfloat16):
         assert not kinds and llamacpp.cached_gguf(source, "bf16") != source
         return
     # one kind: the tied head is the bf16 embedding table here
@@ -266,7 +267,7 @@ def test_a_gguf_files_blocks_run_as_they_are(chat_checkpoint, tmp_path, ftype):
     assert llamacpp.cached_gguf(source, "bf16") == source
 
 
-@pytest.mark.cpu("avx2", "-amx_tile")      # Q8Linear's products (kernels.q8_lib): AVX2, or AVX512-VNNI, no AMX
+@pytest.mark.cpu(*kernels.Q8, "-amx_tile")   # a file's blocks on Q8Linear (loader.runs_blocks): VNNI, no AMX
 @pytest.mark.parametrize("ftype", ["q8_0", "q4_1"])
 def test_a_gguf_files_packed_matrices_are_cached_and_load_the_same_model(chat_checkpoint, tmp_path, monkeypatch,
                                                                            ftype):

@@ -5,8 +5,8 @@
   with AMX tile products where it has AMX), its ctypes signatures, the CPU's flags;
 * linears.py: the layers that replace nn.Linear: bf16 weights read once for several rows (BF16Linear),
   int8 drafts (Int8Linear), AMX tiles (AMXLinear), AVX512-BF16 dot products (DPLinear), AVX2 FMA over the same
-  layout (FMALinear), Q8_0 / Q4_0 / Q4_1 products on AVX512-VNNI or AVX2 for `--quant int8` / `int4` and GGUF
-  blocks (Q8Linear), batch-invariant
+  layout (FMALinear), Q8_0 / Q4_0 / Q4_1 products on AVX512-VNNI or AVX2 for `--quant int8` / `int4` (and
+  GGUF blocks on VNNI: Q8Linear), batch-invariant
   float32 (F32Linear), oneDNN's pre-packed bf16 (PackedLinear);
 The model puts them in place: model/kernel_choice.py chooses which a loaded model gets, model/c_forward.py runs
 a whole forward of up to SMALL_ROWS new tokens in one C call.

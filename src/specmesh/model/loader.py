@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specmesh.kernels import kernel_lib, q8_lib
+from specmesh.kernels.build import vnni_products
 from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
 from specmesh.model import gguf, packed
 from specmesh.model.kernel_choice import draft_quant, select_kernels
@@ -255,16 +256,20 @@ def release_freed_memory() -> None:
 
 
 def runs_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
-    """Whether a GGUF file's quantized matrices run as they are (quant.keep_blocks): its layers' are all of one
-    format the kernels multiply (Q8_0, Q4_0, Q4_1), in a bfloat16 run on a CPU whose kernels do (x86 without AMX,
-    on AVX512-VNNI or AVX2: kernels.Q8Linear); elsewhere they are dequantized (and rounded to the run's dtype)."""
-    return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and q8_lib() is not None \
-        and gguf.is_gguf(path) and gguf.layer_format(path) is not None
+    """Whether a GGUF file's quantized matrices run as kernels.Q8Linear's blocks (quant.keep_blocks): its layers' are
+    all of one format it multiplies (Q8_0, Q4_0, Q4_1), in a bfloat16 run on a CPU whose int8 products run on
+    AVX512-VNNI without AMX. With AMX, or on AVX2 alone, such a file runs packed from its own bytes instead
+    (runs_file_blocks: fewer bytes a token than Q8Linear's int8 copy, and there the faster products of the few rows
+    of decoding and verification; docs/quantization.md); elsewhere the matrices are dequantized (and rounded to the
+    run's dtype)."""
+    lib = q8_lib()
+    return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and lib is not None \
+        and vnni_products(lib) and gguf.is_gguf(path) and gguf.layer_format(path) is not None
 
 
 def runs_file_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
     """Whether a GGUF file's matrices run from the file as they are (load_file_blocks): a bfloat16 run on an x86 CPU
-    whose kernels build, of a file that is not all Q8_0 / Q4_0 / Q4_1 (runs_blocks repacks those), every matrix of
+    whose kernels build, of a file runs_blocks does not take for Q8Linear, every matrix of
     a type csrc/blocks.c multiplies (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) with its row a whole number
     of blocks. Elsewhere a file is dequantized at load."""
     lib = kernel_lib()
