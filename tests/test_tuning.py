@@ -102,6 +102,9 @@ def test_choice_is_cached_per_key_and_measured_again_on_request(tiny_checkpoint,
     LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint, dtype="bfloat16").tune()       # another key
     LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint).tune(remeasure=True)
     assert len(calls) == 3
+    monkeypatch.setenv("SPECMESH_KERNELS", "no-lend")                 # kernels switched: another key, not calibrated
+    assert LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint).choice.default_for
+    monkeypatch.delenv("SPECMESH_KERNELS")
     monkeypatch.setattr(tuning, "kernel_version", lambda: "changed")                # other C kernels: measured again
     assert LLM(target=tiny_checkpoint, draft=tiny_draft_checkpoint).choice.default_for     # not calibrated: default
     assert len(calls) == 3

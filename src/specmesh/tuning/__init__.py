@@ -283,12 +283,13 @@ def cache_path() -> Path:
 
 def cache_key(llm, draft: Path | None) -> str:
     """Machine (CPU model, vector units, threads, device), model pair, dtype and quantization, the kernels they
-    run on, the candidates and the rounds of measuring guesses (a new version's kernels, calibration families or
-    rule measure again)."""
+    run on (their version and the SPECMESH_KERNELS switches, which choose among them), the candidates and the rounds
+    of measuring guesses (a new version's kernels, calibration families or rule measure again)."""
     parts = [cpu_name(), vector_units(), f"{torch.get_num_threads()} threads", str(llm.device),
              str(llm.dtype).split(".")[-1], f"quant {llm.models.target.quant}", stamp(llm.models.target_path),
              stamp(draft) if draft else "-", type(llm.models.target.lm_head).__name__,
-             f"kernels {kernel_version()}", json.dumps(families(llm, draft)), f"guesses {GUESSES}"]
+             f"kernels {kernel_version()} {','.join(sorted(settings().kernels))}", json.dumps(families(llm, draft)),
+             f"guesses {GUESSES}"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16] + " " + " | ".join(parts[:6])
 
 
