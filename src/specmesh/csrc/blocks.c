@@ -304,7 +304,8 @@ static inline __attribute__((always_inline)) void group_block(const uint8_t *g, 
 // 8 bytes (a broadcast serves both halves), into the int16 sums ymm4 (half 0, row 0), ymm5 (1, 0), ymm6 (0, 1),
 // ymm7 (1, 1), which step 0 starts; ymm0 .. ymm3 scratch
 #define SUB_LOAD(t, x)                                                                                                \
-    "vmovdqa " #t "*64(%[w]), %%ymm0\n\tvmovdqa " #t "*64+32(%[w]), %%ymm1\n\tvpbroadcastq " #t "*8(%[" #x "]), %%ymm2\n\t"
+    "vmovdqa " #t "*64(%[w]), %%ymm0\n\tvmovdqa " #t "*64+32(%[w]), %%ymm1\n\t"                                    \
+    "vpbroadcastq " #t "*8(%[" #x "]), %%ymm2\n\t"
 #define SUB_FIRST(a, b) "vpmaddubsw %%ymm2, %%ymm0, %%ymm" #a "\n\tvpmaddubsw %%ymm2, %%ymm1, %%ymm" #b "\n\t"
 #define SUB_ADD(a, b) "vpmaddubsw %%ymm2, %%ymm0, %%ymm3\n\tvpaddw %%ymm3, %%ymm" #a ", %%ymm" #a "\n\t"             \
                       "vpmaddubsw %%ymm2, %%ymm1, %%ymm3\n\tvpaddw %%ymm3, %%ymm" #b ", %%ymm" #b "\n\t"

@@ -51,8 +51,9 @@ def use_c_kernels(model: nn.Module, int8: bool = False, glu: bool = True) -> nn.
     """bf16 linear weights (int8 with `int8`: draft models), float32 everywhere else, C norms
     and blocks where they build (in place); without AMX, products on the AVX512-BF16 dot product where the
     CPU has it, else on FMA over the same layout (`--quant` models: Q8_0 / Q4_0 / Q4_1 products on AVX512-VNNI
-    or AVX2, Q8Linear; a GGUF file's such blocks too, on VNNI: loader.runs_blocks). With AMX, MLPs whose width is a multiple of 32 apply SwiGLU in the gate/up product (amx_glu;
-    `glu=False`: product, then SwiGLU: the same values)."""
+    or AVX2, Q8Linear; a GGUF file's such blocks too, on VNNI: loader.runs_blocks). With AMX, MLPs whose width is
+    a multiple of 32 apply SwiGLU in the gate/up product (amx_glu; `glu=False`: product, then SwiGLU: the same
+    values)."""
     if (amx := amx_lib()) is not None and not int8:
         for mlp in (m for m in model.modules() if glu and isinstance(m, MLP) and isinstance(m.gate_up, nn.Linear)
                     and m.down.in_features % 32 == 0):      # (a GGUF file's matrices stay as they are)
