@@ -515,18 +515,19 @@ static void packed_rows(int type, const uint8_t *g0, int K, const Acts *a, int64
         return;
     }
     const int c = mb / PACKED_MB;
-#define ROWS(R) switch (type) {                                                                                       \
-        case Q4_K: packed_dot(g0, K / 256, a, m0, c, R, 0, 0, out); break;                                            \
-        case Q5_K: packed_dot(g0, K / 256, a, m0, c, R, 1, 0, out); break;                                            \
-        case Q6_K: packed_dot(g0, K / 256, a, m0, c, R, 0, 1, out); break;                                            \
-        case Q8_0: packed_dot32(g0, K / 32, a, m0, c, R, Q8_0, out); break;                                           \
-        case Q4_0: packed_dot32(g0, K / 32, a, m0, c, R, Q4_0, out); break;                                           \
-        case Q4_1: packed_dot32(g0, K / 32, a, m0, c, R, Q4_1, out); break;                                           \
-        case Q5_0: packed_dot32(g0, K / 32, a, m0, c, R, Q5_0, out); break;                                           \
-        case Q5_1: packed_dot32(g0, K / 32, a, m0, c, R, Q5_1, out); break;                                           \
+#define ROWS(C, R) switch (type) {                                                                                    \
+        case Q4_K: packed_dot(g0, K / 256, a, m0, C, R, 0, 0, out); break;                                            \
+        case Q5_K: packed_dot(g0, K / 256, a, m0, C, R, 1, 0, out); break;                                            \
+        case Q6_K: packed_dot(g0, K / 256, a, m0, C, R, 0, 1, out); break;                                            \
+        case Q8_0: packed_dot32(g0, K / 32, a, m0, C, R, Q8_0, out); break;                                           \
+        case Q4_0: packed_dot32(g0, K / 32, a, m0, C, R, Q4_0, out); break;                                           \
+        case Q4_1: packed_dot32(g0, K / 32, a, m0, C, R, Q4_1, out); break;                                           \
+        case Q5_0: packed_dot32(g0, K / 32, a, m0, C, R, Q5_0, out); break;                                           \
+        case Q5_1: packed_dot32(g0, K / 32, a, m0, C, R, Q5_1, out); break;                                           \
     }
-    if (mb % PACKED_MB) ROWS(1)
-    else ROWS(0)
+    if (mb == 1) ROWS(0, 1)         // decoding's row: code of its own, where no several-row path takes registers
+    else if (mb % PACKED_MB) ROWS(c, 1)
+    else ROWS(c, 0)
 #undef ROWS
 }
 
