@@ -333,6 +333,20 @@ static inline __attribute__((always_inline)) void sub_block2(const __m256i *w, c
 #undef SUB_OPERANDS
 }
 
+// sub_block2 for the one activation row x: T[h][0] += the sub-block's int16 sums times s_h
+static inline __attribute__((always_inline)) void sub_block1(const __m256i *w, const int8_t *x, const __m256i *s0,
+                                                              const __m256i *s1, const int STEPS,
+                                                              __m256i T[2][PACKED_MB]) {
+    __m256i S[2];
+    _Pragma("GCC unroll 4") for (int t = 0; t < STEPS; t++)
+        for (int h = 0; h < 2; h++) {
+            const __m256i p = pairs8(w[2 * t + h], x + 8 * t);
+            S[h] = t ? _mm256_add_epi16(S[h], p) : p;
+        }
+    T[0][0] = _mm256_add_epi32(T[0][0], _mm256_madd_epi16(S[0], *s0));
+    T[1][0] = _mm256_add_epi32(T[1][0], _mm256_madd_epi16(S[1], *s1));
+}
+
 // the unpacked group-block W against activation rows m0 .. m0 + MB (1 or 2): acc[i] += its part, a sub-block's int16
 // sums of each half, then its scales
 static inline __attribute__((always_inline)) void unpacked_block(const __m256i *W, const uint8_t *g, const __m256i *sc,
@@ -344,17 +358,8 @@ static inline __attribute__((always_inline)) void unpacked_block(const __m256i *
     for (int i = 0; i < PACKED_MB; i++) T[0][i] = T[1][i] = _mm256_setzero_si256();
     for (int s = 0; s < 256 / L; s++) {
         const __m256i *w = W + unpacked_at(s, 0, 0, SIX);
-        if (MB == 2) {
-            sub_block2(w, x + L * s, x + KB * 256 + L * s, sc + s, sc + 16 + s, L / 8, T);
-            continue;
-        }
-        __m256i S[2];
-        _Pragma("GCC unroll 4") for (int t = 0; t < L / 8; t++)
-            for (int h = 0; h < 2; h++) {
-                const __m256i p = pairs8(w[2 * t + h], x + L * s + 8 * t);
-                S[h] = t ? _mm256_add_epi16(S[h], p) : p;
-            }
-        for (int h = 0; h < 2; h++) T[h][0] = _mm256_add_epi32(T[h][0], _mm256_madd_epi16(S[h], sc[16 * h + s]));
+        if (MB == 2) sub_block2(w, x + L * s, x + KB * 256 + L * s, sc + s, sc + 16 + s, L / 8, T);
+        else sub_block1(w, x + L * s, sc + s, sc + 16 + s, L / 8, T);
     }
     for (int i = 0; i < MB; i++) {
         const int64_t at = (m0 + i) * KB + b;
@@ -471,12 +476,7 @@ static inline __attribute__((always_inline)) void unpacked_block32(const __m256i
     __m256i T[2][PACKED_MB];
     for (int i = 0; i < PACKED_MB; i++) T[0][i] = T[1][i] = _mm256_setzero_si256();
     if (MB == 2) sub_block2(W, x, x + QB * 32, &ones, &ones, 4, T);
-    else
-        for (int h = 0; h < 2; h++) {
-            __m256i S = pairs8(W[h], x);
-            for (int u = 1; u < 4; u++) S = _mm256_add_epi16(S, pairs8(W[2 * u + h], x + 8 * u));
-            T[h][0] = _mm256_madd_epi16(S, ones);
-        }
+    else sub_block1(W, x, &ones, &ones, 4, T);
     for (int i = 0; i < MB; i++) {
         const int64_t at = (m0 + i) * QB + b;
         acc[i] = packed_float32(acc[i], row_totals(T[0][i], T[1][i]), g, a->d32[at], a->s32[at], a->ds32[at], TYPE);
@@ -515,16 +515,7 @@ static void packed_rows(int type, const uint8_t *g0, int K, const Acts *a, int64
         return;
     }
     const int c = mb / PACKED_MB;
-#define ROWS(C, R) switch (type) {                                                                                    \
-        case Q4_K: packed_dot(g0, K / 256, a, m0, C, R, 0, 0, out); break;                                            \
-        case Q5_K: packed_dot(g0, K / 256, a, m0, C, R, 1, 0, out); break;                                            \
-        case Q6_K: packed_dot(g0, K / 256, a, m0, C, R, 0, 1, out); break;                                            \
-        case Q8_0: packed_dot32(g0, K / 32, a, m0, C, R, Q8_0, out); break;                                           \
-        case Q4_0: packed_dot32(g0, K / 32, a, m0, C, R, Q4_0, out); break;                                           \
-        case Q4_1: packed_dot32(g0, K / 32, a, m0, C, R, Q4_1, out); break;                                           \
-        case Q5_0: packed_dot32(g0, K / 32, a, m0, C, R, Q5_0, out); break;                                           \
-        case Q5_1: packed_dot32(g0, K / 32, a, m0, C, R, Q5_1, out); break;                                           \
-    }
+#define ROWS(C, R) PACKED_TYPES(packed_dot, packed_dot32, C, R)
     if (mb == 1) ROWS(0, 1)         // decoding's row: code of its own, where no several-row path takes registers
     else if (mb % PACKED_MB) ROWS(c, 1)
     else ROWS(c, 0)

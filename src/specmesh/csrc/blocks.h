@@ -91,6 +91,20 @@ static inline int packed_block(int type) {
     }
 }
 
+// packed_rows' switch over the packed types, for blocks.c's kernels and blocks512.c's, in a scope of type, g0, K, a,
+// m0 and out: DOT (a K-quant's: its group-blocks, C chunks, R rows more, FIVE, SIX) or DOT32 (a 32-block's: its
+// blocks, C, R, TYPE) of group g0 against activation rows m0 .. into out
+#define PACKED_TYPES(DOT, DOT32, C, R) switch (type) {                                                              \
+        case Q4_K: DOT(g0, K / 256, a, m0, C, R, 0, 0, out); break;                                                   \
+        case Q5_K: DOT(g0, K / 256, a, m0, C, R, 1, 0, out); break;                                                   \
+        case Q6_K: DOT(g0, K / 256, a, m0, C, R, 0, 1, out); break;                                                   \
+        case Q8_0: DOT32(g0, K / 32, a, m0, C, R, Q8_0, out); break;                                                  \
+        case Q4_0: DOT32(g0, K / 32, a, m0, C, R, Q4_0, out); break;                                                  \
+        case Q4_1: DOT32(g0, K / 32, a, m0, C, R, Q4_1, out); break;                                                  \
+        case Q5_0: DOT32(g0, K / 32, a, m0, C, R, Q5_0, out); break;                                                  \
+        case Q5_1: DOT32(g0, K / 32, a, m0, C, R, Q5_1, out); break;                                                  \
+    }
+
 // the packed kernels fetch the group-blocks AHEAD of the one they multiply: one row of activations streams the
 // weights faster than the hardware's prefetch alone fetches them
 #define AHEAD 4

@@ -239,16 +239,7 @@ static inline __attribute__((always_inline)) void packed_dot32_512(const uint8_t
 // group g0 (its first byte) of `type` against rows m0 .. m0 + mb (mb <= PASS_ROWS): out [mb][8]
 void packed_rows512(int type, const uint8_t *g0, int K, const Acts *a, int64_t m0, int mb, float *out) {
     const int c = mb / PACKED_MB512;
-#define ROWS(R) switch (type) {                                                                                       \
-        case Q4_K: packed_dot512(g0, K / 256, a, m0, c, R, 0, 0, out); break;                                         \
-        case Q5_K: packed_dot512(g0, K / 256, a, m0, c, R, 1, 0, out); break;                                         \
-        case Q6_K: packed_dot512(g0, K / 256, a, m0, c, R, 0, 1, out); break;                                         \
-        case Q8_0: packed_dot32_512(g0, K / 32, a, m0, c, R, Q8_0, out); break;                                       \
-        case Q4_0: packed_dot32_512(g0, K / 32, a, m0, c, R, Q4_0, out); break;                                       \
-        case Q4_1: packed_dot32_512(g0, K / 32, a, m0, c, R, Q4_1, out); break;                                       \
-        case Q5_0: packed_dot32_512(g0, K / 32, a, m0, c, R, Q5_0, out); break;                                       \
-        case Q5_1: packed_dot32_512(g0, K / 32, a, m0, c, R, Q5_1, out); break;                                       \
-    }
+#define ROWS(R) PACKED_TYPES(packed_dot512, packed_dot32_512, c, R)
     switch (mb % PACKED_MB512) {
         case 0: ROWS(0) break;
         case 1: ROWS(1) break;
