@@ -151,12 +151,14 @@ class SelfDraftOptions(Options):
 
 @dataclass(frozen=True)
 class SuffixOptions(Options):
-    gamma: int = option(12, "levels a proposal goes below the newest token at most (in a batch, without it: fewer "
-                        "by batch size)")
-    tree_tokens: int = option(16, "nodes a proposal holds at most")
-    factor: float = option(1.0, "nodes proposed per token of the matched suffix", metavar="F", most=float("inf"))
-    min_prob: float = option(0.1, "a node is proposed where the estimated probability of its path (how often it "
-                             "followed, from the root) is at least this", metavar="P")
+    gamma: int = option(12, "levels a proposal goes below the newest token at most")
+    tree_tokens: int = option(32, "nodes a proposal holds at most (how many are verified: priced by the forward's "
+                              "cost by width)")
+    min_prob: float = option(0.05, "a node is proposed where the estimated probability of its path (how often it "
+                             "followed, from the root, as far as such matches proved right) is at least this",
+                             metavar="P")
+    row_cost: float = option(0.0, "what one more token adds to a target forward, as a fraction of a forward's fixed "
+                             "part (0: fitted to the steps' times as they run)", metavar="F", most=float("inf"))
     depth: int = option(24, "tokens a path of the suffix tree holds: the matched suffix and the levels below it")
     cache_tokens: int = option(32768, "tokens of prompts and outputs the suffix tree holds (the oldest request's "
                                "dropped first)")

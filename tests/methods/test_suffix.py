@@ -6,10 +6,17 @@ import pytest
 from conftest import assert_same_distribution, sampled_pairs
 
 from specmesh import LLM, SamplingParams
-from specmesh.lossless.token_tree import TokenTree
-from specmesh.proposers.suffix_tree import SuffixTree
+from specmesh.proposers.suffix_tree import Candidate, Confidence, SuffixTree, continuations, priced
+from specmesh.timing import WidthCost
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x", "self.y = y\n\n" * 3]
+
+
+def sure() -> Confidence:
+    """A Confidence that takes the counts at their word."""
+    confidence = Confidence()
+    confidence.right = list(confidence.estimated)
+    return confidence
 
 
 def test_counts_say_how_often_each_continuation_followed():
@@ -17,12 +24,44 @@ def test_counts_say_how_often_each_continuation_followed():
     tree.extend(tree.open(), [1, 2, 3, 1, 2, 4, 1, 2, 3])
     node, m = tree.match([7, 1, 2], longest=3)
     assert m == 2 and tree.count[node] == 3             # "1 2" three times: followed by 3 twice, 4 once
-    grown = tree.grow(TokenTree.root(2), node, nodes=8, levels=2, min_prob=0.0)
+    grown = continuations(tree, node, m, most=8, levels=2, min_prob=0.0, confidence=sure())
     # best first: 3 (2/3), then 3's one continuation, 1 (2/3 * 1), then 4 (1/3), then 4's 1 (1/3)
-    assert grown.tokens == [2, 3, 1, 4, 1] and grown.parents == [-1, 0, 1, 0, 3]
-    assert grown.prob == pytest.approx([1.0, 2 / 3, 1.0, 1 / 3, 1.0])
-    assert tree.grow(TokenTree.root(2), node, nodes=2, levels=2, min_prob=0.0).tokens == [2, 3, 1]
-    assert tree.grow(TokenTree.root(2), node, nodes=8, levels=1, min_prob=0.5).tokens == [2, 3]
+    assert [c.token for c in grown] == [3, 1, 4, 1] and [c.parent for c in grown] == [-1, 0, -1, 2]
+    assert [c.p for c in grown] == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 3])
+    assert [c.length for c in grown] == [2, 3, 2, 3]    # the match, and the level above
+    assert [c.token for c in continuations(tree, node, m, 2, 2, 0.0, sure())] == [3, 1]
+    assert [c.token for c in continuations(tree, node, m, 8, 1, 0.5, sure())] == [3]
+    halved = continuations(tree, node, m, 8, 2, 0.0, Confidence())             # the prior: right half the time
+    assert [c.p for c in halved] == pytest.approx([1 / 3, 1 / 6, 1 / 6, 1 / 12])
+
+
+def test_confidence_learns_by_the_length_continued():
+    confidence = Confidence()
+    for _ in range(300):
+        confidence.count(1, 1.0, False)                 # one token of match: the counts were wrong
+        confidence.count(12, 0.5, True)                 # twelve: right more often than they said
+    assert confidence(1) < 0.02 and confidence(12) == 1.0 and confidence(2) == 0.5
+    assert confidence(40) == confidence(Confidence.LONGEST)
+    assert confidence.estimated[1] <= Confidence.MEMORY                     # older verdicts fade
+
+
+def test_priced_keeps_candidates_while_they_pay_for_their_rows():
+    rows = [[Candidate(0.9, -1, 5, 3, 0.9), Candidate(0.8, 0, 6, 4, 0.9)], [Candidate(0.1, -1, 7, 1, 0.1)]]
+    # rate = (2 + sum of p) / (1 + c * (2 + k)): with c = 0.1 the 0.1 node costs more than it gives
+    assert priced(rows, 0.1) == [2, 0]
+    assert priced(rows, 0.001) == [2, 1]
+    assert priced(rows, 10.0) == [0, 0]                 # a row costs ten forwards' fixed part: nothing pays
+    assert priced([[], []], 0.1) == [0, 0]
+
+
+def test_width_cost_fits_the_time_one_more_token_adds():
+    cost = WidthCost()
+    assert cost.per_token == WidthCost.PRIOR
+    for _ in range(10):
+        cost.observe(1, 4e-3)                           # a + b = 4 ms, a + 5b = 6 ms: b / a = 0.5 / 3.5
+        cost.observe(5, 6e-3)
+    assert cost.per_token == pytest.approx(0.5 / 3.5)
+    assert WidthCost(0.25).per_token == 0.25
 
 
 def test_the_longest_suffix_with_a_continuation_is_matched():
@@ -68,7 +107,8 @@ def ar(tiny_checkpoint):
     return LLM(target=tiny_checkpoint)
 
 
-@pytest.fixture(scope="module", params=[{}, {"gamma": 3, "tree_tokens": 5}, {"private": True, "min_prob": 0.0}])
+@pytest.fixture(scope="module", params=[{}, {"gamma": 3, "tree_tokens": 5, "row_cost": 0.001},
+                                                 {"private": True, "min_prob": 0.0}])
 def suffix(request, tiny_checkpoint):
     return LLM(target=tiny_checkpoint, method="suffix", **request.param)
 
@@ -100,6 +140,6 @@ def test_the_engine_keeps_its_bound_over_requests(tiny_checkpoint):
 @pytest.mark.parametrize("kw", [{}, {"top_k": 4}])
 def test_sampling_two_sample_test_against_ar(tiny_checkpoint, kw):
     ar = LLM(target=tiny_checkpoint)
-    spec = LLM(target=tiny_checkpoint, method="suffix", gamma=2, min_prob=0.0)   # every row speculates
+    spec = LLM(target=tiny_checkpoint, method="suffix", gamma=2, min_prob=0.0, row_cost=0.001)  # all speculate
     assert_same_distribution(sampled_pairs(ar, 1500, 0, **kw), sampled_pairs(spec, 1500, 1, **kw))
     assert spec.engine_for(spec.method).method.proposer.shared.tokens > 0

@@ -96,7 +96,9 @@ class Dispatch:
             policy.idle()
 
     def observe(self, draft_s: float, verify_s: float, trees: list[tuple[int, int, int]]) -> None:
-        """(The members' policies plan on nothing they observe.)"""
+        """The whole step, to every member's policy (`suffix`'s prices its nodes by the forward's time by width)."""
+        for policy in self.policies.values():
+            policy.observe(draft_s, verify_s, trees)
 
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
         trees: list[TokenTree | None] = [None] * len(seqs)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specmesh.engine.runner import Runner
 from specmesh.engine.sequence import Sequence
@@ -31,7 +31,7 @@ from specmesh.proposers.lookup import LookupFirst
 from specmesh.proposers.multibranch import MultiBranch, corpus_cache
 from specmesh.proposers.remote_drafter import DrafterPool
 from specmesh.proposers.suffix_tree import SuffixProposer
-from specmesh.timing import forward_ms
+from specmesh.timing import WidthCost, forward_ms
 
 SETTLE_STEPS = 8    # after a batch too wide to speculate, it must stay narrow this long before speculation resumes
 
@@ -78,6 +78,16 @@ class DraftDepth:
     def observe(self, draft_s: float, verify_s: float, trees: list[tuple[int, int, int]]) -> None:
         """What a step cost and gave: its drafting, its verification, and each row's (depth drafted, tree tokens,
         draft tokens accepted) (cosine_schedule.Scheduled plans on these)."""
+
+
+@dataclass
+class Priced(DraftDepth):
+    """`suffix`'s policy: `fixed` levels at any width, the proposer choosing how many nodes are worth their rows
+    from `cost`, which this fits to every step's forward time and width."""
+    cost: WidthCost = field(default_factory=WidthCost)
+
+    def observe(self, draft_s: float, verify_s: float, trees: list[tuple[int, int, int]]) -> None:
+        self.cost.observe(sum(tokens for _, tokens, _ in trees), verify_s)
 
 
 class Speculative(AR):
@@ -210,8 +220,10 @@ def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
 
 def build_suffix(models, method: Configured, runner: Runner) -> Speculative:
     o = method.config
-    proposer = SuffixProposer(runner.rows, o.depth, o.cache_tokens, o.tree_tokens, o.factor, o.min_prob, o.private)
-    return Speculative(runner, proposer, narrowing(o.gamma, "gamma" in method.given))
+    policy = Priced(o.gamma, cost=WidthCost(o.row_cost))
+    proposer = SuffixProposer(runner.rows, o.depth, o.cache_tokens, o.tree_tokens, o.min_prob, policy.cost,
+                              o.private)
+    return Speculative(runner, proposer, policy)
 
 
 SD = MethodSpec.of("sd", build_sd, slack=lambda o: max(o.gamma, o.lookup_reach if o.lookup else 0) + 1)

@@ -4,11 +4,14 @@ earlier requests' prompts and outputs and the request's own text, no draft model
 `SuffixTree` counts every continuation of every suffix of the sequences it holds, up to `depth` tokens a path: node
 = a token sequence seen, count = how often it occurred. Each step the proposer finds the longest suffix of the
 sequence (at most `depth - levels` tokens, so that `levels` continuation levels fit below it) that occurred before
-with something after it, and grows a tree below it best-first: a child's probability is its count over its
-siblings' (how often that continuation followed), a node's the product down from the root; at most
-`min(tree_tokens, factor * match length)` nodes, none below `min_prob`. A long match of text that recurred often
-proposes a deep tree, a short or rare one a small tree or none. The tree is a deterministic proposal, verified as
-prompt lookup's chains are: lossless greedy and sampling.
+with something after it, and grows candidates below it best-first by estimated probability: a node's, given its
+parent, is its count over its siblings' (how often that continuation followed) times `Confidence` for the length
+of the text it continues (the match plus the levels above it: one token of match is a weak witness, twelve a strong
+one), learned from the verdicts; a path's, the product down from the root. Then `priced` keeps, over every row,
+the likeliest candidates up to the number that gives the most tokens per unit of forward time, the forward's cost
+by width fitted as the steps run (timing.WidthCost): deep trees where a long match recurred and a wider forward
+costs little, none where a guess would cost more than it is likely to save. The tree is a deterministic
+proposal, verified as prompt lookup's chains are: lossless greedy and sampling, whatever was kept.
 
 Memory is bounded: the tree holds at most `cache_tokens` tokens of sequences (so at most `cache_tokens * depth`
 nodes); the oldest sequence is dropped whole (its counts taken back, nodes at zero freed) when a new token would
@@ -17,15 +20,16 @@ pass the bound. A sequence dropped while it runs is no longer added to.
 from __future__ import annotations
 
 import heapq
-import math
 from array import array
 from collections import OrderedDict
+from typing import NamedTuple
 
 import torch
 
 from specmesh.engine.sequence import Sequence
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
+from specmesh.timing import WidthCost
 
 
 class SuffixTree:
@@ -142,39 +146,98 @@ class SuffixTree:
                 return node, m
         return 0, 0
 
-    def grow(self, tree: TokenTree, node: int, nodes: int, levels: int, min_prob: float) -> TokenTree:
-        """Add below `tree`'s root (whose path is `node`'s), best-first by estimated probability, up to `nodes`
-        continuations at most `levels` deep, each at least `min_prob` likely."""
-        frontier: list[tuple[float, int, int, int, int, float]] = []   # (-p, tie, node, tree parent, level, p | parent)
-        self._push(frontier, node, 0, 0, 1.0, min_prob)
-        while frontier and len(tree) <= nodes:
-            neg_p, _, at, parent, level, given = heapq.heappop(frontier)
-            index = tree.add(self.token[at], parent, given)
-            if level < levels:
-                self._push(frontier, at, index, level, -neg_p, min_prob)
-        return tree
 
-    def _push(self, frontier: list, node: int, index: int, level: int, p: float, min_prob: float) -> None:
-        kids = self.children(node).values()
-        total = sum(self.count[c] for c in kids)
+
+
+class Confidence:
+    """How often a proposed node was right where its parent was, over how often its counts said it would be (the
+    sum of their estimates), by the length of the text it continues: the matched suffix and the levels above it."""
+    LONGEST = 16            # lengths from here on share one figure
+    PRIOR = (1.0, 2.0)      # (right, estimated) before any verdict: a half
+    MEMORY = 512.0          # estimates a length remembers: past it both sums are halved, so older verdicts fade
+
+    def __init__(self):
+        self.right = [self.PRIOR[0]] * (self.LONGEST + 1)
+        self.estimated = [self.PRIOR[1]] * (self.LONGEST + 1)
+
+    def __call__(self, length: int) -> float:
+        n = min(length, self.LONGEST)
+        return min(1.0, self.right[n] / self.estimated[n])
+
+    def count(self, length: int, estimate: float, right: bool) -> None:
+        n = min(length, self.LONGEST)
+        self.right[n] += right
+        self.estimated[n] += estimate
+        if self.estimated[n] > self.MEMORY:
+            self.right[n] /= 2
+            self.estimated[n] /= 2
+
+
+class Candidate(NamedTuple):
+    p: float            # estimated probability that the target takes the path from the root to this node
+    parent: int         # the parent's index among the row's candidates (-1: the root)
+    token: int
+    length: int         # tokens of the text this node continues (match + levels above it): Confidence's key
+    given: float        # the counts' estimate given the parent: this continuation's count over its siblings'
+
+
+def continuations(tree: SuffixTree, node: int, matched: int, most: int, levels: int, min_prob: float,
+                  confidence: Confidence) -> list[Candidate]:
+    """Up to `most` continuations of `node`'s path (a suffix of `matched` tokens), at most `levels` deep, each at
+    least `min_prob` likely, best first (so by falling p, a parent before its children)."""
+    out: list[Candidate] = []
+    frontier: list[tuple[float, int, int, int, float]] = []      # (-p, tree node, parent candidate, level, given)
+
+    def push(at: int, index: int, level: int, p: float) -> None:
+        kids = tree.children(at).values()
+        total = sum(tree.count[c] for c in kids)
+        sure = confidence(matched + level)
         for child in kids:
-            given = self.count[child] / total
-            if p * given >= min_prob:
-                heapq.heappush(frontier, (-p * given, child, child, index, level + 1, given))
+            given = tree.count[child] / total
+            if (q := p * min(1.0, sure * given)) >= min_prob:
+                heapq.heappush(frontier, (-q, child, index, level + 1, given))
+
+    push(node, -1, 0, 1.0)
+    while frontier and len(out) < most:
+        neg_p, at, parent, level, given = heapq.heappop(frontier)
+        out.append(Candidate(-neg_p, parent, tree.token[at], matched + level - 1, given))
+        if level < levels:
+            push(at, len(out) - 1, level, -neg_p)
+    return out
+
+
+def priced(rows: list[list[Candidate]], per_token: float) -> list[int]:
+    """How many of each row's candidates to verify: the likeliest first over every row, up to the count with the
+    most tokens per unit of forward time, (rows + sum of p) / (1 + per_token * (rows + candidates)) (each row's
+    root is verified anyway and gives a token). A row's count is a prefix of its list (ties go to the earlier)."""
+    merged = sorted((-c.p, r, i) for r, row in enumerate(rows) for i, c in enumerate(row))
+    base = len(rows)
+    best, take, tokens = base / (1 + per_token * base), 0, float(base)
+    for k, (neg_p, _, _) in enumerate(merged, 1):
+        tokens -= neg_p
+        if (rate := tokens / (1 + per_token * (base + k))) > best:
+            best, take = rate, k
+    counts = [0] * len(rows)
+    for _, r, _ in merged[:take]:
+        counts[r] += 1
+    return counts
 
 
 class SuffixProposer:
     """The proposer of `suffix`: one SuffixTree shared by every request of the engine (or, `private`, a tree of
-    each request's own text: prompt lookup's reach), each running sequence added to it as it grows."""
+    each request's own text: prompt lookup's reach), each running sequence added to it as it grows; one Confidence
+    learned over every row's verdicts; `cost`, the target's forward time by width, fitted by the step's policy."""
     levels = 0                                  # no draft forwards
 
-    def __init__(self, rows: int, depth: int, cache_tokens: int, tree_tokens: int, factor: float, min_prob: float,
-                 private: bool = False):
+    def __init__(self, rows: int, depth: int, cache_tokens: int, tree_tokens: int, min_prob: float,
+                 cost: WidthCost, private: bool = False):
         self.depth, self.cache_tokens, self.private = depth, cache_tokens, private
-        self.tree_tokens, self.factor, self.min_prob = tree_tokens, factor, min_prob
+        self.tree_tokens, self.min_prob, self.cost = tree_tokens, min_prob, cost
         self.shared = SuffixTree(depth, cache_tokens)
+        self.confidence = Confidence()
         self.rows: list[tuple[SuffixTree, int] | None] = [None] * rows       # (its tree, its sequence's id)
         self.added = [0] * rows                 # tokens of the row's sequence added to its tree
+        self.proposed: list[list[Candidate]] = [[] for _ in range(rows)]    # the last proposal's nodes 1, 2, ...
 
     def admit(self, row: int, seq: Sequence) -> None:
         tree = SuffixTree(self.depth, self.cache_tokens) if self.private else self.shared
@@ -186,22 +249,35 @@ class SuffixProposer:
         self.rows[dst], self.added[dst] = self.rows[src], self.added[src]
 
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
-        return [self._propose(b, seq, budget) for b, (seq, budget) in enumerate(zip(seqs, budgets))]
+        rows = [self._candidates(b, seq, budget) for b, (seq, budget) in enumerate(zip(seqs, budgets))]
+        counts = priced(rows, self.cost.per_token)
+        trees = []
+        for b, (seq, row, count) in enumerate(zip(seqs, rows, counts)):
+            self.proposed[b] = row[:count]
+            tree = TokenTree.root(seq.last)
+            for c in self.proposed[b]:
+                tree.add(c.token, c.parent + 1, c.p)
+            trees.append(tree)
+        return trees
 
-    def _propose(self, row: int, seq: Sequence, levels: int) -> TokenTree:
+    def _candidates(self, row: int, seq: Sequence, levels: int) -> list[Candidate]:
         tree, sid = self.rows[row]
         tree.extend(sid, seq.tokens[self.added[row]:])          # the newest token included
         self.added[row] = len(seq.tokens)
-        proposal = TokenTree.root(seq.last)
         levels = min(levels, self.depth - 1)
         if levels == 0:
-            return proposal
+            return []
         longest = self.depth - levels
         context = (list(seq.ids[-longest:]) + seq.tokens)[-longest:]
         node, m = tree.match(context, longest)
-        nodes = min(self.tree_tokens, math.ceil(self.factor * m))
-        return tree.grow(proposal, node, nodes, levels, self.min_prob) if m else proposal
+        return continuations(tree, node, m, self.tree_tokens, levels, self.min_prob, self.confidence) if m else []
 
     def accept(self, seqs: list[Sequence], trees: list[TokenTree], verdicts: list[Verdict],
                logits: torch.Tensor | None = None) -> None:
-        """Nothing to learn: the committed tokens join the tree at the next proposal."""
+        """Each node whose parent was accepted was tried: Confidence learns whether it was right. (The committed
+        tokens join the suffix tree at the next proposal.)"""
+        for b, (tree, verdict) in enumerate(zip(trees, verdicts)):
+            on = set(verdict.path)
+            for i, c in enumerate(self.proposed[b], 1):
+                if tree.parents[i] in on:
+                    self.confidence.count(c.length, c.given, i in on)
