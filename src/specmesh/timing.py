@@ -207,31 +207,32 @@ def by_width(measured: dict[int, float]) -> Callable[[int], float]:
 
 
 class WidthCost:
-    """A target forward's time fitted as a + b * width (tokens over the batch's rows) to the steps it is shown:
-    `per_token` = b / a, what one more token adds to a forward, as a fraction of the forward's fixed part (weights
-    read once, a step's overheads). `fixed`: that fraction given, not measured. Until two widths were seen: PRIOR."""
+    """A target forward's time by width (tokens over the batch's rows), as the steps it is shown measured it, read as a
+    line a + b * width around a given width: `per_token(width)` = b / a, what one more token adds to a forward there,
+    as a fraction of the forward's fixed part (weights read once, a step's overheads). The line is fitted to the widths
+    seen, the nearer ones weighing more: the cost grows faster past the widths where the weights' reads dominate.
+    `fixed`: that fraction given, not measured. Until two widths were seen: PRIOR."""
     PRIOR = 0.1
     SMOOTH = 0.2            # weight of a step's time in its width's running mean
     BOUNDS = (0.001, 2.0)
 
     def __init__(self, fixed: float = 0.0):
         self.fixed = fixed
-        self.ms: dict[int, tuple[float, int]] = {}       # width -> (running mean of ms, steps seen, at most CAP)
+        self.ms: dict[int, tuple[float, int]] = {}       # width -> (running mean of ms, steps seen, at most 16)
 
     def observe(self, width: int, seconds: float) -> None:
         ms, n = self.ms.get(width, (seconds * 1e3, 0))
         self.ms[width] = (ms + self.SMOOTH * (seconds * 1e3 - ms), min(n + 1, 16))
 
-    @property
-    def per_token(self) -> float:
+    def per_token(self, width: int = 1) -> float:
         if self.fixed:
             return self.fixed
         if len(self.ms) < 2:
             return self.PRIOR
-        n = sum(c for _, c in self.ms.values())         # least squares, each width weighted by its steps
-        mx = sum(c * w for w, (_, c) in self.ms.items()) / n
-        my = sum(c * y for y, c in self.ms.values()) / n
-        sxx = sum(c * (w - mx) ** 2 for w, (_, c) in self.ms.items())
-        b = sum(c * (w - mx) * (y - my) for w, (y, c) in self.ms.items()) / sxx
+        reach = max(2.0, float(width))                  # a width this far off weighs half
+        seen = [(w, y, n / (1 + ((w - width) / reach) ** 2)) for w, (y, n) in self.ms.items()]
+        total = sum(c for _, _, c in seen)              # weighted least squares
+        mx, my = sum(c * w for w, _, c in seen) / total, sum(c * y for _, y, c in seen) / total
+        b = sum(c * (w - mx) * (y - my) for w, y, c in seen) / sum(c * (w - mx) ** 2 for w, _, c in seen)
         a = my - b * mx
         return min(max(b / a, self.BOUNDS[0]), self.BOUNDS[1]) if a > 0 else self.BOUNDS[1]

@@ -6,7 +6,7 @@ import pytest
 from conftest import assert_same_distribution, sampled_pairs
 
 from specmesh import LLM, SamplingParams
-from specmesh.proposers.suffix_tree import Candidate, Confidence, SuffixTree, continuations, priced
+from specmesh.proposers.suffix_tree import Candidate, Confidence, SuffixTree, continuations, paying, priced
 from specmesh.timing import WidthCost
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n", "x", "self.y = y\n\n" * 3]
@@ -52,16 +52,28 @@ def test_priced_keeps_candidates_while_they_pay_for_their_rows():
     assert priced(rows, 0.001) == [2, 1]
     assert priced(rows, 10.0) == [0, 0]                 # a row costs ten forwards' fixed part: nothing pays
     assert priced([[], []], 0.1) == [0, 0]
+    even = [[Candidate(0.5, -1, 5, 2, 0.5)]]
+    assert priced(even, 0.1) == [1] and priced(even, 0.1, others=12) == [0]     # a wide batch asks for more
 
 
 def test_width_cost_fits_the_time_one_more_token_adds():
     cost = WidthCost()
-    assert cost.per_token == WidthCost.PRIOR
+    assert cost.per_token() == WidthCost.PRIOR
     for _ in range(10):
         cost.observe(1, 4e-3)                           # a + b = 4 ms, a + 5b = 6 ms: b / a = 0.5 / 3.5
         cost.observe(5, 6e-3)
-    assert cost.per_token == pytest.approx(0.5 / 3.5)
-    assert WidthCost(0.25).per_token == 0.25
+    assert cost.per_token(1) == pytest.approx(0.5 / 3.5) and cost.per_token(5) == pytest.approx(0.5 / 3.5)
+    for _ in range(10):
+        cost.observe(9, 12e-3)                          # past 5 a token costs 1.5 ms: the line bends
+    assert cost.per_token(9) > 2 * cost.per_token(1)
+    assert WidthCost(0.25).per_token(7) == 0.25
+
+
+def test_no_node_below_the_paying_probability_is_kept():
+    for c, rows in [(0.1, 1), (0.3, 8), (1.0, 2)]:
+        floor = paying(c, rows)
+        assert priced([[Candidate(floor * 0.99, -1, 5, 2, 1.0)]], c, rows - 1) == [0]
+        assert priced([[Candidate(floor * 1.01, -1, 5, 2, 1.0)]], c, rows - 1) == [1]
 
 
 def test_the_longest_suffix_with_a_continuation_is_matched():

@@ -83,8 +83,13 @@ class DraftDepth:
 @dataclass
 class Priced(DraftDepth):
     """`suffix`'s policy: `fixed` levels at any width, the proposer choosing how many nodes are worth their rows
-    from `cost`, which this fits to every step's forward time and width."""
+    from `cost`, which this fits to every step's forward time and width, and from the batch's `width`."""
     cost: WidthCost = field(default_factory=WidthCost)
+    width: int = 1                          # sequences in this step's batch, of every method (mixed.Dispatch)
+
+    def budgets(self, seqs: list[Sequence], width: int | None = None) -> list[int]:
+        self.width = len(seqs) if width is None else width
+        return super().budgets(seqs, width)
 
     def observe(self, draft_s: float, verify_s: float, trees: list[tuple[int, int, int]]) -> None:
         self.cost.observe(sum(tokens for _, tokens, _ in trees), verify_s)
@@ -221,8 +226,7 @@ def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
 def build_suffix(models, method: Configured, runner: Runner) -> Speculative:
     o = method.config
     policy = Priced(o.gamma, cost=WidthCost(o.row_cost))
-    proposer = SuffixProposer(runner.rows, o.depth, o.cache_tokens, o.tree_tokens, o.min_prob, policy.cost,
-                              o.private)
+    proposer = SuffixProposer(runner.rows, o.depth, o.cache_tokens, o.tree_tokens, o.min_prob, policy, o.private)
     return Speculative(runner, proposer, policy)
 
 

@@ -22,14 +22,16 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import OrderedDict
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from specmesh.engine.sequence import Sequence
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
-from specmesh.timing import WidthCost
+
+if TYPE_CHECKING:
+    from specmesh.methods.speculative import Priced
 
 
 class SuffixTree:
@@ -206,12 +208,13 @@ def continuations(tree: SuffixTree, node: int, matched: int, most: int, levels: 
     return out
 
 
-def priced(rows: list[list[Candidate]], per_token: float) -> list[int]:
+def priced(rows: list[list[Candidate]], per_token: float, others: int = 0) -> list[int]:
     """How many of each row's candidates to verify: the likeliest first over every row, up to the count with the
-    most tokens per unit of forward time, (rows + sum of p) / (1 + per_token * (rows + candidates)) (each row's
-    root is verified anyway and gives a token). A row's count is a prefix of its list (ties go to the earlier)."""
+    most tokens per unit of forward time, (rows + sum of p) / (1 + per_token * (rows + candidates)), where rows
+    counts `others` in the batch besides these (each row's root is verified anyway and gives a token). A row's
+    count is a prefix of its list (ties go to the earlier)."""
     merged = sorted((-c.p, r, i) for r, row in enumerate(rows) for i, c in enumerate(row))
-    base = len(rows)
+    base = len(rows) + others
     best, take, tokens = base / (1 + per_token * base), 0, float(base)
     for k, (neg_p, _, _) in enumerate(merged, 1):
         tokens -= neg_p
@@ -223,16 +226,23 @@ def priced(rows: list[list[Candidate]], per_token: float) -> list[int]:
     return counts
 
 
+def paying(per_token: float, rows: int) -> float:
+    """The least probability a node must have to pay for its row in a batch of `rows` (priced's first step:
+    (rows + p) / (1 + c (rows + 1)) > rows / (1 + c rows)); each node kept raises it, so none below it is kept."""
+    return per_token * rows / (1 + per_token * rows)
+
+
 class SuffixProposer:
     """The proposer of `suffix`: one SuffixTree shared by every request of the engine (or, `private`, a tree of
     each request's own text: prompt lookup's reach), each running sequence added to it as it grows; one Confidence
-    learned over every row's verdicts; `cost`, the target's forward time by width, fitted by the step's policy."""
+    learned over every row's verdicts; `policy` (methods.speculative.Priced): the target's forward time by width,
+    fitted as the steps run, and the batch's width."""
     levels = 0                                  # no draft forwards
 
     def __init__(self, rows: int, depth: int, cache_tokens: int, tree_tokens: int, min_prob: float,
-                 cost: WidthCost, private: bool = False):
+                 policy: Priced, private: bool = False):
         self.depth, self.cache_tokens, self.private = depth, cache_tokens, private
-        self.tree_tokens, self.min_prob, self.cost = tree_tokens, min_prob, cost
+        self.tree_tokens, self.min_prob, self.policy = tree_tokens, min_prob, policy
         self.shared = SuffixTree(depth, cache_tokens)
         self.confidence = Confidence()
         self.rows: list[tuple[SuffixTree, int] | None] = [None] * rows       # (its tree, its sequence's id)
@@ -249,8 +259,11 @@ class SuffixProposer:
         self.rows[dst], self.added[dst] = self.rows[src], self.added[src]
 
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
-        rows = [self._candidates(b, seq, budget) for b, (seq, budget) in enumerate(zip(seqs, budgets))]
-        counts = priced(rows, self.cost.per_token)
+        width = self.policy.width
+        per_token = self.policy.cost.per_token(width)
+        worth = max(self.min_prob, paying(per_token, width))
+        rows = [self._candidates(b, seq, budget, worth) for b, (seq, budget) in enumerate(zip(seqs, budgets))]
+        counts = priced(rows, per_token, width - len(seqs))
         trees = []
         for b, (seq, row, count) in enumerate(zip(seqs, rows, counts)):
             self.proposed[b] = row[:count]
@@ -260,7 +273,7 @@ class SuffixProposer:
             trees.append(tree)
         return trees
 
-    def _candidates(self, row: int, seq: Sequence, levels: int) -> list[Candidate]:
+    def _candidates(self, row: int, seq: Sequence, levels: int, min_prob: float) -> list[Candidate]:
         tree, sid = self.rows[row]
         tree.extend(sid, seq.tokens[self.added[row]:])          # the newest token included
         self.added[row] = len(seq.tokens)
@@ -270,7 +283,7 @@ class SuffixProposer:
         longest = self.depth - levels
         context = (list(seq.ids[-longest:]) + seq.tokens)[-longest:]
         node, m = tree.match(context, longest)
-        return continuations(tree, node, m, self.tree_tokens, levels, self.min_prob, self.confidence) if m else []
+        return continuations(tree, node, m, self.tree_tokens, levels, min_prob, self.confidence) if m else []
 
     def accept(self, seqs: list[Sequence], trees: list[TokenTree], verdicts: list[Verdict],
                logits: torch.Tensor | None = None) -> None:
