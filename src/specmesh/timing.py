@@ -207,32 +207,38 @@ def by_width(measured: dict[int, float]) -> Callable[[int], float]:
 
 
 class WidthCost:
-    """A target forward's time by width (tokens over the batch's rows), as the steps it is shown measured it, read as a
-    line a + b * width around a given width: `per_token(width)` = b / a, what one more token adds to a forward there,
-    as a fraction of the forward's fixed part (weights read once, a step's overheads). The line is fitted to the widths
-    seen, the nearer ones weighing more: the cost grows faster past the widths where the weights' reads dominate.
-    `fixed`: that fraction given, not measured. Until two widths were seen: PRIOR."""
+    """A target forward's time by width (tokens over the batch's rows), as the steps it is shown measured it, apart
+    for plain steps (a token a row) and for steps that verify trees (their masks and scattered rows cost more):
+    `ms(width, tree, near)` reads a line fitted to that kind's widths, those nearer `near` weighing more (past the
+    widths where the weights' reads dominate, each token costs more). `fixed`: every forward costs 1 + fixed * width,
+    not measured; a kind with fewer than two widths seen reads the other's line, and where neither has: PRIOR's."""
     PRIOR = 0.1
     SMOOTH = 0.2            # weight of a step's time in its width's running mean
-    BOUNDS = (0.001, 2.0)
+    STEPS = 16              # steps a width's weight counts at most
 
     def __init__(self, fixed: float = 0.0):
         self.fixed = fixed
-        self.ms: dict[int, tuple[float, int]] = {}       # width -> (running mean of ms, steps seen, at most 16)
+        self.seen: dict[bool, dict[int, tuple[float, int]]] = {False: {}, True: {}}   # tree? -> width -> (ms, steps)
 
-    def observe(self, width: int, seconds: float) -> None:
-        ms, n = self.ms.get(width, (seconds * 1e3, 0))
-        self.ms[width] = (ms + self.SMOOTH * (seconds * 1e3 - ms), min(n + 1, 16))
+    def observe(self, width: int, seconds: float, tree: bool) -> None:
+        seen = self.seen[tree]
+        ms, n = seen.get(width, (seconds * 1e3, 0))
+        seen[width] = (ms + self.SMOOTH * (seconds * 1e3 - ms), min(n + 1, self.STEPS))
 
-    def per_token(self, width: int = 1) -> float:
+    def ms(self, width: int, tree: bool, near: int) -> float:
         if self.fixed:
-            return self.fixed
-        if len(self.ms) < 2:
-            return self.PRIOR
-        reach = max(2.0, float(width))                  # a width this far off weighs half
-        seen = [(w, y, n / (1 + ((w - width) / reach) ** 2)) for w, (y, n) in self.ms.items()]
-        total = sum(c for _, _, c in seen)              # weighted least squares
+            return 1 + self.fixed * width
+        a, b = self.line(tree, near) or self.line(not tree, near) or (1.0, self.PRIOR)
+        return a + b * width
+
+    def line(self, tree: bool, near: int) -> tuple[float, float] | None:
+        """(a, b) of a + b * width, least squares over the widths seen, weighted by steps and by closeness to
+        `near` (one `near` away weighs half); None before two widths were seen."""
+        if len(self.seen[tree]) < 2:
+            return None
+        reach = max(2.0, float(near))
+        seen = [(w, y, n / (1 + ((w - near) / reach) ** 2)) for w, (y, n) in self.seen[tree].items()]
+        total = sum(c for _, _, c in seen)
         mx, my = sum(c * w for w, _, c in seen) / total, sum(c * y for _, y, c in seen) / total
         b = sum(c * (w - mx) * (y - my) for w, y, c in seen) / sum(c * (w - mx) ** 2 for w, _, c in seen)
-        a = my - b * mx
-        return min(max(b / a, self.BOUNDS[0]), self.BOUNDS[1]) if a > 0 else self.BOUNDS[1]
+        return my - b * mx, max(b, 0.0)

@@ -45,73 +45,45 @@ def test_confidence_learns_by_the_length_continued():
     assert confidence.estimated[1] <= Confidence.MEMORY                     # older verdicts fade
 
 
+def line(per_token: float, tree_extra: float = 0.0):
+    """A forward's ms by width: 1 + per_token * width, and `tree_extra` more where it verifies trees."""
+    return lambda width, tree: 1 + per_token * width + (tree_extra if tree else 0.0)
+
+
 def test_priced_keeps_candidates_while_they_pay_for_their_rows():
     rows = [[Candidate(0.9, -1, 5, 3, 0.9), Candidate(0.8, 0, 6, 4, 0.9)], [Candidate(0.1, -1, 7, 1, 0.1)]]
     # rate = (2 + sum of p) / (1 + c * (2 + k)): with c = 0.1 the 0.1 node costs more than it gives
-    assert priced(rows, 0.1) == [2, 0]
-    assert priced(rows, 0.001) == [2, 1]
-    assert priced(rows, 10.0) == [0, 0]                 # a row costs ten forwards' fixed part: nothing pays
-    assert priced([[], []], 0.1) == [0, 0]
+    assert priced(rows, line(0.1)) == [2, 0]
+    assert priced(rows, line(0.001)) == [2, 1]
+    assert priced(rows, line(10.0)) == [0, 0]           # a row costs ten forwards' fixed part: nothing pays
+    assert priced(rows, line(0.1, tree_extra=1.0)) == [0, 0]    # a tree's step costs a forward more
+    assert priced([[], []], line(0.1)) == [0, 0]
     even = [[Candidate(0.5, -1, 5, 2, 0.5)]]
-    assert priced(even, 0.1) == [1] and priced(even, 0.1, others=12) == [0]     # a wide batch asks for more
+    assert priced(even, line(0.1)) == [1] and priced(even, line(0.1), others=12) == [0]    # a wide batch asks more
 
 
-def test_width_cost_fits_the_time_one_more_token_adds():
+def test_width_cost_fits_each_kind_of_step_near_the_width_asked():
     cost = WidthCost()
-    assert cost.per_token() == WidthCost.PRIOR
+    assert cost.ms(3, True, near=1) == pytest.approx(1 + 3 * WidthCost.PRIOR)
     for _ in range(10):
-        cost.observe(1, 4e-3)                           # a + b = 4 ms, a + 5b = 6 ms: b / a = 0.5 / 3.5
-        cost.observe(5, 6e-3)
-    assert cost.per_token(1) == pytest.approx(0.5 / 3.5) and cost.per_token(5) == pytest.approx(0.5 / 3.5)
+        cost.observe(1, 4e-3, tree=False)               # plain: a + b = 4 ms, a + 5b = 6 ms
+        cost.observe(5, 6e-3, tree=False)
+    assert cost.ms(3, False, near=1) == pytest.approx(5.0) and cost.ms(3, True, near=1) == pytest.approx(5.0)
     for _ in range(10):
-        cost.observe(9, 12e-3)                          # past 5 a token costs 1.5 ms: the line bends
-    assert cost.per_token(9) > 2 * cost.per_token(1)
-    assert WidthCost(0.25).per_token(7) == 0.25
+        cost.observe(9, 12e-3, tree=False)              # past 5 a token costs 1.5 ms: the line bends
+        cost.observe(3, 6e-3, tree=True)                # a tree's step: 1 ms more than a plain one
+        cost.observe(7, 8e-3, tree=True)
+    slope = [cost.ms(near + 1, False, near) - cost.ms(near, False, near) for near in (1, 9)]
+    assert slope[1] > 1.25 * slope[0]
+    assert cost.ms(5, True, near=5) == pytest.approx(7.0)
+    assert WidthCost(0.25).ms(4, True, near=7) == 2.0
 
 
 def test_no_node_below_the_paying_probability_is_kept():
-    for c, rows in [(0.1, 1), (0.3, 8), (1.0, 2)]:
-        floor = paying(c, rows)
-        assert priced([[Candidate(floor * 0.99, -1, 5, 2, 1.0)]], c, rows - 1) == [0]
-        assert priced([[Candidate(floor * 1.01, -1, 5, 2, 1.0)]], c, rows - 1) == [1]
-
-
-def test_the_longest_suffix_with_a_continuation_is_matched():
-    tree = SuffixTree(depth=8, cache_tokens=100)
-    tree.extend(tree.open(), [5, 6, 7, 8, 9, 6, 7, 1])
-    assert tree.match([5, 6, 7], longest=6)[1] == 3     # "5 6 7" -> 8, though "6 7" goes on too
-    assert tree.match([0, 6, 7], longest=6)[1] == 2
-    assert tree.match([4, 4], longest=6) == (0, 0)
-    assert tree.match([7, 1], longest=6) == (0, 0)      # "7 1" and "1" end the text: nothing followed them
-
-
-def test_dropping_every_sequence_frees_every_node():
-    rng = random.Random(0)
-    tree = SuffixTree(depth=5, cache_tokens=10_000)
-    texts = [[rng.randrange(6) for _ in range(rng.randrange(1, 60))] for _ in range(20)]
-    ids = [tree.open() for _ in texts]
-    for sid, text in zip(ids, texts):
-        for i in range(0, len(text), 7):
-            tree.extend(sid, text[i:i + 7])
-    fresh = SuffixTree(depth=5, cache_tokens=10_000)
-    fresh.extend(fresh.open(), texts[-1])
-    for sid in ids[:-1]:
-        tree.drop(sid)
-    assert tree.nodes == fresh.nodes and tree.tokens == len(texts[-1])
-    assert tree.match(texts[-1][:3], 4) == (0, 0) or tree.count[tree.match(texts[-1][:3], 4)[0]] == \
-        fresh.count[fresh.match(texts[-1][:3], 4)[0]]
-    tree.drop(ids[-1])
-    assert tree.nodes == 0 and tree.kids[0] is None and tree.tokens == 0
-
-
-def test_the_bound_holds_under_a_long_run():
-    rng = random.Random(1)
-    tree = SuffixTree(depth=6, cache_tokens=500)
-    for _ in range(200):
-        sid = tree.open()
-        tree.extend(sid, [rng.randrange(50) for _ in range(rng.randrange(1, 120))])
-        assert tree.tokens <= 500 and tree.nodes <= 500 * 6
-    assert len(tree.count) <= 500 * 6 + 1                   # freed nodes are reused: the arrays stop growing
+    for ms, rows in [(line(0.1), 1), (line(0.3), 8), (line(1.0), 2), (line(0.05, 0.2), 3)]:
+        floor = paying(ms, rows)
+        assert priced([[Candidate(floor * 0.99, -1, 5, 2, 1.0)]], ms, rows - 1) == [0]
+        assert priced([[Candidate(floor * 1.01, -1, 5, 2, 1.0)]], ms, rows - 1) == [1]
 
 
 @pytest.fixture(scope="module")

@@ -92,7 +92,8 @@ class Priced(DraftDepth):
         return super().budgets(seqs, width)
 
     def observe(self, draft_s: float, verify_s: float, trees: list[tuple[int, int, int]]) -> None:
-        self.cost.observe(sum(tokens for _, tokens, _ in trees), verify_s)
+        tokens = sum(tokens for _, tokens, _ in trees)
+        self.cost.observe(tokens, verify_s, tree=tokens > len(trees))
 
 
 class Speculative(AR):
