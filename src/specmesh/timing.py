@@ -211,7 +211,8 @@ class WidthCost:
     for plain steps (a token a row) and for steps that verify trees (their masks and scattered rows cost more):
     `ms(width, tree, near)` reads a line fitted to that kind's widths, those nearer `near` weighing more (past the
     widths where the weights' reads dominate, each token costs more). `fixed`: every forward costs 1 + fixed * width,
-    not measured; a kind with fewer than two widths seen reads the other's line, and where neither has: PRIOR's."""
+    not measured; a kind with fewer than two widths seen reads the other's line, and where neither has, a plain
+    width seen and PRIOR's slope (b / a) beyond it."""
     PRIOR = 0.1
     SMOOTH = 0.2            # weight of a step's time in its width's running mean
     STEPS = 16              # steps a width's weight counts at most
@@ -219,16 +220,28 @@ class WidthCost:
     def __init__(self, fixed: float = 0.0):
         self.fixed = fixed
         self.seen: dict[bool, dict[int, tuple[float, int]]] = {False: {}, True: {}}   # tree? -> width -> (ms, steps)
+        self.warm: set[tuple[bool, int]] = set()
 
     def observe(self, width: int, seconds: float, tree: bool) -> None:
+        """A step's forward; the first at each width and kind is not counted (it warms that shape up)."""
+        if (tree, width) not in self.warm:
+            self.warm.add((tree, width))
+            return
         seen = self.seen[tree]
         ms, n = seen.get(width, (seconds * 1e3, 0))
         seen[width] = (ms + self.SMOOTH * (seconds * 1e3 - ms), min(n + 1, self.STEPS))
 
     def ms(self, width: int, tree: bool, near: int) -> float:
+        """The forward's time at `width`: a plain step's as measured where that width was seen, else the line."""
         if self.fixed:
             return 1 + self.fixed * width
-        a, b = self.line(tree, near) or self.line(not tree, near) or (1.0, self.PRIOR)
+        if not tree and width in self.seen[False]:
+            return self.seen[False][width][0]
+        line = self.line(tree, near) or self.line(not tree, near)
+        if line is None:                                # the one width seen, and the prior's slope beyond it
+            w, (y, _) = next(iter(self.seen[False].items()), (0, (1.0, 0)))
+            line = (y / (1 + self.PRIOR * w), y * self.PRIOR / (1 + self.PRIOR * w)) if w else (1.0, self.PRIOR)
+        a, b = line
         return a + b * width
 
     def line(self, tree: bool, near: int) -> tuple[float, float] | None:

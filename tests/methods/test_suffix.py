@@ -65,17 +65,22 @@ def test_priced_keeps_candidates_while_they_pay_for_their_rows():
 def test_width_cost_fits_each_kind_of_step_near_the_width_asked():
     cost = WidthCost()
     assert cost.ms(3, True, near=1) == pytest.approx(1 + 3 * WidthCost.PRIOR)
+    cost.observe(1, 1.0, tree=False)                    # the first step at a width warms it up: not counted
+    assert cost.seen[False] == {}
     for _ in range(10):
-        cost.observe(1, 4e-3, tree=False)               # plain: a + b = 4 ms, a + 5b = 6 ms
-        cost.observe(5, 6e-3, tree=False)
+        cost.observe(1, 4e-3, tree=False)               # one width seen: it, and the prior's slope (b / a) beyond
+    assert cost.ms(1, False, near=1) == pytest.approx(4.0)
+    assert cost.ms(3, True, near=1) == pytest.approx(4.0 * (1 + 3 * WidthCost.PRIOR) / (1 + WidthCost.PRIOR))
+    for _ in range(10):
+        cost.observe(5, 6e-3, tree=False)               # plain: a + b = 4 ms, a + 5b = 6 ms
     assert cost.ms(3, False, near=1) == pytest.approx(5.0) and cost.ms(3, True, near=1) == pytest.approx(5.0)
-    for _ in range(10):
+    for _ in range(11):
         cost.observe(9, 12e-3, tree=False)              # past 5 a token costs 1.5 ms: the line bends
         cost.observe(3, 6e-3, tree=True)                # a tree's step: 1 ms more than a plain one
         cost.observe(7, 8e-3, tree=True)
-    slope = [cost.ms(near + 1, False, near) - cost.ms(near, False, near) for near in (1, 9)]
+    slope = [cost.ms(near + 2, False, near) - cost.ms(near + 1, False, near) for near in (1, 9)]
     assert slope[1] > 1.25 * slope[0]
-    assert cost.ms(5, True, near=5) == pytest.approx(7.0)
+    assert cost.ms(5, True, near=5) == pytest.approx(7.0) and cost.ms(9, False, near=5) == pytest.approx(12.0)
     assert WidthCost(0.25).ms(4, True, near=7) == 2.0
 
 

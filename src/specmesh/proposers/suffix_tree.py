@@ -233,6 +233,10 @@ def paying(ms: Callable[[int, bool], float], rows: int) -> float:
     return rows * ms(rows + 1, True) / ms(rows, False) - rows
 
 
+EXPLORE = 32        # one step in this many prices a tree's step as a plain one's: a tree cost fitted too high, which
+                    # would keep every tree out and so never be measured again, is measured again
+
+
 class SuffixProposer:
     """The proposer of `suffix`: one SuffixTree shared by every request of the engine (or, `private`, a tree of
     each request's own text: prompt lookup's reach), each running sequence added to it as it grows; one Confidence
@@ -249,6 +253,7 @@ class SuffixProposer:
         self.rows: list[tuple[SuffixTree, int] | None] = [None] * rows       # (its tree, its sequence's id)
         self.added = [0] * rows                 # tokens of the row's sequence added to its tree
         self.proposed: list[list[Candidate]] = [[] for _ in range(rows)]    # the last proposal's nodes 1, 2, ...
+        self.steps = 0
 
     def admit(self, row: int, seq: Sequence) -> None:
         tree = SuffixTree(self.depth, self.cache_tokens) if self.private else self.shared
@@ -261,9 +266,11 @@ class SuffixProposer:
 
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
         width = self.policy.width
+        self.steps += 1
+        explore = self.steps % EXPLORE == 0
 
         def ms(tokens: int, tree: bool) -> float:
-            return self.policy.cost.ms(tokens, tree, near=width)
+            return self.policy.cost.ms(tokens, tree and not explore, near=width)
         worth = max(self.min_prob, paying(ms, width))
         rows = [self._candidates(b, seq, budget, worth) for b, (seq, budget) in enumerate(zip(seqs, budgets))]
         counts = priced(rows, ms, width - len(seqs))
