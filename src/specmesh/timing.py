@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+import statistics
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -210,16 +212,16 @@ class WidthCost:
     """A target forward's time by width (tokens over the batch's rows), as the steps it is shown measured it, apart
     for plain steps (a token a row) and for steps that verify trees (their masks and scattered rows cost more):
     `ms(width, tree, near)` reads a line fitted to that kind's widths, those nearer `near` weighing more (past the
-    widths where the weights' reads dominate, each token costs more). `fixed`: every forward costs 1 + fixed * width,
-    not measured; a kind with fewer than two widths seen reads the other's line, and where neither has, a plain
-    width seen and PRIOR's slope (b / a) beyond it."""
+    widths where the weights' reads dominate, each token costs more). A width's time is the median of its last
+    STEPS steps (a step the machine stalled must not price a width out for long). `fixed`: every forward costs
+    1 + fixed * width, not measured; a kind with fewer than two widths seen reads the other's line, and where
+    neither has, a plain width seen and PRIOR's slope (b / a) beyond it."""
     PRIOR = 0.1
-    SMOOTH = 0.2            # weight of a step's time in its width's running mean
-    STEPS = 16              # steps a width's weight counts at most
+    STEPS = 9
 
     def __init__(self, fixed: float = 0.0):
         self.fixed = fixed
-        self.seen: dict[bool, dict[int, tuple[float, int]]] = {False: {}, True: {}}   # tree? -> width -> (ms, steps)
+        self.seen: dict[bool, dict[int, deque[float]]] = {False: {}, True: {}}     # tree? -> width -> last ms
         self.warm: set[tuple[bool, int]] = set()
 
     def observe(self, width: int, seconds: float, tree: bool) -> None:
@@ -227,19 +229,18 @@ class WidthCost:
         if (tree, width) not in self.warm:
             self.warm.add((tree, width))
             return
-        seen = self.seen[tree]
-        ms, n = seen.get(width, (seconds * 1e3, 0))
-        seen[width] = (ms + self.SMOOTH * (seconds * 1e3 - ms), min(n + 1, self.STEPS))
+        self.seen[tree].setdefault(width, deque(maxlen=self.STEPS)).append(seconds * 1e3)
 
     def ms(self, width: int, tree: bool, near: int) -> float:
         """The forward's time at `width`: a plain step's as measured where that width was seen, else the line."""
         if self.fixed:
             return 1 + self.fixed * width
         if not tree and width in self.seen[False]:
-            return self.seen[False][width][0]
+            return statistics.median(self.seen[False][width])
         line = self.line(tree, near) or self.line(not tree, near)
         if line is None:                                # the one width seen, and the prior's slope beyond it
-            w, (y, _) = next(iter(self.seen[False].items()), (0, (1.0, 0)))
+            w, last = next(iter(self.seen[False].items()), (0, None))
+            y = statistics.median(last) if last else 1.0
             line = (y / (1 + self.PRIOR * w), y * self.PRIOR / (1 + self.PRIOR * w)) if w else (1.0, self.PRIOR)
         a, b = line
         return a + b * width
@@ -250,7 +251,8 @@ class WidthCost:
         if len(self.seen[tree]) < 2:
             return None
         reach = max(2.0, float(near))
-        seen = [(w, y, n / (1 + ((w - near) / reach) ** 2)) for w, (y, n) in self.seen[tree].items()]
+        seen = [(w, statistics.median(last), len(last) / (1 + ((w - near) / reach) ** 2))
+                for w, last in self.seen[tree].items()]
         total = sum(c for _, _, c in seen)
         mx, my = sum(c * w for w, _, c in seen) / total, sum(c * y for _, y, c in seen) / total
         b = sum(c * (w - mx) * (y - my) for w, y, c in seen) / sum(c * (w - mx) ** 2 for w, _, c in seen)

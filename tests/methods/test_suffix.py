@@ -67,6 +67,7 @@ def test_width_cost_fits_each_kind_of_step_near_the_width_asked():
     assert cost.ms(3, True, near=1) == pytest.approx(1 + 3 * WidthCost.PRIOR)
     cost.observe(1, 1.0, tree=False)                    # the first step at a width warms it up: not counted
     assert cost.seen[False] == {}
+    cost.observe(1, 0.5, tree=False)                    # a stalled step: the median of the last few outvotes it
     for _ in range(10):
         cost.observe(1, 4e-3, tree=False)               # one width seen: it, and the prior's slope (b / a) beyond
     assert cost.ms(1, False, near=1) == pytest.approx(4.0)
