@@ -209,51 +209,37 @@ def by_width(measured: dict[int, float]) -> Callable[[int], float]:
 
 
 class WidthCost:
-    """A target forward's time by width (tokens over the batch's rows), as the steps it is shown measured it, apart
-    for plain steps (a token a row) and for steps that verify trees (their masks and scattered rows cost more):
-    `ms(width, tree, near)` reads a line fitted to that kind's widths, those nearer `near` weighing more (past the
-    widths where the weights' reads dominate, each token costs more). A width's time is the median of its last
-    STEPS steps (a step the machine stalled must not price a width out for long). `fixed`: every forward costs
-    1 + fixed * width, not measured; a kind with fewer than two widths seen reads the other's line, and where
-    neither has, a plain width seen and PRIOR's slope (b / a) beyond it."""
+    """A target forward's time by width (tokens over the batch's rows), as the steps it is shown measured it, read as a
+    line a + b * width around a given width: `per_token(near)` = b / a, what one more token adds to a forward there,
+    as a fraction of the forward's fixed part (weights read once, a step's overheads). The line is fitted to the widths
+    seen, those nearer `near` weighing more (past the widths where the weights' reads dominate, each token costs
+    more); a width's time is the median of its last STEPS steps (a step the machine stalled must not price a width
+    out), its first step not counted (it warms that shape up). `fixed`: that fraction given, not measured. Until
+    two widths were seen: PRIOR."""
     PRIOR = 0.1
     STEPS = 9
+    BOUNDS = (0.001, 2.0)
 
     def __init__(self, fixed: float = 0.0):
         self.fixed = fixed
-        self.seen: dict[bool, dict[int, deque[float]]] = {False: {}, True: {}}     # tree? -> width -> last ms
-        self.warm: set[tuple[bool, int]] = set()
+        self.seen: dict[int, deque[float]] = {}         # width -> its last steps' ms
 
-    def observe(self, width: int, seconds: float, tree: bool) -> None:
-        """A step's forward; the first at each width and kind is not counted (it warms that shape up)."""
-        if (tree, width) not in self.warm:
-            self.warm.add((tree, width))
+    def observe(self, width: int, seconds: float) -> None:
+        if width not in self.seen:
+            self.seen[width] = deque(maxlen=self.STEPS)
             return
-        self.seen[tree].setdefault(width, deque(maxlen=self.STEPS)).append(seconds * 1e3)
+        self.seen[width].append(seconds * 1e3)
 
-    def ms(self, width: int, tree: bool, near: int) -> float:
-        """The forward's time at `width`: a plain step's as measured where that width was seen, else the line."""
+    def per_token(self, near: int = 1) -> float:
         if self.fixed:
-            return 1 + self.fixed * width
-        if not tree and width in self.seen[False]:
-            return statistics.median(self.seen[False][width])
-        line = self.line(tree, near) or self.line(not tree, near)
-        if line is None:                                # the one width seen, and the prior's slope beyond it
-            w, last = next(iter(self.seen[False].items()), (0, None))
-            y = statistics.median(last) if last else 1.0
-            line = (y / (1 + self.PRIOR * w), y * self.PRIOR / (1 + self.PRIOR * w)) if w else (1.0, self.PRIOR)
-        a, b = line
-        return a + b * width
-
-    def line(self, tree: bool, near: int) -> tuple[float, float] | None:
-        """(a, b) of a + b * width, least squares over the widths seen, weighted by steps and by closeness to
-        `near` (one `near` away weighs half); None before two widths were seen."""
-        if len(self.seen[tree]) < 2:
-            return None
-        reach = max(2.0, float(near))
-        seen = [(w, statistics.median(last), len(last) / (1 + ((w - near) / reach) ** 2))
-                for w, last in self.seen[tree].items()]
-        total = sum(c for _, _, c in seen)
+            return self.fixed
+        seen = [(w, statistics.median(last), len(last)) for w, last in self.seen.items() if last]
+        if len(seen) < 2:
+            return self.PRIOR
+        reach = max(2.0, float(near))                   # a width `near` away from it weighs half
+        seen = [(w, y, n / (1 + ((w - near) / reach) ** 2)) for w, y, n in seen]
+        total = sum(c for _, _, c in seen)              # weighted least squares
         mx, my = sum(c * w for w, _, c in seen) / total, sum(c * y for _, y, c in seen) / total
         b = sum(c * (w - mx) * (y - my) for w, y, c in seen) / sum(c * (w - mx) ** 2 for w, _, c in seen)
-        return my - b * mx, max(b, 0.0)
+        a = my - b * mx
+        return min(max(b / a, self.BOUNDS[0]), self.BOUNDS[1]) if a > 0 else self.BOUNDS[1]

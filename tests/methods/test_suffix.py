@@ -45,51 +45,39 @@ def test_confidence_learns_by_the_length_continued():
     assert confidence.estimated[1] <= Confidence.MEMORY                     # older verdicts fade
 
 
-def line(per_token: float, tree_extra: float = 0.0):
-    """A forward's ms by width: 1 + per_token * width, and `tree_extra` more where it verifies trees."""
-    return lambda width, tree: 1 + per_token * width + (tree_extra if tree else 0.0)
-
-
 def test_priced_keeps_candidates_while_they_pay_for_their_rows():
     rows = [[Candidate(0.9, -1, 5, 3, 0.9), Candidate(0.8, 0, 6, 4, 0.9)], [Candidate(0.1, -1, 7, 1, 0.1)]]
     # rate = (2 + sum of p) / (1 + c * (2 + k)): with c = 0.1 the 0.1 node costs more than it gives
-    assert priced(rows, line(0.1)) == [2, 0]
-    assert priced(rows, line(0.001)) == [2, 1]
-    assert priced(rows, line(10.0)) == [0, 0]           # a row costs ten forwards' fixed part: nothing pays
-    assert priced(rows, line(0.1, tree_extra=1.0)) == [0, 0]    # a tree's step costs a forward more
-    assert priced([[], []], line(0.1)) == [0, 0]
+    assert priced(rows, 0.1) == [2, 0]
+    assert priced(rows, 0.001) == [2, 1]
+    assert priced(rows, 10.0) == [0, 0]                 # a row costs ten forwards' fixed part: nothing pays
+    assert priced([[], []], 0.1) == [0, 0]
     even = [[Candidate(0.5, -1, 5, 2, 0.5)]]
-    assert priced(even, line(0.1)) == [1] and priced(even, line(0.1), others=12) == [0]    # a wide batch asks more
+    assert priced(even, 0.1) == [1] and priced(even, 0.1, others=12) == [0]     # a wide batch asks for more
 
 
-def test_width_cost_fits_each_kind_of_step_near_the_width_asked():
+def test_width_cost_fits_the_time_one_more_token_adds_near_the_width_asked():
     cost = WidthCost()
-    assert cost.ms(3, True, near=1) == pytest.approx(1 + 3 * WidthCost.PRIOR)
-    cost.observe(1, 1.0, tree=False)                    # the first step at a width warms it up: not counted
-    assert cost.seen[False] == {}
-    cost.observe(1, 0.5, tree=False)                    # a stalled step: the median of the last few outvotes it
+    assert cost.per_token() == WidthCost.PRIOR
+    cost.observe(1, 1.0)                                # the first step at a width warms it up: not counted
+    cost.observe(5, 1.0)
     for _ in range(10):
-        cost.observe(1, 4e-3, tree=False)               # one width seen: it, and the prior's slope (b / a) beyond
-    assert cost.ms(1, False, near=1) == pytest.approx(4.0)
-    assert cost.ms(3, True, near=1) == pytest.approx(4.0 * (1 + 3 * WidthCost.PRIOR) / (1 + WidthCost.PRIOR))
+        cost.observe(1, 4e-3)                           # a + b = 4 ms, a + 5b = 6 ms: b / a = 0.5 / 3.5
+        cost.observe(5, 6e-3)
+    cost.observe(1, 0.5)                                # a stalled step: the median of the last few outvotes it
+    assert cost.per_token(1) == pytest.approx(0.5 / 3.5) and cost.per_token(5) == pytest.approx(0.5 / 3.5)
+    cost.observe(9, 1.0)
     for _ in range(10):
-        cost.observe(5, 6e-3, tree=False)               # plain: a + b = 4 ms, a + 5b = 6 ms
-    assert cost.ms(3, False, near=1) == pytest.approx(5.0) and cost.ms(3, True, near=1) == pytest.approx(5.0)
-    for _ in range(11):
-        cost.observe(9, 12e-3, tree=False)              # past 5 a token costs 1.5 ms: the line bends
-        cost.observe(3, 6e-3, tree=True)                # a tree's step: 1 ms more than a plain one
-        cost.observe(7, 8e-3, tree=True)
-    slope = [cost.ms(near + 2, False, near) - cost.ms(near + 1, False, near) for near in (1, 9)]
-    assert slope[1] > 1.25 * slope[0]
-    assert cost.ms(5, True, near=5) == pytest.approx(7.0) and cost.ms(9, False, near=5) == pytest.approx(12.0)
-    assert WidthCost(0.25).ms(4, True, near=7) == 2.0
+        cost.observe(9, 12e-3)                          # past 5 a token costs 1.5 ms: the line bends
+    assert cost.per_token(9) > 2 * cost.per_token(1)
+    assert WidthCost(0.25).per_token(7) == 0.25
 
 
 def test_no_node_below_the_paying_probability_is_kept():
-    for ms, rows in [(line(0.1), 1), (line(0.3), 8), (line(1.0), 2), (line(0.05, 0.2), 3)]:
-        floor = paying(ms, rows)
-        assert priced([[Candidate(floor * 0.99, -1, 5, 2, 1.0)]], ms, rows - 1) == [0]
-        assert priced([[Candidate(floor * 1.01, -1, 5, 2, 1.0)]], ms, rows - 1) == [1]
+    for c, rows in [(0.1, 1), (0.3, 8), (1.0, 2)]:
+        floor = paying(c, rows)
+        assert priced([[Candidate(floor * 0.99, -1, 5, 2, 1.0)]], c, rows - 1) == [0]
+        assert priced([[Candidate(floor * 1.01, -1, 5, 2, 1.0)]], c, rows - 1) == [1]
 
 
 @pytest.fixture(scope="module")

@@ -82,8 +82,9 @@ class DraftDepth:
 
 @dataclass
 class Priced(DraftDepth):
-    """`suffix`'s policy: `fixed` levels at any width, the proposer choosing how many nodes are worth their rows
-    from `cost`, which this fits to every step's forward time and width, and from the batch's `width`."""
+    """`suffix`'s policy: a depth by width as `narrowing`'s (no drafting from the widths where drafting stopped
+    paying), the proposer choosing how many nodes are worth their rows from `cost`, which this fits to every step's
+    forward time and width, and from the batch's `width`."""
     cost: WidthCost = field(default_factory=WidthCost)
     width: int = 1                          # sequences in this step's batch, of every method (mixed.Dispatch)
 
@@ -92,8 +93,7 @@ class Priced(DraftDepth):
         return super().budgets(seqs, width)
 
     def observe(self, draft_s: float, verify_s: float, trees: list[tuple[int, int, int]]) -> None:
-        tokens = sum(tokens for _, tokens, _ in trees)
-        self.cost.observe(tokens, verify_s, tree=tokens > len(trees))
+        self.cost.observe(sum(tokens for _, tokens, _ in trees), verify_s)
 
 
 class Speculative(AR):
@@ -226,7 +226,8 @@ def build_selfdraft(models, method: Configured, runner: Runner) -> Speculative:
 
 def build_suffix(models, method: Configured, runner: Runner) -> Speculative:
     o = method.config
-    policy = Priced(o.gamma, cost=WidthCost(o.row_cost))
+    policy = Priced(o.gamma if "gamma" in method.given else None, lambda width: o.gamma if depth_by_width(width) else 0,
+                    cost=WidthCost(o.row_cost))
     proposer = SuffixProposer(runner.rows, o.depth, o.cache_tokens, o.tree_tokens, o.min_prob, policy, o.private)
     return Speculative(runner, proposer, policy)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -209,17 +208,17 @@ def continuations(tree: SuffixTree, node: int, matched: int, most: int, levels: 
     return out
 
 
-def priced(rows: list[list[Candidate]], ms: Callable[[int, bool], float], others: int = 0) -> list[int]:
+def priced(rows: list[list[Candidate]], per_token: float, others: int = 0) -> list[int]:
     """How many of each row's candidates to verify: the likeliest first over every row, up to the count with the
-    most tokens per unit of forward time, (rows + sum of p) / ms(rows + candidates, tree=True), against a plain
-    step's rows / ms(rows, tree=False), where rows counts `others` in the batch besides these (each row's root is
-    verified anyway and gives a token). A row's count is a prefix of its list (ties go to the earlier)."""
+    most tokens per unit of forward time, (rows + sum of p) / (1 + per_token * (rows + candidates)), where rows
+    counts `others` in the batch besides these (each row's root is verified anyway and gives a token). A row's
+    count is a prefix of its list (ties go to the earlier)."""
     merged = sorted((-c.p, r, i) for r, row in enumerate(rows) for i, c in enumerate(row))
     base = len(rows) + others
-    best, take, tokens = base / ms(base, False), 0, float(base)
+    best, take, tokens = base / (1 + per_token * base), 0, float(base)
     for k, (neg_p, _, _) in enumerate(merged, 1):
         tokens -= neg_p
-        if (rate := tokens / ms(base + k, True)) > best:
+        if (rate := tokens / (1 + per_token * (base + k))) > best:
             best, take = rate, k
     counts = [0] * len(rows)
     for _, r, _ in merged[:take]:
@@ -227,14 +226,10 @@ def priced(rows: list[list[Candidate]], ms: Callable[[int, bool], float], others
     return counts
 
 
-def paying(ms: Callable[[int, bool], float], rows: int) -> float:
+def paying(per_token: float, rows: int) -> float:
     """The least probability a node must have to pay for its row in a batch of `rows` (priced's first step:
-    (rows + p) / ms(rows + 1, tree) > rows / ms(rows, plain)); each node kept raises it, so none below it is kept."""
-    return rows * ms(rows + 1, True) / ms(rows, False) - rows
-
-
-EXPLORE = 32        # one step in this many prices a tree's step as a plain one's: a tree cost fitted too high, which
-                    # would keep every tree out and so never be measured again, is measured again
+    (rows + p) / (1 + c (rows + 1)) > rows / (1 + c rows)); each node kept raises it, so none below it is kept."""
+    return per_token * rows / (1 + per_token * rows)
 
 
 class SuffixProposer:
@@ -253,7 +248,6 @@ class SuffixProposer:
         self.rows: list[tuple[SuffixTree, int] | None] = [None] * rows       # (its tree, its sequence's id)
         self.added = [0] * rows                 # tokens of the row's sequence added to its tree
         self.proposed: list[list[Candidate]] = [[] for _ in range(rows)]    # the last proposal's nodes 1, 2, ...
-        self.steps = 0
 
     def admit(self, row: int, seq: Sequence) -> None:
         tree = SuffixTree(self.depth, self.cache_tokens) if self.private else self.shared
@@ -266,14 +260,10 @@ class SuffixProposer:
 
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[TokenTree]:
         width = self.policy.width
-        self.steps += 1
-        explore = self.steps % EXPLORE == 0
-
-        def ms(tokens: int, tree: bool) -> float:
-            return self.policy.cost.ms(tokens, tree and not explore, near=width)
-        worth = max(self.min_prob, paying(ms, width))
+        per_token = self.policy.cost.per_token(width)
+        worth = max(self.min_prob, paying(per_token, width))
         rows = [self._candidates(b, seq, budget, worth) for b, (seq, budget) in enumerate(zip(seqs, budgets))]
-        counts = priced(rows, ms, width - len(seqs))
+        counts = priced(rows, per_token, width - len(seqs))
         trees = []
         for b, (seq, row, count) in enumerate(zip(seqs, rows, counts)):
             self.proposed[b] = row[:count]
@@ -288,7 +278,7 @@ class SuffixProposer:
         tree.extend(sid, seq.tokens[self.added[row]:])          # the newest token included
         self.added[row] = len(seq.tokens)
         levels = min(levels, self.depth - 1)
-        if levels == 0 or min_prob > 1:                         # nothing asked, or nothing could pay
+        if levels == 0:
             return []
         longest = self.depth - levels
         context = (list(seq.ids[-longest:]) + seq.tokens)[-longest:]
