@@ -151,7 +151,8 @@ class SelfDraftOptions(Options):
 
 @dataclass(frozen=True)
 class SuffixOptions(Options):
-    gamma: int = option(12, "levels a proposal goes below the newest token at most")
+    gamma: int = option(12, "levels a proposal goes below the newest token at most (without it: no proposal from "
+                        "5 running sequences)")
     tree_tokens: int = option(32, "nodes a proposal holds at most (how many are verified: priced by the forward's "
                               "cost by width)")
     min_prob: float = option(0.05, "a node is proposed where the estimated probability of its path (how often it "
