@@ -149,8 +149,6 @@ class SuffixTree:
         return 0, 0
 
 
-
-
 class Confidence:
     """How often a proposed node was right where its parent was, over how often its counts said it would be (the
     sum of their estimates), by the length of the text it continues: the matched suffix and the levels above it."""
