@@ -85,8 +85,8 @@ def ar(tiny_checkpoint):
     return LLM(target=tiny_checkpoint)
 
 
-@pytest.fixture(scope="module", params=[{}, {"gamma": 3, "tree_tokens": 5, "row_cost": 0.001},
-                                                 {"private": True, "min_prob": 0.0}])
+@pytest.fixture(scope="module", params=[{}, {"row_cost": 0.05}, {"gamma": 3, "tree_tokens": 5, "row_cost": 0.001},
+                                                 {"private": True, "min_prob": 0.0, "row_cost": 0.001}])
 def suffix(request, tiny_checkpoint):
     return LLM(target=tiny_checkpoint, method="suffix", **request.param)
 
@@ -99,7 +99,8 @@ def test_greedy_equals_ar(ar, suffix, max_new):
         out = suffix.generate(prompt, params)
         assert out.tokens == ar.generate(prompt, params).tokens, prompt
         accepted += out.stats.accepted_tokens
-    assert max_new < 40 or accepted > 0                     # the test verified proposals
+    assert max_new < 40 or accepted > 0 or "row_cost" not in suffix.given     # the test verified proposals
+    # (where the cost is fitted, a small model's rows may cost more than any proposal saves: then none is made)
 
 
 def test_greedy_equals_ar_in_a_batch(ar, suffix):

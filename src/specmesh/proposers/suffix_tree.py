@@ -22,16 +22,14 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import OrderedDict
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
 from specmesh.engine.sequence import Sequence
 from specmesh.lossless.token_tree import TokenTree
 from specmesh.lossless.verify import Verdict
-
-if TYPE_CHECKING:
-    from specmesh.methods.speculative import Priced
+from specmesh.timing import WidthCost
 
 
 class SuffixTree:
@@ -230,15 +228,20 @@ def paying(per_token: float, rows: int) -> float:
     return per_token * rows / (1 + per_token * rows)
 
 
+class Pricing(Protocol):
+    """What the proposer prices its nodes by (methods.speculative.Priced, the step's policy, keeps both)."""
+    cost: WidthCost     # the target's forward time by width, fitted as the steps run
+    width: int          # sequences in this step's batch, of every method
+
+
 class SuffixProposer:
     """The proposer of `suffix`: one SuffixTree shared by every request of the engine (or, `private`, a tree of
     each request's own text: prompt lookup's reach), each running sequence added to it as it grows; one Confidence
-    learned over every row's verdicts; `policy` (methods.speculative.Priced): the target's forward time by width,
-    fitted as the steps run, and the batch's width."""
+    learned over every row's verdicts; `policy`, what its nodes are priced by."""
     levels = 0                                  # no draft forwards
 
     def __init__(self, rows: int, depth: int, cache_tokens: int, tree_tokens: int, min_prob: float,
-                 policy: Priced, private: bool = False):
+                 policy: Pricing, private: bool = False):
         self.depth, self.cache_tokens, self.private = depth, cache_tokens, private
         self.tree_tokens, self.min_prob, self.policy = tree_tokens, min_prob, policy
         self.shared = SuffixTree(depth, cache_tokens)
