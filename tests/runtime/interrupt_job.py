@@ -15,6 +15,7 @@ SHORT, LONG = SamplingParams(max_new_tokens=16), SamplingParams(max_new_tokens=9
 
 if int(os.environ["RANK"]):
     sys.exit(main(["generate", "--target", "embedded", "--method", METHOD, PROMPT]))
+signal.signal(signal.SIGINT, signal.default_int_handler)    # Ctrl-C raises, even where a shell started it ignored
 with LLM(target="embedded", method=METHOD) as llm:
     answers = [llm.generate(PROMPT, SHORT).tokens]
     for delay in (1.0, 0.3, 0.1):           # (the long answer stops at the context: a fast spell may end it first)

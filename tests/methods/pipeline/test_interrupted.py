@@ -28,7 +28,8 @@ def interrupted_after(seconds: float, run, at_once: bool = False) -> bool:
     if at_once:
         previous = signal.signal(signal.SIGALRM, interrupt)
         signal.setitimer(signal.ITIMER_REAL, seconds)
-    else:
+    else:       # Ctrl-C as a terminal's foreground process takes it (a shell's background job inherits it ignored)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
     try:
@@ -42,6 +43,7 @@ def interrupted_after(seconds: float, run, at_once: bool = False) -> bool:
             signal.signal(signal.SIGALRM, previous)
         else:
             timer.cancel()
+            signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.parametrize("method", ["pp", "stpp"])      # pipedec: across hosts, tests/runtime/test_hosts.py
