@@ -223,21 +223,22 @@ class WidthCost:
     def __init__(self, fixed: float = 0.0):
         self.fixed = fixed
         self.seen: dict[int, deque[float]] = {}         # width -> its last steps' ms
+        self.median: dict[int, float] = {}              # width -> their median (widths with a step counted)
 
     def observe(self, width: int, seconds: float) -> None:
         if width not in self.seen:
             self.seen[width] = deque(maxlen=self.STEPS)
             return
         self.seen[width].append(seconds * 1e3)
+        self.median[width] = statistics.median(self.seen[width])
 
     def per_token(self, near: int = 1) -> float:
         if self.fixed:
             return self.fixed
-        seen = [(w, statistics.median(last), len(last)) for w, last in self.seen.items() if last]
-        if len(seen) < 2:
+        if len(self.median) < 2:
             return self.PRIOR
         reach = max(2.0, float(near))                   # a width `near` away from it weighs half
-        seen = [(w, y, n / (1 + ((w - near) / reach) ** 2)) for w, y, n in seen]
+        seen = [(w, y, len(self.seen[w]) / (1 + ((w - near) / reach) ** 2)) for w, y in self.median.items()]
         total = sum(c for _, _, c in seen)              # weighted least squares
         mx, my = sum(c * w for w, _, c in seen) / total, sum(c * y for _, y, c in seen) / total
         b = sum(c * (w - mx) * (y - my) for w, y, c in seen) / sum(c * (w - mx) ** 2 for w, _, c in seen)

@@ -82,9 +82,9 @@ class DraftDepth:
 
 @dataclass
 class Priced(DraftDepth):
-    """`suffix`'s policy: a depth by width as `narrowing`'s (no drafting from the widths where drafting stopped
-    paying), the proposer choosing how many nodes are worth their rows from `cost`, which this fits to every step's
-    forward time and width, and from the batch's `width`."""
+    """`suffix`'s policy: its whole depth while `depth_by_width` drafts at all, none from the widths where drafting
+    stopped paying (a user's `gamma`: at every width), the proposer choosing how many nodes are worth their rows
+    from `cost`, which this fits to every step's forward time and width, and from the batch's `width`."""
     cost: WidthCost = field(default_factory=WidthCost)
     width: int = 1                          # sequences in this step's batch, of every method (mixed.Dispatch)
 
