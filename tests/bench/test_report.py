@@ -27,6 +27,13 @@ def test_a_row_gives_the_fastest_method_and_the_peers_ratios():
     assert "| – | – |" in figures_row(bench(100.0, 90.0, None))          # no peer ran: no ratio to it
 
 
+def test_a_run_held_to_other_kernels_says_so():
+    held = bench(100.0, 150.0, 80.0) | {"machine": "Intel(R) Xeon(R) Processor (family 6 model 207; avx2+avx512f), 2 "
+                                                   "cores, SPECMESH_KERNELS=no-avx512,no-amx, torch 2.13.0+cpu"}
+    assert "| Intel(R) Xeon(R) Processor (family 6 model 207; avx2+avx512f), held to no-avx512,no-amx |" \
+        in figures_row(held)
+
+
 def test_the_readme_block_is_made_again_from_its_files(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(bench(100.0, 150.0, 80.0)))
     readme = tmp_path / "README.md"

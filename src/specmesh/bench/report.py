@@ -120,6 +120,13 @@ def is_peer(method: str) -> bool:
     return method.startswith(("llama.cpp", "hf"))
 
 
+def machine_cell(machine: str) -> str:
+    """The CPU and its vector units from a bench's machine line, and the kernels it was held to where it was
+    (SPECMESH_KERNELS: a stand-in for a CPU without those units)."""
+    held = re.search(r"SPECMESH_KERNELS=([\w-]+(?:,[\w-]+)*)", machine)
+    return machine.split("), ")[0] + ")" + (f", held to {held[1]}" if held else "")
+
+
 def figures_row(result: dict) -> str:
     """One bench as a row of the README's table: the model and prompts, the machine, `ar`'s speed, specmesh's fastest
     method over `ar`, and against the peer where one ran (its plain decoding and its fastest)."""
@@ -128,7 +135,7 @@ def figures_row(result: dict) -> str:
     ours = max((n for n in speed if not is_peer(n)), key=speed.get)
     peers = [n for n in speed if is_peer(n)]
     plain = next((n for n in ("llama.cpp", "hf") if n in speed), None)
-    cells = [config.get("target", "?"), config.get("prompts", "?"), result["machine"].split("), ")[0] + ")",
+    cells = [config.get("target", "?"), config.get("prompts", "?"), machine_cell(result["machine"]),
              f"{speed['ar']:.1f}", f"`{ours}` {speed[ours] / speed['ar']:.2f}x",
              f"{speed['ar'] / speed[plain]:.2f}x" if plain else "–",
              f"{speed[ours] / max(speed[n] for n in peers):.2f}x (`{max(peers, key=speed.get)}`)" if peers else "–",
