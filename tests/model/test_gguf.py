@@ -248,14 +248,16 @@ def test_a_gguf_rewritten_in_16_bits_is_the_model_specmesh_runs_in_16_bits(chat_
 def test_a_gguf_files_blocks_run_as_they_are(chat_checkpoint, tmp_path, ftype):
     """In a bf16 run where Q8Linear takes them (AVX512-VNNI without AMX: loader.runs_blocks), a Q8_0 / Q4_0 / Q4_1
     file's matrices are multiplied as they are (its logits within activation-quantization rounding of the
-    dequantized float32 model), and llama.cpp gets that file; elsewhere they are not Q8Linear's."""
+    dequantized float32 model), and llama.cpp gets that file; elsewhere they are not Q8Linear's, and llama.cpp gets
+    the file where its matrices run from it (loader.runs_file_blocks: the layers' blocks, the bf16 table dense)."""
     from specmesh.bench import llamacpp
     from specmesh.model import loader
     source = to_gguf(chat_checkpoint, tmp_path / f"{ftype}.gguf", ftype)
     model = load_model(source, torch.bfloat16)
     kinds = {m.KIND for m in model.modules() if isinstance(m, kernels.Q8Linear)}
     if not loader.runs_blocks(source, torch.bfloat16):
-        assert not kinds and llamacpp.cached_gguf(source, "bf16") != source
+        assert not kinds
+        assert (llamacpp.cached_gguf(source, "bf16") == source) == loader.runs_file_blocks(source, torch.bfloat16)
         return
     # one kind: the tied head is the bf16 embedding table here
     assert len(kinds) == 1 and kinds <= {kind for kind, _ in kernels.Q8Linear.KINDS.values()}, kinds

@@ -535,7 +535,7 @@ static void rotate(float *x, const float *cos, const float *sin, int hd) {
 
 typedef struct Layer {          // one decoder layer's weights (kernels.CBlock fills it)
     int D, H, Hkv, hd, I;   // hidden size, query heads, kv heads, head dim, MLP width
-    int kind;               // weight kind of the four projections (BF16, INT8, F32, AMX)
+    int kind[4];            // weight kinds of qkv, o, gate_up, down (BF16, INT8, F32, AMX, ... GGUF)
     int glu;                // AMX: gate_up packed for amx_glu (gate and up columns interleaved by 32)
     float eps;
     const float *attn_norm, *mlp_norm;
@@ -967,12 +967,12 @@ void block_qkv(const Layer *L, const float *h, const int *idx, int Mv, int B, in
     rms_norm(h, Mv, D, L->attn_norm, L->eps, x);
     if (idx) {
         float *part = malloc(sizeof(float) * Mv * Q);
-        linear(x, Mv, D, L->qkv, L->kind, L->qkv_s, Q, L->qkv_b, part);
+        linear(x, Mv, D, L->qkv, L->kind[0], L->qkv_s, Q, L->qkv_b, part);
         memset(qkv, 0, sizeof(float) * M * Q);
         scatter_rows(qkv, part, idx, Mv, Q);
         free(part);
     } else
-        linear(x, M, D, L->qkv, L->kind, L->qkv_s, Q, L->qkv_b, qkv);
+        linear(x, M, D, L->qkv, L->kind[0], L->qkv_s, Q, L->qkv_b, qkv);
     free(x);
     Rotation a = {L, T, cos, sin, kc, vc, kv16, rs, max_len, starts, qkv};
     parallel_for(M, M >= 64 ? 1 : M, rotate_rows, &a);
@@ -998,7 +998,7 @@ static void add(float *h, const float *x, int n) {     // h += x (the residual s
 void block_out(const Layer *L, float *h, int M, const float *att) {
     int D = L->D, I = L->I;
     float *x = malloc(sizeof(float) * M * D), *act = malloc(sizeof(float) * M * I);
-    linear(att, M, L->H * L->hd, L->o, L->kind, L->o_s, D, L->o_b, x);
+    linear(att, M, L->H * L->hd, L->o, L->kind[1], L->o_s, D, L->o_b, x);
     if (L->reduce) L->reduce(x, M * D);                          // this rank's heads' part -> the whole
     if (L->attn_post) rms_norm(x, M, D, L->attn_post, L->eps, x);
     add(h, x, M * D);
@@ -1007,11 +1007,11 @@ void block_out(const Layer *L, float *h, int M, const float *att) {
         amx_glu(x, M, D, L->gate_up, I, L->gate_up_b, act);
     else {
         float *gu = malloc(sizeof(float) * M * 2 * I);
-        linear(x, M, D, L->gate_up, L->kind, L->gate_up_s, 2 * I, L->gate_up_b, gu);
+        linear(x, M, D, L->gate_up, L->kind[2], L->gate_up_s, 2 * I, L->gate_up_b, gu);
         gated(L, gu, M, I, act);
         free(gu);
     }
-    linear(act, M, I, L->down, L->kind, L->down_s, D, L->down_b, x);
+    linear(act, M, I, L->down, L->kind[3], L->down_s, D, L->down_b, x);
     if (L->reduce) L->reduce(x, M * D);                          // this rank's MLP columns' part -> the whole
     if (L->mlp_post) rms_norm(x, M, D, L->mlp_post, L->eps, x);
     add(h, x, M * D);

@@ -1,7 +1,7 @@
 // A GGUF file's quantized matrices as they are, read from the file's own pages (kernels.GGUFLinear):
 // gguf_dequantize: blocks -> float32 with the `gguf` package's arithmetic, bit for bit;
 // gguf_linear: y[M, N] = x[M, K] . w[N, K]^T (+ bias) over the blocks, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of
-//   32 weights) and Q4_K, Q5_K, Q6_K (blocks of 256). The activations are quantized to 8 bits per block as llama.cpp
+//   32 weights) and Q4_K, Q5_K, Q6_K (blocks of 256; Q3_K as Q6_K, the same values). The activations are quantized to 8 bits per block as llama.cpp
 //   does for each kind: per 32 with one scale and their sum for the 32-blocks, per 256 with one scale and sums of
 //   each 16 (and of each 32, its Q8_K) for the K-quants. Every type multiplies packed (gguf_pack: 8 rows
 //   interleaved, blocks.h), 8 weight rows a vector. A block's products sum exactly in int32, blocks add in float32
@@ -22,7 +22,7 @@ static inline void scale_min(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
     memcpy(sc, &a, 8), memcpy(mn, &b, 8);
 }
 
-static int block_size(int type) { return type == Q4_K || type == Q5_K || type == Q6_K ? 256 : type <= F16 ? 1 : 32; }
+static int block_size(int type) { return (type >= Q3_K && type <= Q6_K) || type == IQ4_XS ? 256 : type <= F16 ? 1 : 32; }
 
 static int block_bytes(int type) {
     switch (type) {
@@ -33,18 +33,60 @@ static int block_bytes(int type) {
         case Q5_0: return 22;
         case Q5_1: return 24;
         case Q8_0: return 34;
+        case Q3_K: return 110;
         case Q4_K: return 144;
         case Q5_K: return 176;
         case Q6_K: return 210;
+        case IQ4_NL: return 18;
+        case IQ4_XS: return 136;
         default: return 0;
     }
 }
 
+// A Q3_K block (hmask[32], qs[64], 12 bytes of 16 6-bit scales, d) as the Q6_K block of the same values: weight e
+// of sub-block s = e / 16 is d (sc_s - 32) q with q = 2 bits of qs and 1 of hmask, minus 4 where that bit is clear
+// (-4 .. 3), and Q6_K's d sc_s (q6 - 32) takes sc_s - 32 as its int8 scale and q + 32 as its 6 bits. gguf.quants
+// computes both as (d * scale) * q in float32: the same floats, and the same exact integers in a product.
+static void q3k_as_q6k(const uint8_t *b, uint8_t *o) {
+    const uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
+    memset(o, 0, 208);
+    for (int s = 0; s < 16; s++) {
+        const int low = s < 8 ? sc[s] & 0x0F : sc[s - 8] >> 4, high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+        o[192 + s] = (uint8_t)(int8_t)((low | high << 4) - 32);
+    }
+    for (int e = 0; e < 256; e++) {                    // half h, group g of 32, lane l (Q6_K's dequantize_block)
+        const int h = e / 128, g = (e / 32) % 4, l = e % 32;
+        const int q = ((qs[32 * h + l] >> (2 * g)) & 3) - ((hm[l] >> (4 * h + g)) & 1 ? 0 : 4) + 32;
+        o[64 * h + 32 * (g % 2) + l] |= (uint8_t)((q & 0x0F) << (4 * (g / 2)));
+        o[128 + 32 * h + l] |= (uint8_t)((q >> 4) << (2 * g));
+    }
+    memcpy(o + 208, b + 108, 2);
+}
+
+// IQ4_NL's and IQ4_XS's 16 levels (gguf.quants.IQ4_NL.kvalues)
+static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// 32 weights d IQ4_LEVELS[q] of 16 bytes of 4-bit q: the low nibbles, then the high ones
+static EXACT void iq4_levels(float d, const uint8_t *qs, float *y) {
+    for (int l = 0; l < 16; l++) y[l] = d * (float)IQ4_LEVELS[qs[l] & 0x0F], y[l + 16] = d * (float)IQ4_LEVELS[qs[l] >> 4];
+}
+
 // one block of `type` -> its weights y
 static EXACT void dequantize_block(int type, const uint8_t *b, float *y) {
+    uint8_t six[210];
+    if (type == Q3_K) q3k_as_q6k(b, six), b = six, type = Q6_K;
     switch (type) {
         case F32: memcpy(y, b, 4); return;
         case F16: y[0] = fp16(b); return;
+        case IQ4_NL: iq4_levels(fp16(b), b + 2, y); return;
+        case IQ4_XS: {                                 // d, 2 high bits of each sub-block's scale, 4 low ones, qs
+            const uint16_t high = (uint16_t)(b[2] | b[3] << 8);
+            for (int s = 0; s < 8; s++) {
+                const int scale = ((b[4 + s / 2] >> (4 * (s % 2))) & 0x0F) | ((high >> (2 * s)) & 3) << 4;
+                iq4_levels(fp16(b) * (float)(scale - 32), b + 8 + 16 * s, y + 32 * s);
+            }
+            return;
+        }
         case Q8_0: {
             const float d = fp16(b);
             for (int l = 0; l < 32; l++) y[l] = (float)(int8_t)b[2 + l] * d;
@@ -163,7 +205,7 @@ void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, in
                   int n) __attribute__((weak));
 static int tiles = 0;
 void use_tiles(int on) { tiles = on && packed_tiles; }
-static int least_tile_rows(int type) { return type == Q6_K ? 32 : 16; }
+static int least_tile_rows(int type) { return runs_as(type) == Q6_K ? 32 : 16; }
 
 static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
     int k256 = 0, k32 = 0;
@@ -523,7 +565,7 @@ static void packed_rows(int type, const uint8_t *g0, int K, const Acts *a, int64
 }
 
 // the packed bytes of one group of 8 rows of `type` and K columns
-static int64_t group_bytes(int type, int K) { return (int64_t)(K / block_size(type)) * packed_block(type); }
+static int64_t group_bytes(int type, int K) { return (int64_t)(K / block_size(type)) * packed_block(runs_as(type)); }
 
 // the bytes of a part's rows of `type` packed (gguf_pack), or 0 where the type has no packed kernel
 int64_t gguf_packed_bytes(int type, int rows, int K) {
@@ -572,14 +614,17 @@ typedef struct {
 static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
     const Packing *k = ctx;
     const Part *p = k->p;
-    const int KB = k->K / block_size(p->type), size = packed_block(p->type), bytes = block_bytes(p->type);
+    const int KB = k->K / block_size(p->type), size = packed_block(runs_as(p->type)), bytes = block_bytes(p->type);
+    uint8_t six[210];
     for (int64_t g = k->first + g0; g < k->first + g1; g++)
         for (int b = 0; b < KB; b++) {
             uint8_t *o = k->out + ((g - k->first) * KB + b) * size;
             memset(o, 0, size);                        // rows past the part's last: zeros, d = 0
             for (int r = 0; r < PACK_ROWS && g * PACK_ROWS + r < p->rows; r++) {
                 const int64_t row = g * PACK_ROWS + r;
-                pack_block(p->type, p->data + (int64_t)(p->map ? p->map[row] : row) * p->stride + b * bytes, r, o);
+                const uint8_t *w = p->data + (int64_t)(p->map ? p->map[row] : row) * p->stride + b * bytes;
+                if (p->type == Q3_K) q3k_as_q6k(w, six), w = six;
+                pack_block(runs_as(p->type), w, r, o);
             }
         }
 }
@@ -612,7 +657,7 @@ static void block_rows(void *ctx, int64_t n0, int64_t n1) {
             const Part *pt = &p->w->part[part];
             const int first = r / PACK_ROWS * PACK_ROWS, last = first + PACK_ROWS < pt->rows ? first + PACK_ROWS : pt->rows;
             float group[PASS_ROWS * PACK_ROWS];
-            packed_rows(pt->type, packed_group(pt, p->K, first / PACK_ROWS), p->K, p->a, m0, mb, group);
+            packed_rows(runs_as(pt->type), packed_group(pt, p->K, first / PACK_ROWS), p->K, p->a, m0, mb, group);
             const int count = (int)(last - r < n1 - n ? last - r : n1 - n);
             for (int c = 0; c < count; c++)
                 for (int i = 0; i < mb; i++)
@@ -634,7 +679,7 @@ static void tile_rows(void *ctx, int64_t n0, int64_t n1) {
         if (block_size(pt->type) != 256 || r % 16 || p->M < least_tile_rows(pt->type))
             block_rows(ctx, n, end);
         else
-            packed_tiles(pt->type, packed_group(pt, p->K, r / PACK_ROWS), (int)(end - n), p->K, p->a, p->M, p->bias,
+            packed_tiles(runs_as(pt->type), packed_group(pt, p->K, r / PACK_ROWS), (int)(end - n), p->K, p->a, p->M, p->bias,
                          p->y, p->N, (int)n);
         n = end;
     }
@@ -653,5 +698,5 @@ void gguf_linear(const float *x, int M, int K, const Matrix *w, int N, const flo
 // whether gguf_linear multiplies a matrix of this type with K columns
 int gguf_kernel(int type, int K) {
     return (type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0) ? K % 32 == 0
-           : (type == Q4_K || type == Q5_K || type == Q6_K) ? K % 256 == 0 : 0;
+           : (type >= Q3_K && type <= Q6_K) ? K % 256 == 0 : 0;
 }

@@ -6,7 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+       IQ4_NL = 20, IQ4_XS = 23 };
+
+// the type a file's type is packed and multiplied as: Q3_K's blocks are Q6_K's exactly (blocks.c's q3k_as_q6k)
+static inline int runs_as(int type) { return type == Q3_K ? Q6_K : type; }
 
 typedef struct {            // one part of a matrix (kernels.GGUFLinear fills it)
     int type;               // a GGMLQuantizationType value

@@ -26,7 +26,8 @@ BLOCKS_SOURCE, BLOCKS512_SOURCE, BLOCKS_AMX_SOURCE = CSRC / "blocks.c", CSRC / "
 
 class LayerWeights(ctypes.Structure):
     """csrc/avx2.c's Layer: a decoder layer's sizes and weight pointers."""
-    _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hkv", "hd", "I", "kind", "glu")] + [("eps", ctypes.c_float)] + [
+    _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hkv", "hd", "I")] + [("kind", ctypes.c_int * 4)] + [
+        ("glu", ctypes.c_int), ("eps", ctypes.c_float)] + [
         (n, ctypes.c_void_p) for n in ("attn_norm", "mlp_norm", "qkv", "o", "gate_up", "down",
                                        "qkv_s", "o_s", "gate_up_s", "down_s", "qkv_b", "o_b", "gate_up_b", "down_b",
                                        "reduce", "q_norm", "k_norm", "attn_post", "mlp_post")] + [

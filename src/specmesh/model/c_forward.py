@@ -46,7 +46,8 @@ class CBlock(nn.Module):
                                                  block.attn_post_norm, block.mlp_post_norm)]   # held: C reads them
         attn_norm, mlp_norm, *extra = map(_ptr, self.norms)
         self.weights = LayerWeights(
-            attn.o.out_features, attn.h, attn.hkv, attn.hd, mlp.down.in_features, attn.qkv.KIND,
+            attn.o.out_features, attn.h, attn.hkv, attn.hd, mlp.down.in_features,
+            (ctypes.c_int * 4)(*(lin.KIND for lin in linears)),
             getattr(mlp.gate_up, "glu", False), block.attn_norm.eps,
             attn_norm, mlp_norm, *(weights_address(lin) for lin in linears),
             *(_ptr(getattr(lin, "scale", None)) for lin in linears), *(_ptr(lin.bias32) for lin in linears),
@@ -96,10 +97,11 @@ class CForward(FastForward):
                               model.inv_freq.data_ptr(), self.norm.data_ptr(), weights_address(head),
                               _ptr(getattr(head, "scale", None)), _ptr(head.bias32), _ptr(local), scale)
         self.layers = [ctypes.pointer(b.weights) for b in model.layers]
-        self.amx = amx_lib() if model.layers[0].weights.kind == AMXLinear.KIND else None
+        kinds = {kind for b in model.layers for kind in b.weights.kind}
+        self.amx = amx_lib() if AMXLinear.KIND in kinds else None
         # prefills in C where the linears are fast for many rows (tiles, dot products)
-        self.long = model.layers[0].weights.kind in (AMXLinear.KIND, DPLinear.KIND, FMALinear.KIND, GGUFLinear.KIND,
-                                                     *(kind for kind, _ in Q8Linear.KINDS.values()))
+        self.long = kinds <= {AMXLinear.KIND, DPLinear.KIND, FMALinear.KIND, GGUFLinear.KIND,
+                              *(kind for kind, _ in Q8Linear.KINDS.values())}
         # prefills (no tree) attend on the tile unit too, for head dim 64 and a bf16 cache
         self.tile_attention = self.amx is not None and model.config.head_dim == 64 \
             and model.cache_dtype == torch.bfloat16

@@ -272,14 +272,21 @@ def read_weights(path: str | Path, cfg: ModelConfig, blocks: bool = False, vecto
         name = hf_names.get(t.name)
         if name is None or vectors_only and len(t.shape) > 1 and name not in also:
             continue                          # rope_freqs and the like: recomputed
-        w, b = torch.from_numpy(dequantize(path, t)).view(t.shape), read_blocks(t) if blocks else None
+        weights[name], b = dequantized(path, cfg, t), read_blocks(t) if blocks else None
         heads = rope_heads(cfg, t.name)
-        if heads:
-            w, b = unpermute_rope(w, heads), b and b.rows(lambda x: unpermute_rope(x, heads))
-        weights[name] = w
+        if heads and b is not None:
+            b = b.rows(lambda x: unpermute_rope(x, heads))
         if b is not None:
             kept[name] = b
     return weights, kept
+
+
+def dequantized(path: str | Path, cfg: ModelConfig, t: Tensor) -> torch.Tensor:
+    """A tensor of the file in float32 (dequantize), its rows in the model's order (rope_heads: q and k back from
+    GGUF's)."""
+    w = torch.from_numpy(dequantize(path, t)).view(t.shape)
+    heads = rope_heads(cfg, t.name)
+    return unpermute_rope(w, heads) if heads else w
 
 
 def matrices(path: str | Path, cfg: ModelConfig) -> dict[str, Tensor]:
@@ -310,7 +317,7 @@ def rope_rows(cfg: ModelConfig, name: str, rows: int) -> np.ndarray | None:
 FLOATS = {"F32": lambda raw: raw.view(np.float32).astype(np.float32),         # (a copy: the map is read-only)
           "F16": lambda raw: raw.view(np.float16).astype(np.float32),
           "BF16": lambda raw: (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)}    # float32's top half
-C_DEQUANTIZED = {2, 3, 6, 7, 8, 12, 13, 14}     # Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K: csrc/blocks.c, bit for bit
+C_DEQUANTIZED = {2, 3, 6, 7, 8, 11, 12, 13, 14, 20, 23}  # Q4_0 ... Q8_0, Q3_K ... Q6_K, IQ4_NL, IQ4_XS: csrc/blocks.c
 
 
 def dequantize(path, t: Tensor) -> np.ndarray:

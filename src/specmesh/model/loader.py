@@ -233,6 +233,7 @@ def finished(model: Transformer, path: Path, state: dict, draft: bool, tie: bool
     """A model whose matrices run from a GGUF file's blocks (packed or as they are), once the rest of its
     weights (`state`) are in: bf16, this CPU's kernels, the load's freed memory returned."""
     model.load_state_dict(state, strict=False, assign=True)
+    state.clear()                       # the model holds them: each dense one freed as its kernel's copy replaces it
     if tie:
         model.lm_head.weight = model.embed.weight
     meta = [n for n, p in model.named_parameters() if p.is_meta]
@@ -269,21 +270,22 @@ def runs_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device
 
 def runs_file_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
     """Whether a GGUF file's matrices run from the file as they are (load_file_blocks): a bfloat16 run on an x86 CPU
-    whose kernels build, of a file runs_blocks does not take for Q8Linear, every matrix of
-    a type csrc/blocks.c multiplies (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) with its row a whole number
-    of blocks. Elsewhere a file is dequantized at load."""
+    whose kernels build, of a file runs_blocks does not take for Q8Linear, one matrix at least of a type
+    csrc/blocks.c multiplies (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K) with its row a whole number of
+    blocks. Elsewhere a file is dequantized at load."""
     lib = kernel_lib()
     if dtype != torch.bfloat16 or torch.device(device).type != "cpu" or lib is None or not gguf.is_gguf(path) \
             or runs_blocks(path, dtype, device):
         return False
-    found = gguf.matrices(path, read_config(path)).values()
-    return bool(found) and all(lib.gguf_kernel(t.kind, t.shape[1]) for t in found)
+    return any(lib.gguf_kernel(t.kind, t.shape[1]) for t in gguf.matrices(path, read_config(path)).values())
 
 
 def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
     """A GGUF file's model whose matrices and embedding stay in the file, memory-mapped, and run as they are
-    (kernels.GGUFLinear, GGUFEmbedding): resident memory is the pages a forward reads, not a copy. Norms and biases
-    are read into float32; the rest of the model gets this CPU's kernels (select_kernels) as any bf16 model."""
+    (kernels.GGUFLinear, GGUFEmbedding): resident memory is the pages a forward reads, not a copy. A matrix of a
+    type the kernels do not multiply (IQ4_XS, Q2_K, F16 ...: a fused projection with one such part) is dequantized
+    to bfloat16 alone, one at a time. Norms and biases are read into float32; the rest of the model gets this CPU's
+    kernels (select_kernels) as any bf16 model."""
     cfg, lib = read_config(path), kernel_lib()
     found = gguf.matrices(path, cfg)
     vectors = gguf.file_to_hf(cfg, gguf.read_weights(path, cfg, vectors_only=True)[0])
@@ -291,24 +293,38 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
         model = Transformer(cfg)
     names = name_map(cfg)
 
+    def as_is(ours: str) -> bool:       # every part of a type the kernels multiply (an untied table: look up)
+        if ours == "embed.weight" and not cfg.tie_word_embeddings:
+            return found[names[ours][0]].kind in gguf.C_DEQUANTIZED | {0, 1}         # (and F32, F16)
+        return all(lib.gguf_kernel(found[n].kind, found[n].shape[1]) for n in names[ours])
+
     def matrix(ours: str, products: bool = True) -> GGUFLinear:      # products: not a lookup table's alone
         theirs = names[ours]
         parts = [(found[n].data, found[n].kind, gguf.rope_rows(cfg, gguf.gguf_name(n), found[n].shape[0]))
                  for n in theirs]
-        bias = names.get(ours.replace(".weight", ".bias"), [])
-        bias = torch.cat([vectors[n] for n in bias]) if bias and all(n in vectors for n in bias) else None
-        return GGUFLinear(parts, found[theirs[0]].shape[1], bias, lib, packed=products)
+        return GGUFLinear(parts, found[theirs[0]].shape[1], bias(ours), lib, packed=products)
+
+    def bias(ours: str) -> torch.Tensor | None:
+        theirs = names.get(ours.replace(".weight", ".bias"), [])
+        return torch.cat([vectors[n] for n in theirs]) if theirs and all(n in vectors for n in theirs) else None
 
     missing = [n for ns in names.values() for n in ns if n not in found and n not in vectors and ".bias" not in n]
     if missing:
         raise CheckpointError(f"{path}: weight {missing[0]} is missing")
-    replace_linears(model, lambda full, _: matrix(f"{full}.weight") if f"{full}.weight" in names else None)
-    model.embed = GGUFEmbedding(matrix("embed.weight", products=cfg.tie_word_embeddings))
-    if cfg.tie_word_embeddings:
-        model.lm_head = model.embed.table
     state = {ours: torch.cat([vectors[n] for n in theirs]) for ours, theirs in names.items()
              if all(n in vectors for n in theirs) and not ours.endswith(".bias")}
-    return finished(model, path, state, draft)
+    dense = [ours for ours, theirs in names.items() if all(n in found for n in theirs) and not as_is(ours)]
+    for ours in dense:
+        state[ours] = torch.cat([gguf.dequantized(path, cfg, found[n]).to(torch.bfloat16) for n in names[ours]])
+        if (b := bias(ours)) is not None:
+            state[ours.replace(".weight", ".bias")] = b
+    replace_linears(model, lambda full, _: matrix(f"{full}.weight") if f"{full}.weight" in names and
+                    f"{full}.weight" not in dense else None)
+    if "embed.weight" not in dense:
+        model.embed = GGUFEmbedding(matrix("embed.weight", products=cfg.tie_word_embeddings))
+        if cfg.tie_word_embeddings:
+            model.lm_head = model.embed.table
+    return finished(model, path, state, draft, tie=cfg.tie_word_embeddings and "embed.weight" in dense)
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
