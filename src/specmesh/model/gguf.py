@@ -281,12 +281,18 @@ def read_weights(path: str | Path, cfg: ModelConfig, blocks: bool = False, vecto
     return weights, kept
 
 
-def dequantized(path: str | Path, cfg: ModelConfig, t: Tensor) -> torch.Tensor:
-    """A tensor of the file in float32 (dequantize), its rows in the model's order (rope_heads: q and k back from
-    GGUF's)."""
-    w = torch.from_numpy(dequantize(path, t)).view(t.shape)
-    heads = rope_heads(cfg, t.name)
-    return unpermute_rope(w, heads) if heads else w
+def dequantized(path: str | Path, cfg: ModelConfig, t: Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A tensor of the file in `dtype` (dequantize), its rows in the model's order (rope_rows: q and k back from
+    GGUF's); a matrix a few rows at a time, so no float32 copy of the whole is made for a 16-bit one."""
+    if len(t.shape) == 1:
+        return torch.from_numpy(dequantize(path, t)).view(t.shape).to(dtype)
+    rows = rope_rows(cfg, t.name, t.shape[0])
+    out = torch.empty(t.shape, dtype=dtype)
+    for r0 in range(0, t.shape[0], 256):
+        at = slice(r0, r0 + 256) if rows is None else rows[r0:r0 + 256]
+        chunk = dataclasses.replace(t, shape=(len(out[r0:r0 + 256]), t.shape[1]), data=t.data[at])
+        out[r0:r0 + 256] = torch.from_numpy(dequantize(path, chunk))
+    return out
 
 
 def matrices(path: str | Path, cfg: ModelConfig) -> dict[str, Tensor]:

@@ -315,7 +315,7 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
              if all(n in vectors for n in theirs) and not ours.endswith(".bias")}
     dense = [ours for ours, theirs in names.items() if all(n in found for n in theirs) and not as_is(ours)]
     for ours in dense:
-        state[ours] = torch.cat([gguf.dequantized(path, cfg, found[n]).to(torch.bfloat16) for n in names[ours]])
+        state[ours] = torch.cat([gguf.dequantized(path, cfg, found[n], torch.bfloat16) for n in names[ours]])
         if (b := bias(ours)) is not None:
             state[ours.replace(".weight", ".bias")] = b
     replace_linears(model, lambda full, _: matrix(f"{full}.weight") if f"{full}.weight" in names and
