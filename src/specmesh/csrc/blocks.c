@@ -63,12 +63,21 @@ static void q3k_as_q6k(const uint8_t *b, uint8_t *o) {
     memcpy(o + 208, b + 108, 2);
 }
 
-// IQ4_NL's and IQ4_XS's 16 levels (gguf.quants.IQ4_NL.kvalues)
-static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
 // 32 weights d IQ4_LEVELS[q] of 16 bytes of 4-bit q: the low nibbles, then the high ones
 static EXACT void iq4_levels(float d, const uint8_t *qs, float *y) {
     for (int l = 0; l < 16; l++) y[l] = d * (float)IQ4_LEVELS[qs[l] & 0x0F], y[l + 16] = d * (float)IQ4_LEVELS[qs[l] >> 4];
+}
+
+// 32 weights s of an IQ4_NL or IQ4_XS block w as out: the float32 scale (IQ4_XS: d (s's 6-bit scale - 32), as
+// gguf.quants computes it: exact), then the 16 bytes of 4-bit level indices
+static void iq4_block(int type, const uint8_t *w, int s, uint8_t *out) {
+    float d = fp16(w);
+    if (type == IQ4_XS) {
+        const int high = (w[2] | w[3] << 8) >> (2 * s) & 3, scale = ((w[4 + s / 2] >> (4 * (s % 2))) & 0x0F) | high << 4;
+        d *= (float)(scale - 32);
+    }
+    memcpy(out, &d, 4);
+    memcpy(out + 4, type == IQ4_XS ? w + 8 + 16 * s : w + 2, 16);
 }
 
 // one block of `type` -> its weights y
@@ -78,15 +87,14 @@ static EXACT void dequantize_block(int type, const uint8_t *b, float *y) {
     switch (type) {
         case F32: memcpy(y, b, 4); return;
         case F16: y[0] = fp16(b); return;
-        case IQ4_NL: iq4_levels(fp16(b), b + 2, y); return;
-        case IQ4_XS: {                                 // d, 2 high bits of each sub-block's scale, 4 low ones, qs
-            const uint16_t high = (uint16_t)(b[2] | b[3] << 8);
-            for (int s = 0; s < 8; s++) {
-                const int scale = ((b[4 + s / 2] >> (4 * (s % 2))) & 0x0F) | ((high >> (2 * s)) & 3) << 4;
-                iq4_levels(fp16(b) * (float)(scale - 32), b + 8 + 16 * s, y + 32 * s);
+        case IQ4_NL: case IQ4_XS:
+            for (int s = 0; s < block_size(type) / 32; s++) {
+                uint8_t u[20];
+                float d;
+                iq4_block(type, b, s, u), memcpy(&d, u, 4);
+                iq4_levels(d, u + 4, y + 32 * s);
             }
             return;
-        }
         case Q8_0: {
             const float d = fp16(b);
             for (int l = 0; l < 32; l++) y[l] = (float)(int8_t)b[2 + l] * d;
@@ -206,11 +214,12 @@ void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, in
 static int tiles = 0;
 void use_tiles(int on) { tiles = on && packed_tiles; }
 static int least_tile_rows(int type) { return runs_as(type) == Q6_K ? 32 : 16; }
+static int packed_size(int type) { return block_size(runs_as(type)); }     // the weights of a packed block
 
 static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
     int k256 = 0, k32 = 0;
     for (int i = 0; i < w->n; i++) {
-        if (block_size(w->part[i].type) == 256) k256 = 1;
+        if (packed_size(w->part[i].type) == 256) k256 = 1;
         else k32 = 1;
     }
     memset(a, 0, sizeof *a);
@@ -476,10 +485,16 @@ static inline __attribute__((always_inline)) void group_block32(const uint8_t *g
     const int8_t *x = a->q32 + (m0 * QB + b) * 32;
     __m256i T[2][PACKED_MB];
     for (int h = 0; h < 2; h++) {
-        if (TYPE == Q8_0) {
+        if (TYPE == Q8_0 || TYPE == IQ4_NL) {
             for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
             _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {      // the weights 8 t ..
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(g + qs32(TYPE) + 64 * t + 32 * h));
+                __m256i q, lo, hi;
+                if (TYPE == IQ4_NL) {                      // the levels of Q4's nibbles (t 2, 3: the high ones)
+                    nibbles32(g, t % 2, h, TYPE, &lo, &hi);
+                    q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVELS)),
+                                            t < 2 ? lo : hi);
+                } else
+                    q = _mm256_loadu_si256((const __m256i *)(g + qs32(TYPE) + 64 * t + 32 * h));
                 const __m256i mag = _mm256_sign_epi8(q, q);
                 for (int i = 0; i < MB; i++) {
                     int64_t v;
@@ -534,7 +549,7 @@ static inline __attribute__((always_inline)) void packed_dot32(const uint8_t *g,
     const int size = packed_block(TYPE);
     for (int b = 0; b < QB; b++, g += size) {
         for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD_BYTES + l, _MM_HINT_T0);
-        if (TYPE != Q8_0 && chunks) {                   // several rows: a nibble type unpacked once
+        if (TYPE != Q8_0 && TYPE != IQ4_NL && chunks) {  // several rows: a nibble type unpacked once
             __m256i W[8];
             for (int t = 0; t < 2; t++)
                 for (int h = 0; h < 2; h++) nibbles32(g, t, h, TYPE, &W[2 * t + h], &W[2 * (2 + t) + h]);
@@ -565,7 +580,7 @@ static void packed_rows(int type, const uint8_t *g0, int K, const Acts *a, int64
 }
 
 // the packed bytes of one group of 8 rows of `type` and K columns
-static int64_t group_bytes(int type, int K) { return (int64_t)(K / block_size(type)) * packed_block(runs_as(type)); }
+static int64_t group_bytes(int type, int K) { return (int64_t)(K / packed_size(type)) * packed_block(runs_as(type)); }
 
 // the bytes of a part's rows of `type` packed (gguf_pack), or 0 where the type has no packed kernel
 int64_t gguf_packed_bytes(int type, int rows, int K) {
@@ -577,6 +592,11 @@ static const uint8_t *packed_group(const Part *p, int K, int64_t g) { return p->
 
 // row r's block w (of the file) into its group-block o (blocks.h's layouts)
 static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
+    if (type == IQ4_NL) {                               // w: iq4_block's float32 scale and 16 bytes of qs
+        memcpy(o + 4 * r, w, 4);
+        for (int t = 0; t < 2; t++) memcpy(o + qs32(type) + 64 * t + 8 * r, w + 4 + 8 * t, 8);
+        return;
+    }
     if (block_size(type) == 32) {
         const uint8_t *qh = w + 2 + 2 * mins32(type), *qs = qh + 4 * five32(type);
         memcpy(o + 2 * r, w, 2);
@@ -614,7 +634,8 @@ typedef struct {
 static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
     const Packing *k = ctx;
     const Part *p = k->p;
-    const int KB = k->K / block_size(p->type), size = packed_block(runs_as(p->type)), bytes = block_bytes(p->type);
+    const int as = runs_as(p->type), KB = k->K / block_size(as), size = packed_block(as), bytes = block_bytes(p->type);
+    const int per = block_size(p->type) / block_size(as);              // packed blocks a block of the file
     uint8_t six[210];
     for (int64_t g = k->first + g0; g < k->first + g1; g++)
         for (int b = 0; b < KB; b++) {
@@ -622,9 +643,10 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
             memset(o, 0, size);                        // rows past the part's last: zeros, d = 0
             for (int r = 0; r < PACK_ROWS && g * PACK_ROWS + r < p->rows; r++) {
                 const int64_t row = g * PACK_ROWS + r;
-                const uint8_t *w = p->data + (int64_t)(p->map ? p->map[row] : row) * p->stride + b * bytes;
+                const uint8_t *w = p->data + (int64_t)(p->map ? p->map[row] : row) * p->stride + b / per * bytes;
                 if (p->type == Q3_K) q3k_as_q6k(w, six), w = six;
-                pack_block(runs_as(p->type), w, r, o);
+                if (as == IQ4_NL) iq4_block(p->type, w, b % per, six), w = six;
+                pack_block(as, w, r, o);
             }
         }
 }
@@ -676,7 +698,7 @@ static void tile_rows(void *ctx, int64_t n0, int64_t n1) {
         while (r >= p->w->part[part].rows) r -= p->w->part[part++].rows;
         const Part *pt = &p->w->part[part];
         const int64_t end = n + (pt->rows - r) < n1 ? n + (pt->rows - r) : n1;
-        if (block_size(pt->type) != 256 || r % 16 || p->M < least_tile_rows(pt->type))
+        if (packed_size(pt->type) != 256 || r % 16 || p->M < least_tile_rows(pt->type))
             block_rows(ctx, n, end);
         else
             packed_tiles(runs_as(pt->type), packed_group(pt, p->K, r / PACK_ROWS), (int)(end - n), p->K, p->a, p->M, p->bias,
@@ -698,5 +720,5 @@ void gguf_linear(const float *x, int M, int K, const Matrix *w, int N, const flo
 // whether gguf_linear multiplies a matrix of this type with K columns
 int gguf_kernel(int type, int K) {
     return (type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0) ? K % 32 == 0
-           : (type >= Q3_K && type <= Q6_K) ? K % 256 == 0 : 0;
+           : (type >= Q3_K && type <= Q6_K) || type == IQ4_XS ? K % 256 == 0 : type == IQ4_NL ? K % 32 == 0 : 0;
 }

@@ -9,8 +9,9 @@
 enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
        IQ4_NL = 20, IQ4_XS = 23 };
 
-// the type a file's type is packed and multiplied as: Q3_K's blocks are Q6_K's exactly (blocks.c's q3k_as_q6k)
-static inline int runs_as(int type) { return type == Q3_K ? Q6_K : type; }
+// the type a file's type is packed and multiplied as: Q3_K's blocks are Q6_K's exactly (blocks.c's q3k_as_q6k), and
+// IQ4_XS's 256-blocks 8 IQ4_NL 32-blocks (packed with float32 scales: IQ4_XS's d (s - 32) exactly)
+static inline int runs_as(int type) { return type == Q3_K ? Q6_K : type == IQ4_XS ? IQ4_NL : type; }
 
 typedef struct {            // one part of a matrix (kernels.GGUFLinear fills it)
     int type;               // a GGMLQuantizationType value
@@ -75,12 +76,14 @@ enum { PACK_ROWS = 8, Q4K_PACKED = 1184, Q4K_SC = 32, Q4K_MN = 96, Q4K_QS = 160,
 // (fp16; Q4_1, Q5_1), then the fifth bits qh [4 c][8 rows] (Q5_0, Q5_1: byte c of the row's qh, bit k its weight
 // 8 c + k), then the qs: Q8_0's [4 t][8 rows][8 bytes: q of the weights 8 t ..], Q4's and Q5's [2 t][8 rows][8 bytes:
 // the file's qs 8 t ..: low nibbles the weights 8 t + k, high nibbles 16 + 8 t + k]. The file's bytes, no more.
-// Every kernel computes a row's block as the exact integer T = sum(q x) (q in -128..127 for Q8_0, the unsigned
-// 0..15 or 0..31 for the others), then the one float part below.
+// IQ4_NL's (IQ4_XS's sub-blocks too) holds its scales as float32 [8 rows], then Q4's qs: a nibble is the index of
+// its weight's level (IQ4_LEVELS). Every kernel computes a row's block as the exact integer T = sum(q x) (q in
+// -128..127 for Q8_0 and the IQ4 levels, the unsigned 0..15 or 0..31 for the others), then the one float part
+// below.
 static inline int mins32(int type) { return type == Q4_1 || type == Q5_1; }
 static inline int five32(int type) { return type == Q5_0 || type == Q5_1; }
 static inline int qh32(int type) { return 16 + 16 * mins32(type); }            // where qh starts
-static inline int qs32(int type) { return qh32(type) + 32 * five32(type); }     // where the qs start
+static inline int qs32(int type) { return type == IQ4_NL ? 32 : qh32(type) + 32 * five32(type); }   // the qs' start
 static inline int q32_offset(int type) { return type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0; }  // w = d (q - offset) (+ m)
 
 // a group-block's bytes for a packed type (0: a type that is not packed)
@@ -90,7 +93,7 @@ static inline int packed_block(int type) {
         case Q5_K: return Q5K_PACKED;
         case Q6_K: return Q6K_PACKED;
         case Q8_0: return 16 + 256;
-        case Q4_0: case Q4_1: case Q5_0: case Q5_1: return qs32(type) + 128;
+        case Q4_0: case Q4_1: case Q5_0: case Q5_1: case IQ4_NL: return qs32(type) + 128;
         default: return 0;
     }
 }
@@ -107,7 +110,11 @@ static inline int packed_block(int type) {
         case Q4_1: DOT32(g0, K / 32, a, m0, C, R, Q4_1, out); break;                                                  \
         case Q5_0: DOT32(g0, K / 32, a, m0, C, R, Q5_0, out); break;                                                  \
         case Q5_1: DOT32(g0, K / 32, a, m0, C, R, Q5_1, out); break;                                                  \
+        case IQ4_NL: DOT32(g0, K / 32, a, m0, C, R, IQ4_NL, out); break;                                              \
     }
+
+// IQ4_NL's and IQ4_XS's 16 levels (gguf.quants.IQ4_NL.kvalues): a 4-bit q's weight, before the block's scale
+static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 // the packed kernels fetch the group-blocks AHEAD of the one they multiply: one row of activations streams the
 // weights faster than the hardware's prefetch alone fetches them
@@ -157,7 +164,7 @@ static inline __m256 packed_float(__m256 acc, __m256i T, const uint8_t *g, const
 static inline __m256 packed_float32(__m256 acc, __m256i T, const uint8_t *g, float dx, int32_t s, float ds,
                                     const int TYPE) {
     if (q32_offset(TYPE)) T = _mm256_sub_epi32(T, _mm256_set1_epi32(q32_offset(TYPE) * s));
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+    const __m256 d = TYPE == IQ4_NL ? _mm256_loadu_ps((const float *)g) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc);
     if (!mins32(TYPE)) return acc;
     return _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16))), _mm256_set1_ps(ds), acc);

@@ -182,6 +182,11 @@ static inline __attribute__((always_inline)) void group_block32_512(const uint8_
         _Pragma("GCC unroll 2") for (int t = 0; t < 2; t++) {          // the weights 8 t .. (lo) and 16 + 8 t .. (hi)
             const __m512i v = _mm512_loadu_si512(g + qs32(TYPE) + 64 * t);
             __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            if (TYPE == IQ4_NL) {                      // the nibbles' levels + 128, unsigned (as Q8_0's)
+                const __m512i levels = _mm512_xor_si512(
+                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_LEVELS)), _mm512_set1_epi8(-128));
+                lo = _mm512_shuffle_epi8(levels, lo), hi = _mm512_shuffle_epi8(levels, hi);
+            }
             if (five32(TYPE)) {                    // byte (r, k) of the vector: bit k of row r's qh byte, as a mask
                 uint64_t l, u;
                 memcpy(&l, g + qh32(TYPE) + 8 * t, 8), memcpy(&u, g + qh32(TYPE) + 8 * (2 + t), 8);
@@ -196,10 +201,11 @@ static inline __attribute__((always_inline)) void group_block32_512(const uint8_
     }
     const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    const __m512 d = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)g)));
+    const __m512 d = TYPE == IQ4_NL ? _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)g))
+                                    : _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)g)));
     const __m512 m = mins32(TYPE) ? _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(g + 16))))
                                   : _mm512_setzero_ps();
-    const int offset = TYPE == Q8_0 ? 128 : q32_offset(TYPE);
+    const int offset = TYPE == Q8_0 || TYPE == IQ4_NL ? 128 : q32_offset(TYPE);
     for (int i = 0; i < MB; i += 2) {               // rows i and j (an odd last row paired with itself, its copy unused)
         const int j = i + 1 < MB ? i + 1 : i;
         const int64_t ai = (m0 + i) * QB + b, aj = (m0 + j) * QB + b;
