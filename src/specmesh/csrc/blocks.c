@@ -1,7 +1,8 @@
 // A GGUF file's quantized matrices as they are, read from the file's own pages (kernels.GGUFLinear):
 // gguf_dequantize: blocks -> float32 with the `gguf` package's arithmetic, bit for bit;
-// gguf_linear: y[M, N] = x[M, K] . w[N, K]^T (+ bias) over the blocks, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of
-//   32 weights) and Q4_K, Q5_K, Q6_K (blocks of 256; Q3_K as Q6_K, the same values). The activations are quantized to 8 bits per block as llama.cpp
+// gguf_linear: y[M, N] = x[M, K] . w[N, K]^T (+ bias) over the blocks, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL
+//   (blocks of 32 weights; IQ4_XS as IQ4_NL's) and Q4_K, Q5_K, Q6_K (blocks of 256; Q3_K as Q6_K, the same values).
+//   The activations are quantized to 8 bits per block as llama.cpp
 //   does for each kind: per 32 with one scale and their sum for the 32-blocks, per 256 with one scale and sums of
 //   each 16 (and of each 32, its Q8_K) for the K-quants. Every type multiplies packed (gguf_pack: 8 rows
 //   interleaved, blocks.h), 8 weight rows a vector. A block's products sum exactly in int32, blocks add in float32

@@ -271,8 +271,8 @@ def runs_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device
 def runs_file_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
     """Whether a GGUF file's matrices run from the file as they are (load_file_blocks): a bfloat16 run on an x86 CPU
     whose kernels build, of a file runs_blocks does not take for Q8Linear, one matrix at least of a type
-    csrc/blocks.c multiplies (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K) with its row a whole number of
-    blocks. Elsewhere a file is dequantized at load."""
+    csrc/blocks.c multiplies (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) with its row a
+    whole number of blocks. Elsewhere a file is dequantized at load."""
     lib = kernel_lib()
     if dtype != torch.bfloat16 or torch.device(device).type != "cpu" or lib is None or not gguf.is_gguf(path) \
             or runs_blocks(path, dtype, device):
@@ -283,7 +283,7 @@ def runs_file_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.d
 def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
     """A GGUF file's model whose matrices and embedding stay in the file, memory-mapped, and run as they are
     (kernels.GGUFLinear, GGUFEmbedding): resident memory is the pages a forward reads, not a copy. A matrix of a
-    type the kernels do not multiply (IQ4_XS, Q2_K, F16 ...: a fused projection with one such part) is dequantized
+    type the kernels do not multiply (Q2_K, F16 ...: a fused projection with one such part) is dequantized
     to bfloat16 alone, one at a time. Norms and biases are read into float32; the rest of the model gets this CPU's
     kernels (select_kernels) as any bf16 model."""
     cfg, lib = read_config(path), kernel_lib()
