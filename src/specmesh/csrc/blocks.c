@@ -637,7 +637,7 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
     const Part *p = k->p;
     const int as = runs_as(p->type), KB = k->K / block_size(as), size = packed_block(as), bytes = block_bytes(p->type);
     const int per = block_size(p->type) / block_size(as);              // packed blocks a block of the file
-    uint8_t six[210];
+    uint8_t recoded[210];                                               // a block of the file as one of `as`
     for (int64_t g = k->first + g0; g < k->first + g1; g++)
         for (int b = 0; b < KB; b++) {
             uint8_t *o = k->out + ((g - k->first) * KB + b) * size;
@@ -645,8 +645,8 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
             for (int r = 0; r < PACK_ROWS && g * PACK_ROWS + r < p->rows; r++) {
                 const int64_t row = g * PACK_ROWS + r;
                 const uint8_t *w = p->data + (int64_t)(p->map ? p->map[row] : row) * p->stride + b / per * bytes;
-                if (p->type == Q3_K) q3k_as_q6k(w, six), w = six;
-                if (as == IQ4_NL) iq4_block(p->type, w, b % per, six), w = six;
+                if (p->type == Q3_K) q3k_as_q6k(w, recoded), w = recoded;
+                if (as == IQ4_NL) iq4_block(p->type, w, b % per, recoded), w = recoded;
                 pack_block(as, w, r, o);
             }
         }
