@@ -289,9 +289,10 @@ def dequantized(path: str | Path, cfg: ModelConfig, t: Tensor, dtype: torch.dtyp
     rows = rope_rows(cfg, t.name, t.shape[0])
     out = torch.empty(t.shape, dtype=dtype)
     for r0 in range(0, t.shape[0], 256):
-        at = slice(r0, r0 + 256) if rows is None else rows[r0:r0 + 256]
-        chunk = dataclasses.replace(t, shape=(len(out[r0:r0 + 256]), t.shape[1]), data=t.data[at])
-        out[r0:r0 + 256] = torch.from_numpy(dequantize(path, chunk))
+        r1 = min(r0 + 256, t.shape[0])
+        chunk = dataclasses.replace(t, shape=(r1 - r0, t.shape[1]), data=t.data[r0:r1] if rows is None else
+                                    t.data[rows[r0:r1]])
+        out[r0:r1] = torch.from_numpy(dequantize(path, chunk))
     return out
 
 
