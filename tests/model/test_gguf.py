@@ -233,8 +233,9 @@ def test_a_gguf_rewritten_in_16_bits_is_the_model_specmesh_runs_in_16_bits(chat_
     """Where specmesh dequantizes a file's blocks, llama.cpp gets a bf16 copy of what it runs."""
     from specmesh.bench import llamacpp
     from specmesh.model import loader
-    monkeypatch.setattr(loader, "runs_blocks", lambda *a, **k: False)
-    monkeypatch.setattr(llamacpp, "runs_blocks", lambda *a, **k: False)
+    for module in (loader, llamacpp):                   # (on x86 the file's blocks run as they are)
+        monkeypatch.setattr(module, "runs_blocks", lambda *a, **k: False)
+        monkeypatch.setattr(module, "runs_file_blocks", lambda *a, **k: False)
     monkeypatch.setattr(llamacpp, "cache_dir", lambda: tmp_path)
     source = to_gguf(chat_checkpoint, tmp_path / "q8.gguf", "q8_0")
     copy = llamacpp.cached_gguf(source, "bf16")                        # what llama.cpp gets for a bf16 run
@@ -242,6 +243,21 @@ def test_a_gguf_rewritten_in_16_bits_is_the_model_specmesh_runs_in_16_bits(chat_
     with torch.no_grad():
         assert torch.equal(load_model(copy, torch.bfloat16)(ids), load_model(source, torch.bfloat16)(ids))
     assert load_tokenizer(copy).chat_template == CHATML
+
+
+@pytest.mark.cpu("avx2", "f16c")
+def test_a_16_bit_file_loads_matrix_by_matrix_as_the_model_dequantized_whole(chat_checkpoint, tmp_path, monkeypatch):
+    """In a bf16 run on x86 a BF16 file's matrices are read into bf16 one at a time (loader.load_file_blocks): the
+    model is the checkpoint it was written from, in bf16, logit for logit, as the whole file dequantized gives it."""
+    from specmesh.model import loader
+    source = to_gguf(chat_checkpoint, tmp_path / "bf16.gguf", "bf16")
+    assert loader.runs_file_blocks(source, torch.bfloat16)
+    ids = torch.randint(0, 300, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = load_model(chat_checkpoint, torch.bfloat16)(ids)
+        assert torch.equal(load_model(source, torch.bfloat16)(ids), want)
+        monkeypatch.setattr(loader, "runs_file_blocks", lambda *a, **k: False)
+        assert torch.equal(load_model(source, torch.bfloat16)(ids), want)
 
 
 @pytest.mark.parametrize("ftype", ["q8_0", "q4_0", "q4_1"])

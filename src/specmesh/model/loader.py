@@ -19,7 +19,7 @@ from torch import nn
 
 from specmesh.kernels import kernel_lib, q8_lib
 from specmesh.kernels.build import vnni_products
-from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
+from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear, let_go
 from specmesh.model import gguf, packed
 from specmesh.model.kernel_choice import draft_quant, select_kernels
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
@@ -269,33 +269,28 @@ def runs_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device
 
 
 def runs_file_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
-    """Whether a GGUF file's matrices run from the file as they are (load_file_blocks): a bfloat16 run on an x86 CPU
-    whose kernels build, of a file runs_blocks does not take for Q8Linear, one matrix at least of a type
-    csrc/blocks.c multiplies (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) with its row a
-    whole number of blocks. Elsewhere a file is dequantized at load."""
-    lib = kernel_lib()
-    if dtype != torch.bfloat16 or torch.device(device).type != "cpu" or lib is None or not gguf.is_gguf(path) \
-            or runs_blocks(path, dtype, device):
-        return False
-    return any(lib.gguf_kernel(t.kind, t.shape[1]) for t in gguf.matrices(path, read_config(path)).values())
+    """Whether a GGUF file loads matrix by matrix (load_file_blocks): a bfloat16 run on an x86 CPU whose kernels
+    build, of a file runs_blocks does not take for Q8Linear. Elsewhere (float32, other devices) a file is dequantized
+    whole at load."""
+    return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and kernel_lib() is not None \
+        and gguf.is_gguf(path) and not runs_blocks(path, dtype, device)
 
 
 def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
     """A GGUF file's model whose matrices and embedding stay in the file, memory-mapped, and run as they are
-    (kernels.GGUFLinear, GGUFEmbedding): resident memory is the pages a forward reads, not a copy. A matrix of a
-    type the kernels do not multiply (Q2_K, F16 ...: a fused projection with one such part) is dequantized
-    to bfloat16 alone, one at a time. Norms and biases are read into float32; the rest of the model gets this CPU's
-    kernels (select_kernels) as any bf16 model."""
+    (kernels.GGUFLinear: Q4_0 ... Q8_0, Q3_K ... Q6_K, IQ4_NL, IQ4_XS; GGUFEmbedding): resident memory is the pages a
+    forward reads, not a copy. A matrix of a type the kernels do not multiply (F16, BF16, Q2_K ...; a fused
+    projection with one such part) is dequantized to bfloat16 alone, a few rows at a time, and the table's rows are
+    read from the file where csrc/blocks.c dequantizes its type. Norms and biases are read into float32; the rest of
+    the model gets this CPU's kernels (select_kernels) as any bf16 model."""
     cfg, lib = read_config(path), kernel_lib()
     found = gguf.matrices(path, cfg)
     vectors = gguf.file_to_hf(cfg, gguf.read_weights(path, cfg, vectors_only=True)[0])
     with torch.device("meta"):
         model = Transformer(cfg)
-    names = name_map(cfg)
+    names, tied = name_map(cfg), cfg.tie_word_embeddings
 
-    def as_is(ours: str) -> bool:       # every part of a type the kernels multiply (an untied table: look up)
-        if ours == "embed.weight" and not cfg.tie_word_embeddings:
-            return found[names[ours][0]].kind in gguf.C_DEQUANTIZED | {0, 1}         # (and F32, F16)
+    def multiplied(ours: str) -> bool:          # every part of a type the kernels multiply
         return all(lib.gguf_kernel(found[n].kind, found[n].shape[1]) for n in names[ours])
 
     def matrix(ours: str, products: bool = True) -> GGUFLinear:      # products: not a lookup table's alone
@@ -303,6 +298,12 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
         parts = [(found[n].data, found[n].kind, gguf.rope_rows(cfg, gguf.gguf_name(n), found[n].shape[0]))
                  for n in theirs]
         return GGUFLinear(parts, found[theirs[0]].shape[1], bias(ours), lib, packed=products)
+
+    def dense(ours: str) -> torch.Tensor:       # bf16 [N, K]; the file's pages of it let go (as GGUFLinear's)
+        parts = [gguf.dequantized(path, cfg, found[n], torch.bfloat16) for n in names[ours]]
+        for n in names[ours]:
+            let_go(found[n].data)
+        return torch.cat(parts)
 
     def bias(ours: str) -> torch.Tensor | None:
         theirs = names.get(ours.replace(".weight", ".bias"), [])
@@ -313,18 +314,24 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
         raise CheckpointError(f"{path}: weight {missing[0]} is missing")
     state = {ours: torch.cat([vectors[n] for n in theirs]) for ours, theirs in names.items()
              if all(n in vectors for n in theirs) and not ours.endswith(".bias")}
-    dense = [ours for ours, theirs in names.items() if all(n in found for n in theirs) and not as_is(ours)]
-    for ours in dense:
-        state[ours] = torch.cat([gguf.dequantized(path, cfg, found[n], torch.bfloat16) for n in names[ours]])
+    linears = [ours for ours, theirs in names.items() if ours != "embed.weight" and all(n in found for n in theirs)]
+    for ours in (ours for ours in linears if not multiplied(ours)):
+        state[ours] = dense(ours)
         if (b := bias(ours)) is not None:
             state[ours.replace(".weight", ".bias")] = b
-    replace_linears(model, lambda full, _: matrix(f"{full}.weight") if f"{full}.weight" in names and
-                    f"{full}.weight" not in dense else None)
-    if "embed.weight" not in dense:
-        model.embed = GGUFEmbedding(matrix("embed.weight", products=cfg.tie_word_embeddings))
-        if cfg.tie_word_embeddings:
+    replace_linears(model, lambda full, _: matrix(f"{full}.weight") if f"{full}.weight" in linears and
+                    multiplied(f"{full}.weight") else None)
+    looked_up = found[names["embed.weight"][0]].kind in gguf.C_DEQUANTIZED | {0, 1}     # (F32, F16 too)
+    head_too = tied and multiplied("embed.weight")
+    if looked_up:
+        model.embed = GGUFEmbedding(matrix("embed.weight", products=head_too))
+        if head_too:
             model.lm_head = model.embed.table
-    return finished(model, path, state, draft, tie=cfg.tie_word_embeddings and "embed.weight" in dense)
+        elif tied:
+            state["lm_head.weight"] = dense("embed.weight")
+    else:
+        state["embed.weight"] = dense("embed.weight")                  # (tied: the head too, by finished)
+    return finished(model, path, state, draft, tie=tied and not looked_up)
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -47,12 +47,18 @@ def on_huge_pages(model: nn.Module) -> int:
     if not unique:
         return 0
     sizes = {k: aligned(t.nbytes) for k, t in unique.items()}
-    raw, at, moved = huge_zeros(sum(sizes.values())), 0, {}
-    for k, t in unique.items():
-        moved[k] = raw[at:at + t.nbytes].view(t.dtype).view(t.shape).copy_(t)
-        at += sizes[k]
+    users: dict[tuple, list] = {}
     for m, name, k, _ in places:
-        _put(m, name, moved[k])
+        users.setdefault(k, []).append((m, name))
+    del places
+    raw, at = huge_zeros(sum(sizes.values())), 0
+    for k in list(unique):          # each tensor let go as it moves: a load's peak is the model and one tensor more
+        t = unique.pop(k)
+        moved = raw[at:at + t.nbytes].view(t.dtype).view(t.shape).copy_(t)
+        del t
+        for m, name in users[k]:
+            _put(m, name, moved)
+        at += sizes[k]
     return at
 
 
