@@ -345,7 +345,7 @@ def dequantize(path, t: Tensor) -> np.ndarray:
         data = gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType(t.kind))
     except NotImplementedError:
         raise GGUFError(f"{path}: tensor {t.name} is {name}, which gguf {gguf_version()} cannot dequantize; "
-                        f"F32, F16, BF16, Q8_0, Q4_0, Q4_1 and the K-quants can be read") from None
+                        f"F32, F16, BF16, Q4_0 ... Q8_0, the K-quants and IQ4_NL, IQ4_XS can be read") from None
     return np.array(data, dtype=np.float32, order="C")          # a copy: the map is read-only
 
 
