@@ -488,14 +488,15 @@ static inline __attribute__((always_inline)) void group_block32(const uint8_t *g
     for (int h = 0; h < 2; h++) {
         if (TYPE == Q8_0 || TYPE == IQ4_NL) {
             for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
+            __m256i levels[4];                             // IQ4: the weights 8 t .. as their levels (signed bytes)
+            for (int t = 0; TYPE == IQ4_NL && t < 2; t++) {
+                const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVELS));
+                nibbles32(g, t, h, TYPE, &levels[t], &levels[2 + t]);
+                levels[t] = _mm256_shuffle_epi8(table, levels[t]), levels[2 + t] = _mm256_shuffle_epi8(table, levels[2 + t]);
+            }
             _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {      // the weights 8 t ..
-                __m256i q, lo, hi;
-                if (TYPE == IQ4_NL) {                      // the levels of Q4's nibbles (t 2, 3: the high ones)
-                    nibbles32(g, t % 2, h, TYPE, &lo, &hi);
-                    q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVELS)),
-                                            t < 2 ? lo : hi);
-                } else
-                    q = _mm256_loadu_si256((const __m256i *)(g + qs32(TYPE) + 64 * t + 32 * h));
+                const __m256i q = TYPE == IQ4_NL ? levels[t]
+                                                 : _mm256_loadu_si256((const __m256i *)(g + qs32(TYPE) + 64 * t + 32 * h));
                 const __m256i mag = _mm256_sign_epi8(q, q);
                 for (int i = 0; i < MB; i++) {
                     int64_t v;
