@@ -55,12 +55,13 @@ static void q3k_as_q6k(const uint8_t *b, uint8_t *o) {
         const int low = s < 8 ? sc[s] & 0x0F : sc[s - 8] >> 4, high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
         o[192 + s] = (uint8_t)(int8_t)((low | high << 4) - 32);
     }
-    for (int e = 0; e < 256; e++) {                    // half h, group g of 32, lane l (Q6_K's dequantize_block)
-        const int h = e / 128, g = (e / 32) % 4, l = e % 32;
-        const int q = ((qs[32 * h + l] >> (2 * g)) & 3) - ((hm[l] >> (4 * h + g)) & 1 ? 0 : 4) + 32;
-        o[64 * h + 32 * (g % 2) + l] |= (uint8_t)((q & 0x0F) << (4 * (g / 2)));
-        o[128 + 32 * h + l] |= (uint8_t)((q >> 4) << (2 * g));
-    }
+    for (int h = 0; h < 2; h++)                        // weight 128 h + 32 g + l (Q6_K's dequantize_block)
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                const int q = ((qs[32 * h + l] >> (2 * g)) & 3) - ((hm[l] >> (4 * h + g)) & 1 ? 0 : 4) + 32;
+                o[64 * h + 32 * (g % 2) + l] |= (uint8_t)((q & 0x0F) << (4 * (g / 2)));
+                o[128 + 32 * h + l] |= (uint8_t)((q >> 4) << (2 * g));
+            }
     memcpy(o + 208, b + 108, 2);
 }
 
