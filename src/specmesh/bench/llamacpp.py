@@ -243,7 +243,8 @@ def without_amx() -> list[str]:
 
 def build(source: Path | None = None) -> Path:
     """llama.cpp's tools (BUILT: the peers' and llama-quantize, llama-bench) from llama-cpp-python's source package
-    (downloaded with pip if not given), compiled for this machine into native_bin(): about 10 minutes on 2 cores."""
+    (downloaded with pip if not given), compiled for this machine into native_bin(): about 10 minutes on 2 cores.
+    Its HF-to-GGUF converter is kept beside them (converter())."""
     work = Path(tempfile.mkdtemp(prefix="specmesh-llamacpp-"))
     if source is None:
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-d", str(work),
@@ -260,8 +261,30 @@ def build(source: Path | None = None) -> Path:
     native_bin().mkdir(parents=True, exist_ok=True)
     for tool in BUILT:                              # static: each binary stands alone
         shutil.copy2(tree / "build" / "bin" / tool, native_bin() / tool)
+    keep_converter(tree)
     shutil.rmtree(work)
     return native_bin()
+
+
+CONVERTER = ("convert_hf_to_gguf.py", "conversion", "gguf-py")     # the script, its modules, its own gguf package
+
+
+def keep_converter(tree: Path) -> None:
+    """llama.cpp's convert_hf_to_gguf.py and what it imports, from a source tree into converter()'s folder."""
+    dest = converter().parent
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for name in CONVERTER:
+        if (tree / name).is_dir():
+            shutil.copytree(tree / name, dest / name)
+        elif (tree / name).exists():
+            shutil.copy2(tree / name, dest / name)
+
+
+def converter() -> Path:
+    """Where `build` keeps llama.cpp's own convert_hf_to_gguf.py (run it with its folder's gguf-py: it puts that on
+    sys.path itself)."""
+    return native_bin().parent / "convert" / CONVERTER[0]
 
 
 if __name__ == "__main__":
