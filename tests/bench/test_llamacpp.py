@@ -129,3 +129,26 @@ def test_the_build_leaves_ggml_amx_backend_out_where_the_cpu_has_amx(monkeypatch
     assert llamacpp.without_amx() == [f"-DCMAKE_C_FLAGS={llamacpp.NO_AMX}", f"-DCMAKE_CXX_FLAGS={llamacpp.NO_AMX}"]
     monkeypatch.setattr(build, "cpu_flags", lambda: {"avx2", "avx512f"})
     assert llamacpp.without_amx() == []
+
+
+@pytest.mark.parametrize("weights", ["file", "same-precision"])
+def test_a_peer_on_the_target_s_own_file_takes_ar_s_dtype_untimed(monkeypatch, weights):
+    """A peer running the target's file as it is runs the same whatever the dtype: it takes `ar`'s, so that its
+    outputs are compared with `ar`'s own (no float32 reference of an 8B); a peer on a copy is timed in both."""
+    from specmesh.bench import runner
+    made = []
+
+    class Peer:
+        def __init__(self, dtype):
+            self.weights, self.dtype = weights, dtype
+            made.append(dtype)
+
+        def __call__(self, ids, max_new_tokens):
+            return ids, None
+
+    monkeypatch.setattr(runner, "make_runner", lambda method, cfg, dtype: Peer(dtype))
+    dtype, peer = runner.choose_dtype("llama.cpp", runner.BenchConfig(methods=["ar", "llama.cpp"]), [1, 2, 3])
+    if weights == "file":
+        assert made == [runner.default_dtype("cpu")] and (dtype, peer.dtype) == (made[0], made[0])
+    else:
+        assert made[1:] == ["float32", "bfloat16"] and dtype == peer.dtype

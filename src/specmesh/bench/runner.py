@@ -137,10 +137,16 @@ def threads_used(name: str, options: dict) -> int | str:
 
 def choose_dtype(method: str, cfg: BenchConfig, ids: list[int]) -> tuple[str, object]:
     """The configured dtype; for 'auto', specmesh's methods in the dtype `generate` takes (llm.default_dtype), a
-    peer in the faster of float32/bfloat16 on a short calibration run."""
+    peer in the faster of float32/bfloat16 on a short calibration run, or in `ar`'s where it runs the target's own
+    file whatever the dtype (its outputs are then compared with `ar`'s own: no reference in another dtype, which
+    for an 8B in float32 would not fit in memory)."""
     if cfg.dtype != "auto" or split_threads(method)[0] not in PEERS:
         dtype = default_dtype(cfg.device) if cfg.dtype == "auto" else cfg.dtype
         return dtype, make_runner(method, cfg, dtype)
+    runner = make_runner(method, cfg, default_dtype(cfg.device))
+    if getattr(runner, "weights", None) == "file":
+        return default_dtype(cfg.device), runner
+    close(runner)
     best = None
     for dtype in ("float32", "bfloat16"):
         runner = make_runner(method, cfg, dtype)
