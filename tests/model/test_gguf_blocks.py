@@ -23,10 +23,10 @@ from specmesh.model.loader import load_model, load_tokenizer, runs_file_blocks
 from specmesh.timing import weight_bytes
 
 Q = gguf.GGMLQuantizationType
-KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
+KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
 # where each block type keeps its fp16 scales (d, then dmin or m where it has one)
 SCALES = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_1: (0, 2), Q.Q5_1: (0, 2), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2),
-          Q.Q3_K: (108,), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,), Q.Q2_K: (80, 82)}
+          Q.Q3_K: (108,), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,), Q.Q2_K: (80, 82), Q.IQ2_XXS: (0,)}
 
 pytestmark = pytest.mark.skipif(kernels.kernel_lib() is None, reason="needs csrc/ built (x86 with AVX2 and gcc)")
 
@@ -98,7 +98,7 @@ def test_the_avx2_and_avx512_block_products_agree_bit_for_bit(kind):
 
 
 @pytest.mark.cpu(*kernels.build.AMX_INT8)
-@pytest.mark.parametrize("kind", [Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda k: k.name)
 def test_the_tile_products_give_the_vector_kernels_bits(kind):
     """csrc/blocks_amx.c (several rows of activations on AMX's int8 tiles) computes a packed K-quant's exact integers
     and float step as blocks512.c does: the same bits for the widths it takes (from 16 rows, Q6_K's from 32; a last
@@ -145,14 +145,14 @@ def test_a_matrix_of_parts_reads_each_of_its_own_type_through_its_row_map():
 def q4_k_m_kind(name: str, layer: int) -> Q:
     """A Q4_K_M-like mix: Q6_K for the head and embedding, v and down, Q4_K elsewhere; layer 1 mixes in the
     32-blocks and Q5_K, as llama-quantize does for rows that are not whole 256-blocks or for some layers; layer 0's q
-    and k are IQ4_NL and IQ4_XS, layer 2's gate Q3_K and its attention output Q2_K, a type the kernels do not
-    multiply (dequantized at load)."""
+    and k are IQ4_NL and IQ4_XS, layer 2's gate Q3_K, its up Q2_K and its attention output IQ2_XXS, a type the
+    kernels do not multiply (dequantized at load)."""
     if name in ("token_embd.weight", "output.weight") or name.endswith(("attn_v.weight", "ffn_down.weight")):
         return Q.Q6_K
     own = {0: {"attn_q.weight": Q.IQ4_NL, "attn_k.weight": Q.IQ4_XS},
            1: {"attn_q.weight": Q.Q5_0, "attn_output.weight": Q.Q8_0, "ffn_up.weight": Q.Q5_K, "attn_k.weight": Q.Q4_1,
                "ffn_gate.weight": Q.Q4_0},
-           2: {"ffn_gate.weight": Q.Q3_K, "attn_output.weight": Q.Q2_K}}
+           2: {"ffn_gate.weight": Q.Q3_K, "ffn_up.weight": Q.Q2_K, "attn_output.weight": Q.IQ2_XXS}}
     return own.get(layer, {}).get(name.split(".", 2)[-1], Q.Q4_K)
 
 
@@ -207,7 +207,7 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
     blocks, exact = load_model(kquant_file, torch.bfloat16), load_model(kquant_file, torch.float32)
     linears = [m for m in blocks.modules() if isinstance(m, GGUFLinear)]
     tied = blocks.config.tie_word_embeddings
-    assert len(linears) == 3 * 4 + 2 - tied - 1 and isinstance(blocks.embed, GGUFEmbedding)    # but Q2_K's
+    assert len(linears) == 3 * 4 + 2 - tied - 1 and isinstance(blocks.embed, GGUFEmbedding)    # but IQ2_XXS's
     dense = blocks.layers[2].block.attn.o
     assert not isinstance(dense, GGUFLinear) and dense.weight.dtype == torch.bfloat16, dense
     assert {type(b).__name__ for b in blocks.layers} == {"CBlock"}      # the whole forward in C, kinds mixed
@@ -215,9 +215,11 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
     reads = sum(m.nbytes for m in linears if m is not blocks.embed.table or tied)   # a lookup reads one row
     assert weight_bytes(blocks) == reads + weight_bytes(dense)
     copied = sum(t.numel() * t.element_size() for t in [*blocks.parameters(), *blocks.buffers()])
-    assert copied < 64 * 1024                               # norms and rotary: no weights copied (Q2_K's: no parameter)
-    # but the matrices, re-laid in 8-row groups of their own bytes (K-quants + 3%; Q3_K as Q6_K; IQ4's scales as floats)
-    extras = {Q.Q4_K: 1.03, Q.Q5_K: 1.03, Q.Q6_K: 1.03, Q.Q3_K: 210 / 110, Q.IQ4_NL: 20 / 18, Q.IQ4_XS: 160 / 136}
+    assert copied < 64 * 1024                               # norms and rotary: no weights copied (IQ2_XXS's: no parameter)
+    # but the matrices, re-laid in 8-row groups of their own bytes (K-quants + 3%; Q3_K as Q6_K, Q2_K as Q6_K and its
+    # mins; IQ4's scales as floats)
+    extras = {Q.Q4_K: 1.03, Q.Q5_K: 1.03, Q.Q6_K: 1.03, Q.Q3_K: 210 / 110, Q.Q2_K: 228 / 84, Q.IQ4_NL: 20 / 18,
+              Q.IQ4_XS: 160 / 136}
     for m in linears:
         for part, packed in zip(m.matrix.part, m.packed):
             assert (packed is not None) == (m is not blocks.embed.table or tied)

@@ -1,7 +1,8 @@
 // A GGUF file's quantized matrices as they are, read from the file's own pages (kernels.GGUFLinear):
 // gguf_dequantize: blocks -> float32 with the `gguf` package's arithmetic, bit for bit;
 // gguf_linear: y[M, N] = x[M, K] . w[N, K]^T (+ bias) over the blocks, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL
-//   (blocks of 32 weights; IQ4_XS as IQ4_NL's) and Q4_K, Q5_K, Q6_K (blocks of 256; Q3_K as Q6_K, the same values).
+//   (blocks of 32 weights; IQ4_XS as IQ4_NL's) and Q4_K, Q5_K, Q6_K (blocks of 256; Q3_K as Q6_K, the same values;
+//   Q2_K as Q6_K's integers with its mins).
 //   The activations are quantized to 8 bits per block as llama.cpp
 //   does for each kind: per 32 with one scale and their sum for the 32-blocks, per 256 with one scale and sums of
 //   each 16 (and of each 32, its Q8_K) for the K-quants. Every type multiplies packed (gguf_pack: 8 rows
@@ -23,7 +24,7 @@ static inline void scale_min(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
     memcpy(sc, &a, 8), memcpy(mn, &b, 8);
 }
 
-static int block_size(int type) { return (type >= Q3_K && type <= Q6_K) || type == IQ4_XS ? 256 : type <= F16 ? 1 : 32; }
+static int block_size(int type) { return (type >= Q2_K && type <= Q6_K) || type == IQ4_XS ? 256 : type <= F16 ? 1 : 32; }
 
 static int block_bytes(int type) {
     switch (type) {
@@ -34,6 +35,7 @@ static int block_bytes(int type) {
         case Q5_0: return 22;
         case Q5_1: return 24;
         case Q8_0: return 34;
+        case Q2_K: return 84;
         case Q3_K: return 110;
         case Q4_K: return 144;
         case Q5_K: return 176;
@@ -63,6 +65,25 @@ static void q3k_as_q6k(const uint8_t *b, uint8_t *o) {
                 o[128 + 32 * h + l] |= (uint8_t)((q >> 4) << (2 * g));
             }
     memcpy(o + 208, b + 108, 2);
+}
+
+// A Q2_K block (16 scales: sc_s in the low nibble, mn_s in the high; qs[64]; d; dmin) as Q2_RECODED bytes: the Q6_K
+// block of d sc_s q (Q6_K's scale sc_s, its 6 bits q + 32: weight 128 h + 32 g + l's q is 2 bits g of qs[32 h + l]),
+// then dmin and the 16 mn_s. The Q6_K kernels' exact integers are Q2_K's sum of sc_s q x; packed_float takes off
+// dmin's part.
+#define Q2_RECODED 228
+static void q2k_as_q6k(const uint8_t *b, uint8_t *o) {
+    const uint8_t *sc = b, *qs = b + 16;
+    memset(o, 0, 208);
+    for (int s = 0; s < 16; s++) o[192 + s] = sc[s] & 0x0F, o[212 + s] = sc[s] >> 4;
+    for (int h = 0; h < 2; h++)
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                const int q = ((qs[32 * h + l] >> (2 * g)) & 3) + 32;
+                o[64 * h + 32 * (g % 2) + l] |= (uint8_t)((q & 0x0F) << (4 * (g / 2)));
+                o[128 + 32 * h + l] |= (uint8_t)((q >> 4) << (2 * g));
+            }
+    memcpy(o + 208, b + 80, 2), memcpy(o + 210, b + 82, 2);
 }
 
 // 32 weights d IQ4_LEVELS[q] of 16 bytes of 4-bit q: the low nibbles, then the high ones
@@ -112,6 +133,14 @@ static EXACT void dequantize_block(int type, const uint8_t *b, float *y) {
             for (int l = 0; l < 32; l++) {
                 int q = (l < 16 ? qs[l] & 0x0F : qs[l - 16] >> 4) | (five ? ((qh >> l) & 1) << 4 : 0);
                 y[l] = mins ? d * (float)q + m : d * (float)(q - offset);
+            }
+            return;
+        }
+        case Q2_K: {                                   // weight 128 h + 32 g + l: (d sc_s) q - (dmin mn_s), s its 16th
+            const float d = fp16(b + 80), dmin = fp16(b + 82);
+            for (int e = 0; e < 256; e++) {
+                const int s = e / 16, q = (b[16 + 32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
+                y[e] = d * (float)(b[s] & 0x0F) * (float)q - dmin * (float)(b[s] >> 4);
             }
             return;
         }
@@ -215,7 +244,7 @@ void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, in
                   int n) __attribute__((weak));
 static int tiles = 0;
 void use_tiles(int on) { tiles = on && packed_tiles; }
-static int least_tile_rows(int type) { return runs_as(type) == Q6_K ? 32 : 16; }
+static int least_tile_rows(int type) { return runs_as(type) == Q6_K || type == Q2_K ? 32 : 16; }
 static int packed_size(int type) { return block_size(runs_as(type)); }     // the weights of a packed block
 
 static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
@@ -430,7 +459,7 @@ static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, i
                                                              float *out) {
     __m256 acc[PASS_ROWS];
     for (int i = 0; i < PACKED_MB * chunks + REST; i++) acc[i] = _mm256_setzero_ps();
-    const int size = SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
+    const int size = k_size(FIVE, SIX);
     for (int b = 0; b < KB; b++, g += size) {
         for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T0);
         __m256i sc[32];                                // [h][sub-block]: the scales, once for every chunk
@@ -618,6 +647,10 @@ static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
         for (int v = 0; five && v < 4; v++) memcpy(o + Q5K_QH + 64 * v + 8 * r, w + 16 + 8 * v, 8);
         return;
     }
+    if (type == Q2_K) {                                 // w: q2k_as_q6k's bytes
+        memcpy(o + Q2K_DMIN + 2 * r, w + 210, 2);
+        for (int s = 0; s < 16; s++) o[Q2K_MN + 16 * (s / 2) + 2 * r + s % 2] = w[212 + s];
+    }
     memcpy(o + 2 * r, w + 208, 2);
     for (int s = 0; s < 16; s++) o[Q6K_SC + 16 * (s / 2) + 2 * r + s % 2] = w[192 + s];
     for (int h = 0; h < 2; h++)
@@ -639,7 +672,7 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
     const Part *p = k->p;
     const int as = runs_as(p->type), KB = k->K / block_size(as), size = packed_block(as), bytes = block_bytes(p->type);
     const int per = block_size(p->type) / block_size(as);              // packed blocks a block of the file
-    uint8_t recoded[210];                                               // a block of the file as one of `as`
+    uint8_t recoded[Q2_RECODED];                                        // a block of the file as one of `as`
     for (int64_t g = k->first + g0; g < k->first + g1; g++)
         for (int b = 0; b < KB; b++) {
             uint8_t *o = k->out + ((g - k->first) * KB + b) * size;
@@ -648,6 +681,7 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
                 const int64_t row = g * PACK_ROWS + r;
                 const uint8_t *w = p->data + (int64_t)(p->map ? p->map[row] : row) * p->stride + b / per * bytes;
                 if (p->type == Q3_K) q3k_as_q6k(w, recoded), w = recoded;
+                if (p->type == Q2_K) q2k_as_q6k(w, recoded), w = recoded;
                 if (as == IQ4_NL) iq4_block(p->type, w, b % per, recoded), w = recoded;
                 pack_block(as, w, r, o);
             }
@@ -723,5 +757,5 @@ void gguf_linear(const float *x, int M, int K, const Matrix *w, int N, const flo
 // whether gguf_linear multiplies a matrix of this type with K columns
 int gguf_kernel(int type, int K) {
     return (type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0) ? K % 32 == 0
-           : (type >= Q3_K && type <= Q6_K) || type == IQ4_XS ? K % 256 == 0 : type == IQ4_NL ? K % 32 == 0 : 0;
+           : (type >= Q2_K && type <= Q6_K) || type == IQ4_XS ? K % 256 == 0 : type == IQ4_NL ? K % 32 == 0 : 0;
 }

@@ -6,11 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-       IQ4_NL = 20, IQ4_XS = 23 };
+enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13,
+       Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23 };
 
 // the type a file's type is packed and multiplied as: Q3_K's blocks are Q6_K's exactly (blocks.c's q3k_as_q6k), and
-// IQ4_XS's 256-blocks 8 IQ4_NL 32-blocks (packed with float32 scales: IQ4_XS's d (s - 32) exactly)
+// IQ4_XS's 256-blocks 8 IQ4_NL 32-blocks (packed with float32 scales: IQ4_XS's d (s - 32) exactly); Q2_K packs as
+// Q6_K's layout with its mins after it (below)
 static inline int runs_as(int type) { return type == Q3_K ? Q6_K : type == IQ4_XS ? IQ4_NL : type; }
 
 typedef struct {            // one part of a matrix (kernels.GGUFLinear fills it)
@@ -65,12 +66,20 @@ static inline void scale_min_bytes(const uint8_t *s, uint64_t *sc, uint64_t *mn)
 // [8 bytes: qh 8 t ..] before the qs (bit s of byte l: sub-block s's weight l). One of Q6_K (Q6K_PACKED, the file's bytes, no more) holds d [8 rows] (fp16),
 // sc [8 p][8 rows][2] (int8) and the file's ql and qh as [2 h][4 t][3][8 rows][8 bytes: ql 64 h + 8 t .., ql 64 h +
 // 32 + 8 t .., qh 32 h + 8 t ..], in the order the kernels read them (out of order, the streams run at a third of
-// the speed). Every kernel of the layout computes a row's block as exact integers
-// (Q4_K, Q5_K: T = sum_s sc_s sum(q x over s), Mn = sum_s mn_s sum(x over s); Q6_K: T = sum_s sc_s sum((q - 32) x)), then
-// the one float part below, so a row's result is the same on AVX2 and AVX-512 and whatever the batch.
+// the speed). One of Q2_K (Q2K_PACKED) is the Q6_K group-block of its d sc_s q (blocks.c's q2k_as_q6k: scale sc_s,
+// 6 bits q + 32), then its dmin [8 rows] (fp16) and mins mn [8 p][8 rows][2] (per 16 weights). Every kernel of the
+// layout computes a row's block as exact integers (Q4_K, Q5_K: T = sum_s sc_s sum(q x over s), Mn = sum_s mn_s sum(x
+// over s); Q6_K: T = sum_s sc_s sum((q - 32) x); Q2_K: Q6_K's T and Mn over its 16 sub-blocks), then the one float
+// part below, so a row's result is the same on AVX2 and AVX-512 and whatever the batch.
 enum { PACK_ROWS = 8, Q4K_PACKED = 1184, Q4K_SC = 32, Q4K_MN = 96, Q4K_QS = 160, Q5K_PACKED = 1440, Q5K_QH = 160,
        Q5K_QS = 416,
-       Q6K_PACKED = 1680, Q6K_SC = 16, Q6K_QS = 144 };
+       Q6K_PACKED = 1680, Q6K_SC = 16, Q6K_QS = 144,
+       Q2K_PACKED = 1824, Q2K_DMIN = 1680, Q2K_MN = 1696 };
+
+// a packed K-quant kind as the kernels' flags: FIVE (Q5_K's fifth bits), SIX (Q6_K's layout: 1, with Q2_K's mins: 2)
+static inline int k_size(const int FIVE, const int SIX) {
+    return SIX == 2 ? Q2K_PACKED : SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
+}
 
 // -- 32-blocks packed (gguf_pack): 8 rows' blocks b interleaved. A group-block holds d [8 rows] (fp16), then m [8]
 // (fp16; Q4_1, Q5_1), then the fifth bits qh [4 c][8 rows] (Q5_0, Q5_1: byte c of the row's qh, bit k its weight
@@ -92,6 +101,7 @@ static inline int packed_block(int type) {
         case Q4_K: return Q4K_PACKED;
         case Q5_K: return Q5K_PACKED;
         case Q6_K: return Q6K_PACKED;
+        case Q2_K: return Q2K_PACKED;
         case Q8_0: return 16 + 256;
         case Q4_0: case Q4_1: case Q5_0: case Q5_1: case IQ4_NL: return qs32(type) + 128;
         default: return 0;
@@ -105,6 +115,7 @@ static inline int packed_block(int type) {
         case Q4_K: DOT(g0, K / 256, a, m0, C, R, 0, 0, out); break;                                                   \
         case Q5_K: DOT(g0, K / 256, a, m0, C, R, 1, 0, out); break;                                                   \
         case Q6_K: DOT(g0, K / 256, a, m0, C, R, 0, 1, out); break;                                                   \
+        case Q2_K: DOT(g0, K / 256, a, m0, C, R, 0, 2, out); break;                                                   \
         case Q8_0: DOT32(g0, K / 32, a, m0, C, R, Q8_0, out); break;                                                  \
         case Q4_0: DOT32(g0, K / 32, a, m0, C, R, Q4_0, out); break;                                                  \
         case Q4_1: DOT32(g0, K / 32, a, m0, C, R, Q4_1, out); break;                                                  \
@@ -145,7 +156,7 @@ static inline __m256i pair_sums(const uint8_t *w, const int16_t *xs, const int S
 }
 
 // acc[r] += T[r] (d[r] dx) (- Mn[r] (dmin[r] dx)): a group-block's float part. Q4_K, Q5_K: xs the activation row's sums of
-// each 32 in the block; Q6_K: its sums of each 16 (the 32 of T's q - 32)
+// each 32 in the block; Q6_K, Q2_K: its sums of each 16 (the 32 of T's q - 32, and Q2_K's mins)
 static inline __m256 packed_float(__m256 acc, __m256i T, const uint8_t *g, const int16_t *xs, float dx, const int SIX) {
     const __m256 vdx = _mm256_set1_ps(dx);
     if (SIX) {
@@ -154,9 +165,11 @@ static inline __m256 packed_float(__m256 acc, __m256i T, const uint8_t *g, const
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T), _mm256_mul_ps(d, vdx), acc);
-    if (SIX) return acc;
-    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16)));
-    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(pair_sums(g + Q4K_MN, xs, 0)), _mm256_mul_ps(dmin, vdx), acc);
+    if (SIX == 1) return acc;
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + (SIX ? Q2K_DMIN : 16))));
+    const __m256i Mn = SIX ? _mm256_add_epi32(pair_sums(g + Q2K_MN, xs, 0), pair_sums(g + Q2K_MN + 64, xs + 8, 0))
+                           : pair_sums(g + Q4K_MN, xs, 0);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(Mn), _mm256_mul_ps(dmin, vdx), acc);
 }
 
 // acc[r] += (T[r] - offset s) (d[r] dx) (+ m[r] ds): a 32-block group-block's float part, s the activation row's sum

@@ -101,7 +101,8 @@ static inline __m512i q6k_scales512(const uint8_t *g, int s) {
 // each sub-block, or NULL: made here) into int32 lanes (r, e). Fewer instructions than dpbusd's int32 sums, whose
 // scales take a 32-bit multiply.
 static inline __attribute__((always_inline)) void group_block512_q6(const uint8_t *g, const __m512i *sc, int KB, int b,
-                                                                     const Acts *a, int64_t m0, const int MB, __m256 *acc) {
+                                                                     const Acts *a, int64_t m0, const int MB, const int SIX,
+                                                                     __m256 *acc) {
     const int8_t *x = a->q256 + (m0 * KB + b) * 256;
     __m512i T[PACKED_MB512];
     for (int i = 0; i < MB; i++) T[i] = _mm512_setzero_si512();
@@ -128,7 +129,7 @@ static inline __attribute__((always_inline)) void group_block512_q6(const uint8_
     for (int i = 0; i < MB; i++) {
         const int64_t at = (m0 + i) * KB + b;
         const __m256i rows = _mm512_cvtepi64_epi32(_mm512_add_epi32(T[i], _mm512_shuffle_epi32(T[i], _MM_PERM_CDAB)));
-        acc[i] = packed_float(acc[i], rows, g, a->b256 + at * 16, a->d256[at], 1);
+        acc[i] = packed_float(acc[i], rows, g, a->b256 + at * 16, a->d256[at], SIX);
     }
 }
 
@@ -140,19 +141,19 @@ static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g
                                                                 float *out) {
     __m256 acc[PASS_ROWS];
     for (int i = 0; i < PACKED_MB512 * chunks + REST; i++) acc[i] = _mm256_setzero_ps();
-    const int size = SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
+    const int size = k_size(FIVE, SIX);
     for (int b = 0; b < KB; b++, g += size) {
         for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T0);
         if (SIX && !chunks) {                          // the scales made as they are used
-            group_block512_q6(g, NULL, KB, b, a, m0, REST, acc);
+            group_block512_q6(g, NULL, KB, b, a, m0, REST, SIX, acc);
             continue;
         }
         if (SIX) {                                     // the scales once for every chunk
             __m512i sc[16];
             for (int s = 0; s < 16; s++) sc[s] = q6k_scales512(g, s);
             for (int c = 0; c < chunks; c++)
-                group_block512_q6(g, sc, KB, b, a, m0 + PACKED_MB512 * c, PACKED_MB512, acc + PACKED_MB512 * c);
-            if (REST) group_block512_q6(g, sc, KB, b, a, m0 + PACKED_MB512 * chunks, REST, acc + PACKED_MB512 * chunks);
+                group_block512_q6(g, sc, KB, b, a, m0 + PACKED_MB512 * c, PACKED_MB512, SIX, acc + PACKED_MB512 * c);
+            if (REST) group_block512_q6(g, sc, KB, b, a, m0 + PACKED_MB512 * chunks, REST, SIX, acc + PACKED_MB512 * chunks);
             continue;
         }
         for (int c = 0; c < chunks; c++)

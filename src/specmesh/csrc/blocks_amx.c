@@ -6,7 +6,7 @@
 // Tiles: C = A . B with A the activations [rows m][K of a sub-block] (signed bytes, read in place from Acts.q256
 // at a stride of K), B a sub-block's weights in VNNI order [K / 4][16 weight rows][4 bytes] (unpacked once per
 // block into L1, then used for every 16 activation rows), C [m][16 weight rows] int32. A sub-block is 32 weights
-// (Q4_K, Q5_K) or 16 (Q6_K): a tile product may not span two scales.
+// (Q4_K, Q5_K) or 16 (Q6_K, Q2_K): a tile product may not span two scales.
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl")
 #include "blocks.h"
 #include "blocks512.h"
@@ -39,14 +39,14 @@ static void configure(int m, int kw) {
 
 // a block of 16 weight rows made ready for the tiles: B [sub-block][its K / 4][64 bytes], the sub-blocks' scales
 // [sub-block][16 rows] (int32), the scales' or mins' pairs [pair][16 rows] (int16 pairs in int32 lanes, for the
-// activations' sums), and d, dmin [16 rows]
+// activations' sums; Q2_K: the scales', then the mins' in mins), and d, dmin [16 rows]
 typedef struct {
     int8_t b[4096] __attribute__((aligned(64)));   // a sub-block's B at 16 kw bytes (kw: its weights)
-    __m512i sc[16], pairs[8];
+    __m512i sc[16], pairs[8], mins[8];
     __m512 d, dmin;
 } Ready;
 
-static const uint8_t zero_group[Q6K_PACKED] __attribute__((aligned(64)));
+static const uint8_t zero_group[Q2K_PACKED] __attribute__((aligned(64)));
 
 // VNNI rows k4 = 2t and 2t + 1 of a sub-block's B from two groups' vectors (8 rows x 8 bytes each)
 static inline void vnni_rows(__m512i a, __m512i b, int8_t *out) {
@@ -106,6 +106,14 @@ static void ready_q6(const uint8_t *ga, const uint8_t *gb, Ready *r) {
     r->d = halves(ga, gb);
 }
 
+static void ready_q2(const uint8_t *ga, const uint8_t *gb, Ready *r) {
+    ready_q6(ga, gb, r);
+    for (int p = 0; p < 8; p++)
+        r->mins[p] = two_groups(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ga + Q2K_MN + 16 * p))),
+                                _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(gb + Q2K_MN + 16 * p))));
+    r->dmin = halves(ga + Q2K_DMIN, gb + Q2K_DMIN);
+}
+
 // lane n: sum over pairs p < P of pairs[p] (two int16) times the activation row's sums xs[2p], xs[2p + 1]
 static inline __m512i pair_sums16(const __m512i *pairs, const int16_t *xs, int P) {
     __m512i m = _mm512_setzero_si512();
@@ -129,11 +137,13 @@ static inline __m512i pair_sums16(const __m512i *pairs, const int16_t *xs, int P
 // the tiles configured for `configured` rows: acc [M][16], rows 0..7 of group a then of group b
 static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Acts *a, int M, Ready *r,
                  int32_t (*c)[16][16], int *configured, float *acc) {
-    const int six = type == Q6_K, five = type == Q5_K, S = six ? 16 : 8, kw = 256 / S, KB = K / 256;
+    const int two = type == Q2_K, six = type == Q6_K || two, five = type == Q5_K, S = six ? 16 : 8, kw = 256 / S;
+    const int KB = K / 256;
     const int size = packed_block(type);
     for (int64_t i = 0; i < (int64_t)M * 16; i++) acc[i] = 0;
     for (int b = 0; b < KB; b++, ga += size, gb = gb ? gb + size : NULL) {
-        if (six) ready_q6(ga, gb ? gb : zero_group, r);
+        if (two) ready_q2(ga, gb ? gb : zero_group, r);
+        else if (six) ready_q6(ga, gb ? gb : zero_group, r);
         else ready_q45(ga, gb ? gb : zero_group, five, r);
         for (int m0 = 0; m0 < M; m0 += 16) {
             const int mt = M - m0 < 16 ? M - m0 : 16;
@@ -160,6 +170,8 @@ static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Ac
                 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T), _mm512_mul_ps(r->d, dx), v);
                 if (!six) v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(pair_sums16(r->pairs, a->s256 + at * 8, 4)),
                                                _mm512_mul_ps(r->dmin, dx), v);
+                if (two) v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(pair_sums16(r->mins, a->b256 + at * 16, 8)),
+                                              _mm512_mul_ps(r->dmin, dx), v);
                 _mm512_storeu_ps(o, v);
             }
         }

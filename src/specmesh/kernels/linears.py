@@ -159,7 +159,7 @@ class Q8Linear(nn.Module):
 
 class GGUFLinear(nn.Module):
     """A GGUF file's matrix multiplied as it is, from the file's memory-mapped pages (csrc/blocks.c's gguf_linear):
-    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS and the K-quants Q3_K ... Q6_K, each part of a fused projection of
+    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS and the K-quants Q2_K ... Q6_K, each part of a fused projection of
     its own type. `parts`: (rows, type, map) for each part in output order, rows a uint8 [N_p, bytes per row] view of the
     file, map (or None) the file row each output row reads (int32 [N_p]). Holds the views: the file stays mapped
     while the model lives. `packed`: the parts are re-laid once, 8 rows interleaved (csrc/blocks.h: the same bytes,

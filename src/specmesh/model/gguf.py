@@ -324,7 +324,7 @@ def rope_rows(cfg: ModelConfig, name: str, rows: int) -> np.ndarray | None:
 FLOATS = {"F32": lambda raw: raw.view(np.float32).astype(np.float32),         # (a copy: the map is read-only)
           "F16": lambda raw: raw.view(np.float16).astype(np.float32),
           "BF16": lambda raw: (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)}    # float32's top half
-C_DEQUANTIZED = {2, 3, 6, 7, 8, 11, 12, 13, 14, 20, 23}  # Q4_0 ... Q8_0, Q3_K ... Q6_K, IQ4_NL, IQ4_XS: csrc/blocks.c
+C_DEQUANTIZED = {2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23}  # Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS: csrc/blocks.c
 
 
 def dequantize(path, t: Tensor) -> np.ndarray:

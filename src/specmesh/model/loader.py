@@ -278,8 +278,8 @@ def runs_file_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.d
 
 def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
     """A GGUF file's model whose matrices and embedding stay in the file, memory-mapped, and run as they are
-    (kernels.GGUFLinear: Q4_0 ... Q8_0, Q3_K ... Q6_K, IQ4_NL, IQ4_XS; GGUFEmbedding): resident memory is the pages a
-    forward reads, not a copy. A matrix of a type the kernels do not multiply (F16, BF16, Q2_K ...; a fused
+    (kernels.GGUFLinear: Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS; GGUFEmbedding): resident memory is the pages a
+    forward reads, not a copy. A matrix of a type the kernels do not multiply (F16, BF16, IQ2_XXS ...; a fused
     projection with one such part) is dequantized to bfloat16 alone, a few rows at a time, and the table's rows are
     read from the file where csrc/blocks.c dequantizes its type. Norms and biases are read into float32; the rest of
     the model gets this CPU's kernels (select_kernels) as any bf16 model."""
