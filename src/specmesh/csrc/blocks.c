@@ -2,7 +2,7 @@
 // gguf_dequantize: blocks -> float32 with the `gguf` package's arithmetic, bit for bit;
 // gguf_linear: y[M, N] = x[M, K] . w[N, K]^T (+ bias) over the blocks, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL
 //   (blocks of 32 weights; IQ4_XS as IQ4_NL's) and Q4_K, Q5_K, Q6_K (blocks of 256; Q3_K as Q6_K, the same values;
-//   Q2_K as Q6_K's integers with its mins).
+//   Q2_K laid out as Q6_K, its 2-bit q where Q6_K has its high bits).
 //   The activations are quantized to 8 bits per block as llama.cpp
 //   does for each kind: per 32 with one scale and their sum for the 32-blocks, per 256 with one scale and sums of
 //   each 16 (and of each 32, its Q8_K) for the K-quants. Every type multiplies packed (gguf_pack: 8 rows
@@ -65,25 +65,6 @@ static void q3k_as_q6k(const uint8_t *b, uint8_t *o) {
                 o[128 + 32 * h + l] |= (uint8_t)((q >> 4) << (2 * g));
             }
     memcpy(o + 208, b + 108, 2);
-}
-
-// A Q2_K block (16 scales: sc_s in the low nibble, mn_s in the high; qs[64]; d; dmin) as Q2_RECODED bytes: the Q6_K
-// block of d sc_s q (Q6_K's scale sc_s, its 6 bits q + 32: weight 128 h + 32 g + l's q is 2 bits g of qs[32 h + l]),
-// then dmin and the 16 mn_s. The Q6_K kernels' exact integers are Q2_K's sum of sc_s q x; packed_float takes off
-// dmin's part.
-#define Q2_RECODED 228
-static void q2k_as_q6k(const uint8_t *b, uint8_t *o) {
-    const uint8_t *sc = b, *qs = b + 16;
-    memset(o, 0, 208);
-    for (int s = 0; s < 16; s++) o[192 + s] = sc[s] & 0x0F, o[212 + s] = sc[s] >> 4;
-    for (int h = 0; h < 2; h++)
-        for (int g = 0; g < 4; g++)
-            for (int l = 0; l < 32; l++) {
-                const int q = ((qs[32 * h + l] >> (2 * g)) & 3) + 32;
-                o[64 * h + 32 * (g % 2) + l] |= (uint8_t)((q & 0x0F) << (4 * (g / 2)));
-                o[128 + 32 * h + l] |= (uint8_t)((q >> 4) << (2 * g));
-            }
-    memcpy(o + 208, b + 80, 2), memcpy(o + 210, b + 82, 2);
 }
 
 // 32 weights d IQ4_LEVELS[q] of 16 bytes of 4-bit q: the low nibbles, then the high ones
@@ -303,6 +284,10 @@ static inline __m256i row_totals(__m256i t0, __m256i t1) {
 
 // Q6_K's q (0..63) of group gr of the weights 128 h + 32 gr + 8 t ..: ql's nibble gr / 2 of vector c = gr % 2 and
 // qh's bits 2 gr, 2 gr + 1
+static inline __m256i q2_bits(__m256i qs, int gr) {     // Q2_K's q (0..3) of group gr: bits 2 gr of its qs
+    return _mm256_and_si256(gr ? _mm256_srli_epi16(qs, 2 * gr) : qs, _mm256_set1_epi8(3));
+}
+
 static inline __m256i q6_bits(__m256i ql0, __m256i ql1, __m256i qh, int gr) {
     const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
     const __m256i l = gr % 2 ? ql1 : ql0;
@@ -329,6 +314,12 @@ static inline int unpacked_at(int s, int t, int h, const int SIX) { return (s * 
 // sub-blocks' vectors it holds
 static inline __attribute__((always_inline)) void unpack_vector(const uint8_t *g, int k, int h, const int FIVE,
                                                                  const int SIX, __m256i *W) {
+    if (SIX == 2) {                             // as Q6_K's, from the 2-bit q alone
+        const int hh = k / 4, t = k % 4;
+        const __m256i qs = _mm256_loadu_si256((const __m256i *)(g + Q2K_QS + (4 * hh + t) * 64 + 32 * h));
+        for (int gr = 0; gr < 4; gr++) W[unpacked_at(8 * hh + 2 * gr + t / 2, t % 2, h, 1)] = q2_bits(qs, gr);
+        return;
+    }
     if (SIX) {                                  // the weights 128 hh + 32 gr + 8 t .. for gr = 0 .. 3
         const int hh = k / 4, t = k % 4;
         const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192 + 32 * h;
@@ -375,7 +366,7 @@ static inline __attribute__((always_inline)) void group_block(const uint8_t *g, 
     __m256i T[2], S[16];
     for (int h = 0; h < 2; h++) {
         T[h] = _mm256_setzero_si256();
-        if (SIX) _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) streamed_vector(g, sc, k, h, x, 0, 1, S, &T[h]);
+        if (SIX) _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) streamed_vector(g, sc, k, h, x, 0, SIX, S, &T[h]);
         else _Pragma("GCC unroll 16") for (int k = 0; k < 16; k++) streamed_vector(g, sc, k, h, x, FIVE, 0, S, &T[h]);
     }
     const int64_t at = m * KB + b;
@@ -472,7 +463,7 @@ static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, i
         }
         __m256i W[UNPACKED];
         for (int h = 0; h < 2; h++)                    // (constant bounds: unrolled, every shift and index known)
-            if (SIX) _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) unpack_vector(g, k, h, 0, 1, W);
+            if (SIX) _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) unpack_vector(g, k, h, 0, SIX, W);
             else _Pragma("GCC unroll 16") for (int k = 0; k < 16; k++) unpack_vector(g, k, h, FIVE, 0, W);
         for (int c = 0; c < chunks; c++)
             unpacked_block(W, g, sc, KB, b, a, m0 + PACKED_MB * c, PACKED_MB, SIX, acc + PACKED_MB * c);
@@ -647,9 +638,14 @@ static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
         for (int v = 0; five && v < 4; v++) memcpy(o + Q5K_QH + 64 * v + 8 * r, w + 16 + 8 * v, 8);
         return;
     }
-    if (type == Q2_K) {                                 // w: q2k_as_q6k's bytes
-        memcpy(o + Q2K_DMIN + 2 * r, w + 210, 2);
-        for (int s = 0; s < 16; s++) o[Q2K_MN + 16 * (s / 2) + 2 * r + s % 2] = w[212 + s];
+    if (type == Q2_K) {                                 // scales (low nibbles) and mins per 16, qs, d, dmin
+        memcpy(o + 2 * r, w + 80, 2), memcpy(o + Q2K_DMIN + 2 * r, w + 82, 2);
+        for (int s = 0; s < 16; s++) {
+            o[Q6K_SC + 16 * (s / 2) + 2 * r + s % 2] = w[s] & 0x0F;
+            o[Q2K_MN + 16 * (s / 2) + 2 * r + s % 2] = w[s] >> 4;
+        }
+        for (int v = 0; v < 8; v++) memcpy(o + Q2K_QS + 64 * v + 8 * r, w + 16 + 8 * v, 8);
+        return;
     }
     memcpy(o + 2 * r, w + 208, 2);
     for (int s = 0; s < 16; s++) o[Q6K_SC + 16 * (s / 2) + 2 * r + s % 2] = w[192 + s];
@@ -672,7 +668,7 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
     const Part *p = k->p;
     const int as = runs_as(p->type), KB = k->K / block_size(as), size = packed_block(as), bytes = block_bytes(p->type);
     const int per = block_size(p->type) / block_size(as);              // packed blocks a block of the file
-    uint8_t recoded[Q2_RECODED];                                        // a block of the file as one of `as`
+    uint8_t recoded[210];                                               // a block of the file as one of `as`
     for (int64_t g = k->first + g0; g < k->first + g1; g++)
         for (int b = 0; b < KB; b++) {
             uint8_t *o = k->out + ((g - k->first) * KB + b) * size;
@@ -681,7 +677,6 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
                 const int64_t row = g * PACK_ROWS + r;
                 const uint8_t *w = p->data + (int64_t)(p->map ? p->map[row] : row) * p->stride + b / per * bytes;
                 if (p->type == Q3_K) q3k_as_q6k(w, recoded), w = recoded;
-                if (p->type == Q2_K) q2k_as_q6k(w, recoded), w = recoded;
                 if (as == IQ4_NL) iq4_block(p->type, w, b % per, recoded), w = recoded;
                 pack_block(as, w, r, o);
             }

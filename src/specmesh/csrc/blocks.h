@@ -10,8 +10,7 @@ enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K 
        Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23 };
 
 // the type a file's type is packed and multiplied as: Q3_K's blocks are Q6_K's exactly (blocks.c's q3k_as_q6k), and
-// IQ4_XS's 256-blocks 8 IQ4_NL 32-blocks (packed with float32 scales: IQ4_XS's d (s - 32) exactly); Q2_K packs as
-// Q6_K's layout with its mins after it (below)
+// IQ4_XS's 256-blocks 8 IQ4_NL 32-blocks (packed with float32 scales: IQ4_XS's d (s - 32) exactly)
 static inline int runs_as(int type) { return type == Q3_K ? Q6_K : type == IQ4_XS ? IQ4_NL : type; }
 
 typedef struct {            // one part of a matrix (kernels.GGUFLinear fills it)
@@ -66,17 +65,19 @@ static inline void scale_min_bytes(const uint8_t *s, uint64_t *sc, uint64_t *mn)
 // [8 bytes: qh 8 t ..] before the qs (bit s of byte l: sub-block s's weight l). One of Q6_K (Q6K_PACKED, the file's bytes, no more) holds d [8 rows] (fp16),
 // sc [8 p][8 rows][2] (int8) and the file's ql and qh as [2 h][4 t][3][8 rows][8 bytes: ql 64 h + 8 t .., ql 64 h +
 // 32 + 8 t .., qh 32 h + 8 t ..], in the order the kernels read them (out of order, the streams run at a third of
-// the speed). One of Q2_K (Q2K_PACKED) is the Q6_K group-block of its d sc_s q (blocks.c's q2k_as_q6k: scale sc_s,
-// 6 bits q + 32), then its dmin [8 rows] (fp16) and mins mn [8 p][8 rows][2] (per 16 weights). Every kernel of the
-// layout computes a row's block as exact integers (Q4_K, Q5_K: T = sum_s sc_s sum(q x over s), Mn = sum_s mn_s sum(x
-// over s); Q6_K: T = sum_s sc_s sum((q - 32) x); Q2_K: Q6_K's T and Mn over its 16 sub-blocks), then the one float
-// part below, so a row's result is the same on AVX2 and AVX-512 and whatever the batch.
+// the speed). One of Q2_K (Q2K_PACKED, 1.19x the file's bytes) is laid as Q6_K's without the ql: d [8 rows], its
+// 4-bit scales as sc, the file's qs as [2 h][4 t][8 rows][8 bytes: qs 32 h + 8 t ..] (Q6_K's qh: bits 2 g of byte l
+// are weight 128 h + 32 g + l's 2-bit q), then dmin [8 rows] (fp16) and its 4-bit mins mn [8 p][8 rows][2] (a min
+// per 16 weights). Every kernel of the layout computes a row's block as exact integers (Q4_K, Q5_K: T = sum_s sc_s
+// sum(q x over s), Mn = sum_s mn_s sum(x over s); Q6_K: T = sum_s sc_s sum((q - 32) x); Q2_K: T = sum_s sc_s
+// sum(q x), Mn over its 16 sub-blocks), then the one float part below, so a row's result is the same on AVX2 and
+// AVX-512 and whatever the batch.
 enum { PACK_ROWS = 8, Q4K_PACKED = 1184, Q4K_SC = 32, Q4K_MN = 96, Q4K_QS = 160, Q5K_PACKED = 1440, Q5K_QH = 160,
        Q5K_QS = 416,
        Q6K_PACKED = 1680, Q6K_SC = 16, Q6K_QS = 144,
-       Q2K_PACKED = 1824, Q2K_DMIN = 1680, Q2K_MN = 1696 };
+       Q2K_PACKED = 800, Q2K_QS = 144, Q2K_DMIN = 656, Q2K_MN = 672 };
 
-// a packed K-quant kind as the kernels' flags: FIVE (Q5_K's fifth bits), SIX (Q6_K's layout: 1, with Q2_K's mins: 2)
+// a packed K-quant kind as the kernels' flags: FIVE (Q5_K's fifth bits), SIX (sub-blocks of 16: Q6_K 1, Q2_K 2)
 static inline int k_size(const int FIVE, const int SIX) {
     return SIX == 2 ? Q2K_PACKED : SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
 }
@@ -156,10 +157,10 @@ static inline __m256i pair_sums(const uint8_t *w, const int16_t *xs, const int S
 }
 
 // acc[r] += T[r] (d[r] dx) (- Mn[r] (dmin[r] dx)): a group-block's float part. Q4_K, Q5_K: xs the activation row's sums of
-// each 32 in the block; Q6_K, Q2_K: its sums of each 16 (the 32 of T's q - 32, and Q2_K's mins)
+// each 32 in the block; Q6_K, Q2_K: its sums of each 16 (the 32 of Q6_K's q - 32, Q2_K's mins)
 static inline __m256 packed_float(__m256 acc, __m256i T, const uint8_t *g, const int16_t *xs, float dx, const int SIX) {
     const __m256 vdx = _mm256_set1_ps(dx);
-    if (SIX) {
+    if (SIX == 1) {
         const __m256i low = _mm256_add_epi32(pair_sums(g + Q6K_SC, xs, 1), pair_sums(g + Q6K_SC + 64, xs + 8, 1));
         T = _mm256_sub_epi32(T, _mm256_slli_epi32(low, 5));
     }

@@ -12,6 +12,11 @@ static inline __m512i q6_bits512(__m512i ql0, __m512i ql1, __m512i qh, int gr) {
     return _mm512_or_si512(low, _mm512_and_si512(high, top));
 }
 
+// Q2_K's q (0..3) of group gr of the weights 128 h + 32 gr + 8 t ..: bits 2 gr of its qs (blocks.c's q2_bits)
+static inline __m512i q2_bits512(__m512i qs, int gr) {
+    return _mm512_and_si512(gr ? _mm512_srli_epi16(qs, 2 * gr) : qs, _mm512_set1_epi8(3));
+}
+
 // Q5_K: sub-block s's fifth bits (bit s of each byte of qh) at bit 4, the rest of the byte zero
 static inline __m512i fifth512(__m512i qh, int s) {
     const __m512i at4 = s < 4 ? _mm512_slli_epi16(qh, 4 - s) : s == 4 ? qh : _mm512_srli_epi16(qh, s - 4);

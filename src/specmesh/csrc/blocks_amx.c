@@ -88,15 +88,8 @@ static void ready_q45(const uint8_t *ga, const uint8_t *gb, int five, Ready *r) 
     r->d = halves(ga, gb), r->dmin = halves(ga + 16, gb + 16);
 }
 
-static void ready_q6(const uint8_t *ga, const uint8_t *gb, Ready *r) {
-    for (int hh = 0; hh < 2; hh++)
-        for (int t = 0; t < 4; t++) {
-            const uint8_t *a3 = ga + Q6K_QS + (4 * hh + t) * 192, *b3 = gb + Q6K_QS + (4 * hh + t) * 192;
-            const __m512i a0 = _mm512_loadu_si512(a3), a1 = _mm512_loadu_si512(a3 + 64), ah = _mm512_loadu_si512(a3 + 128);
-            const __m512i b0 = _mm512_loadu_si512(b3), b1 = _mm512_loadu_si512(b3 + 64), bh = _mm512_loadu_si512(b3 + 128);
-            for (int gr = 0; gr < 4; gr++)             // weights 128 hh + 32 gr + 8 t ..: sub-block 8 hh + 2 gr + t / 2
-                vnni_rows(q6_bits512(a0, a1, ah, gr), q6_bits512(b0, b1, bh, gr), r->b + 256 * (8 * hh + 2 * gr + t / 2) + 128 * (t % 2));
-        }
+// Q6_K's (and Q2_K's) scales of 16 weights, as int32 and as int16 pairs, and d
+static void q6_scales(const uint8_t *ga, const uint8_t *gb, Ready *r) {
     for (int p = 0; p < 8; p++) {                      // scales 2p, 2p + 1 of each row, as int16 pairs
         const __m512i pair = two_groups(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(ga + Q6K_SC + 16 * p))),
                                         _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(gb + Q6K_SC + 16 * p))));
@@ -106,8 +99,25 @@ static void ready_q6(const uint8_t *ga, const uint8_t *gb, Ready *r) {
     r->d = halves(ga, gb);
 }
 
+static void ready_q6(const uint8_t *ga, const uint8_t *gb, Ready *r) {
+    for (int hh = 0; hh < 2; hh++)
+        for (int t = 0; t < 4; t++) {
+            const uint8_t *a3 = ga + Q6K_QS + (4 * hh + t) * 192, *b3 = gb + Q6K_QS + (4 * hh + t) * 192;
+            const __m512i a0 = _mm512_loadu_si512(a3), a1 = _mm512_loadu_si512(a3 + 64), ah = _mm512_loadu_si512(a3 + 128);
+            const __m512i b0 = _mm512_loadu_si512(b3), b1 = _mm512_loadu_si512(b3 + 64), bh = _mm512_loadu_si512(b3 + 128);
+            for (int gr = 0; gr < 4; gr++)             // weights 128 hh + 32 gr + 8 t ..: sub-block 8 hh + 2 gr + t / 2
+                vnni_rows(q6_bits512(a0, a1, ah, gr), q6_bits512(b0, b1, bh, gr), r->b + 256 * (8 * hh + 2 * gr + t / 2) + 128 * (t % 2));
+        }
+    q6_scales(ga, gb, r);
+}
+
 static void ready_q2(const uint8_t *ga, const uint8_t *gb, Ready *r) {
-    ready_q6(ga, gb, r);
+    for (int v = 0; v < 8; v++) {                      // v = 4 hh + t, as ready_q6's
+        const __m512i a = _mm512_loadu_si512(ga + Q2K_QS + 64 * v), b = _mm512_loadu_si512(gb + Q2K_QS + 64 * v);
+        for (int gr = 0; gr < 4; gr++)
+            vnni_rows(q2_bits512(a, gr), q2_bits512(b, gr), r->b + 256 * (8 * (v / 4) + 2 * gr + v % 4 / 2) + 128 * (v % 2));
+    }
+    q6_scales(ga, gb, r);
     for (int p = 0; p < 8; p++)
         r->mins[p] = two_groups(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ga + Q2K_MN + 16 * p))),
                                 _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(gb + Q2K_MN + 16 * p))));
@@ -166,7 +176,7 @@ static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Ac
                 const __m512 dx = _mm512_set1_ps(a->d256[at]);
                 float *o = acc + 16 * (int64_t)(m0 + i);
                 __m512 v = _mm512_loadu_ps(o);
-                if (six) T = _mm512_sub_epi32(T, _mm512_slli_epi32(pair_sums16(r->pairs, a->b256 + at * 16, 8), 5));
+                if (six && !two) T = _mm512_sub_epi32(T, _mm512_slli_epi32(pair_sums16(r->pairs, a->b256 + at * 16, 8), 5));
                 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T), _mm512_mul_ps(r->d, dx), v);
                 if (!six) v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(pair_sums16(r->pairs, a->s256 + at * 8, 4)),
                                                _mm512_mul_ps(r->dmin, dx), v);
