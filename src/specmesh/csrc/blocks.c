@@ -284,10 +284,6 @@ static inline __m256i row_totals(__m256i t0, __m256i t1) {
 
 // Q6_K's q (0..63) of group gr of the weights 128 h + 32 gr + 8 t ..: ql's nibble gr / 2 of vector c = gr % 2 and
 // qh's bits 2 gr, 2 gr + 1
-static inline __m256i q2_bits(__m256i qs, int gr) {     // Q2_K's q (0..3) of group gr: bits 2 gr of its qs
-    return _mm256_and_si256(gr ? _mm256_srli_epi16(qs, 2 * gr) : qs, _mm256_set1_epi8(3));
-}
-
 static inline __m256i q6_bits(__m256i ql0, __m256i ql1, __m256i qh, int gr) {
     const __m256i nib = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
     const __m256i l = gr % 2 ? ql1 : ql0;
@@ -295,6 +291,11 @@ static inline __m256i q6_bits(__m256i ql0, __m256i ql1, __m256i qh, int gr) {
     const __m256i high = gr == 0 ? _mm256_slli_epi16(qh, 4) : gr == 1 ? _mm256_slli_epi16(qh, 2)
                        : gr == 2 ? qh : _mm256_srli_epi16(qh, 2);
     return _mm256_or_si256(low, _mm256_and_si256(high, top));
+}
+
+// Q2_K's q (0..3) of group gr of its weights 128 h + 32 gr + 8 t ..: bits 2 gr of its qs (where Q6_K has its qh)
+static inline __m256i q2_bits(__m256i qs, int gr) {
+    return _mm256_and_si256(gr ? _mm256_srli_epi16(qs, 2 * gr) : qs, _mm256_set1_epi8(3));
 }
 
 // Q5_K: sub-block s's fifth bits (bit s of each byte of qh) at bit 4, the rest of the byte zero

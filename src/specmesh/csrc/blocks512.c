@@ -111,8 +111,8 @@ static inline __attribute__((always_inline)) void group_block512_q6(const uint8_
             __m512i S[4][PACKED_MB512];
             _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
                 const int t = 2 * o + u;
-                const uint8_t *q3 = SIX == 2 ? g + Q2K_QS + (4 * hh + t) * 64 : g + Q6K_QS + (4 * hh + t) * 192;
-                const __m512i hb = _mm512_loadu_si512(SIX == 2 ? q3 : q3 + 128);
+                const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192, *q2 = g + Q2K_QS + (4 * hh + t) * 64;
+                const __m512i hb = _mm512_loadu_si512(SIX == 2 ? q2 : q3 + 128);   // Q2_K: its q alone
                 const __m512i l0 = SIX == 2 ? hb : _mm512_loadu_si512(q3), l1 = SIX == 2 ? hb : _mm512_loadu_si512(q3 + 64);
                 _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
                     const __m512i q = SIX == 2 ? q2_bits512(hb, gr) : q6_bits512(l0, l1, hb, gr);
