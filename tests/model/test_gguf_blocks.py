@@ -216,9 +216,9 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
     assert weight_bytes(blocks) == reads + weight_bytes(dense)
     copied = sum(t.numel() * t.element_size() for t in [*blocks.parameters(), *blocks.buffers()])
     assert copied < 64 * 1024                               # norms and rotary: no weights copied (IQ2_XXS's: no parameter)
-    # but the matrices, re-laid in 8-row groups of their own bytes (K-quants + 3%; Q3_K as Q6_K; Q2_K's scales and
-    # mins a byte each; IQ4's scales as floats)
-    extras = {Q.Q4_K: 1.03, Q.Q5_K: 1.03, Q.Q6_K: 1.03, Q.Q3_K: 210 / 110, Q.Q2_K: 100 / 84, Q.IQ4_NL: 20 / 18,
+    # but the matrices, re-laid in 8-row groups of their own bytes (K-quants + 3%; Q2_K's and Q3_K's scales a byte
+    # each; IQ4's scales as floats)
+    extras = {Q.Q4_K: 1.03, Q.Q5_K: 1.03, Q.Q6_K: 1.03, Q.Q3_K: 114 / 110, Q.Q2_K: 100 / 84, Q.IQ4_NL: 20 / 18,
               Q.IQ4_XS: 160 / 136}
     for m in linears:
         for part, packed in zip(m.matrix.part, m.packed):

@@ -1,8 +1,8 @@
 // A GGUF file's quantized matrices as they are, read from the file's own pages (kernels.GGUFLinear):
 // gguf_dequantize: blocks -> float32 with the `gguf` package's arithmetic, bit for bit;
 // gguf_linear: y[M, N] = x[M, K] . w[N, K]^T (+ bias) over the blocks, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL
-//   (blocks of 32 weights; IQ4_XS as IQ4_NL's) and Q4_K, Q5_K, Q6_K (blocks of 256; Q3_K as Q6_K, the same values;
-//   Q2_K laid out as Q6_K, its 2-bit q where Q6_K has its high bits).
+//   (blocks of 32 weights; IQ4_XS as IQ4_NL's) and Q2_K ... Q6_K (blocks of 256; Q2_K and Q3_K laid out as Q6_K,
+//   their q where Q6_K has its high bits).
 //   The activations are quantized to 8 bits per block as llama.cpp
 //   does for each kind: per 32 with one scale and their sum for the 32-blocks, per 256 with one scale and sums of
 //   each 16 (and of each 32, its Q8_K) for the K-quants. Every type multiplies packed (gguf_pack: 8 rows
@@ -46,17 +46,22 @@ static int block_bytes(int type) {
     }
 }
 
-// A Q3_K block (hmask[32], qs[64], 12 bytes of 16 6-bit scales, d) as the Q6_K block of the same values: weight e
-// of sub-block s = e / 16 is d (sc_s - 32) q with q = 2 bits of qs and 1 of hmask, minus 4 where that bit is clear
-// (-4 .. 3), and Q6_K's d sc_s (q6 - 32) takes sc_s - 32 as its int8 scale and q + 32 as its 6 bits. gguf.quants
-// computes both as (d * scale) * q in float32: the same floats, and the same exact integers in a product.
-static void q3k_as_q6k(const uint8_t *b, uint8_t *o) {
-    const uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
-    memset(o, 0, 208);
+// Q3_K's 16 6-bit scales (12 bytes at sc) less 32, as Q6_K keeps its int8 scales
+static void q3k_scales(const uint8_t *sc, int8_t *out) {
     for (int s = 0; s < 16; s++) {
         const int low = s < 8 ? sc[s] & 0x0F : sc[s - 8] >> 4, high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
-        o[192 + s] = (uint8_t)(int8_t)((low | high << 4) - 32);
+        out[s] = (int8_t)((low | high << 4) - 32);
     }
+}
+
+// A Q3_K block (hmask[32], qs[64], 12 bytes of 16 6-bit scales, d) as the Q6_K block of the same values, for its
+// dequantization: weight e of sub-block s = e / 16 is d (sc_s - 32) q with q = 2 bits of qs and 1 of hmask, minus 4
+// where that bit is clear (-4 .. 3), and Q6_K's d sc_s (q6 - 32) takes sc_s - 32 as its int8 scale and q + 32 as its
+// 6 bits. gguf.quants computes both as (d * scale) * q in float32: the same floats.
+static void q3k_as_q6k(const uint8_t *b, uint8_t *o) {
+    const uint8_t *hm = b, *qs = b + 32;
+    memset(o, 0, 208);
+    q3k_scales(b + 96, (int8_t *)o + 192);
     for (int h = 0; h < 2; h++)                        // weight 128 h + 32 g + l (Q6_K's dequantize_block)
         for (int g = 0; g < 4; g++)
             for (int l = 0; l < 32; l++) {
@@ -225,7 +230,7 @@ void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, in
                   int n) __attribute__((weak));
 static int tiles = 0;
 void use_tiles(int on) { tiles = on && packed_tiles; }
-static int least_tile_rows(int type) { return runs_as(type) == Q6_K || type == Q2_K ? 32 : 16; }
+static int least_tile_rows(int type) { return type == Q6_K || type == Q3_K || type == Q2_K ? 32 : 16; }
 static int packed_size(int type) { return block_size(runs_as(type)); }     // the weights of a packed block
 
 static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
@@ -298,6 +303,12 @@ static inline __m256i q2_bits(__m256i qs, int gr) {
     return _mm256_and_si256(gr ? _mm256_srli_epi16(qs, 2 * gr) : qs, _mm256_set1_epi8(3));
 }
 
+// Q3_K's third bit of those weights, worth 4: bit 4 hh + gr of its hmask bytes, at bit 2
+static inline __m256i q3_third(__m256i hm, int bit) {
+    const __m256i at2 = bit > 2 ? _mm256_srli_epi16(hm, bit - 2) : bit < 2 ? _mm256_slli_epi16(hm, 2 - bit) : hm;
+    return _mm256_and_si256(at2, _mm256_set1_epi8(4));
+}
+
 // Q5_K: sub-block s's fifth bits (bit s of each byte of qh) at bit 4, the rest of the byte zero
 static inline __m256i fifth(__m256i qh, int s) {
     const __m256i at4 = s < 4 ? _mm256_slli_epi16(qh, 4 - s) : s == 4 ? qh : _mm256_srli_epi16(qh, s - 4);
@@ -315,10 +326,13 @@ static inline int unpacked_at(int s, int t, int h, const int SIX) { return (s * 
 // sub-blocks' vectors it holds
 static inline __attribute__((always_inline)) void unpack_vector(const uint8_t *g, int k, int h, const int FIVE,
                                                                  const int SIX, __m256i *W) {
-    if (SIX == 2) {                             // as Q6_K's, from the 2-bit q alone
+    if (SIX >= 2) {                             // as Q6_K's, from the 2-bit q (Q3_K: and its third bit)
         const int hh = k / 4, t = k % 4;
         const __m256i qs = _mm256_loadu_si256((const __m256i *)(g + Q2K_QS + (4 * hh + t) * 64 + 32 * h));
-        for (int gr = 0; gr < 4; gr++) W[unpacked_at(8 * hh + 2 * gr + t / 2, t % 2, h, 1)] = q2_bits(qs, gr);
+        const __m256i hm = SIX == 3 ? _mm256_loadu_si256((const __m256i *)(g + Q3K_HM + 64 * t + 32 * h)) : qs;
+        for (int gr = 0; gr < 4; gr++)
+            W[unpacked_at(8 * hh + 2 * gr + t / 2, t % 2, h, 1)] =
+                SIX == 3 ? _mm256_or_si256(q2_bits(qs, gr), q3_third(hm, 4 * hh + gr)) : q2_bits(qs, gr);
         return;
     }
     if (SIX) {                                  // the weights 128 hh + 32 gr + 8 t .. for gr = 0 .. 3
@@ -639,6 +653,15 @@ static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
         for (int v = 0; five && v < 4; v++) memcpy(o + Q5K_QH + 64 * v + 8 * r, w + 16 + 8 * v, 8);
         return;
     }
+    if (type == Q3_K) {                                 // d, scales less 32, qs, hmask
+        memcpy(o + 2 * r, w + 108, 2);
+        int8_t sc[16];
+        q3k_scales(w + 96, sc);
+        for (int s = 0; s < 16; s++) o[Q6K_SC + 16 * (s / 2) + 2 * r + s % 2] = (uint8_t)sc[s];
+        for (int v = 0; v < 8; v++) memcpy(o + Q2K_QS + 64 * v + 8 * r, w + 32 + 8 * v, 8);
+        for (int t = 0; t < 4; t++) memcpy(o + Q3K_HM + 64 * t + 8 * r, w + 8 * t, 8);
+        return;
+    }
     if (type == Q2_K) {                                 // scales (low nibbles) and mins per 16, qs, d, dmin
         memcpy(o + 2 * r, w + 80, 2), memcpy(o + Q2K_DMIN + 2 * r, w + 82, 2);
         for (int s = 0; s < 16; s++) {
@@ -669,7 +692,7 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
     const Part *p = k->p;
     const int as = runs_as(p->type), KB = k->K / block_size(as), size = packed_block(as), bytes = block_bytes(p->type);
     const int per = block_size(p->type) / block_size(as);              // packed blocks a block of the file
-    uint8_t recoded[210];                                               // a block of the file as one of `as`
+    uint8_t recoded[20];                                                // a block of the file as one of `as`
     for (int64_t g = k->first + g0; g < k->first + g1; g++)
         for (int b = 0; b < KB; b++) {
             uint8_t *o = k->out + ((g - k->first) * KB + b) * size;
@@ -677,7 +700,6 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
             for (int r = 0; r < PACK_ROWS && g * PACK_ROWS + r < p->rows; r++) {
                 const int64_t row = g * PACK_ROWS + r;
                 const uint8_t *w = p->data + (int64_t)(p->map ? p->map[row] : row) * p->stride + b / per * bytes;
-                if (p->type == Q3_K) q3k_as_q6k(w, recoded), w = recoded;
                 if (as == IQ4_NL) iq4_block(p->type, w, b % per, recoded), w = recoded;
                 pack_block(as, w, r, o);
             }

@@ -9,9 +9,9 @@
 enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13,
        Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23 };
 
-// the type a file's type is packed and multiplied as: Q3_K's blocks are Q6_K's exactly (blocks.c's q3k_as_q6k), and
-// IQ4_XS's 256-blocks 8 IQ4_NL 32-blocks (packed with float32 scales: IQ4_XS's d (s - 32) exactly)
-static inline int runs_as(int type) { return type == Q3_K ? Q6_K : type == IQ4_XS ? IQ4_NL : type; }
+// the type a file's type is packed and multiplied as: IQ4_XS's 256-blocks are 8 IQ4_NL 32-blocks (packed with float32
+// scales: IQ4_XS's d (s - 32) exactly)
+static inline int runs_as(int type) { return type == IQ4_XS ? IQ4_NL : type; }
 
 typedef struct {            // one part of a matrix (kernels.GGUFLinear fills it)
     int type;               // a GGMLQuantizationType value
@@ -68,19 +68,24 @@ static inline void scale_min_bytes(const uint8_t *s, uint64_t *sc, uint64_t *mn)
 // the speed). One of Q2_K (Q2K_PACKED, 1.19x the file's bytes) is laid as Q6_K's without the ql: d [8 rows], its
 // 4-bit scales as sc, the file's qs as [2 h][4 t][8 rows][8 bytes: qs 32 h + 8 t ..] (Q6_K's qh: bits 2 g of byte l
 // are weight 128 h + 32 g + l's 2-bit q), then dmin [8 rows] (fp16) and its 4-bit mins mn [8 p][8 rows][2] (a min
-// per 16 weights). Every kernel of the layout computes a row's block as exact integers (Q4_K, Q5_K: T = sum_s sc_s
-// sum(q x over s), Mn = sum_s mn_s sum(x over s); Q6_K: T = sum_s sc_s sum((q - 32) x); Q2_K: T = sum_s sc_s
-// sum(q x), Mn over its 16 sub-blocks), then the one float part below, so a row's result is the same on AVX2 and
-// AVX-512 and whatever the batch.
+// per 16 weights). One of Q3_K (Q3K_PACKED, 1.04x) is Q2_K's d, sc (its 6-bit scales less 32, int8) and qs, then
+// the file's hmask as [4 t][8 rows][8 bytes: hmask 8 t ..] (bit 4 h + g of byte l: weight 128 h + 32 g + l's third
+// bit): q = the 2 bits + 4 x the third, 0..7, is Q3_K's q + 4. Every kernel of the layout computes a row's block as
+// exact integers (Q4_K, Q5_K: T = sum_s sc_s sum(q x over s), Mn = sum_s mn_s sum(x over s); Q6_K: T = sum_s sc_s
+// sum((q - 32) x); Q3_K: sum_s sc_s sum((q - 4) x); Q2_K: T = sum_s sc_s sum(q x), Mn over its 16 sub-blocks), then
+// the one float part below, so a row's result is the same on AVX2 and AVX-512 and whatever the batch.
 enum { PACK_ROWS = 8, Q4K_PACKED = 1184, Q4K_SC = 32, Q4K_MN = 96, Q4K_QS = 160, Q5K_PACKED = 1440, Q5K_QH = 160,
        Q5K_QS = 416,
        Q6K_PACKED = 1680, Q6K_SC = 16, Q6K_QS = 144,
-       Q2K_PACKED = 800, Q2K_QS = 144, Q2K_DMIN = 656, Q2K_MN = 672 };
+       Q2K_PACKED = 800, Q2K_QS = 144, Q2K_DMIN = 656, Q2K_MN = 672, Q3K_PACKED = 912, Q3K_HM = 656 };
 
-// a packed K-quant kind as the kernels' flags: FIVE (Q5_K's fifth bits), SIX (sub-blocks of 16: Q6_K 1, Q2_K 2)
+// a packed K-quant kind as the kernels' flags: FIVE (Q5_K's fifth bits), SIX (sub-blocks of 16: Q6_K 1, Q2_K 2, Q3_K 3)
 static inline int k_size(const int FIVE, const int SIX) {
-    return SIX == 2 ? Q2K_PACKED : SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
+    return SIX == 3 ? Q3K_PACKED : SIX == 2 ? Q2K_PACKED : SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
 }
+
+// Q6_K's and Q3_K's offset of q (T's q - offset: Q6_K 32, Q3_K 4, as a shift); Q2_K has none (its mins instead)
+static inline int offset_shift(const int SIX) { return SIX == 1 ? 5 : SIX == 3 ? 2 : 0; }
 
 // -- 32-blocks packed (gguf_pack): 8 rows' blocks b interleaved. A group-block holds d [8 rows] (fp16), then m [8]
 // (fp16; Q4_1, Q5_1), then the fifth bits qh [4 c][8 rows] (Q5_0, Q5_1: byte c of the row's qh, bit k its weight
@@ -103,6 +108,7 @@ static inline int packed_block(int type) {
         case Q5_K: return Q5K_PACKED;
         case Q6_K: return Q6K_PACKED;
         case Q2_K: return Q2K_PACKED;
+        case Q3_K: return Q3K_PACKED;
         case Q8_0: return 16 + 256;
         case Q4_0: case Q4_1: case Q5_0: case Q5_1: case IQ4_NL: return qs32(type) + 128;
         default: return 0;
@@ -117,6 +123,7 @@ static inline int packed_block(int type) {
         case Q5_K: DOT(g0, K / 256, a, m0, C, R, 1, 0, out); break;                                                   \
         case Q6_K: DOT(g0, K / 256, a, m0, C, R, 0, 1, out); break;                                                   \
         case Q2_K: DOT(g0, K / 256, a, m0, C, R, 0, 2, out); break;                                                   \
+        case Q3_K: DOT(g0, K / 256, a, m0, C, R, 0, 3, out); break;                                                   \
         case Q8_0: DOT32(g0, K / 32, a, m0, C, R, Q8_0, out); break;                                                  \
         case Q4_0: DOT32(g0, K / 32, a, m0, C, R, Q4_0, out); break;                                                  \
         case Q4_1: DOT32(g0, K / 32, a, m0, C, R, Q4_1, out); break;                                                  \
@@ -157,16 +164,16 @@ static inline __m256i pair_sums(const uint8_t *w, const int16_t *xs, const int S
 }
 
 // acc[r] += T[r] (d[r] dx) (- Mn[r] (dmin[r] dx)): a group-block's float part. Q4_K, Q5_K: xs the activation row's sums of
-// each 32 in the block; Q6_K, Q2_K: its sums of each 16 (the 32 of Q6_K's q - 32, Q2_K's mins)
+// each 32 in the block; Q6_K, Q3_K, Q2_K: its sums of each 16 (for their q's offset, Q2_K's mins)
 static inline __m256 packed_float(__m256 acc, __m256i T, const uint8_t *g, const int16_t *xs, float dx, const int SIX) {
     const __m256 vdx = _mm256_set1_ps(dx);
-    if (SIX == 1) {
+    if (offset_shift(SIX)) {
         const __m256i low = _mm256_add_epi32(pair_sums(g + Q6K_SC, xs, 1), pair_sums(g + Q6K_SC + 64, xs + 8, 1));
-        T = _mm256_sub_epi32(T, _mm256_slli_epi32(low, 5));
+        T = _mm256_sub_epi32(T, _mm256_slli_epi32(low, offset_shift(SIX)));
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T), _mm256_mul_ps(d, vdx), acc);
-    if (SIX == 1) return acc;
+    if (SIX == 1 || SIX == 3) return acc;
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + (SIX ? Q2K_DMIN : 16))));
     const __m256i Mn = SIX ? _mm256_add_epi32(pair_sums(g + Q2K_MN, xs, 0), pair_sums(g + Q2K_MN + 64, xs + 8, 0))
                            : pair_sums(g + Q4K_MN, xs, 0);

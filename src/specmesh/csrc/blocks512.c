@@ -112,10 +112,12 @@ static inline __attribute__((always_inline)) void group_block512_q6(const uint8_
             _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
                 const int t = 2 * o + u;
                 const uint8_t *q3 = g + Q6K_QS + (4 * hh + t) * 192, *q2 = g + Q2K_QS + (4 * hh + t) * 64;
-                const __m512i hb = _mm512_loadu_si512(SIX == 2 ? q2 : q3 + 128);   // Q2_K: its q alone
-                const __m512i l0 = SIX == 2 ? hb : _mm512_loadu_si512(q3), l1 = SIX == 2 ? hb : _mm512_loadu_si512(q3 + 64);
+                const __m512i hb = _mm512_loadu_si512(SIX >= 2 ? q2 : q3 + 128);   // Q2_K, Q3_K: their 2 bits
+                const __m512i l0 = SIX >= 2 ? hb : _mm512_loadu_si512(q3), l1 = SIX >= 2 ? hb : _mm512_loadu_si512(q3 + 64);
+                const __m512i hm = SIX == 3 ? _mm512_loadu_si512(g + Q3K_HM + 64 * t) : hb;    // Q3_K's third bits
                 _Pragma("GCC unroll 4") for (int gr = 0; gr < 4; gr++) {
-                    const __m512i q = SIX == 2 ? q2_bits512(hb, gr) : q6_bits512(l0, l1, hb, gr);
+                    const __m512i q = SIX == 3 ? _mm512_or_si512(q2_bits512(hb, gr), q3_third512(hm, 4 * hh + gr))
+                                    : SIX == 2 ? q2_bits512(hb, gr) : q6_bits512(l0, l1, hb, gr);
                     for (int i = 0; i < MB; i++) {
                         const __m512i p = pairs8_512(q, x + i * KB * 256 + 128 * hh + 32 * gr + 8 * t);
                         S[gr][i] = u ? _mm512_add_epi16(S[gr][i], p) : p;

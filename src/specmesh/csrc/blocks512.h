@@ -17,6 +17,12 @@ static inline __m512i q2_bits512(__m512i qs, int gr) {
     return _mm512_and_si512(gr ? _mm512_srli_epi16(qs, 2 * gr) : qs, _mm512_set1_epi8(3));
 }
 
+// Q3_K's third bit, worth 4: bit `bit` of its hmask bytes at bit 2 (blocks.c's q3_third)
+static inline __m512i q3_third512(__m512i hm, int bit) {
+    const __m512i at2 = bit > 2 ? _mm512_srli_epi16(hm, bit - 2) : bit < 2 ? _mm512_slli_epi16(hm, 2 - bit) : hm;
+    return _mm512_and_si512(at2, _mm512_set1_epi8(4));
+}
+
 // Q5_K: sub-block s's fifth bits (bit s of each byte of qh) at bit 4, the rest of the byte zero
 static inline __m512i fifth512(__m512i qh, int s) {
     const __m512i at4 = s < 4 ? _mm512_slli_epi16(qh, 4 - s) : s == 4 ? qh : _mm512_srli_epi16(qh, s - 4);

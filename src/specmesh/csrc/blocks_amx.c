@@ -6,7 +6,7 @@
 // Tiles: C = A . B with A the activations [rows m][K of a sub-block] (signed bytes, read in place from Acts.q256
 // at a stride of K), B a sub-block's weights in VNNI order [K / 4][16 weight rows][4 bytes] (unpacked once per
 // block into L1, then used for every 16 activation rows), C [m][16 weight rows] int32. A sub-block is 32 weights
-// (Q4_K, Q5_K) or 16 (Q6_K, Q2_K): a tile product may not span two scales.
+// (Q4_K, Q5_K) or 16 (Q2_K, Q3_K, Q6_K): a tile product may not span two scales.
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl")
 #include "blocks.h"
 #include "blocks512.h"
@@ -46,7 +46,7 @@ typedef struct {
     __m512 d, dmin;
 } Ready;
 
-static const uint8_t zero_group[Q2K_PACKED] __attribute__((aligned(64)));
+static const uint8_t zero_group[Q6K_PACKED] __attribute__((aligned(64)));   // (the largest of 16-weight sub-blocks)
 
 // VNNI rows k4 = 2t and 2t + 1 of a sub-block's B from two groups' vectors (8 rows x 8 bytes each)
 static inline void vnni_rows(__m512i a, __m512i b, int8_t *out) {
@@ -111,13 +111,21 @@ static void ready_q6(const uint8_t *ga, const uint8_t *gb, Ready *r) {
     q6_scales(ga, gb, r);
 }
 
-static void ready_q2(const uint8_t *ga, const uint8_t *gb, Ready *r) {
+// Q2_K's (three: Q3_K's) q from their 2 bits (and third bit)
+static void ready_q23(const uint8_t *ga, const uint8_t *gb, int three, Ready *r) {
     for (int v = 0; v < 8; v++) {                      // v = 4 hh + t, as ready_q6's
+        const int hh = v / 4, t = v % 4;
         const __m512i a = _mm512_loadu_si512(ga + Q2K_QS + 64 * v), b = _mm512_loadu_si512(gb + Q2K_QS + 64 * v);
-        for (int gr = 0; gr < 4; gr++)
-            vnni_rows(q2_bits512(a, gr), q2_bits512(b, gr), r->b + 256 * (8 * (v / 4) + 2 * gr + v % 4 / 2) + 128 * (v % 2));
+        const __m512i ha = _mm512_loadu_si512(ga + Q3K_HM + 64 * t), hb = _mm512_loadu_si512(gb + Q3K_HM + 64 * t);
+        for (int gr = 0; gr < 4; gr++) {
+            __m512i qa = q2_bits512(a, gr), qb = q2_bits512(b, gr);
+            if (three)
+                qa = _mm512_or_si512(qa, q3_third512(ha, 4 * hh + gr)), qb = _mm512_or_si512(qb, q3_third512(hb, 4 * hh + gr));
+            vnni_rows(qa, qb, r->b + 256 * (8 * hh + 2 * gr + t / 2) + 128 * (t % 2));
+        }
     }
     q6_scales(ga, gb, r);
+    if (three) return;
     for (int p = 0; p < 8; p++)
         r->mins[p] = two_groups(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ga + Q2K_MN + 16 * p))),
                                 _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(gb + Q2K_MN + 16 * p))));
@@ -147,12 +155,13 @@ static inline __m512i pair_sums16(const __m512i *pairs, const int16_t *xs, int P
 // the tiles configured for `configured` rows: acc [M][16], rows 0..7 of group a then of group b
 static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Acts *a, int M, Ready *r,
                  int32_t (*c)[16][16], int *configured, float *acc) {
-    const int two = type == Q2_K, six = type == Q6_K || two, five = type == Q5_K, S = six ? 16 : 8, kw = 256 / S;
+    const int two = type == Q2_K, three = type == Q3_K, six = type == Q6_K || two || three, five = type == Q5_K;
+    const int S = six ? 16 : 8, kw = 256 / S, offset = type == Q6_K ? 5 : three ? 2 : 0;   // blocks.h's offset_shift
     const int KB = K / 256;
     const int size = packed_block(type);
     for (int64_t i = 0; i < (int64_t)M * 16; i++) acc[i] = 0;
     for (int b = 0; b < KB; b++, ga += size, gb = gb ? gb + size : NULL) {
-        if (two) ready_q2(ga, gb ? gb : zero_group, r);
+        if (two || three) ready_q23(ga, gb ? gb : zero_group, three, r);
         else if (six) ready_q6(ga, gb ? gb : zero_group, r);
         else ready_q45(ga, gb ? gb : zero_group, five, r);
         for (int m0 = 0; m0 < M; m0 += 16) {
@@ -176,7 +185,7 @@ static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Ac
                 const __m512 dx = _mm512_set1_ps(a->d256[at]);
                 float *o = acc + 16 * (int64_t)(m0 + i);
                 __m512 v = _mm512_loadu_ps(o);
-                if (six && !two) T = _mm512_sub_epi32(T, _mm512_slli_epi32(pair_sums16(r->pairs, a->b256 + at * 16, 8), 5));
+                if (offset) T = _mm512_sub_epi32(T, _mm512_slli_epi32(pair_sums16(r->pairs, a->b256 + at * 16, 8), offset));
                 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T), _mm512_mul_ps(r->d, dx), v);
                 if (!six) v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(pair_sums16(r->pairs, a->s256 + at * 8, 4)),
                                                _mm512_mul_ps(r->dmin, dx), v);
