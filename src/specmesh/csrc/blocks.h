@@ -65,13 +65,13 @@ static inline void scale_min_bytes(const uint8_t *s, uint64_t *sc, uint64_t *mn)
 // [8 bytes: qh 8 t ..] before the qs (bit s of byte l: sub-block s's weight l). One of Q6_K (Q6K_PACKED, the file's bytes, no more) holds d [8 rows] (fp16),
 // sc [8 p][8 rows][2] (int8) and the file's ql and qh as [2 h][4 t][3][8 rows][8 bytes: ql 64 h + 8 t .., ql 64 h +
 // 32 + 8 t .., qh 32 h + 8 t ..], in the order the kernels read them (out of order, the streams run at a third of
-// the speed). One of Q2_K (Q2K_PACKED, 1.19x the file's bytes) is laid as Q6_K's without the ql: d [8 rows], its
-// 4-bit scales as sc, the file's qs as [2 h][4 t][8 rows][8 bytes: qs 32 h + 8 t ..] (Q6_K's qh: bits 2 g of byte l
-// are weight 128 h + 32 g + l's 2-bit q), then dmin [8 rows] (fp16) and its 4-bit mins mn [8 p][8 rows][2] (a min
-// per 16 weights). One of Q3_K (Q3K_PACKED, 1.04x) is Q2_K's d, sc (its 6-bit scales less 32, int8) and qs, then
-// the file's hmask as [4 t][8 rows][8 bytes: hmask 8 t ..] (bit 4 h + g of byte l: weight 128 h + 32 g + l's third
-// bit): q = the 2 bits + 4 x the third, 0..7, is Q3_K's q + 4. Every kernel of the layout computes a row's block as
-// exact integers (Q4_K, Q5_K: T = sum_s sc_s sum(q x over s), Mn = sum_s mn_s sum(x over s); Q6_K: T = sum_s sc_s
+// the speed). One of Q2_K (Q2K_PACKED: 100 bytes a row's block of 84) is laid as Q6_K's without the ql: d [8 rows],
+// its 4-bit scales as sc, the file's qs as [2 h][4 t][8 rows][8 bytes: qs 32 h + 8 t ..] (Q6_K's qh: bits 2 g of byte
+// l are weight 128 h + 32 g + l's 2-bit q), then dmin [8 rows] (fp16) and its 4-bit mins mn [8 p][8 rows][2] (a min
+// per 16 weights). One of Q3_K (Q3K_PACKED: 114 bytes for 110) is Q2_K's d, sc (its 6-bit scales less 32, int8) and
+// qs, then the file's hmask as [4 t][8 rows][8 bytes: hmask 8 t ..] (bit 4 h + g of byte l: weight 128 h + 32 g + l's
+// third bit): q = the 2 bits + 4 x the third, 0..7, is Q3_K's q + 4. Every kernel of the layout computes a row's block
+// as exact integers (Q4_K, Q5_K: T = sum_s sc_s sum(q x over s), Mn = sum_s mn_s sum(x over s); Q6_K: T = sum_s sc_s
 // sum((q - 32) x); Q3_K: sum_s sc_s sum((q - 4) x); Q2_K: T = sum_s sc_s sum(q x), Mn over its 16 sub-blocks), then
 // the one float part below, so a row's result is the same on AVX2 and AVX-512 and whatever the batch.
 enum { PACK_ROWS = 8, Q4K_PACKED = 1184, Q4K_SC = 32, Q4K_MN = 96, Q4K_QS = 160, Q5K_PACKED = 1440, Q5K_QH = 160,
