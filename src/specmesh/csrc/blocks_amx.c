@@ -116,11 +116,12 @@ static void ready_q23(const uint8_t *ga, const uint8_t *gb, int three, Ready *r)
     for (int v = 0; v < 8; v++) {                      // v = 4 hh + t, as ready_q6's
         const int hh = v / 4, t = v % 4;
         const __m512i a = _mm512_loadu_si512(ga + Q2K_QS + 64 * v), b = _mm512_loadu_si512(gb + Q2K_QS + 64 * v);
-        const __m512i ha = _mm512_loadu_si512(ga + Q3K_HM + 64 * t), hb = _mm512_loadu_si512(gb + Q3K_HM + 64 * t);
         for (int gr = 0; gr < 4; gr++) {
             __m512i qa = q2_bits512(a, gr), qb = q2_bits512(b, gr);
-            if (three)
+            if (three) {                               // (a Q2_K group-block ends where Q3_K's hmask begins)
+                const __m512i ha = _mm512_loadu_si512(ga + Q3K_HM + 64 * t), hb = _mm512_loadu_si512(gb + Q3K_HM + 64 * t);
                 qa = _mm512_or_si512(qa, q3_third512(ha, 4 * hh + gr)), qb = _mm512_or_si512(qb, q3_third512(hb, 4 * hh + gr));
+            }
             vnni_rows(qa, qb, r->b + 256 * (8 * hh + 2 * gr + t / 2) + 128 * (t % 2));
         }
     }
