@@ -282,6 +282,11 @@ static inline __m256i half_scales(__m128i s, int h, const int SIGNED) {
     return SIGNED ? _mm256_cvtepi8_epi16(v) : _mm256_cvtepu8_epi16(v);
 }
 
+// sub-block s's scales of rows 4h .. 4h + 3 (half_scales), Q6_K's (and Q2_K's, Q3_K's) signed
+static inline __m256i sub_scales(const uint8_t *g, int s, int h, const int SIX) {
+    return SIX ? half_scales(q6k_scales(g, s), h, 1) : half_scales(q4k_scales(g, s), h, 0);
+}
+
 // the 8 rows' int32 sums from the halves' lanes (r, e)
 static inline __m256i row_totals(__m256i t0, __m256i t1) {
     return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(t0, t1), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
@@ -322,17 +327,17 @@ static inline __m256i fifth(__m256i qh, int s) {
 static inline int sub_len(const int SIX) { return SIX ? 16 : 32; }
 static inline int unpacked_at(int s, int t, int h, const int SIX) { return (s * (sub_len(SIX) / 8) + t) * 2 + h; }
 
-// the k-th vector of half h of a group-block (k < 8 for Q6_K, 16 otherwise) unpacked into W: the 4 (Q6_K) or 2
-// sub-blocks' vectors it holds
-static inline __attribute__((always_inline)) void unpack_vector(const uint8_t *g, int k, int h, const int FIVE,
-                                                                 const int SIX, __m256i *W) {
+// the k-th vector of half h of a group-block (k < 8 for the 16-weight sub-blocks, 16 otherwise) unpacked: w[e] the
+// weights of the e-th sub-block it holds (4 of 16 weights: sub-block 8 (k / 4) + 2 e + k % 4 / 2, its weights 8 (k %
+// 2) ..; or 2 of 32: sub-block 2 (k / 4) + e, its weights 8 (k % 4) ..). A few registers: a decoding row streams them.
+static inline __attribute__((always_inline)) void unpack_k(const uint8_t *g, int k, int h, const int FIVE, const int SIX,
+                                                            __m256i *w) {
     if (SIX >= 2) {                             // as Q6_K's, from the 2-bit q (Q3_K: and its third bit)
         const int hh = k / 4, t = k % 4;
         const __m256i qs = _mm256_loadu_si256((const __m256i *)(g + Q2K_QS + (4 * hh + t) * 64 + 32 * h));
         const __m256i hm = SIX == 3 ? _mm256_loadu_si256((const __m256i *)(g + Q3K_HM + 64 * t + 32 * h)) : qs;
         for (int gr = 0; gr < 4; gr++)
-            W[unpacked_at(8 * hh + 2 * gr + t / 2, t % 2, h, 1)] =
-                SIX == 3 ? _mm256_or_si256(q2_bits(qs, gr), q3_third(hm, 4 * hh + gr)) : q2_bits(qs, gr);
+            w[gr] = SIX == 3 ? _mm256_or_si256(q2_bits(qs, gr), q3_third(hm, 4 * hh + gr)) : q2_bits(qs, gr);
         return;
     }
     if (SIX) {                                  // the weights 128 hh + 32 gr + 8 t .. for gr = 0 .. 3
@@ -341,48 +346,58 @@ static inline __attribute__((always_inline)) void unpack_vector(const uint8_t *g
         const __m256i l0 = _mm256_loadu_si256((const __m256i *)q3);
         const __m256i l1 = _mm256_loadu_si256((const __m256i *)(q3 + 64));
         const __m256i hb = _mm256_loadu_si256((const __m256i *)(q3 + 128));
-        for (int gr = 0; gr < 4; gr++) W[unpacked_at(8 * hh + 2 * gr + t / 2, t % 2, h, 1)] = q6_bits(l0, l1, hb, gr);
+        for (int gr = 0; gr < 4; gr++) w[gr] = q6_bits(l0, l1, hb, gr);
         return;
     }
     const int j = k / 4, u = k % 4;             // sub-blocks 2j (low nibbles) and 2j + 1 (high): the weights 8 u ..
     const __m256i nib = _mm256_set1_epi8(0x0F);
     const __m256i v = _mm256_loadu_si256((const __m256i *)(g + (FIVE ? Q5K_QS : Q4K_QS) + (4 * j + u) * 64 + 32 * h));
-    __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+    w[0] = _mm256_and_si256(v, nib), w[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
     if (FIVE) {
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(g + Q5K_QH + 64 * u + 32 * h));
-        lo = _mm256_or_si256(lo, fifth(qh, 2 * j)), hi = _mm256_or_si256(hi, fifth(qh, 2 * j + 1));
+        w[0] = _mm256_or_si256(w[0], fifth(qh, 2 * j)), w[1] = _mm256_or_si256(w[1], fifth(qh, 2 * j + 1));
     }
-    W[unpacked_at(2 * j, u, h, 0)] = lo;
-    W[unpacked_at(2 * j + 1, u, h, 0)] = hi;
+}
+
+// sub-block and step of the e-th vector unpack_k gives for vector k
+static inline int k_sub(int k, int e, const int SIX) { return SIX ? 8 * (k / 4) + 2 * e + k % 4 / 2 : 2 * (k / 4) + e; }
+static inline int k_step(int k, const int SIX) { return SIX ? k % 2 : k % 4; }
+
+// unpack_k's vectors into W (unpacked_at's places), for several rows
+static inline __attribute__((always_inline)) void unpack_vector(const uint8_t *g, int k, int h, const int FIVE,
+                                                                 const int SIX, __m256i *W) {
+    __m256i w[4];
+    unpack_k(g, k, h, FIVE, SIX, w);
+    for (int e = 0; e < (SIX ? 4 : 2); e++) W[unpacked_at(k_sub(k, e, SIX), k_step(k, SIX), h, SIX)] = w[e];
 }
 
 // vector k of half h of group-block b against the one activation row x: its sub-blocks' int16 sums into S, and each
 // sub-block it completes, times its scales, into T
-static inline __attribute__((always_inline)) void streamed_vector(const uint8_t *g, const __m256i *sc, int k, int h,
+static inline __attribute__((always_inline)) void streamed_vector(const uint8_t *g, int k, int h,
                                                                    const int8_t *x, const int FIVE, const int SIX,
                                                                    __m256i *S, __m256i *T) {
     const int L = sub_len(SIX);
-    __m256i W[UNPACKED];
-    unpack_vector(g, k, h, FIVE, SIX, W);
+    __m256i w[4];
+    unpack_k(g, k, h, FIVE, SIX, w);
     for (int e = 0; e < (SIX ? 4 : 2); e++) {
-        const int s = SIX ? 8 * (k / 4) + 2 * e + k % 4 / 2 : 2 * (k / 4) + e, t = SIX ? k % 2 : k % 4;
-        const __m256i p = pairs8(W[unpacked_at(s, t, h, SIX)], x + L * s + 8 * t);
+        const int s = k_sub(k, e, SIX), t = k_step(k, SIX);
+        const __m256i p = pairs8(w[e], x + L * s + 8 * t);
         S[s] = t ? _mm256_add_epi16(S[s], p) : p;
-        if (t == L / 8 - 1) *T = _mm256_add_epi32(*T, _mm256_madd_epi16(S[s], sc[16 * h + s]));
+        if (t == L / 8 - 1) *T = _mm256_add_epi32(*T, _mm256_madd_epi16(S[s], sub_scales(g, s, h, SIX)));
     }
 }
 
 // group-block b (at g) of 8 rows against the one activation row m: acc += its part, the weights unpacked in registers
 // as they are read (a decoding row streams them: one pass, nothing stored)
-static inline __attribute__((always_inline)) void group_block(const uint8_t *g, const __m256i *sc, int KB, int b,
+static inline __attribute__((always_inline)) void group_block(const uint8_t *g, int KB, int b,
                                                                const Acts *a, int64_t m, const int FIVE, const int SIX,
                                                                __m256 *acc) {
     const int8_t *x = a->q256 + (m * KB + b) * 256;
     __m256i T[2], S[16];
     for (int h = 0; h < 2; h++) {
         T[h] = _mm256_setzero_si256();
-        if (SIX) _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) streamed_vector(g, sc, k, h, x, 0, SIX, S, &T[h]);
-        else _Pragma("GCC unroll 16") for (int k = 0; k < 16; k++) streamed_vector(g, sc, k, h, x, FIVE, 0, S, &T[h]);
+        if (SIX) _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) streamed_vector(g, k, h, x, 0, SIX, S, &T[h]);
+        else _Pragma("GCC unroll 16") for (int k = 0; k < 16; k++) streamed_vector(g, k, h, x, FIVE, 0, S, &T[h]);
     }
     const int64_t at = m * KB + b;
     *acc = packed_float(*acc, row_totals(T[0], T[1]), g, SIX ? a->b256 + at * 16 : a->s256 + at * 8, a->d256[at], SIX);
@@ -468,14 +483,13 @@ static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, i
     const int size = k_size(FIVE, SIX);
     for (int b = 0; b < KB; b++, g += size) {
         for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T0);
-        __m256i sc[32];                                // [h][sub-block]: the scales, once for every chunk
-        for (int h = 0; h < 2; h++)
-            for (int s = 0; s < (SIX ? 16 : 8); s++)
-                sc[16 * h + s] = SIX ? half_scales(q6k_scales(g, s), h, 1) : half_scales(q4k_scales(g, s), h, 0);
-        if (!chunks) {                                 // one row (REST = 1)
-            group_block(g, sc, KB, b, a, m0, FIVE, SIX, acc);
+        if (!chunks) {                                 // one row (REST = 1): each scale made where it is used
+            group_block(g, KB, b, a, m0, FIVE, SIX, acc);
             continue;
         }
+        __m256i sc[32];                                // [h][sub-block]: the scales, once for every chunk
+        for (int h = 0; h < 2; h++)
+            for (int s = 0; s < (SIX ? 16 : 8); s++) sc[16 * h + s] = sub_scales(g, s, h, SIX);
         __m256i W[UNPACKED];
         for (int h = 0; h < 2; h++)                    // (constant bounds: unrolled, every shift and index known)
             if (SIX) _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) unpack_vector(g, k, h, 0, SIX, W);
