@@ -482,7 +482,7 @@ static inline __attribute__((always_inline)) void packed_dot(const uint8_t *g, i
     for (int i = 0; i < PACKED_MB * chunks + REST; i++) acc[i] = _mm256_setzero_ps();
     const int size = k_size(FIVE, SIX);
     for (int b = 0; b < KB; b++, g += size) {
-        for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T0);
+        for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T1);
         if (!chunks) {                                 // one row (REST = 1): each scale made where it is used
             group_block(g, KB, b, a, m0, FIVE, SIX, acc);
             continue;
@@ -600,7 +600,7 @@ static inline __attribute__((always_inline)) void packed_dot32(const uint8_t *g,
     for (int i = 0; i < PACKED_MB * chunks + REST; i++) acc[i] = _mm256_setzero_ps();
     const int size = packed_block(TYPE);
     for (int b = 0; b < QB; b++, g += size) {
-        for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD_BYTES + l, _MM_HINT_T0);
+        for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD_BYTES + l, _MM_HINT_T1);
         if (TYPE != Q8_0 && TYPE != IQ4_NL && chunks) {  // several rows: a nibble type unpacked once
             __m256i W[8];
             for (int t = 0; t < 2; t++)

@@ -146,7 +146,7 @@ static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g
     for (int i = 0; i < PACKED_MB512 * chunks + REST; i++) acc[i] = _mm256_setzero_ps();
     const int size = k_size(FIVE, SIX);
     for (int b = 0; b < KB; b++, g += size) {
-        for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T0);
+        for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD * size + l, _MM_HINT_T1);
         if (SIX && !chunks) {                          // the scales made as they are used
             group_block512_q6(g, NULL, KB, b, a, m0, REST, SIX, acc);
             continue;
@@ -237,7 +237,7 @@ static inline __attribute__((always_inline)) void packed_dot32_512(const uint8_t
     for (int p = 0; p < (rows + 1) / 2; p++) acc[p] = _mm512_setzero_ps();
     const int size = packed_block(TYPE);
     for (int b = 0; b < QB; b++, g += size) {
-        for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD_BYTES + l, _MM_HINT_T0);
+        for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD_BYTES + l, _MM_HINT_T1);
         for (int c = 0; c < chunks; c++)
             group_block32_512(g, QB, b, a, m0 + PACKED_MB512 * c, PACKED_MB512, TYPE, acc + PACKED_MB512 / 2 * c);
         if (REST) group_block32_512(g, QB, b, a, m0 + PACKED_MB512 * chunks, REST, TYPE, acc + PACKED_MB512 / 2 * chunks);
