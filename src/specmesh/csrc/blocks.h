@@ -135,8 +135,9 @@ static inline int packed_block(int type) {
 // IQ4_NL's and IQ4_XS's 16 levels (gguf.quants.IQ4_NL.kvalues): a 4-bit q's weight, before the block's scale
 static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-// the packed kernels fetch the group-blocks AHEAD of the one they multiply: one row of activations streams the
-// weights faster than the hardware's prefetch alone fetches them
+// the packed kernels fetch the group-blocks AHEAD of the one they multiply, into L2 (_MM_HINT_T1): one row of
+// activations streams the weights faster than the hardware's prefetch alone fetches them, and weights fetched into L1
+// too pushed out the activations and the scales a row reuses (the results log of the change)
 #define AHEAD 4
 #define AHEAD_BYTES (AHEAD * Q4K_PACKED)    // the 32-blocks' (smaller) group-blocks: about the same distance
 
