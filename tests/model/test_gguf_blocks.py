@@ -125,6 +125,47 @@ def test_the_tile_products_give_the_vector_kernels_bits(kind):
                 assert torch.equal(a, b)
 
 
+# every packed type's weights in a buffer that ends where a page no process may read begins
+GUARDED = """
+import ctypes, mmap, sys
+import numpy as np, torch, gguf
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/.."]         # this file, and its conftest
+from test_gguf_blocks import random_blocks, matrix_of, KINDS
+from specmesh import kernels
+from specmesh.kernels import linears
+
+def guarded(nbytes):
+    page = mmap.PAGESIZE
+    span = -(-nbytes // page) * page
+    buf = mmap.mmap(-1, span + page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(start + span), page, 0) == 0    # PROT_NONE
+    return np.frombuffer(buf, np.uint8, count=nbytes, offset=span - nbytes)
+
+linears.anonymous = guarded
+rng = np.random.default_rng(9)
+for kind in KINDS:
+    K = 512
+    for N in (40, 48):                      # a last slab of 16 rows with one group, and with two
+        linear = matrix_of(random_blocks(kind, N, K, rng), kind, K)
+        for rows in (1, 8, 40):             # one row, several, the AMX tiles' widths
+            assert torch.isfinite(linear(torch.randn(rows, K))).all()
+print("read no byte past the end")
+"""
+
+
+def test_no_kernel_reads_past_a_packed_matrix_s_last_byte():
+    """Each type's products of 1, 8 and 40 rows (the vector kernels and AMX's tiles where this CPU has them) on
+    packed weights that end at a page no process may read: a read past the last group-block ends the process (a
+    first Q2_K tile path read Q3_K's hmask there, past the end of Q2_K's smaller group-blocks)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", GUARDED, str(Path(__file__).parent)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "read no byte past the end" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
 def test_a_matrix_of_parts_reads_each_of_its_own_type_through_its_row_map():
     rng = np.random.default_rng(3)
     K = 512
