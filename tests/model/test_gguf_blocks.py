@@ -161,8 +161,8 @@ def test_no_kernel_reads_past_a_packed_matrix_s_last_byte():
     import subprocess
     import sys
     from pathlib import Path
-    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", GUARDED, str(Path(__file__).parent)], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", GUARDED, str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "read no byte past the end" in done.stdout, (done.returncode, done.stderr[-2000:])
 
 
