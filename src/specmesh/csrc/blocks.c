@@ -54,24 +54,6 @@ static void q3k_scales(const uint8_t *sc, int8_t *out) {
     }
 }
 
-// A Q3_K block (hmask[32], qs[64], 12 bytes of 16 6-bit scales, d) as the Q6_K block of the same values, for its
-// dequantization: weight e of sub-block s = e / 16 is d (sc_s - 32) q with q = 2 bits of qs and 1 of hmask, minus 4
-// where that bit is clear (-4 .. 3), and Q6_K's d sc_s (q6 - 32) takes sc_s - 32 as its int8 scale and q + 32 as its
-// 6 bits. gguf.quants computes both as (d * scale) * q in float32: the same floats.
-static void q3k_as_q6k(const uint8_t *b, uint8_t *o) {
-    const uint8_t *hm = b, *qs = b + 32;
-    memset(o, 0, 208);
-    q3k_scales(b + 96, (int8_t *)o + 192);
-    for (int h = 0; h < 2; h++)                        // weight 128 h + 32 g + l (Q6_K's dequantize_block)
-        for (int g = 0; g < 4; g++)
-            for (int l = 0; l < 32; l++) {
-                const int q = ((qs[32 * h + l] >> (2 * g)) & 3) - ((hm[l] >> (4 * h + g)) & 1 ? 0 : 4) + 32;
-                o[64 * h + 32 * (g % 2) + l] |= (uint8_t)((q & 0x0F) << (4 * (g / 2)));
-                o[128 + 32 * h + l] |= (uint8_t)((q >> 4) << (2 * g));
-            }
-    memcpy(o + 208, b + 108, 2);
-}
-
 // 32 weights d IQ4_LEVELS[q] of 16 bytes of 4-bit q: the low nibbles, then the high ones
 static EXACT void iq4_levels(float d, const uint8_t *qs, float *y) {
     for (int l = 0; l < 16; l++) y[l] = d * (float)IQ4_LEVELS[qs[l] & 0x0F], y[l + 16] = d * (float)IQ4_LEVELS[qs[l] >> 4];
@@ -91,8 +73,6 @@ static void iq4_block(int type, const uint8_t *w, int s, uint8_t *out) {
 
 // one block of `type` -> its weights y
 static EXACT void dequantize_block(int type, const uint8_t *b, float *y) {
-    uint8_t six[210];
-    if (type == Q3_K) q3k_as_q6k(b, six), b = six, type = Q6_K;
     switch (type) {
         case F32: memcpy(y, b, 4); return;
         case F16: y[0] = fp16(b); return;
@@ -142,6 +122,17 @@ static EXACT void dequantize_block(int type, const uint8_t *b, float *y) {
                     if (type == Q5_K) q |= ((qh[l] >> s) & 1) << 4;
                     y[32 * s + l] = ds * (float)q - ms;
                 }
+            }
+            return;
+        }
+        case Q3_K: {                                   // q: 2 bits of qs, less 4 where its hmask bit is clear
+            const float d = fp16(b + 108);
+            int8_t sc[16];
+            q3k_scales(b + 96, sc);
+            for (int e = 0; e < 256; e++) {            // half h, group g of 32, lane l (as Q6_K's)
+                const int h = e / 128, g = (e / 32) % 4, l = e % 32;
+                const int q = ((b[32 + 32 * h + l] >> (2 * g)) & 3) - ((b[l] >> (4 * h + g)) & 1 ? 0 : 4);
+                y[e] = (d * (float)sc[e / 16]) * (float)q;
             }
             return;
         }
@@ -230,7 +221,7 @@ void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, in
                   int n) __attribute__((weak));
 static int tiles = 0;
 void use_tiles(int on) { tiles = on && packed_tiles; }
-static int least_tile_rows(int type) { return type == Q6_K || type == Q3_K || type == Q2_K ? 32 : 16; }
+static int least_tile_rows(int type) { return six_of(type) ? 32 : 16; }
 static int packed_size(int type) { return block_size(runs_as(type)); }     // the weights of a packed block
 
 static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
@@ -642,6 +633,9 @@ int64_t gguf_packed_bytes(int type, int rows, int K) {
 // the first byte of group g's blocks in a part packed from K columns
 static const uint8_t *packed_group(const Part *p, int K, int64_t g) { return p->packed + g * group_bytes(p->type, K); }
 
+// where row r's scale (or min) of sub-block s goes in a [8 p][8 rows][2] table of a group-block (blocks.h)
+static inline int pair_at(int s, int r) { return 16 * (s / 2) + 2 * r + s % 2; }
+
 // row r's block w (of the file) into its group-block o (blocks.h's layouts)
 static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
     if (type == IQ4_NL) {                               // w: iq4_block's float32 scale and 16 bytes of qs
@@ -662,7 +656,7 @@ static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
         uint8_t sc[8], mn[8];
         scale_min(w + 4, sc, mn);
         memcpy(o + 2 * r, w, 2), memcpy(o + 16 + 2 * r, w + 2, 2);
-        for (int s = 0; s < 8; s++) o[Q4K_SC + 8 * s + r] = sc[s], o[Q4K_MN + 16 * (s / 2) + 2 * r + s % 2] = mn[s];
+        for (int s = 0; s < 8; s++) o[Q4K_SC + 8 * s + r] = sc[s], o[Q4K_MN + pair_at(s, r)] = mn[s];
         for (int v = 0; v < 16; v++) memcpy(o + (five ? Q5K_QS : Q4K_QS) + 64 * v + 8 * r, w + 16 + 32 * five + 8 * v, 8);
         for (int v = 0; five && v < 4; v++) memcpy(o + Q5K_QH + 64 * v + 8 * r, w + 16 + 8 * v, 8);
         return;
@@ -671,7 +665,7 @@ static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
         memcpy(o + 2 * r, w + 108, 2);
         int8_t sc[16];
         q3k_scales(w + 96, sc);
-        for (int s = 0; s < 16; s++) o[Q6K_SC + 16 * (s / 2) + 2 * r + s % 2] = (uint8_t)sc[s];
+        for (int s = 0; s < 16; s++) o[Q6K_SC + pair_at(s, r)] = (uint8_t)sc[s];
         for (int v = 0; v < 8; v++) memcpy(o + Q2K_QS + 64 * v + 8 * r, w + 32 + 8 * v, 8);
         for (int t = 0; t < 4; t++) memcpy(o + Q3K_HM + 64 * t + 8 * r, w + 8 * t, 8);
         return;
@@ -679,14 +673,14 @@ static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
     if (type == Q2_K) {                                 // scales (low nibbles) and mins per 16, qs, d, dmin
         memcpy(o + 2 * r, w + 80, 2), memcpy(o + Q2K_DMIN + 2 * r, w + 82, 2);
         for (int s = 0; s < 16; s++) {
-            o[Q6K_SC + 16 * (s / 2) + 2 * r + s % 2] = w[s] & 0x0F;
-            o[Q2K_MN + 16 * (s / 2) + 2 * r + s % 2] = w[s] >> 4;
+            o[Q6K_SC + pair_at(s, r)] = w[s] & 0x0F;
+            o[Q2K_MN + pair_at(s, r)] = w[s] >> 4;
         }
         for (int v = 0; v < 8; v++) memcpy(o + Q2K_QS + 64 * v + 8 * r, w + 16 + 8 * v, 8);
         return;
     }
     memcpy(o + 2 * r, w + 208, 2);
-    for (int s = 0; s < 16; s++) o[Q6K_SC + 16 * (s / 2) + 2 * r + s % 2] = w[192 + s];
+    for (int s = 0; s < 16; s++) o[Q6K_SC + pair_at(s, r)] = w[192 + s];
     for (int h = 0; h < 2; h++)
         for (int t = 0; t < 4; t++) {
             uint8_t *q3 = o + Q6K_QS + (4 * h + t) * 192 + 8 * r;

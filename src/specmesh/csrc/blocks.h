@@ -84,6 +84,9 @@ static inline int k_size(const int FIVE, const int SIX) {
     return SIX == 3 ? Q3K_PACKED : SIX == 2 ? Q2K_PACKED : SIX ? Q6K_PACKED : FIVE ? Q5K_PACKED : Q4K_PACKED;
 }
 
+// a K-quant type's SIX flag (Q6_K's layout of 16-weight sub-blocks), 0 for Q4_K and Q5_K
+static inline int six_of(int type) { return type == Q6_K ? 1 : type == Q2_K ? 2 : type == Q3_K ? 3 : 0; }
+
 // Q6_K's and Q3_K's offset of q (T's q - offset: Q6_K 32, Q3_K 4, as a shift); Q2_K has none (its mins instead)
 static inline int offset_shift(const int SIX) { return SIX == 1 ? 5 : SIX == 3 ? 2 : 0; }
 

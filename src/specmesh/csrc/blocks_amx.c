@@ -156,8 +156,8 @@ static inline __m512i pair_sums16(const __m512i *pairs, const int16_t *xs, int P
 // the tiles configured for `configured` rows: acc [M][16], rows 0..7 of group a then of group b
 static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Acts *a, int M, Ready *r,
                  int32_t (*c)[16][16], int *configured, float *acc) {
-    const int two = type == Q2_K, three = type == Q3_K, six = type == Q6_K || two || three, five = type == Q5_K;
-    const int S = six ? 16 : 8, kw = 256 / S, offset = type == Q6_K ? 5 : three ? 2 : 0;   // blocks.h's offset_shift
+    const int six = six_of(type), two = six == 2, three = six == 3, five = type == Q5_K;
+    const int S = six ? 16 : 8, kw = 256 / S, offset = offset_shift(six);
     const int KB = K / 256;
     const int size = packed_block(type);
     for (int64_t i = 0; i < (int64_t)M * 16; i++) acc[i] = 0;
