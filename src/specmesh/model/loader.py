@@ -315,12 +315,12 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
     state = {ours: torch.cat([vectors[n] for n in theirs]) for ours, theirs in names.items()
              if all(n in vectors for n in theirs) and not ours.endswith(".bias")}
     linears = [ours for ours, theirs in names.items() if ours != "embed.weight" and all(n in found for n in theirs)]
-    for ours in (ours for ours in linears if not multiplied(ours)):
+    from_blocks = {ours for ours in linears if multiplied(ours)}
+    for ours in (ours for ours in linears if ours not in from_blocks):
         state[ours] = dense(ours)
         if (b := bias(ours)) is not None:
             state[ours.replace(".weight", ".bias")] = b
-    replace_linears(model, lambda full, _: matrix(f"{full}.weight") if f"{full}.weight" in linears and
-                    multiplied(f"{full}.weight") else None)
+    replace_linears(model, lambda full, _: matrix(f"{full}.weight") if f"{full}.weight" in from_blocks else None)
     looked_up = found[names["embed.weight"][0]].kind in gguf.C_DEQUANTIZED | {0, 1}     # (F32, F16 too)
     head_too = tied and multiplied("embed.weight")
     if looked_up:
