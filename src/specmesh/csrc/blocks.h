@@ -167,20 +167,23 @@ static inline __m256i pair_sums(const uint8_t *w, const int16_t *xs, const int S
     return m;
 }
 
+// pair_sums over a table of 16 sub-blocks' bytes [8 p][8 rows][2] and an activation row's 16 sums
+static inline __m256i sums16(const uint8_t *w, const int16_t *xs, const int SIGNED) {
+    return _mm256_add_epi32(pair_sums(w, xs, SIGNED), pair_sums(w + 64, xs + 8, SIGNED));
+}
+
 // acc[r] += T[r] (d[r] dx) (- Mn[r] (dmin[r] dx)): a group-block's float part. Q4_K, Q5_K: xs the activation row's sums of
 // each 32 in the block; Q6_K, Q3_K, Q2_K: its sums of each 16 (for their q's offset, Q2_K's mins)
 static inline __m256 packed_float(__m256 acc, __m256i T, const uint8_t *g, const int16_t *xs, float dx, const int SIX) {
     const __m256 vdx = _mm256_set1_ps(dx);
     if (offset_shift(SIX)) {
-        const __m256i low = _mm256_add_epi32(pair_sums(g + Q6K_SC, xs, 1), pair_sums(g + Q6K_SC + 64, xs + 8, 1));
-        T = _mm256_sub_epi32(T, _mm256_slli_epi32(low, offset_shift(SIX)));
+        T = _mm256_sub_epi32(T, _mm256_slli_epi32(sums16(g + Q6K_SC, xs, 1), offset_shift(SIX)));
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T), _mm256_mul_ps(d, vdx), acc);
     if (SIX == 1 || SIX == 3) return acc;
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + (SIX ? Q2K_DMIN : 16))));
-    const __m256i Mn = SIX ? _mm256_add_epi32(pair_sums(g + Q2K_MN, xs, 0), pair_sums(g + Q2K_MN + 64, xs + 8, 0))
-                           : pair_sums(g + Q4K_MN, xs, 0);
+    const __m256i Mn = SIX ? sums16(g + Q2K_MN, xs, 0) : pair_sums(g + Q4K_MN, xs, 0);
     return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(Mn), _mm256_mul_ps(dmin, vdx), acc);
 }
 
