@@ -214,6 +214,7 @@ void packed_rows512(int type, const uint8_t *g, int K, const Acts *a, int64_t m0
 extern int vnni;
 
 static int wide(void) { return vnni && packed_rows512; }
+void packed_pair512(int type, const uint8_t *g, int K, const Acts *a, int64_t m0, int mb, float *out) __attribute__((weak));
 
 // csrc/blocks_amx.c, where it builds; used where use_tiles is on for products of least_tile_rows(type) rows or more of
 // activations (the same bits): below, the tiles' per-sub-block sums cost more than the vector kernels (the results log)
@@ -730,8 +731,12 @@ typedef struct {            // gguf_linear's arguments, for its parallel tasks
     float *y;
 } BlockProduct;
 
-// output columns n0 .. n1 for every row of x: PASS_ROWS rows at a time against each group of 8 weight rows (a
-// task's weights stream once for every PASS_ROWS rows; a group's rows outside the task computed and let go)
+// whether block_rows multiplies two groups of a packed type at once (csrc/blocks512.c's packed_pair512: 16 rows)
+static int in_pairs(int type) { return wide() && packed_pair512 && block_size(type) == 32; }
+
+// output columns n0 .. n1 for every row of x: PASS_ROWS rows at a time against each group of 8 weight rows, or two
+// (in_pairs) where the task holds both (a task's weights stream once for every PASS_ROWS rows; a group's rows
+// outside the task computed and let go)
 static void block_rows(void *ctx, int64_t n0, int64_t n1) {
     const BlockProduct *p = ctx;
     for (int m0 = 0; m0 < p->M; m0 += PASS_ROWS) {
@@ -740,13 +745,16 @@ static void block_rows(void *ctx, int64_t n0, int64_t n1) {
             int part = 0, r = (int)n;
             while (r >= p->w->part[part].rows) r -= p->w->part[part++].rows;
             const Part *pt = &p->w->part[part];
-            const int first = r / PACK_ROWS * PACK_ROWS, last = first + PACK_ROWS < pt->rows ? first + PACK_ROWS : pt->rows;
-            float group[PASS_ROWS * PACK_ROWS];
-            packed_rows(runs_as(pt->type), packed_group(pt, p->K, first / PACK_ROWS), p->K, p->a, m0, mb, group);
+            const int as = runs_as(pt->type), first = r / PACK_ROWS * PACK_ROWS;
+            const int pair = in_pairs(as) && first + PACK_ROWS < pt->rows && n1 - n > first + PACK_ROWS - r;
+            const int span = pair ? 2 * PACK_ROWS : PACK_ROWS, last = first + span < pt->rows ? first + span : pt->rows;
+            float group[PASS_ROWS * 2 * PACK_ROWS];
+            if (pair) packed_pair512(as, packed_group(pt, p->K, first / PACK_ROWS), p->K, p->a, m0, mb, group);
+            else packed_rows(as, packed_group(pt, p->K, first / PACK_ROWS), p->K, p->a, m0, mb, group);
             const int count = (int)(last - r < n1 - n ? last - r : n1 - n);
             for (int c = 0; c < count; c++)
                 for (int i = 0; i < mb; i++)
-                    p->y[(int64_t)(m0 + i) * p->N + n + c] = group[PACK_ROWS * i + r - first + c] + (p->bias ? p->bias[n + c] : 0.0f);
+                    p->y[(int64_t)(m0 + i) * p->N + n + c] = group[span * i + r - first + c] + (p->bias ? p->bias[n + c] : 0.0f);
             n += count;
         }
     }

@@ -28,3 +28,24 @@ static inline __m512i fifth512(__m512i qh, int s) {
     const __m512i at4 = s < 4 ? _mm512_slli_epi16(qh, 4 - s) : s == 4 ? qh : _mm512_srli_epi16(qh, s - 4);
     return _mm512_and_si512(at4, _mm512_set1_epi8(0x10));
 }
+
+// 8 rows' fp16 of each of two groups: lanes 0..7 group a's, 8..15 group b's
+static inline __m512 halves(const uint8_t *a, const uint8_t *b) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                                   _mm_loadu_si128((const __m128i *)b), 1));
+}
+
+// two groups' vectors of 8 rows x 8 bytes (a: rows 0..7, b: rows 8..15) as 16 rows x 4 bytes: firsts, each row's first
+// 4 bytes; lasts, its last 4 (the VNNI order of the tiles' B, and of a dpbusd with the activations' 4 bytes broadcast)
+static inline __m512i firsts(__m512i a, __m512i b) {
+    return _mm512_permutex2var_epi32(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
+}
+
+static inline __m512i lasts(__m512i a, __m512i b) {
+    return _mm512_permutex2var_epi32(a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
+}
+
+static inline void sixteen_rows(__m512i a, __m512i b, int8_t *out) {       // both, stored: out, out + 64
+    _mm512_store_si512(out, firsts(a, b));
+    _mm512_store_si512(out + 64, lasts(a, b));
+}

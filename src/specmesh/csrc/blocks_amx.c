@@ -48,20 +48,7 @@ typedef struct {
 
 static const uint8_t zero_group[Q6K_PACKED] __attribute__((aligned(64)));   // (the largest of 16-weight sub-blocks)
 
-// VNNI rows k4 = 2t and 2t + 1 of a sub-block's B from two groups' vectors (8 rows x 8 bytes each)
-static inline void vnni_rows(__m512i a, __m512i b, int8_t *out) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    _mm512_store_si512(out, _mm512_permutex2var_epi32(a, even, b));
-    _mm512_store_si512(out + 64, _mm512_permutex2var_epi32(a, odd, b));
-}
-
 static inline __m512i two_groups(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
-
-static inline __m512 halves(const uint8_t *a, const uint8_t *b) {       // 8 rows' fp16 of each group
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
-                                                   _mm_loadu_si128((const __m128i *)b), 1));
-}
 
 static void ready_q45(const uint8_t *ga, const uint8_t *gb, int five, Ready *r) {
     const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -76,8 +63,8 @@ static void ready_q45(const uint8_t *ga, const uint8_t *gb, int five, Ready *r) 
                 la = _mm512_or_si512(la, fifth512(qa, 2 * j)), ha = _mm512_or_si512(ha, fifth512(qa, 2 * j + 1));
                 lb = _mm512_or_si512(lb, fifth512(qb, 2 * j)), hb = _mm512_or_si512(hb, fifth512(qb, 2 * j + 1));
             }
-            vnni_rows(la, lb, r->b + 512 * (2 * j) + 128 * t);
-            vnni_rows(ha, hb, r->b + 512 * (2 * j + 1) + 128 * t);
+            sixteen_rows(la, lb, r->b + 512 * (2 * j) + 128 * t);
+            sixteen_rows(ha, hb, r->b + 512 * (2 * j + 1) + 128 * t);
         }
     for (int s = 0; s < 8; s++)
         r->sc[s] = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(ga + Q4K_SC + 8 * s)),
@@ -106,7 +93,7 @@ static void ready_q6(const uint8_t *ga, const uint8_t *gb, Ready *r) {
             const __m512i a0 = _mm512_loadu_si512(a3), a1 = _mm512_loadu_si512(a3 + 64), ah = _mm512_loadu_si512(a3 + 128);
             const __m512i b0 = _mm512_loadu_si512(b3), b1 = _mm512_loadu_si512(b3 + 64), bh = _mm512_loadu_si512(b3 + 128);
             for (int gr = 0; gr < 4; gr++)             // weights 128 hh + 32 gr + 8 t ..: sub-block 8 hh + 2 gr + t / 2
-                vnni_rows(q6_bits512(a0, a1, ah, gr), q6_bits512(b0, b1, bh, gr), r->b + 256 * (8 * hh + 2 * gr + t / 2) + 128 * (t % 2));
+                sixteen_rows(q6_bits512(a0, a1, ah, gr), q6_bits512(b0, b1, bh, gr), r->b + 256 * (8 * hh + 2 * gr + t / 2) + 128 * (t % 2));
         }
     q6_scales(ga, gb, r);
 }
@@ -122,7 +109,7 @@ static void ready_q23(const uint8_t *ga, const uint8_t *gb, int three, Ready *r)
                 const __m512i ha = _mm512_loadu_si512(ga + Q3K_HM + 64 * t), hb = _mm512_loadu_si512(gb + Q3K_HM + 64 * t);
                 qa = _mm512_or_si512(qa, q3_third512(ha, 4 * hh + gr)), qb = _mm512_or_si512(qb, q3_third512(hb, 4 * hh + gr));
             }
-            vnni_rows(qa, qb, r->b + 256 * (8 * hh + 2 * gr + t / 2) + 128 * (t % 2));
+            sixteen_rows(qa, qb, r->b + 256 * (8 * hh + 2 * gr + t / 2) + 128 * (t % 2));
         }
     }
     q6_scales(ga, gb, r);
