@@ -101,13 +101,13 @@ def test_the_avx2_and_avx512_block_products_agree_bit_for_bit(kind):
 @pytest.mark.parametrize("kind", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda k: k.name)
 def test_the_tile_products_give_the_vector_kernels_bits(kind):
     """csrc/blocks_amx.c (several rows of activations on AMX's int8 tiles) computes a packed K-quant's exact integers
-    and float step as blocks512.c does: the same bits for the widths it takes (from 16 rows, Q6_K's from 32; a last
-    tile of fewer than 16), for a part whose last slab of 16 rows is one group or a part of one, and among parts of
+    and float step as blocks512.c does: the same bits for the widths it takes (from 9 rows, Q2_K's and Q3_K's from 12;
+    a last tile of fewer than 16), for a part whose last slab of 16 rows is one group or a part of one, and among parts of
     other types."""
     lib = kernels.kernel_lib()
     assert kernels.build.tile_products(lib), "the CPU has AMX int8 tiles but csrc/blocks_amx.c is not in use"
     rng = np.random.default_rng(7)
-    K = 768
+    K, WIDTHS = 768, (9, 12, 16, 17, 32, 40)
     for N in (40, 43):
         raw = random_blocks(kind, N, K, rng)
         other = random_blocks(Q.Q8_0, 16, K, rng)
@@ -116,9 +116,9 @@ def test_the_tile_products_give_the_vector_kernels_bits(kind):
         x = torch.randn(40, K, generator=torch.Generator().manual_seed(8)) * torch.logspace(-2, 2, K)
         for linear in linears:
             try:
-                tiles = [linear(x[:rows]) for rows in (16, 17, 32, 40)]
+                tiles = [linear(x[:rows]) for rows in WIDTHS]
                 lib.use_tiles(0)
-                vectors = [linear(x[:rows]) for rows in (16, 17, 32, 40)]
+                vectors = [linear(x[:rows]) for rows in WIDTHS]
             finally:
                 lib.use_tiles(1)
             for a, b in zip(tiles, vectors):

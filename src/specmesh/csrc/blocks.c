@@ -222,7 +222,7 @@ void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, in
                   int n) __attribute__((weak));
 static int tiles = 0;
 void use_tiles(int on) { tiles = on && packed_tiles; }
-static int least_tile_rows(int type) { return six_of(type) ? 32 : 16; }
+static int least_tile_rows(int type) { return six_of(type) >= 2 ? 12 : 9; }     // Q2_K, Q3_K; the others
 static int packed_size(int type) { return block_size(runs_as(type)); }     // the weights of a packed block
 
 static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
@@ -783,7 +783,7 @@ void gguf_linear(const float *x, int M, int K, const Matrix *w, int N, const flo
     Acts a;
     quantize_acts(w, x, M, K, &a);
     BlockProduct p = {w, &a, M, K, N, bias, y};
-    if (tiles && M >= least_tile_rows(Q4_K) && a.q256) parallel_for(N, 64, tile_rows, &p);
+    if (tiles && M >= least_tile_rows(Q6_K) && a.q256) parallel_for(N, 64, tile_rows, &p);
     else parallel_for(N, 16, block_rows, &p);
     free_acts(&a);
 }
