@@ -318,9 +318,9 @@ static inline __attribute__((always_inline)) void pair_dot32_512(const uint8_t *
     const int size = packed_block(TYPE);
     const uint8_t *gb = ga + (int64_t)QB * size;
     for (int b = 0; b < QB; b++, ga += size, gb += size) {
-        for (int l = 0; l < size; l += 64) {
-            _mm_prefetch((const char *)ga + AHEAD_BYTES + l, _MM_HINT_T1);
-            _mm_prefetch((const char *)gb + AHEAD_BYTES + l, _MM_HINT_T1);
+        for (int l = 0; l < size; l += 64) {          // two streams, each fetched twice one stream's distance ahead (the faster)
+            _mm_prefetch((const char *)ga + 2 * AHEAD_BYTES + l, _MM_HINT_T1);
+            _mm_prefetch((const char *)gb + 2 * AHEAD_BYTES + l, _MM_HINT_T1);
         }
         __m512i va[4], vb[4], w[8];
         eights32(ga, TYPE, va), eights32(gb, TYPE, vb);
