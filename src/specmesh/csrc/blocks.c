@@ -752,8 +752,8 @@ static void block_rows(void *ctx, int64_t n0, int64_t n1) {
             if (pair) packed_pair512(as, packed_group(pt, p->K, first / PACK_ROWS), p->K, p->a, m0, mb, group);
             else packed_rows(as, packed_group(pt, p->K, first / PACK_ROWS), p->K, p->a, m0, mb, group);
             const int count = (int)(last - r < n1 - n ? last - r : n1 - n);
-            for (int c = 0; c < count; c++)
-                for (int i = 0; i < mb; i++)
+            for (int i = 0; i < mb; i++)
+                for (int c = 0; c < count; c++)
                     p->y[(int64_t)(m0 + i) * p->N + n + c] = group[span * i + r - first + c] + (p->bias ? p->bias[n + c] : 0.0f);
             n += count;
         }
