@@ -292,10 +292,10 @@ static inline __attribute__((always_inline)) void eights32(const uint8_t *g, con
 // block b of groups ga, gb against activation rows m0 .. m0 + ROWS: acc[i] (16 weight rows) += its part; w[h] the 16
 // rows' weights 4h .., d and m their scales
 static inline __attribute__((always_inline)) void pair_block32(const __m512i *w, __m512 d, __m512 m, int QB, int b,
-                                                                const Acts *a, int64_t m0, const int ROWS, const int TYPE,
+                                                                const Acts *a, int64_t m0, int rows, const int TYPE,
                                                                 __m512 *acc) {
     const int offset = TYPE == Q8_0 || TYPE == IQ4_NL ? 128 : q32_offset(TYPE);
-    for (int i = 0; i < ROWS; i++) {
+    for (int i = 0; i < rows; i++) {
         const int64_t at = (m0 + i) * QB + b;
         const int8_t *x = a->q32 + at * 32;
         __m512i T = _mm512_setzero_si512();
@@ -310,11 +310,11 @@ static inline __attribute__((always_inline)) void pair_block32(const __m512i *w,
     }
 }
 
-// groups g0 and g0 + 1 against activation rows m0 .. m0 + ROWS: out[i][16]
+// groups g0 and g0 + 1 against activation rows m0 .. m0 + rows: out[i][16]
 static inline __attribute__((always_inline)) void pair_dot32_512(const uint8_t *ga, int QB, const Acts *a, int64_t m0,
-                                                                  const int ROWS, const int TYPE, float *out) {
+                                                                  int rows, const int TYPE, float *out) {
     __m512 acc[PASS_ROWS];
-    for (int i = 0; i < ROWS; i++) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < rows; i++) acc[i] = _mm512_setzero_ps();
     const int size = packed_block(TYPE);
     const uint8_t *gb = ga + (int64_t)QB * size;
     for (int b = 0; b < QB; b++, ga += size, gb += size) {
@@ -329,9 +329,9 @@ static inline __attribute__((always_inline)) void pair_dot32_512(const uint8_t *
                                                              _mm256_loadu_ps((const float *)gb), 1)
                                         : halves(ga, gb);
         const __m512 m = mins32(TYPE) ? halves(ga + 16, gb + 16) : _mm512_setzero_ps();
-        pair_block32(w, d, m, QB, b, a, m0, ROWS, TYPE, acc);
+        pair_block32(w, d, m, QB, b, a, m0, rows, TYPE, acc);
     }
-    for (int i = 0; i < ROWS; i++) _mm512_storeu_ps(out + 16 * i, acc[i]);
+    for (int i = 0; i < rows; i++) _mm512_storeu_ps(out + 16 * i, acc[i]);
 }
 
 #define NO_PAIR(...)        // (the K-quants have no pair kernel)
@@ -340,16 +340,5 @@ static inline __attribute__((always_inline)) void pair_dot32_512(const uint8_t *
 // groups g0 and the next (g0 its first byte) of a 32-block type against activation rows m0 .. m0 + mb (1 <= mb <=
 // PASS_ROWS): out [mb][16], the first group's 8 rows, then the second's
 void packed_pair512(int type, const uint8_t *g0, int K, const Acts *a, int64_t m0, int mb, float *out) {
-#define ROWS(R) PACKED_TYPES(NO_PAIR, PAIR32, 0, R)
-    switch (mb) {
-        case 1: ROWS(1) break;
-        case 2: ROWS(2) break;
-        case 3: ROWS(3) break;
-        case 4: ROWS(4) break;
-        case 5: ROWS(5) break;
-        case 6: ROWS(6) break;
-        case 7: ROWS(7) break;
-        default: ROWS(8)
-    }
-#undef ROWS
+    PACKED_TYPES(NO_PAIR, PAIR32, 0, mb)
 }
