@@ -166,6 +166,31 @@ static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g
     for (int i = 0; i < PACKED_MB512 * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 
+// weights 8c .. 8c + 7 of a group-block's 8 rows in v[c] (lanes (r, k)), unsigned (Q8_0's and IQ4_NL's q + 128)
+static inline __attribute__((always_inline)) void eights32(const uint8_t *g, const int TYPE, __m512i v[4]) {
+    const __m512i nib = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+    if (TYPE == Q8_0) {
+        for (int c = 0; c < 4; c++) v[c] = _mm512_xor_si512(_mm512_loadu_si512(g + qs32(TYPE) + 64 * c), _mm512_set1_epi8(-128));
+        return;
+    }
+    for (int t = 0; t < 2; t++) {                  // low nibbles: the weights 8 t .., high: 16 + 8 t ..
+        const __m512i q = _mm512_loadu_si512(g + qs32(TYPE) + 64 * t);
+        __m512i lo = _mm512_and_si512(q, nib), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
+        if (TYPE == IQ4_NL) {
+            const __m512i levels = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_LEVELS)),
+                                                    _mm512_set1_epi8(-128));
+            lo = _mm512_shuffle_epi8(levels, lo), hi = _mm512_shuffle_epi8(levels, hi);
+        }
+        if (five32(TYPE)) {
+            uint64_t l, u;
+            memcpy(&l, g + qh32(TYPE) + 8 * t, 8), memcpy(&u, g + qh32(TYPE) + 8 * (2 + t), 8);
+            lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(l, fifth));
+            hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(u, fifth));
+        }
+        v[t] = lo, v[2 + t] = hi;
+    }
+}
+
 // 32-blocks packed by 8 rows (blocks.h): each 512-bit vector the 8 rows' 8 bytes against the activation row's 8 bytes
 // broadcast, one dpbusd (unsigned weights: Q8_0's q + 128, its extra 128 sum(x) taken off after). The float part is
 // blocks.h's packed_float32, lane for lane, on two activation rows at once: acc[p] holds rows 2p (low 8 lanes) and
@@ -173,38 +198,12 @@ static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g
 static inline __attribute__((always_inline)) void group_block32_512(const uint8_t *g, int QB, int b, const Acts *a,
                                                                      int64_t m0, const int MB, const int TYPE,
                                                                      __m512 *acc) {
-    const __m512i nib = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
     const int8_t *x = a->q32 + (m0 * QB + b) * 32;
-    __m512i T[PACKED_MB512];
+    __m512i q[4], T[PACKED_MB512];
+    eights32(g, TYPE, q);
     for (int i = 0; i < MB; i++) T[i] = _mm512_setzero_si512();
-    if (TYPE == Q8_0) {
-        _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {          // the weights 8 t ..
-            const __m512i q = _mm512_xor_si512(_mm512_loadu_si512(g + qs32(TYPE) + 64 * t), _mm512_set1_epi8(-128));
-            for (int i = 0; i < MB; i++) T[i] = dot8_512(T[i], q, x + i * QB * 32 + 8 * t);
-        }
-    } else {
-        _Pragma("GCC unroll 2") for (int t = 0; t < 2; t++) {          // the weights 8 t .. (lo) and 16 + 8 t .. (hi)
-            const __m512i v = _mm512_loadu_si512(g + qs32(TYPE) + 64 * t);
-            __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-            if (TYPE == IQ4_NL) {                      // the nibbles' levels + 128, unsigned (as Q8_0's)
-                const __m512i levels = _mm512_xor_si512(
-                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_LEVELS)), _mm512_set1_epi8(-128));
-                lo = _mm512_shuffle_epi8(levels, lo), hi = _mm512_shuffle_epi8(levels, hi);
-            }
-            if (five32(TYPE)) {                    // byte (r, k) of the vector: bit k of row r's qh byte, as a mask
-                uint64_t l, u;
-                memcpy(&l, g + qh32(TYPE) + 8 * t, 8), memcpy(&u, g + qh32(TYPE) + 8 * (2 + t), 8);
-                lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(l, fifth));
-                hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(u, fifth));
-            }
-            for (int i = 0; i < MB; i++) {
-                T[i] = dot8_512(T[i], lo, x + i * QB * 32 + 8 * t);
-                T[i] = dot8_512(T[i], hi, x + i * QB * 32 + 16 + 8 * t);
-            }
-        }
-    }
-    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+        for (int i = 0; i < MB; i++) T[i] = dot8_512(T[i], q[c], x + i * QB * 32 + 8 * c);
     const __m512 d = TYPE == IQ4_NL ? _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)g))
                                     : _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)g)));
     const __m512 m = mins32(TYPE) ? _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(g + 16))))
@@ -214,8 +213,7 @@ static inline __attribute__((always_inline)) void group_block32_512(const uint8_
         const int j = i + 1 < MB ? i + 1 : i;
         const int64_t ai = (m0 + i) * QB + b, aj = (m0 + j) * QB + b;
         // lanes (r, e) of T: row r's two halves, summed: the 8 rows' totals of row i, then of row j
-        __m512i rows = _mm512_add_epi32(_mm512_permutex2var_epi32(T[i], evens, T[j]),
-                                        _mm512_permutex2var_epi32(T[i], odds, T[j]));
+        __m512i rows = _mm512_add_epi32(firsts(T[i], T[j]), lasts(T[i], T[j]));
         if (offset)
             rows = _mm512_sub_epi32(rows, _mm512_inserti32x8(_mm512_set1_epi32(offset * a->s32[ai]),
                                                              _mm256_set1_epi32(offset * a->s32[aj]), 1));
@@ -261,35 +259,10 @@ void packed_rows512(int type, const uint8_t *g0, int K, const Acts *a, int64_t m
 
 // -- Two groups of 32-blocks at once (16 weight rows): each group's vectors of 8 rows x 8 bytes re-laid as 16 rows x
 // 4 bytes (firsts, lasts: two permutes a vector, once a block for every activation row), so that a dpbusd takes the
-// activations' 4 bytes as an embedded broadcast and an int32 lane holds a row's whole block: no halves to add, and
+// activations' 4 bytes broadcast and an int32 lane holds a row's whole block: no halves to add, and
 // one float step for the 16 rows. The same integers and the same float part as group_block32_512's: the same bits.
 
-// weights 8c .. 8c + 7 of a group-block's 8 rows in v[c] (lanes (r, k)), unsigned (Q8_0's and IQ4_NL's q + 128)
-static inline __attribute__((always_inline)) void eights32(const uint8_t *g, const int TYPE, __m512i v[4]) {
-    const __m512i nib = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
-    if (TYPE == Q8_0) {
-        for (int c = 0; c < 4; c++) v[c] = _mm512_xor_si512(_mm512_loadu_si512(g + qs32(TYPE) + 64 * c), _mm512_set1_epi8(-128));
-        return;
-    }
-    for (int t = 0; t < 2; t++) {                  // low nibbles: the weights 8 t .., high: 16 + 8 t ..
-        const __m512i q = _mm512_loadu_si512(g + qs32(TYPE) + 64 * t);
-        __m512i lo = _mm512_and_si512(q, nib), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
-        if (TYPE == IQ4_NL) {
-            const __m512i levels = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_LEVELS)),
-                                                    _mm512_set1_epi8(-128));
-            lo = _mm512_shuffle_epi8(levels, lo), hi = _mm512_shuffle_epi8(levels, hi);
-        }
-        if (five32(TYPE)) {
-            uint64_t l, u;
-            memcpy(&l, g + qh32(TYPE) + 8 * t, 8), memcpy(&u, g + qh32(TYPE) + 8 * (2 + t), 8);
-            lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(l, fifth));
-            hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(u, fifth));
-        }
-        v[t] = lo, v[2 + t] = hi;
-    }
-}
-
-// block b of groups ga, gb against activation rows m0 .. m0 + ROWS: acc[i] (16 weight rows) += its part; w[h] the 16
+// block b of groups ga, gb against activation rows m0 .. m0 + rows: acc[i] (16 weight rows) += its part; w[h] the 16
 // rows' weights 4h .., d and m their scales
 static inline __attribute__((always_inline)) void pair_block32(const __m512i *w, __m512 d, __m512 m, int QB, int b,
                                                                 const Acts *a, int64_t m0, int rows, const int TYPE,
