@@ -98,22 +98,22 @@ def test_the_avx2_and_avx512_block_products_agree_bit_for_bit(kind):
 
 
 @pytest.mark.cpu(*kernels.build.AMX_INT8)
-@pytest.mark.parametrize("kind", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 def test_the_tile_products_give_the_vector_kernels_bits(kind):
-    """csrc/blocks_amx.c (several rows of activations on AMX's int8 tiles) computes a packed K-quant's exact integers
-    and float step as blocks512.c does: the same bits for the widths it takes (from 9 rows, Q2_K's and Q3_K's from 12;
-    a last tile of fewer than 16), for a part whose last slab of 16 rows is one group or a part of one, and among parts of
-    other types."""
+    """csrc/blocks_amx.c (several rows of activations on AMX's int8 tiles) computes a packed type's exact integers
+    and float step as blocks512.c does: the same bits for the widths it takes (from 9 rows, Q2_K's and Q3_K's from 12,
+    the 32-blocks' from 40; a last tile of fewer than 16), for a part whose last slab of 16 rows is one group or a part of one, and among parts of
+    other types (an odd count of 32-blocks: a last tile product of fewer than four)."""
     lib = kernels.kernel_lib()
     assert kernels.build.tile_products(lib), "the CPU has AMX int8 tiles but csrc/blocks_amx.c is not in use"
     rng = np.random.default_rng(7)
-    K, WIDTHS = 768, (9, 12, 16, 17, 32, 40)
+    K, WIDTHS = 800 if gguf.GGML_QUANT_SIZES[kind][0] == 32 else 768, (9, 12, 16, 17, 32, 40, 57)
     for N in (40, 43):
         raw = random_blocks(kind, N, K, rng)
         other = random_blocks(Q.Q8_0, 16, K, rng)
         linears = [matrix_of(raw, kind, K),
                    GGUFLinear([(other, int(Q.Q8_0), None), (raw, int(kind), None)], K, None, lib)]
-        x = torch.randn(40, K, generator=torch.Generator().manual_seed(8)) * torch.logspace(-2, 2, K)
+        x = torch.randn(57, K, generator=torch.Generator().manual_seed(8)) * torch.logspace(-2, 2, K)
         for linear in linears:
             try:
                 tiles = [linear(x[:rows]) for rows in WIDTHS]

@@ -222,8 +222,16 @@ void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, in
                   int n) __attribute__((weak));
 static int tiles = 0;
 void use_tiles(int on) { tiles = on && packed_tiles; }
-static int least_tile_rows(int type) { return six_of(type) >= 2 ? 12 : 9; }     // Q2_K, Q3_K; the others
 static int packed_size(int type) { return block_size(runs_as(type)); }     // the weights of a packed block
+// the 32-blocks' tiles pay at a prefill's widths only: the vector pair kernel is the faster for verification's
+static int least_tile_rows(int type) { return packed_size(type) == 32 ? 40 : six_of(type) >= 2 ? 12 : 9; }
+
+static int least_matrix_tile_rows(const Matrix *w) {            // of any of its parts
+    int least = INT32_MAX;
+    for (int i = 0; i < w->n; i++)
+        if (least_tile_rows(w->part[i].type) < least) least = least_tile_rows(w->part[i].type);
+    return least;
+}
 
 static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
     int k256 = 0, k32 = 0;
@@ -769,7 +777,7 @@ static void tile_rows(void *ctx, int64_t n0, int64_t n1) {
         while (r >= p->w->part[part].rows) r -= p->w->part[part++].rows;
         const Part *pt = &p->w->part[part];
         const int64_t end = n + (pt->rows - r) < n1 ? n + (pt->rows - r) : n1;
-        if (packed_size(pt->type) != 256 || r % 16 || p->M < least_tile_rows(pt->type))
+        if (r % 16 || p->M < least_tile_rows(pt->type))
             block_rows(ctx, n, end);
         else
             packed_tiles(runs_as(pt->type), packed_group(pt, p->K, r / PACK_ROWS), (int)(end - n), p->K, p->a, p->M, p->bias,
@@ -783,7 +791,7 @@ void gguf_linear(const float *x, int M, int K, const Matrix *w, int N, const flo
     Acts a;
     quantize_acts(w, x, M, K, &a);
     BlockProduct p = {w, &a, M, K, N, bias, y};
-    if (tiles && M >= least_tile_rows(Q6_K) && a.q256) parallel_for(N, 64, tile_rows, &p);
+    if (tiles && M >= least_matrix_tile_rows(w)) parallel_for(N, 64, tile_rows, &p);
     else parallel_for(N, 16, block_rows, &p);
     free_acts(&a);
 }

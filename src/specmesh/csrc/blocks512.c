@@ -166,31 +166,6 @@ static inline __attribute__((always_inline)) void packed_dot512(const uint8_t *g
     for (int i = 0; i < PACKED_MB512 * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 
-// weights 8c .. 8c + 7 of a group-block's 8 rows in v[c] (lanes (r, k)), unsigned (Q8_0's and IQ4_NL's q + 128)
-static inline __attribute__((always_inline)) void eights32(const uint8_t *g, const int TYPE, __m512i v[4]) {
-    const __m512i nib = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
-    if (TYPE == Q8_0) {
-        for (int c = 0; c < 4; c++) v[c] = _mm512_xor_si512(_mm512_loadu_si512(g + qs32(TYPE) + 64 * c), _mm512_set1_epi8(-128));
-        return;
-    }
-    for (int t = 0; t < 2; t++) {                  // low nibbles: the weights 8 t .., high: 16 + 8 t ..
-        const __m512i q = _mm512_loadu_si512(g + qs32(TYPE) + 64 * t);
-        __m512i lo = _mm512_and_si512(q, nib), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
-        if (TYPE == IQ4_NL) {
-            const __m512i levels = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_LEVELS)),
-                                                    _mm512_set1_epi8(-128));
-            lo = _mm512_shuffle_epi8(levels, lo), hi = _mm512_shuffle_epi8(levels, hi);
-        }
-        if (five32(TYPE)) {
-            uint64_t l, u;
-            memcpy(&l, g + qh32(TYPE) + 8 * t, 8), memcpy(&u, g + qh32(TYPE) + 8 * (2 + t), 8);
-            lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(l, fifth));
-            hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(u, fifth));
-        }
-        v[t] = lo, v[2 + t] = hi;
-    }
-}
-
 // 32-blocks packed by 8 rows (blocks.h): each 512-bit vector the 8 rows' 8 bytes against the activation row's 8 bytes
 // broadcast, one dpbusd (unsigned weights: Q8_0's q + 128, its extra 128 sum(x) taken off after). The float part is
 // blocks.h's packed_float32, lane for lane, on two activation rows at once: acc[p] holds rows 2p (low 8 lanes) and
@@ -257,17 +232,15 @@ void packed_rows512(int type, const uint8_t *g0, int K, const Acts *a, int64_t m
 #undef ROWS
 }
 
-// -- Two groups of 32-blocks at once (16 weight rows): each group's vectors of 8 rows x 8 bytes re-laid as 16 rows x
-// 4 bytes (firsts, lasts: two permutes a vector, once a block for every activation row), so that a dpbusd takes the
-// activations' 4 bytes broadcast and an int32 lane holds a row's whole block: no halves to add, and
-// one float step for the 16 rows. The same integers and the same float part as group_block32_512's: the same bits.
+// -- Two groups of 32-blocks at once (16 weight rows, blocks512.h's sixteen32: once a block for every activation row):
+// a dpbusd takes the activations' 4 bytes broadcast and an int32 lane holds a row's whole block: no halves to add,
+// and one float step for the 16 rows. The same integers and the same float part as group_block32_512's: the same bits.
 
 // block b of groups ga, gb against activation rows m0 .. m0 + rows: acc[i] (16 weight rows) += its part; w[h] the 16
 // rows' weights 4h .., d and m their scales
 static inline __attribute__((always_inline)) void pair_block32(const __m512i *w, __m512 d, __m512 m, int QB, int b,
                                                                 const Acts *a, int64_t m0, int rows, const int TYPE,
                                                                 __m512 *acc) {
-    const int offset = TYPE == Q8_0 || TYPE == IQ4_NL ? 128 : q32_offset(TYPE);
     for (int i = 0; i < rows; i++) {
         const int64_t at = (m0 + i) * QB + b;
         const int8_t *x = a->q32 + at * 32;
@@ -277,9 +250,7 @@ static inline __attribute__((always_inline)) void pair_block32(const __m512i *w,
             memcpy(&v, x + 4 * h, 4);
             T = _mm512_dpbusd_epi32(T, w[h], _mm512_set1_epi32(v));
         }
-        if (offset) T = _mm512_sub_epi32(T, _mm512_set1_epi32(offset * a->s32[at]));
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T), _mm512_mul_ps(d, _mm512_set1_ps(a->d32[at])), acc[i]);
-        if (mins32(TYPE)) acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->ds32[at]), acc[i]);
+        acc[i] = float16_32(acc[i], T, d, m, a, at, TYPE);
     }
 }
 
@@ -295,13 +266,9 @@ static inline __attribute__((always_inline)) void pair_dot32_512(const uint8_t *
             _mm_prefetch((const char *)ga + 2 * AHEAD_BYTES + l, _MM_HINT_T1);
             _mm_prefetch((const char *)gb + 2 * AHEAD_BYTES + l, _MM_HINT_T1);
         }
-        __m512i va[4], vb[4], w[8];
-        eights32(ga, TYPE, va), eights32(gb, TYPE, vb);
-        for (int c = 0; c < 4; c++) w[2 * c] = firsts(va[c], vb[c]), w[2 * c + 1] = lasts(va[c], vb[c]);
-        const __m512 d = TYPE == IQ4_NL ? _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)ga)),
-                                                             _mm256_loadu_ps((const float *)gb), 1)
-                                        : halves(ga, gb);
-        const __m512 m = mins32(TYPE) ? halves(ga + 16, gb + 16) : _mm512_setzero_ps();
+        __m512i w[8];
+        __m512 d, m;
+        sixteen32(ga, gb, TYPE, w, &d, &m);
         pair_block32(w, d, m, QB, b, a, m0, rows, TYPE, acc);
     }
     for (int i = 0; i < rows; i++) _mm512_storeu_ps(out + 16 * i, acc[i]);

@@ -1,12 +1,13 @@
-// The packed K-quants (blocks.h) on AMX's int8 tiles, for products of 16 rows of activations or more (prefills; below,
-// blocks512.c's are faster): the same bits as blocks.c's and blocks512.c's packed kernels. A tile product gives one sub-block's
-// exact int32 sums for up to 16 activation rows x 16 weight rows (two groups of 8); the sub-blocks' scales, the
-// mins and the float step follow in AVX-512, lane for lane blocks.h's packed_float.
+// The packed blocks (blocks.h) on AMX's int8 tiles, for products of 9 rows of activations or more (Q2_K, Q3_K: 12;
+// below, blocks512.c's are faster): the same bits as blocks.c's and blocks512.c's packed kernels. A tile product gives
+// one sub-block's (a 32-block's) exact int32 sums for up to 16 activation rows x 16 weight rows (two groups of 8); the
+// sub-blocks' scales, the mins and the float step follow in AVX-512, lane for lane blocks.h's packed_float (and
+// packed_float32).
 //
-// Tiles: C = A . B with A the activations [rows m][K of a sub-block] (signed bytes, read in place from Acts.q256
-// at a stride of K), B a sub-block's weights in VNNI order [K / 4][16 weight rows][4 bytes] (unpacked once per
+// Tiles: C = A . B with A the activations [rows m][K of a sub-block] (signed bytes, read in place from Acts.q256 or
+// Acts.q32 at a stride of K), B a sub-block's weights in VNNI order [K / 4][16 weight rows][4 bytes] (unpacked once per
 // block into L1, then used for every 16 activation rows), C [m][16 weight rows] int32. A sub-block is 32 weights
-// (Q4_K, Q5_K) or 16 (Q2_K, Q3_K, Q6_K): a tile product may not span two scales.
+// (Q4_K, Q5_K, the 32-blocks) or 16 (Q2_K, Q3_K, Q6_K): a tile product may not span two scales.
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl")
 #include "blocks.h"
 #include "blocks512.h"
@@ -185,19 +186,76 @@ static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Ac
     }
 }
 
+// -- The 32-blocks: a tile product is one block's exact sums for up to 16 activation rows x 16 weight rows. B is
+// sixteen32's weights as they are (unsigned bytes; A the activations' signed ones: tdpbsud), so C holds the T the
+// vector kernels sum and the float step is theirs (float16_32). Four blocks at a time, each on a C tile of its own.
+
+#define BLOCK32(Cn, An, Bn, j) do {                                                                                  \
+        _tile_loadd(An, x + 32 * (j), 32 * QB);                                                                      \
+        _tile_loadd(Bn, bs + 512 * (j), 64);                                                                         \
+        _tile_zero(Cn);                                                                                              \
+        _tile_dpbsud(Cn, An, Bn);                                                                                    \
+    } while (0)
+
+// slab's work for a 32-block type: bs [4][512] the B of four blocks, c [4][16][16] their C
+static void slab32(int type, const uint8_t *ga, const uint8_t *gb, int K, const Acts *a, int M, int8_t *bs,
+                   int32_t (*c)[16][16], int *configured, float *acc) {
+    const int QB = K / 32, size = packed_block(type);
+    for (int64_t i = 0; i < (int64_t)M * 16; i++) acc[i] = 0;
+    for (int b = 0; b < QB; b += 4) {
+        const int nb = QB - b < 4 ? QB - b : 4;
+        __m512 d[4], m[4];
+        for (int j = 0; j < nb; j++) {
+            __m512i w[8];
+            sixteen32(ga + (int64_t)(b + j) * size, gb ? gb + (int64_t)(b + j) * size : zero_group, type, w, &d[j], &m[j]);
+            for (int h = 0; h < 8; h++) _mm512_store_si512(bs + 512 * j + 64 * h, w[h]);
+        }
+        for (int m0 = 0; m0 < M; m0 += 16) {
+            const int mt = M - m0 < 16 ? M - m0 : 16;
+            if (mt != *configured) configure(mt, 32), *configured = mt;
+            const int8_t *x = a->q32 + ((int64_t)m0 * QB + b) * 32;
+            if (nb == 4) {
+                BLOCK32(C0, A0, B0, 0);
+                BLOCK32(C1, A1, B1, 1);
+                BLOCK32(C2, A0, B0, 2);
+                BLOCK32(C3, A1, B1, 3);
+                _tile_stored(C0, c[0], 64);
+                _tile_stored(C1, c[1], 64);
+                _tile_stored(C2, c[2], 64);
+                _tile_stored(C3, c[3], 64);
+            } else {
+                for (int j = 0; j < nb; j++) {
+                    BLOCK32(C0, A0, B0, j);
+                    _tile_stored(C0, c[j], 64);
+                }
+            }
+            for (int i = 0; i < mt; i++) {
+                float *o = acc + 16 * (int64_t)(m0 + i);
+                __m512 v = _mm512_loadu_ps(o);
+                for (int j = 0; j < nb; j++)
+                    v = float16_32(v, _mm512_load_si512(c[j][i]), d[j], m[j], a, (int64_t)(m0 + i) * QB + b + j, type);
+                _mm512_storeu_ps(o, v);
+            }
+        }
+    }
+}
+
 // Rows `rows` of a packed part of `type` (its first group g; rows a multiple of 16 or the part's last) against
 // activation rows 0 .. M: y[i][n + c] = the product + bias[n + c] (y of N columns). Each value is the one
-// packed_float gives it.
+// packed_float (packed_float32) gives it.
 void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, int M, const float *bias, float *y,
                   int N, int n) {
-    const int64_t group = (int64_t)(K / 256) * packed_block(type);
+    const int blocks32 = type < Q2_K || type == IQ4_NL;
+    const int64_t group = (int64_t)(K / (blocks32 ? 32 : 256)) * packed_block(type);
     Ready *r = aligned_alloc(64, sizeof(Ready));
     int32_t (*c)[16][16] = aligned_alloc(64, sizeof(int32_t) * 16 * 16 * 16);
     float *acc = aligned_alloc(64, sizeof(float) * 16 * (int64_t)M);
     int configured = 0;
     for (int r0 = 0; r0 < rows; r0 += 16, g += 2 * group) {
         const int cols = rows - r0 < 16 ? rows - r0 : 16;
-        slab(type, g, cols > PACK_ROWS ? g + group : NULL, K, a, M, r, c, &configured, acc);
+        const uint8_t *gb = cols > PACK_ROWS ? g + group : NULL;
+        if (blocks32) slab32(type, g, gb, K, a, M, r->b, c, &configured, acc);
+        else slab(type, g, gb, K, a, M, r, c, &configured, acc);
         for (int i = 0; i < M; i++)
             for (int col = 0; col < cols; col++)
                 y[(int64_t)i * N + n + r0 + col] = acc[16 * i + col] + (bias ? bias[n + r0 + col] : 0.0f);
