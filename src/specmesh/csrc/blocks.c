@@ -24,8 +24,6 @@ static inline void scale_min(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
     memcpy(sc, &a, 8), memcpy(mn, &b, 8);
 }
 
-static int block_size(int type) { return (type >= Q2_K && type <= Q6_K) || type == IQ4_XS ? 256 : type <= F16 ? 1 : 32; }
-
 static int block_bytes(int type) {
     switch (type) {
         case F32: return 4;

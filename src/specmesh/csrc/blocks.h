@@ -13,6 +13,11 @@ enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K 
 // scales: IQ4_XS's d (s - 32) exactly)
 static inline int runs_as(int type) { return type == IQ4_XS ? IQ4_NL : type; }
 
+// the weights of a block of `type` (F32, F16: 1)
+static inline int block_size(int type) {
+    return (type >= Q2_K && type <= Q6_K) || type == IQ4_XS ? 256 : type <= F16 ? 1 : 32;
+}
+
 typedef struct {            // one part of a matrix (kernels.GGUFLinear fills it)
     int type;               // a GGMLQuantizationType value
     int rows;               // its output rows

@@ -245,8 +245,8 @@ static void slab32(int type, const uint8_t *ga, const uint8_t *gb, int K, const 
 // packed_float (packed_float32) gives it.
 void packed_tiles(int type, const uint8_t *g, int rows, int K, const Acts *a, int M, const float *bias, float *y,
                   int N, int n) {
-    const int blocks32 = type < Q2_K || type == IQ4_NL;
-    const int64_t group = (int64_t)(K / (blocks32 ? 32 : 256)) * packed_block(type);
+    const int blocks32 = block_size(type) == 32;
+    const int64_t group = (int64_t)(K / block_size(type)) * packed_block(type);
     Ready *r = aligned_alloc(64, sizeof(Ready));
     int32_t (*c)[16][16] = aligned_alloc(64, sizeof(int32_t) * 16 * 16 * 16);
     float *acc = aligned_alloc(64, sizeof(float) * 16 * (int64_t)M);
