@@ -5,13 +5,13 @@ earlier requests' prompts and outputs and the request's own text, no draft model
 = a token sequence seen, count = how often it occurred. Each step the proposer finds the longest suffix of the
 sequence (at most `depth - levels` tokens, so that `levels` continuation levels fit below it) that occurred before
 with something after it, and grows candidates below it best-first by estimated probability: a node's, given its
-parent, is its count over its siblings' (how often that continuation followed) times `Confidence` for the length
-of the text it continues (the match plus the levels above it: one token of match is a weak witness, twelve a strong
-one), learned from the verdicts; a path's, the product down from the root. Then `priced` keeps, over every row,
-the likeliest candidates up to the number that gives the most tokens per unit of forward time, the forward's cost
-by width fitted as the steps run (timing.WidthCost): deep trees where a long match recurred and a wider forward
-costs little, none where a guess would cost more than it is likely to save. The tree is a deterministic
-proposal, verified as prompt lookup's chains are: lossless greedy and sampling, whatever was kept.
+parent, is its count over its siblings' (how often that continuation followed) times `Confidence` for the length of
+the text it continues (the match plus the levels above it: one token of match is a weak witness, twelve a strong
+one), learned from the verdicts (never less for a longer text); a path's, the product down from the root. Then
+`priced` keeps, over every row, the likeliest candidates up to the number that gives the most tokens per unit of
+forward time, the forward's cost by width fitted as the steps run (timing.WidthCost): deep trees where a long match
+recurred and a wider forward costs little, none where a guess would cost more than it is likely to save. The tree is
+a deterministic proposal, verified as prompt lookup's chains are: lossless greedy and sampling, whatever was kept.
 
 Memory is bounded: the tree holds at most `cache_tokens` tokens of sequences (so at most `cache_tokens * depth`
 nodes); the oldest sequence is dropped whole (its counts taken back, nodes at zero freed) when a new token would
@@ -149,18 +149,22 @@ class SuffixTree:
 
 class Confidence:
     """How often a proposed node was right where its parent was, over how often its counts said it would be (the
-    sum of their estimates), by the length of the text it continues: the matched suffix and the levels above it."""
+    sum of their estimates), by the length of the text it continues: the matched suffix and the levels above it.
+    Read as a fit that never falls with the length (a longer witness is no weaker): otherwise a length never tried
+    keeps its prior, and where the prior is too low for a node of it to pay, it is never tried."""
     LONGEST = 16            # lengths from here on share one figure
     PRIOR = (1.0, 2.0)      # (right, estimated) before any verdict: a half
     MEMORY = 512.0          # estimates a length remembers: past it both sums are halved, so older verdicts fade
 
     def __init__(self):
-        self.right = [self.PRIOR[0]] * (self.LONGEST + 1)
+        self.right = [self.PRIOR[0]] * (self.LONGEST + 1)       # by length; [0] unused (a length is at least 1)
         self.estimated = [self.PRIOR[1]] * (self.LONGEST + 1)
+        self.fitted: list[float] | None = None                  # non_decreasing's, until the next verdict
 
     def __call__(self, length: int) -> float:
-        n = min(length, self.LONGEST)
-        return min(1.0, self.right[n] / self.estimated[n])
+        if self.fitted is None:
+            self.fitted = [0.0] + non_decreasing(self.right[1:], self.estimated[1:])
+        return min(1.0, self.fitted[min(length, self.LONGEST)])
 
     def count(self, length: int, estimate: float, right: bool) -> None:
         n = min(length, self.LONGEST)
@@ -169,6 +173,21 @@ class Confidence:
         if self.estimated[n] > self.MEMORY:
             self.right[n] /= 2
             self.estimated[n] /= 2
+        self.fitted = None
+
+
+def non_decreasing(right: list[float], estimated: list[float]) -> list[float]:
+    """The ratios right[i] / estimated[i] fitted non-decreasing in i, by least squares weighted by `estimated`
+    (pool adjacent violators: neighbours out of order are pooled, their sums added, until none is)."""
+    pools: list[list[float]] = []                   # [right, estimated, cells]
+    for r, e in zip(right, estimated):
+        pools.append([r, e, 1])
+        while len(pools) > 1 and pools[-2][0] * pools[-1][1] > pools[-1][0] * pools[-2][1]:
+            r, e, n = pools.pop()
+            pools[-1][0] += r
+            pools[-1][1] += e
+            pools[-1][2] += n
+    return [r / e for r, e, n in pools for _ in range(int(n))]
 
 
 class Candidate(NamedTuple):
