@@ -6,6 +6,7 @@ its bytes unchanged."""
 import ctypes
 import hashlib
 import json
+import sys
 
 import gguf
 import numpy as np
@@ -277,6 +278,20 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
     assert ((got - want).abs().max() / want.abs().max()).item() < 0.05
     assert want[got.argmax()] >= want.max() - 0.02 * want.abs().max()   # float32's top token, or one within a near-tie
 
+
+def test_a_long_load_shows_a_bar_on_a_terminal_only(kquant_file, monkeypatch):
+    """Its matrices' bytes counted to the whole file's, on stderr where it is a terminal; nothing where not."""
+    import io
+    from specmesh.model import loader
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        monkeypatch.setattr(loader, "BAR_DELAY", 0.0)
+        load_model(kquant_file, torch.bfloat16)
+        assert (f"loading {kquant_file.name}" in stream.getvalue()) == shown, stream.getvalue()
 
 @pytest.mark.parametrize("method", ["ar", "sd", "tree", "easyspec", "selfdraft"])
 def test_every_one_process_method_gives_ars_tokens_on_a_k_quant_file(kquant_file, method):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from torch import nn
+from tqdm import tqdm
 
 from specmesh.kernels import kernel_lib, q8_lib
 from specmesh.kernels.build import vnni_products
@@ -297,12 +299,15 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
         theirs = names[ours]
         parts = [(found[n].data, found[n].kind, gguf.rope_rows(cfg, gguf.gguf_name(n), found[n].shape[0]))
                  for n in theirs]
-        return GGUFLinear(parts, found[theirs[0]].shape[1], bias(ours), lib, packed=products)
+        made = GGUFLinear(parts, found[theirs[0]].shape[1], bias(ours), lib, packed=products)
+        bar.update(sum(found[n].data.nbytes for n in theirs))
+        return made
 
     def dense(ours: str) -> torch.Tensor:       # bf16 [N, K]; the file's pages of it let go (as GGUFLinear's)
         parts = [gguf.dequantized(path, cfg, found[n], torch.bfloat16) for n in names[ours]]
         for n in names[ours]:
             let_go(found[n].data)
+        bar.update(sum(found[n].data.nbytes for n in names[ours]))
         return torch.cat(parts)
 
     def bias(ours: str) -> torch.Tensor | None:
@@ -316,6 +321,7 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
              if all(n in vectors for n in theirs) and not ours.endswith(".bias")}
     linears = [ours for ours, theirs in names.items() if ours != "embed.weight" and all(n in found for n in theirs)]
     from_blocks = {ours for ours in linears if multiplied(ours)}
+    bar = loading_bar(path, sum(found[n].data.nbytes for ours in linears + ["embed.weight"] for n in names[ours]))
     for ours in (ours for ours in linears if ours not in from_blocks):
         state[ours] = dense(ours)
         if (b := bias(ours)) is not None:
@@ -331,7 +337,18 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
             state["lm_head.weight"] = dense("embed.weight")
     else:
         state["embed.weight"] = dense("embed.weight")                  # (tied: the head too, by finished)
+    bar.close()
     return finished(model, path, state, draft, tie=tied and not looked_up)
+
+
+BAR_DELAY = 1.0            # seconds a load runs before its bar shows
+
+
+def loading_bar(path: Path, nbytes: int) -> tqdm:
+    """A bar on stderr over the bytes of a file's matrices as they are laid out for the kernels: shown where that
+    lasts past BAR_DELAY (an 8B file: seconds) and stderr is a terminal, gone once they are."""
+    return tqdm(total=nbytes, desc=f"loading {path.name}", unit="B", unit_scale=True, delay=BAR_DELAY, disable=None,
+                leave=False, file=sys.stderr)
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
