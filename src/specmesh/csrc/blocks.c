@@ -57,6 +57,8 @@ static EXACT void iq4_levels(float d, const uint8_t *qs, float *y) {
     for (int l = 0; l < 16; l++) y[l] = d * (float)IQ4_LEVELS[qs[l] & 0x0F], y[l + 16] = d * (float)IQ4_LEVELS[qs[l] >> 4];
 }
 
+#define IQ4_RECODED 20      // iq4_block's out: a float32 scale and 16 bytes
+
 // 32 weights s of an IQ4_NL or IQ4_XS block w as out: the float32 scale (IQ4_XS: d (s's 6-bit scale - 32), as
 // gguf.quants computes it: exact), then the 16 bytes of 4-bit level indices
 static void iq4_block(int type, const uint8_t *w, int s, uint8_t *out) {
@@ -76,7 +78,7 @@ static EXACT void dequantize_block(int type, const uint8_t *b, float *y) {
         case F16: y[0] = fp16(b); return;
         case IQ4_NL: case IQ4_XS:
             for (int s = 0; s < block_size(type) / 32; s++) {
-                uint8_t u[20];
+                uint8_t u[IQ4_RECODED];
                 float d;
                 iq4_block(type, b, s, u), memcpy(&d, u, 4);
                 iq4_levels(d, u + 4, y + 32 * s);
@@ -707,7 +709,7 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
     const Part *p = k->p;
     const int as = runs_as(p->type), KB = k->K / block_size(as), size = packed_block(as), bytes = block_bytes(p->type);
     const int per = block_size(p->type) / block_size(as);              // packed blocks a block of the file
-    uint8_t recoded[20];                                                // a block of the file as one of `as`
+    uint8_t recoded[IQ4_RECODED];                                      // a block of the file as one of `as`
     for (int64_t g = k->first + g0; g < k->first + g1; g++)
         for (int b = 0; b < KB; b++) {
             uint8_t *o = k->out + ((g - k->first) * KB + b) * size;
