@@ -54,7 +54,7 @@ def test_confidence_never_trusts_a_longer_text_less_than_a_shorter_one():
         confidence.count(12, 1.0, True)                 # twelve tokens continued: right as often as the counts said
         confidence.count(6, 1.0, False)                 # six: a run of wrong guesses
     assert confidence(16) == confidence(13) == confidence(12) == pytest.approx(1.0, abs=0.05)
-    assert confidence(1) == confidence(6) < 0.1         # shorter ones above it pooled with it
+    assert confidence(1) == confidence(6) < 0.1         # the untried shorter lengths pooled with it
     assert confidence(7) == 0.5                         # the prior, in order between the two
 
 def test_priced_keeps_candidates_while_they_pay_for_their_rows():

@@ -280,16 +280,17 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
 
 
 def test_a_long_load_shows_a_bar_on_a_terminal_only(kquant_file, monkeypatch):
-    """Its matrices' bytes counted to the whole file's, on stderr where it is a terminal; nothing where not."""
+    """A bar naming the file on stderr where stderr is a terminal (here from the first matrix on); nothing where
+    not (a log, a pipe)."""
     import io
     from specmesh.model import loader
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
+    monkeypatch.setattr(loader, "BAR_DELAY", 0.0)
     for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
         monkeypatch.setattr(sys, "stderr", stream)
-        monkeypatch.setattr(loader, "BAR_DELAY", 0.0)
         load_model(kquant_file, torch.bfloat16)
         assert (f"loading {kquant_file.name}" in stream.getvalue()) == shown, stream.getvalue()
 

@@ -183,10 +183,8 @@ def non_decreasing(right: list[float], estimated: list[float]) -> list[float]:
     for r, e in zip(right, estimated):
         pools.append([r, e, 1])
         while len(pools) > 1 and pools[-2][0] * pools[-1][1] > pools[-1][0] * pools[-2][1]:
-            r, e, n = pools.pop()
-            pools[-1][0] += r
-            pools[-1][1] += e
-            pools[-1][2] += n
+            last = pools.pop()
+            pools[-1] = [a + b for a, b in zip(pools[-1], last)]
     return [r / e for r, e, n in pools for _ in range(int(n))]
 
 
