@@ -280,19 +280,25 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
 
 
 def test_a_long_load_shows_a_bar_on_a_terminal_only(kquant_file, monkeypatch):
-    """A bar naming the file on stderr where stderr is a terminal (here from the first matrix on); nothing where
-    not (a log, a pipe)."""
+    """A bar naming the file on stderr where stderr is a terminal (here from the first matrix on), which counts
+    every matrix's bytes once; nothing where not (a log, a pipe)."""
     import io
     from specmesh.model import loader
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
+    bars, made = [], loader.loading_bar
+    monkeypatch.setattr(loader, "loading_bar", lambda *a: bars.append(made(*a)) or bars[-1])
     monkeypatch.setattr(loader, "BAR_DELAY", 0.0)
     for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
         monkeypatch.setattr(sys, "stderr", stream)
         load_model(kquant_file, torch.bfloat16)
         assert (f"loading {kquant_file.name}" in stream.getvalue()) == shown, stream.getvalue()
+    monkeypatch.setattr(kernels.kernel_lib(), "gguf_kernel", lambda kind, K: 0)     # every matrix dequantized, and
+    monkeypatch.setattr(sys, "stderr", Terminal())      # a tied table read twice: for its lookups and as the head
+    load_model(kquant_file, torch.bfloat16)
+    assert [(bar.n, bar.total) for bar in bars[::2]] == [(bars[0].total, bars[0].total)] * 2 and bars[0].total
 
 @pytest.mark.parametrize("method", ["ar", "sd", "tree", "easyspec", "selfdraft"])
 def test_every_one_process_method_gives_ars_tokens_on_a_k_quant_file(kquant_file, method):
