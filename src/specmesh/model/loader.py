@@ -326,8 +326,8 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
              if all(n in vectors for n in theirs) and not ours.endswith(".bias")}
     linears = [ours for ours, theirs in names.items() if ours != "embed.weight" and all(n in found for n in theirs)]
     from_blocks = {ours for ours in linears if multiplied(ours)}
-    bar, counted = loading_bar(path, sum(found[n].data.nbytes for ours in [*linears, "embed.weight"]
-                                         for n in names[ours])), set()
+    bar = loading_bar(path, sum(found[n].data.nbytes for ours in [*linears, "embed.weight"] for n in names[ours]))
+    counted: set[str] = set()                   # the matrices the bar has counted
     for ours in (ours for ours in linears if ours not in from_blocks):
         state[ours] = dense(ours)
         if (b := bias(ours)) is not None:
