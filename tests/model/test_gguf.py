@@ -285,6 +285,17 @@ def test_a_gguf_files_blocks_run_as_they_are(chat_checkpoint, tmp_path, ftype):
     assert llamacpp.cached_gguf(source, "bf16") == source
 
 
+def test_a_file_past_q8linears_bound_runs_packed_from_its_bytes(chat_checkpoint, tmp_path, monkeypatch):
+    """Where Q8Linear would take a Q8_0 file (AVX512-VNNI without AMX, made so here), a file larger than
+    Q8LINEAR_MOST_BYTES runs packed instead (runs_file_blocks): Q8Linear's load holds it dequantized first."""
+    from specmesh.model import loader
+    source = to_gguf(chat_checkpoint, tmp_path / "q8_0.gguf", "q8_0")
+    monkeypatch.setattr(loader, "q8_lib", kernels.kernel_lib)
+    monkeypatch.setattr(loader, "vnni_products", lambda lib: True)
+    assert loader.runs_blocks(source, torch.bfloat16) and not loader.runs_file_blocks(source, torch.bfloat16)
+    monkeypatch.setattr(loader, "Q8LINEAR_MOST_BYTES", source.stat().st_size - 1)
+    assert not loader.runs_blocks(source, torch.bfloat16) and loader.runs_file_blocks(source, torch.bfloat16)
+
 @pytest.mark.cpu(*kernels.Q8, "-amx_tile")   # a file's blocks on Q8Linear (loader.runs_blocks): VNNI, no AMX
 @pytest.mark.parametrize("ftype", ["q8_0", "q4_1"])
 def test_a_gguf_files_packed_matrices_are_cached_and_load_the_same_model(chat_checkpoint, tmp_path, monkeypatch,

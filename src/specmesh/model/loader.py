@@ -258,16 +258,21 @@ def release_freed_memory() -> None:
         pass
 
 
+Q8LINEAR_MOST_BYTES = 256 << 20    # a larger file runs packed: Q8Linear's first load holds the whole file in
+                                   # float32 (4 bytes a weight, Q8_0's 1.06), each later one an int8 copy beside it
+
+
 def runs_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
     """Whether a GGUF file's quantized matrices run as kernels.Q8Linear's blocks (quant.keep_blocks): its layers' are
     all of one format it multiplies (Q8_0, Q4_0, Q4_1), in a bfloat16 run on a CPU whose int8 products run on
-    AVX512-VNNI without AMX. With AMX, or on AVX2 alone, such a file runs packed from its own bytes instead
-    (runs_file_blocks: fewer bytes a token than Q8Linear's int8 copy, and there the faster products of the few rows
-    of decoding and verification; docs/quantization.md); elsewhere the matrices are dequantized (and rounded to the
-    run's dtype)."""
+    AVX512-VNNI without AMX, a file of at most Q8LINEAR_MOST_BYTES. With AMX, on AVX2 alone, or a larger file, it
+    runs packed from its own bytes instead (runs_file_blocks: fewer bytes a token than Q8Linear's int8 copy, and
+    there the faster products of the few rows of decoding and verification; docs/quantization.md); elsewhere the
+    matrices are dequantized (and rounded to the run's dtype)."""
     lib = q8_lib()
     return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and lib is not None \
-        and vnni_products(lib) and gguf.is_gguf(path) and gguf.layer_format(path) is not None
+        and vnni_products(lib) and gguf.is_gguf(path) and Path(path).stat().st_size <= Q8LINEAR_MOST_BYTES \
+        and gguf.layer_format(path) is not None
 
 
 def runs_file_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
