@@ -45,7 +45,6 @@ def test_confidence_learns_by_the_length_continued():
     assert confidence.estimated[1] <= Confidence.MEMORY                     # older verdicts fade
 
 
-
 def test_confidence_never_trusts_a_longer_text_less_than_a_shorter_one():
     """Lengths never tried are read from the tried ones below them, not left at the prior: a node of a length whose
     prior is too low to pay for its row would never be tried, and never learned."""
@@ -56,6 +55,7 @@ def test_confidence_never_trusts_a_longer_text_less_than_a_shorter_one():
     assert confidence(16) == confidence(13) == confidence(12) == pytest.approx(1.0, abs=0.05)
     assert confidence(1) == confidence(6) < 0.1         # the untried shorter lengths pooled with it
     assert confidence(7) == 0.5                         # the prior, in order between the two
+
 
 def test_priced_keeps_candidates_while_they_pay_for_their_rows():
     rows = [[Candidate(0.9, -1, 5, 3, 0.9), Candidate(0.8, 0, 6, 4, 0.9)], [Candidate(0.1, -1, 7, 1, 0.1)]]

@@ -296,6 +296,7 @@ def test_a_file_past_q8linears_bound_runs_packed_from_its_bytes(chat_checkpoint,
     monkeypatch.setattr(loader, "Q8LINEAR_MOST_BYTES", source.stat().st_size - 1)
     assert not loader.runs_blocks(source, torch.bfloat16) and loader.runs_file_blocks(source, torch.bfloat16)
 
+
 @pytest.mark.cpu(*kernels.Q8, "-amx_tile")   # a file's blocks on Q8Linear (loader.runs_blocks): VNNI, no AMX
 @pytest.mark.parametrize("ftype", ["q8_0", "q4_1"])
 def test_a_gguf_files_packed_matrices_are_cached_and_load_the_same_model(chat_checkpoint, tmp_path, monkeypatch,

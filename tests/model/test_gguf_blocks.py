@@ -103,8 +103,8 @@ def test_the_avx2_and_avx512_block_products_agree_bit_for_bit(kind):
 def test_the_tile_products_give_the_vector_kernels_bits(kind):
     """csrc/blocks_amx.c (several rows of activations on AMX's int8 tiles) computes a packed type's exact integers
     and float step as blocks512.c does: the same bits for the widths it takes (from 9 rows, Q2_K's and Q3_K's from 12,
-    the 32-blocks' from 40; a last tile of fewer than 16), for a part whose last slab of 16 rows is one group or a part of one, and among parts of
-    other types (an odd count of 32-blocks: a last tile product of fewer than four)."""
+    the 32-blocks' from 40; a last tile of fewer than 16), for a part whose last slab of 16 rows is one group or a
+    part of one, and among parts of other types (an odd count of 32-blocks: a last tile product of fewer than four)."""
     lib = kernels.kernel_lib()
     assert kernels.build.tile_products(lib), "the CPU has AMX int8 tiles but csrc/blocks_amx.c is not in use"
     rng = np.random.default_rng(7)
@@ -299,6 +299,7 @@ def test_a_long_load_shows_a_bar_on_a_terminal_only(kquant_file, monkeypatch):
     monkeypatch.setattr(sys, "stderr", Terminal())      # a tied table read twice: for its lookups and as the head
     load_model(kquant_file, torch.bfloat16)
     assert [(bar.n, bar.total) for bar in bars[::2]] == [(bars[0].total, bars[0].total)] * 2 and bars[0].total
+
 
 @pytest.mark.parametrize("method", ["ar", "sd", "tree", "easyspec", "selfdraft"])
 def test_every_one_process_method_gives_ars_tokens_on_a_k_quant_file(kquant_file, method):

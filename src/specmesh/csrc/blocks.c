@@ -228,8 +228,10 @@ static int least_tile_rows(int type) { return packed_size(type) == 32 ? 40 : six
 
 static int least_matrix_tile_rows(const Matrix *w) {            // of any of its parts
     int least = INT32_MAX;
-    for (int i = 0; i < w->n; i++)
-        if (least_tile_rows(w->part[i].type) < least) least = least_tile_rows(w->part[i].type);
+    for (int i = 0; i < w->n; i++) {
+        const int rows = least_tile_rows(w->part[i].type);
+        if (rows < least) least = rows;
+    }
     return least;
 }
 

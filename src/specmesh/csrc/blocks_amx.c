@@ -1,8 +1,8 @@
 // The packed blocks (blocks.h) on AMX's int8 tiles, for products of 9 rows of activations or more (Q2_K, Q3_K: 12;
-// the 32-blocks: 40; below, blocks512.c's are faster): the same bits as blocks.c's and blocks512.c's packed kernels. A tile product gives
-// one sub-block's (a 32-block's) exact int32 sums for up to 16 activation rows x 16 weight rows (two groups of 8); the
-// sub-blocks' scales, the mins and the float step follow in AVX-512, lane for lane blocks.h's packed_float (and
-// packed_float32).
+// the 32-blocks: 40; below, blocks512.c's are faster): the same bits as blocks.c's and blocks512.c's packed
+// kernels. A tile product gives one sub-block's (a 32-block's) exact int32 sums for up to 16 activation rows x 16
+// weight rows (two groups of 8); the sub-blocks' scales, the mins and the float step follow in AVX-512, lane for
+// lane blocks.h's packed_float (and packed_float32).
 //
 // Tiles: C = A . B with A the activations [rows m][K of a sub-block] (signed bytes, read in place from Acts.q256 or
 // Acts.q32 at a stride of K), B a sub-block's weights in VNNI order [K / 4][16 weight rows][4 bytes] (unpacked once per

@@ -305,20 +305,15 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
         parts = [(found[n].data, found[n].kind, gguf.rope_rows(cfg, gguf.gguf_name(n), found[n].shape[0]))
                  for n in theirs]
         made = GGUFLinear(parts, found[theirs[0]].shape[1], bias(ours), lib, packed=products)
-        loaded(ours)
+        bar.update(unread.pop(ours, 0))
         return made
 
     def dense(ours: str) -> torch.Tensor:       # bf16 [N, K]; the file's pages of it let go (as GGUFLinear's)
         parts = [gguf.dequantized(path, cfg, found[n], torch.bfloat16) for n in names[ours]]
         for n in names[ours]:
             let_go(found[n].data)
-        loaded(ours)
+        bar.update(unread.pop(ours, 0))
         return torch.cat(parts)
-
-    def loaded(ours: str) -> None:              # the bar: a matrix's bytes once (a tied table may be read twice)
-        if ours not in counted:
-            counted.add(ours)
-            bar.update(sum(found[n].data.nbytes for n in names[ours]))
 
     def bias(ours: str) -> torch.Tensor | None:
         theirs = names.get(ours.replace(".weight", ".bias"), [])
@@ -331,8 +326,9 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
              if all(n in vectors for n in theirs) and not ours.endswith(".bias")}
     linears = [ours for ours, theirs in names.items() if ours != "embed.weight" and all(n in found for n in theirs)]
     from_blocks = {ours for ours in linears if multiplied(ours)}
-    bar = loading_bar(path, sum(found[n].data.nbytes for ours in [*linears, "embed.weight"] for n in names[ours]))
-    counted: set[str] = set()                   # the matrices the bar has counted
+    # the bar: each matrix's bytes once, as it is first read (a tied table is read twice: lookups and head)
+    unread = {ours: sum(found[n].data.nbytes for n in names[ours]) for ours in [*linears, "embed.weight"]}
+    bar = loading_bar(path, sum(unread.values()))
     for ours in (ours for ours in linears if ours not in from_blocks):
         state[ours] = dense(ours)
         if (b := bias(ours)) is not None:
