@@ -279,6 +279,32 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
     assert want[got.argmax()] >= want.max() - 0.02 * want.abs().max()   # float32's top token, or one within a near-tie
 
 
+def test_a_float32_load_is_the_files_dequantized_weights_each_written_once_where_it_stays(kquant_file):
+    """Each matrix, a joined one (q, k, v; gate, up) too, holds the gguf package's dequantization of its parts
+    exactly, written straight into one mapping (on huge pages where the system gives them): no joined copy."""
+    from specmesh.model import pages
+    from specmesh.model.gguf import matrices, rope_heads, unpermute_rope
+    from specmesh.model.loader import name_map
+    model = load_model(kquant_file, torch.float32, pack=False)
+    cfg, weights = model.config, dict(model.named_parameters())
+    found, joined = matrices(kquant_file, cfg), 0
+    for ours, theirs in name_map(cfg).items():
+        if theirs[0] not in found:
+            continue
+        parts = []
+        for t in (found[n] for n in theirs):
+            w = torch.from_numpy(gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType(t.kind)).copy())
+            heads = rope_heads(cfg, t.name)
+            parts.append(w if heads is None else unpermute_rope(w, heads))
+        assert torch.equal(weights[ours], torch.cat(parts)), ours
+        joined += len(parts) > 1
+    assert joined == 2 * cfg.num_layers
+    if pages.huge_pages():
+        spans = {next(i for i, (start, end) in pages.LIVE.items() if start <= p.data_ptr() < end)
+                 for p in weights.values() if p.dim() == 2}
+        assert len(spans) == 1
+
+
 def test_a_long_load_shows_a_bar_on_a_terminal_only(kquant_file, monkeypatch):
     """A bar naming the file on stderr where stderr is a terminal (here from the first matrix on), which counts
     every matrix's bytes once; nothing where not (a log, a pipe)."""
@@ -291,14 +317,16 @@ def test_a_long_load_shows_a_bar_on_a_terminal_only(kquant_file, monkeypatch):
     bars, made = [], loader.loading_bar
     monkeypatch.setattr(loader, "loading_bar", lambda *a: bars.append(made(*a)) or bars[-1])
     monkeypatch.setattr(loader, "BAR_DELAY", 0.0)
-    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+    for stream, shown, dtype in ((Terminal(), True, torch.bfloat16), (io.StringIO(), False, torch.bfloat16),
+                                 (Terminal(), True, torch.float32)):       # float32: its dequantization
         monkeypatch.setattr(sys, "stderr", stream)
-        load_model(kquant_file, torch.bfloat16)
+        load_model(kquant_file, dtype)
         assert (f"loading {kquant_file.name}" in stream.getvalue()) == shown, stream.getvalue()
+        assert not shown or bars[-1].n == bars[-1].total
     monkeypatch.setattr(kernels.kernel_lib(), "gguf_kernel", lambda kind, K: 0)     # every matrix dequantized, and
     monkeypatch.setattr(sys, "stderr", Terminal())      # a tied table read twice: for its lookups and as the head
     load_model(kquant_file, torch.bfloat16)
-    assert [(bar.n, bar.total) for bar in bars[::2]] == [(bars[0].total, bars[0].total)] * 2 and bars[0].total
+    assert [(bar.n, bar.total) for bar in bars[::3]] == [(bars[0].total, bars[0].total)] * 2 and bars[0].total
 
 
 @pytest.mark.parametrize("method", ["ar", "sd", "tree", "easyspec", "selfdraft"])

@@ -281,13 +281,15 @@ def read_weights(path: str | Path, cfg: ModelConfig, blocks: bool = False, vecto
     return weights, kept
 
 
-def dequantized(path: str | Path, cfg: ModelConfig, t: Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantized(path: str | Path, cfg: ModelConfig, t: Tensor, dtype: torch.dtype = torch.float32,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """A tensor of the file in `dtype` (dequantize), its rows in the model's order (rope_rows: q and k back from
-    GGUF's); a matrix a few rows at a time, so no float32 copy of the whole is made for a 16-bit one."""
+    GGUF's), written into `out` where given; a matrix a few rows at a time, so no float32 copy of the whole is made
+    for a 16-bit one."""
     if len(t.shape) == 1:
         return torch.from_numpy(dequantize(path, t)).view(t.shape).to(dtype)
     rows = rope_rows(cfg, t.name, t.shape[0])
-    out = torch.empty(t.shape, dtype=dtype)
+    out = torch.empty(t.shape, dtype=dtype) if out is None else out
     for r0 in range(0, t.shape[0], 256):
         r1 = min(r0 + 256, t.shape[0])
         chunk = dataclasses.replace(t, shape=(r1 - r0, t.shape[1]), data=t.data[r0:r1] if rows is None else

@@ -25,6 +25,7 @@ from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear, let_go
 from specmesh.model import gguf, packed
 from specmesh.model.kernel_choice import draft_quant, select_kernels
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
+from specmesh.model.pages import aligned, arena, placed
 from specmesh.model.quant import keep_blocks, quantize_model
 from specmesh.model.shard import shard
 from specmesh.model.tokenizer import Tokenizer
@@ -147,24 +148,21 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     if draft and quant is None and not has_blocks:  # as on every TP rank (they load unpacked)
         quant = draft_quant(dtype, device)      # a draft's guesses need not be exact: fewer bytes where that pays
     kept = {}
-    if gguf.is_gguf(path):
-        checkpoint = gguf.read_gguf(path, blocks)
-        cfg, hf, kept = checkpoint.config, checkpoint.weights, checkpoint.blocks
-        del checkpoint
+    if gguf.is_gguf(path) and not blocks:
+        cfg = read_config(path)
+        state = dequantized_state(path, cfg, dtype, whole=quant is None and part is None and dtype == torch.float32)
     else:
-        cfg, hf = read_config(path), read_weights(path)
+        if gguf.is_gguf(path):
+            checkpoint = gguf.read_gguf(path, blocks)
+            cfg, hf, kept = checkpoint.config, checkpoint.weights, checkpoint.blocks
+            del checkpoint
+        else:
+            cfg, hf = read_config(path), read_weights(path)
+        state = joined_state(path, cfg, hf)
     with torch.device("meta"):
         model = Transformer(cfg)
-    state = {}
-    for ours, theirs in name_map(cfg).items():
-        present = [n for n in theirs if n in hf]
-        if not present:
-            if ours.endswith(".bias"):
-                continue
-            raise CheckpointError(f"{path}: weight {theirs[0]} is missing")
-        state[ours] = torch.cat([hf[n] for n in present], dim=0)
     model.load_state_dict(state, strict=False, assign=True)
-    del hf, state                       # the model holds what it needs: what the file gave can go (below)
+    del state                           # the model holds what it needs: what the file gave can go (below)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
     missing = [n for n, p in model.named_parameters() if p.is_meta]
@@ -188,6 +186,54 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     del kept
     release_freed_memory()
     return model
+
+
+def joined_state(path: Path, cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights by our names (name_map), parts joined, `hf` emptied as they are. A lone part is
+    taken as it is, unless it lies in a mapping shared with others (pages.load's): copied out, so that mapping goes
+    once the load is done, also where kernels replace some weights with copies of their own."""
+    state = {}
+    for ours, theirs in name_map(cfg).items():
+        present = [hf.pop(n) for n in theirs if n in hf]
+        if not present:
+            if ours.endswith(".bias"):
+                continue
+            raise CheckpointError(f"{path}: weight {theirs[0]} is missing")
+        state[ours] = present[0] if len(present) == 1 and not placed(present[0]) else torch.cat(present, dim=0)
+        del present
+    return state
+
+
+def dequantized_state(path: Path, cfg: ModelConfig, dtype: torch.dtype, whole: bool) -> dict[str, torch.Tensor]:
+    """A GGUF file's weights by our names in `dtype`, each matrix dequantized once into the place it keeps, its parts
+    side by side (no joined copy), its file pages let go; norms and biases as file_to_hf reads them. `whole`: the
+    model keeps every matrix as loaded (float32: select_kernels multiplies them in place; no shard, no quantized
+    copy), so they share one mapping on huge pages (pages.arena); a model that replaced some would keep the
+    mapping whole behind the rest."""
+    names, found = name_map(cfg), gguf.matrices(path, cfg)
+    vectors = gguf.file_to_hf(cfg, gguf.read_weights(path, cfg, vectors_only=True)[0])
+    missing = [n for ours, theirs in names.items() if not ours.endswith(".bias") for n in theirs
+               if n not in found and n not in vectors]
+    if missing:
+        raise CheckpointError(f"{path}: weight {missing[0]} is missing")
+    state = {ours: torch.cat(parts) for ours, theirs in names.items()
+             if (parts := [vectors[n] for n in theirs if n in vectors])}
+    joined = {ours: [found[n] for n in theirs] for ours, theirs in names.items() if theirs[0] in found}
+    shapes = {ours: (sum(t.shape[0] for t in parts), parts[0].shape[1]) for ours, parts in joined.items()}
+    spans = {ours: aligned(rows * cols * dtype.itemsize) for ours, (rows, cols) in shapes.items()}
+    raw, at = arena(sum(spans.values())) if whole else None, 0
+    with loading_bar(path, sum(t.data.nbytes for parts in joined.values() for t in parts)) as bar:
+        for ours, parts in joined.items():
+            out = torch.empty(shapes[ours], dtype=dtype) if raw is None else \
+                raw[at:at + spans[ours]].view(dtype)[:shapes[ours][0] * shapes[ours][1]].view(shapes[ours])
+            row = 0
+            for t in parts:
+                gguf.dequantized(path, cfg, t, dtype, out=out[row:row + t.shape[0]])
+                let_go(t.data)
+                row += t.shape[0]
+                bar.update(t.data.nbytes)
+            state[ours], at = out, at + spans[ours]
+    return state
 
 
 def load_packed(path: Path, identity: str, cached: dict, draft: bool = False) -> Transformer:

@@ -78,6 +78,12 @@ def huge_zeros(nbytes: int) -> torch.Tensor:
     return raw
 
 
+def arena(nbytes: int) -> torch.Tensor:
+    """uint8 [nbytes] for weights written once where they stay: huge_zeros where the system gives huge pages (then
+    on_huge_pages leaves them where they are), else plain memory."""
+    return huge_zeros(max(nbytes, ALIGN)) if huge_pages() else torch.empty(nbytes, dtype=torch.uint8)
+
+
 def placed(t: torch.Tensor) -> bool:
     """Whether `t` lies in a huge mapping made here."""
     return any(start <= t.data_ptr() < end for start, end in LIVE.values())
