@@ -35,6 +35,9 @@ def test_generate_json_to_stdout_and_prompt_file_verbatim(tiny_checkpoint, tmp_p
     r3 = specmesh("generate", "--prompt-file", fifo, "--target", tiny_checkpoint, "--max-new-tokens", 6, "--json")
     writer.wait(timeout=60)
     assert r3.returncode == 0 and json.loads(r3.stdout)["tokens"] == out["tokens"], r3.stderr
+    r4 = specmesh("generate", "--prompt", "def f(x):\r\n\n", "--target", tiny_checkpoint, "--max-new-tokens", 6,
+                  "--json")                                 # the text by name: the same tokens
+    assert r4.returncode == 0 and json.loads(r4.stdout)["tokens"] == out["tokens"], r4.stderr
 
 
 def test_generate_streams_and_writes_json_file(tiny_checkpoint, tmp_path):
@@ -114,6 +117,8 @@ def test_max_new_tokens_past_the_context_warns(tiny_checkpoint):
 @pytest.mark.parametrize("args, message", [
     (["generate"], "exactly one of PROMPT, --prompt-file or --chat"),
     (["generate", "x", "--chat", "y"], "exactly one of PROMPT, --prompt-file or --chat"),
+    (["generate", "--prompt", "y", "--chat", "y"], "exactly one of PROMPT, --prompt-file or --chat"),
+    (["generate", "x", "-p", "y"], "give the prompt once: PROMPT or --prompt"),
     (["generate", "--json", "import os"], "(--json took 'import os' as its PATH: put the prompt before --json)"),
     (["simulate", "--json", "def f():"], "(--json took 'def f():' as its PATH: put the prompt before --json)"),
     (["generate", "--system", "be brief", "x"], "--system goes with --chat"),

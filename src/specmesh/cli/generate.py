@@ -12,6 +12,7 @@ from specmesh.options import CARDS, positive_int
 def add(sub) -> None:
     g = sub.add_parser("generate", help="generate text from a prompt (streams to the terminal)")
     g.add_argument("prompt", nargs="?", help="the prompt text")
+    g.add_argument("-p", "--prompt", dest="named_prompt", metavar="TEXT", help="the prompt text, by name (as PROMPT)")
     g.add_argument("--prompt-file", metavar="FILE", help="read the prompt verbatim from FILE ('-' for stdin)")
     g.add_argument("--chat", metavar="MESSAGE", help="a user message, through the model's chat template (the answer "
                    "ends at its end-of-turn token)")
@@ -62,6 +63,10 @@ def cmd_generate(args, parser) -> int:
     from specmesh import LLM, SamplingParams
     if (code := serve_if_not_rank_0(args)) is not None:
         return code
+    if args.named_prompt is not None:
+        if args.prompt is not None:
+            parser.error("give the prompt once: PROMPT or --prompt")
+        args.prompt = args.named_prompt
     if args.chat is None and args.system is not None:
         parser.error("--system goes with --chat")
     if args.chat is not None and (args.prompt is not None or args.prompt_file is not None):
