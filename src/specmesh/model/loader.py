@@ -25,7 +25,7 @@ from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear, let_go
 from specmesh.model import gguf, packed
 from specmesh.model.kernel_choice import draft_quant, select_kernels
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
-from specmesh.model.pages import aligned, arena, placed
+from specmesh.model.pages import aligned, arena
 from specmesh.model.quant import keep_blocks, quantize_model
 from specmesh.model.shard import shard
 from specmesh.model.tokenizer import Tokenizer
@@ -158,7 +158,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
             del checkpoint
         else:
             cfg, hf = read_config(path), read_weights(path)
-        state = joined_state(path, cfg, hf)
+        state = joined_state(path, cfg, hf, owned=gguf.is_gguf(path))
     with torch.device("meta"):
         model = Transformer(cfg)
     model.load_state_dict(state, strict=False, assign=True)
@@ -188,10 +188,11 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     return model
 
 
-def joined_state(path: Path, cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A checkpoint's weights by our names (name_map), parts joined, `hf` emptied as they are. A lone part is
-    taken as it is, unless it lies in a mapping shared with others (pages.load's): copied out, so that mapping goes
-    once the load is done, also where kernels replace some weights with copies of their own."""
+def joined_state(path: Path, cfg: ModelConfig, hf: dict[str, torch.Tensor], owned: bool) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights by our names (name_map), parts joined, `hf` emptied as they are. `owned`: hf's
+    tensors hold memory of their own (a GGUF file's, dequantized), so a lone part is taken as it is; else
+    (safetensors' load_file: views of the file's one mapping, which a single view kept would keep whole, after the
+    kernels' copies of the rest) each is copied out."""
     state = {}
     for ours, theirs in name_map(cfg).items():
         present = [hf.pop(n) for n in theirs if n in hf]
@@ -199,7 +200,7 @@ def joined_state(path: Path, cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> d
             if ours.endswith(".bias"):
                 continue
             raise CheckpointError(f"{path}: weight {theirs[0]} is missing")
-        state[ours] = present[0] if len(present) == 1 and not placed(present[0]) else torch.cat(present, dim=0)
+        state[ours] = present[0] if len(present) == 1 and owned else torch.cat(present, dim=0)
         del present
     return state
 
