@@ -62,3 +62,22 @@ def test_tied_tensors_stay_one():
     assert module.b.plain.data_ptr() == module.a.weight.data_ptr()
     assert module.b.strided.data_ptr() == before
     assert torch.equal(module.a.weight, shared)
+
+
+def test_a_safetensors_file_is_read_into_one_huge_mapping_or_each_tensor_its_own(tmp_path):
+    """pages.load: safetensors' values; `huge=False` (a checkpoint folder's load): each tensor in memory of its own,
+    none a view of the file's mapping (one view kept would keep the whole file resident)."""
+    from safetensors.torch import load_file, save_file
+    file = tmp_path / "w.safetensors"
+    save_file({"a": torch.randn(300, 70).bfloat16(), "b": torch.randn(5), "c": torch.arange(7)}, file)
+    want = load_file(file)
+    for huge in (True, False):
+        got = pages.load(file, huge=huge)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+        if not huge:
+            assert all(t.untyped_storage().nbytes() == t.nbytes for t in got.values())
+            files = [[int(x, 16) for x in line.split()[0].split("-")] for line in open("/proc/self/maps")
+                     if line.rstrip().endswith(str(file))]
+            assert files and not any(lo <= t.data_ptr() < hi for t in got.values() for lo, hi in files)
+        elif pages.huge_pages():
+            assert len({mapping_of(t)["range"] for t in got.values()}) == 1

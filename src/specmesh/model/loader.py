@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from torch import nn
@@ -22,10 +21,9 @@ from tqdm import tqdm
 from specmesh.kernels import kernel_lib, q8_lib
 from specmesh.kernels.build import vnni_products
 from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear, let_go
-from specmesh.model import gguf, packed
+from specmesh.model import gguf, packed, pages
 from specmesh.model.kernel_choice import draft_quant, select_kernels
 from specmesh.model.model import ModelConfig, Transformer, rope_inv_freq
-from specmesh.model.pages import aligned, arena
 from specmesh.model.quant import keep_blocks, quantize_model
 from specmesh.model.shard import shard
 from specmesh.model.tokenizer import Tokenizer
@@ -106,8 +104,8 @@ def read_config(path: str | Path) -> ModelConfig:
 
 def _safetensors(file: Path) -> dict[str, torch.Tensor]:
     try:
-        return load_file(_require(file, "weight file"))
-    except SafetensorError as e:
+        return pages.load(_require(file, "weight file"), huge=False)
+    except (ValueError, KeyError, RuntimeError) as e:
         raise CheckpointError(f"{file} is not a readable safetensors file ({e}): truncated or damaged?") from None
 
 
@@ -158,7 +156,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
             del checkpoint
         else:
             cfg, hf = read_config(path), read_weights(path)
-        state = joined_state(path, cfg, hf, owned=gguf.is_gguf(path))
+        state = joined_state(path, cfg, hf)
     with torch.device("meta"):
         model = Transformer(cfg)
     model.load_state_dict(state, strict=False, assign=True)
@@ -188,11 +186,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     return model
 
 
-def joined_state(path: Path, cfg: ModelConfig, hf: dict[str, torch.Tensor], owned: bool) -> dict[str, torch.Tensor]:
-    """A checkpoint's weights by our names (name_map), parts joined, `hf` emptied as they are. `owned`: hf's
-    tensors hold memory of their own (a GGUF file's, dequantized), so a lone part is taken as it is; else
-    (safetensors' load_file: views of the file's one mapping, which a single view kept would keep whole, after the
-    kernels' copies of the rest) each is copied out."""
+def joined_state(path: Path, cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights by our names (name_map), parts joined, `hf` (tensors each in memory of its own)
+    emptied as they are: a load's peak is the weights and one joined matrix more."""
     state = {}
     for ours, theirs in name_map(cfg).items():
         present = [hf.pop(n) for n in theirs if n in hf]
@@ -200,7 +196,7 @@ def joined_state(path: Path, cfg: ModelConfig, hf: dict[str, torch.Tensor], owne
             if ours.endswith(".bias"):
                 continue
             raise CheckpointError(f"{path}: weight {theirs[0]} is missing")
-        state[ours] = present[0] if len(present) == 1 and owned else torch.cat(present, dim=0)
+        state[ours] = present[0] if len(present) == 1 else torch.cat(present, dim=0)
         del present
     return state
 
@@ -221,8 +217,8 @@ def dequantized_state(path: Path, cfg: ModelConfig, dtype: torch.dtype, whole: b
              if (parts := [vectors[n] for n in theirs if n in vectors])}
     joined = {ours: [found[n] for n in theirs] for ours, theirs in names.items() if theirs[0] in found}
     shapes = {ours: (sum(t.shape[0] for t in parts), parts[0].shape[1]) for ours, parts in joined.items()}
-    spans = {ours: aligned(rows * cols * dtype.itemsize) for ours, (rows, cols) in shapes.items()}
-    raw, at = arena(sum(spans.values())) if whole else None, 0
+    spans = {ours: pages.aligned(rows * cols * dtype.itemsize) for ours, (rows, cols) in shapes.items()}
+    raw, at = pages.arena(sum(spans.values())) if whole else None, 0
     with loading_bar(path, sum(t.data.nbytes for parts in joined.values() for t in parts)) as bar:
         for ours, parts in joined.items():
             out = torch.empty(shapes[ours], dtype=dtype) if raw is None else \

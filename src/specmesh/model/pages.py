@@ -17,7 +17,6 @@ import weakref
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 ALIGN = 64                  # each tensor starts on a cache line, as PyTorch's allocator places them
@@ -94,14 +93,14 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF1
           "BOOL": torch.bool}
 
 
-def load(file: str | Path) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors, read from the file straight into one mapping advised for huge pages, each on a
-    cache line (safetensors' load_file reads into memory of its own, which on_huge_pages would copy again). Its
-    layout (safetensors' format): a u64 header length, the JSON header (name -> dtype, shape, data_offsets), the
-    data. Where the system gives no huge pages: load_file."""
-    if not huge_pages():
-        return load_file(file)
+def load(file: str | Path, huge: bool = True) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors, read from the file, not mapped (safetensors' load_file gives views of the
+    file's one mapping: a view kept keeps it whole). `huge`, where the system gives huge pages: into one mapping
+    advised for them, each on a cache line (on_huge_pages leaves them there); else each into memory of its own, so
+    that each goes alone once copied or replaced. Its layout (safetensors' format): a u64 header length, the JSON
+    header (name -> dtype, shape, data_offsets), the data."""
     file = Path(file)
+    huge = huge and huge_pages()
     with open(file, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         if n > file.stat().st_size:
@@ -109,12 +108,13 @@ def load(file: str | Path) -> dict[str, torch.Tensor]:
         header = json.loads(f.read(n))
         header.pop("__metadata__", None)
         spans = {k: v["data_offsets"] for k, v in header.items()}
-        raw, at, out = huge_zeros(max(sum(aligned(e - b) for b, e in spans.values()), ALIGN)), 0, {}
+        raw, at, out = huge_zeros(max(sum(aligned(e - b) for b, e in spans.values()), ALIGN)) if huge else None, 0, {}
         for k, (b, e) in spans.items():
+            dest = raw[at:at + e - b] if huge else torch.empty(e - b, dtype=torch.uint8)
             f.seek(8 + n + b)
-            if f.readinto(raw[at:at + e - b].numpy()) != e - b:
+            if f.readinto(dest.numpy()) != e - b:
                 raise ValueError(f"{file}: {k} ends past the file")
-            out[k] = raw[at:at + e - b].view(DTYPES[header[k]["dtype"]]).view(header[k]["shape"])
+            out[k] = dest.view(DTYPES[header[k]["dtype"]]).view(header[k]["shape"])
             at += aligned(e - b)
     return out
 
