@@ -197,7 +197,6 @@ def joined_state(path: Path, cfg: ModelConfig, hf: dict[str, torch.Tensor]) -> d
                 continue
             raise CheckpointError(f"{path}: weight {theirs[0]} is missing")
         state[ours] = present[0] if len(present) == 1 else torch.cat(present, dim=0)
-        del present
     return state
 
 
@@ -221,8 +220,9 @@ def dequantized_state(path: Path, cfg: ModelConfig, dtype: torch.dtype, whole: b
     raw, at = pages.arena(sum(spans.values())) if whole else None, 0
     with loading_bar(path, sum(t.data.nbytes for parts in joined.values() for t in parts)) as bar:
         for ours, parts in joined.items():
-            out = torch.empty(shapes[ours], dtype=dtype) if raw is None else \
-                raw[at:at + spans[ours]].view(dtype)[:shapes[ours][0] * shapes[ours][1]].view(shapes[ours])
+            rows, cols = shapes[ours]
+            out = torch.empty(rows, cols, dtype=dtype) if raw is None else \
+                raw[at:at + rows * cols * dtype.itemsize].view(dtype).view(rows, cols)
             row = 0
             for t in parts:
                 gguf.dequantized(path, cfg, t, dtype, out=out[row:row + t.shape[0]])
