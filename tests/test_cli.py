@@ -119,6 +119,8 @@ def test_max_new_tokens_past_the_context_warns(tiny_checkpoint):
     (["generate", "x", "--chat", "y"], "exactly one of PROMPT, --prompt-file or --chat"),
     (["generate", "--prompt", "y", "--chat", "y"], "exactly one of PROMPT, --prompt-file or --chat"),
     (["generate", "x", "-p", "y"], "give the prompt once: PROMPT or --prompt"),
+    (["simulate", "x", "--prompt", "y"], "specmesh simulate: error: give the prompt once: PROMPT or --prompt"),
+    (["tune", "--prompt", ""], "prompt is empty"),                        # its text, not a file of that name
     (["generate", "--json", "import os"], "(--json took 'import os' as its PATH: put the prompt before --json)"),
     (["simulate", "--json", "def f():"], "(--json took 'def f():' as its PATH: put the prompt before --json)"),
     (["generate", "--system", "be brief", "x"], "--system goes with --chat"),

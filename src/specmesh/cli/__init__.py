@@ -10,7 +10,7 @@ import sys
 import warnings
 
 from specmesh.cli import bench, generate, serve, train
-from specmesh.cli.args import EXIT_USAGE, Parser
+from specmesh.cli.args import EXIT_USAGE, Parser, take_named_prompt
 
 COMMANDS = {"generate": generate.cmd_generate, "tune": generate.cmd_tune, "models": generate.cmd_models,
             "bench": bench.cmd_bench, "loadtest": bench.cmd_loadtest, "simulate": bench.cmd_simulate,
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser._subparsers._group_actions[0].choices[args.command]
     if unknown:                                  # named by the subcommand, as its other errors are
         sub.error(f"unrecognized arguments: {' '.join(unknown)}")
+    take_named_prompt(args, sub)
     from specmesh.runtime import PeerError
     warnings.showwarning = lambda message, *_, **__: print(f"{sub.prog}: warning: {message}", file=sys.stderr)
     try:

@@ -104,6 +104,23 @@ def add_json(p: argparse.ArgumentParser) -> None:
                    help="write JSON to PATH, or to stdout when no PATH is given")
 
 
+def add_prompt(p: argparse.ArgumentParser, what: str, file_help: str | None = None) -> None:
+    """PROMPT, the same by name (-p/--prompt: else argparse would read --prompt as --prompt-file or --prompts) and,
+    with `file_help`, --prompt-file."""
+    p.add_argument("prompt", nargs="?", help=what)
+    p.add_argument("-p", "--prompt", dest="named_prompt", metavar="TEXT", help="the same, by name")
+    if file_help:
+        p.add_argument("--prompt-file", metavar="FILE", help=file_help)
+
+
+def take_named_prompt(args, parser) -> None:
+    """--prompt TEXT as PROMPT; both given: a usage error."""
+    if getattr(args, "named_prompt", None) is not None:
+        if args.prompt is not None:
+            parser.error("give the prompt once: PROMPT or --prompt")
+        args.prompt = args.named_prompt
+
+
 def json_took_prompt(args) -> str:
     """A hint where no PROMPT came: `--json "text"` reads the text as its PATH."""
     path = getattr(args, "json", None)
@@ -223,7 +240,7 @@ def checked_prompt(args, text: str | None) -> str:
     from specmesh.model.loader import load_tokenizer, read_config
     path = catalog.resolve(args.target)
     tokenizer = load_tokenizer(path)
-    if args.chat is not None:
+    if getattr(args, "chat", None) is not None:
         system = [{"role": "system", "content": args.system}] if args.system is not None else []
         text = tokenizer.render_chat(system + [{"role": "user", "content": args.chat}])
     config = read_config(path)                              # a folder's or a GGUF file's

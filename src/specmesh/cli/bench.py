@@ -7,8 +7,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from specmesh.cli.args import (DTYPE_CHOICES, add_json, add_method_options, add_model_args, device_counts,
-                               json_took_prompt, method_options, plot_path, warn_unused, write_json)
+from specmesh.cli.args import (DTYPE_CHOICES, add_json, add_method_options, add_model_args, add_prompt,
+                               device_counts, json_took_prompt, method_options, plot_path, warn_unused, write_json)
 from specmesh.options import CARDS, PEER_WEIGHTS, POLICIES, positive_int
 
 
@@ -60,7 +60,7 @@ def add(sub) -> None:
                         "and target on devices of their own, easyspec / tree for a target split over N devices, "
                         "sd's target or cosine's drafters over hosts (--link), or cosine / sd / tree on a cluster "
                         "(simulated)")
-    sm.add_argument("prompt", nargs="?", help="the prompt text (or --prompts FILE)")
+    add_prompt(sm, "the prompt text (or --prompts FILE)")
     sm.add_argument("--prompts", metavar="FILE.jsonl", help="prompt file (one JSON object with 'prompt' per line)")
     sm.add_argument("--limit", type=positive_int, default=None, help="use the first K prompts of --prompts")
     sm.add_argument("--method", choices=["pipedec", "pp", "stpp", "pearl", "easyspec", "tree", "cosine", "sd"],

@@ -3,17 +3,16 @@ from __future__ import annotations
 
 import sys
 
-from specmesh.cli.args import (AUTO_DTYPE, DTYPE_CHOICES, add_json, add_method_options, add_model_args, add_tune,
-                               checked_prompt, logit_bias, method_options, read_prompt, tuned, warn_unused, write_json)
+from specmesh.cli.args import (AUTO_DTYPE, DTYPE_CHOICES, add_json, add_method_options, add_model_args, add_prompt,
+                               add_tune, checked_prompt, logit_bias, method_options, read_prompt, tuned, warn_unused,
+                               write_json)
 from specmesh.cli.ranks import serve_if_not_rank_0
 from specmesh.options import CARDS, positive_int
 
 
 def add(sub) -> None:
     g = sub.add_parser("generate", help="generate text from a prompt (streams to the terminal)")
-    g.add_argument("prompt", nargs="?", help="the prompt text")
-    g.add_argument("-p", "--prompt", dest="named_prompt", metavar="TEXT", help="the prompt text, by name (as PROMPT)")
-    g.add_argument("--prompt-file", metavar="FILE", help="read the prompt verbatim from FILE ('-' for stdin)")
+    add_prompt(g, "the prompt text", "read the prompt verbatim from FILE ('-' for stdin)")
     g.add_argument("--chat", metavar="MESSAGE", help="a user message, through the model's chat template (the answer "
                    "ends at its end-of-turn token)")
     g.add_argument("--system", metavar="TEXT", help="with --chat: a system message before it")
@@ -48,8 +47,8 @@ def add(sub) -> None:
     add_json(g)
 
     t = sub.add_parser("tune", help="measure which method is fastest on this machine for a model pair (--method auto)")
-    t.add_argument("prompt", nargs="?", help="calibrate on this text (default: the shipped calibration prompts)")
-    t.add_argument("--prompt-file", metavar="FILE", help="calibrate on the text of FILE ('-' for stdin)")
+    add_prompt(t, "calibrate on this text (default: the shipped calibration prompts)",
+               "calibrate on the text of FILE ('-' for stdin)")
     add_model_args(t)
     t.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="the dtype to tune for (each is cached apart); " + AUTO_DTYPE)
@@ -63,10 +62,6 @@ def cmd_generate(args, parser) -> int:
     from specmesh import LLM, SamplingParams
     if (code := serve_if_not_rank_0(args)) is not None:
         return code
-    if args.named_prompt is not None:
-        if args.prompt is not None:
-            parser.error("give the prompt once: PROMPT or --prompt")
-        args.prompt = args.named_prompt
     if args.chat is None and args.system is not None:
         parser.error("--system goes with --chat")
     if args.chat is not None and (args.prompt is not None or args.prompt_file is not None):
@@ -113,9 +108,10 @@ def cmd_generate(args, parser) -> int:
 def cmd_tune(args, parser) -> int:
     from specmesh import LLM
     given = args.prompt is not None or args.prompt_file is not None
+    prompts = [checked_prompt(args, read_prompt(args, parser))] if given else None     # before the models load
     llm = LLM(target=args.target, draft=args.draft, method="auto", device=args.device, dtype=args.dtype,
               quant=args.quant)
-    choice = llm.tune([read_prompt(args, parser)] if given else None, remeasure=True)
+    choice = llm.tune(prompts, remeasure=True)
     table = sys.stderr if args.json == "-" else sys.stdout
     for c in choice.candidates:
         opts = " ".join(f"{k}={v}" for k, v in c.options.items())
