@@ -11,6 +11,7 @@ import ctypes
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -102,24 +103,27 @@ def read_config(path: str | Path) -> ModelConfig:
         raise CheckpointError(f"{file} has no {e.args[0]!r}: not a Llama-family config") from None
 
 
-def _safetensors(file: Path) -> dict[str, torch.Tensor]:
+def _safetensors(file: Path, read: Callable[[int], object] | None = None) -> dict[str, torch.Tensor]:
     try:
-        return pages.load(_require(file, "weight file"), huge=False)
+        return pages.load(_require(file, "weight file"), huge=False, read=read)
     except (ValueError, KeyError, RuntimeError) as e:
         raise CheckpointError(f"{file} is not a readable safetensors file ({e}): truncated or damaged?") from None
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint folder's tensors by their names, read under the load's bar."""
     single, index = path / "model.safetensors", path / "model.safetensors.index.json"
     if single.exists():
-        return _safetensors(single)
-    if index.exists():
-        files = sorted(set(_json(index)["weight_map"].values()))
-        weights = {}
-        for name in files:
-            weights.update(_safetensors(path / name))
-        return weights
-    raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
+        files = [single]
+    elif index.exists():
+        files = [path / name for name in sorted(set(_json(index)["weight_map"].values()))]
+    else:
+        raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
+    weights = {}
+    with loading_bar(path, sum(f.stat().st_size for f in files if f.exists())) as bar:
+        for file in files:
+            weights.update(_safetensors(file, bar.update))
+    return weights
 
 
 HEAD_TOKENS = "head_tokens.safetensors"     # in a draft's folder: "ids", the tokens its head computes
@@ -395,8 +399,8 @@ BAR_DELAY = 1.0            # seconds a load runs before its bar shows
 
 
 def loading_bar(path: Path, nbytes: int) -> tqdm:
-    """A bar on stderr over the bytes of a file's matrices as they are laid out for the kernels: shown where that
-    lasts past BAR_DELAY (an 8B file: seconds) and stderr is a terminal, gone once they are."""
+    """A bar on stderr over the bytes of a checkpoint's weights as they are read or laid out for the kernels: shown
+    where that lasts past BAR_DELAY (an 8B model: seconds) and stderr is a terminal, gone once they are."""
     return tqdm(total=nbytes, desc=f"loading {path.name}", unit="B", unit_scale=True, delay=BAR_DELAY, disable=None,
                 leave=False, file=sys.stderr)
 

@@ -15,6 +15,7 @@ import json
 import mmap
 import weakref
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -93,12 +94,13 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF1
           "BOOL": torch.bool}
 
 
-def load(file: str | Path, huge: bool = True) -> dict[str, torch.Tensor]:
+def load(file: str | Path, huge: bool = True, read: Callable[[int], object] | None = None) -> dict[str, torch.Tensor]:
     """A safetensors file's tensors, read from the file, not mapped (safetensors' load_file gives views of the
     file's one mapping: a view kept keeps it whole). `huge`, where the system gives huge pages: into one mapping
     advised for them, each on a cache line (on_huge_pages leaves them there); else each into memory of its own, so
-    that each goes alone once copied or replaced. Its layout (safetensors' format): a u64 header length, the JSON
-    header (name -> dtype, shape, data_offsets), the data."""
+    that each goes alone once copied or replaced. `read(n)` is told the bytes read, the whole file's in all (a
+    bar's update). Its layout (safetensors' format): a u64 header length, the JSON header (name -> dtype, shape,
+    data_offsets), the data."""
     file = Path(file)
     huge = huge and huge_pages()
     with open(file, "rb") as f:
@@ -107,6 +109,8 @@ def load(file: str | Path, huge: bool = True) -> dict[str, torch.Tensor]:
             raise ValueError(f"{file} is not a safetensors file")
         header = json.loads(f.read(n))
         header.pop("__metadata__", None)
+        read = read or (lambda nbytes: None)
+        read(8 + n)
         spans = {k: v["data_offsets"] for k, v in header.items()}
         raw, at, out = huge_zeros(max(sum(aligned(e - b) for b, e in spans.values()), ALIGN)) if huge else None, 0, {}
         for k, (b, e) in spans.items():
@@ -116,6 +120,7 @@ def load(file: str | Path, huge: bool = True) -> dict[str, torch.Tensor]:
                 raise ValueError(f"{file}: {k} ends past the file")
             out[k] = dest.view(DTYPES[header[k]["dtype"]]).view(header[k]["shape"])
             at += aligned(e - b)
+            read(e - b)
     return out
 
 
