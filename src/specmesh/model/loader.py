@@ -153,14 +153,14 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     if gguf.is_gguf(path) and not blocks:
         cfg = read_config(path)
         state = dequantized_state(path, cfg, dtype, whole=quant is None and part is None and dtype == torch.float32)
+    elif gguf.is_gguf(path):                    # Q8Linear's first load: float32 weights to quantize, and the blocks
+        checkpoint = gguf.read_gguf(path, blocks=True)
+        cfg, kept = checkpoint.config, checkpoint.blocks
+        state = joined_state(path, cfg, checkpoint.weights)
+        del checkpoint
     else:
-        if gguf.is_gguf(path):
-            checkpoint = gguf.read_gguf(path, blocks)
-            cfg, hf, kept = checkpoint.config, checkpoint.weights, checkpoint.blocks
-            del checkpoint
-        else:
-            cfg, hf = read_config(path), read_weights(path)
-        state = joined_state(path, cfg, hf)
+        cfg = read_config(path)
+        state = joined_state(path, cfg, read_weights(path))
     with torch.device("meta"):
         model = Transformer(cfg)
     model.load_state_dict(state, strict=False, assign=True)
