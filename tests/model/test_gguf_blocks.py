@@ -18,8 +18,8 @@ from specmesh import LLM, SamplingParams, kernels
 from specmesh.kernels.build import Matrix
 from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
 from specmesh.model.cache import KVCache
-from specmesh.model.gguf import (GGUF_ARCHITECTURES, HPARAMS, gguf_name, hf_tensor_names, pre_name, write_architecture,
-                                 write_tokenizer)
+from specmesh.model.gguf import (GGUF_ARCHITECTURES, HPARAMS, gguf_name, grid_tables, hf_tensor_names, pre_name,
+                                 write_architecture, write_tokenizer)
 from specmesh.model.loader import load_model, load_tokenizer, runs_file_blocks
 from specmesh.timing import weight_bytes
 
@@ -27,7 +27,9 @@ Q = gguf.GGMLQuantizationType
 KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
 # where each block type keeps its fp16 scales (d, then dmin or m where it has one)
 SCALES = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_1: (0, 2), Q.Q5_1: (0, 2), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2),
-          Q.Q3_K: (108,), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,), Q.Q2_K: (80, 82), Q.IQ2_XXS: (0,)}
+          Q.Q3_K: (108,), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,), Q.Q2_K: (80, 82), Q.IQ2_XXS: (0,),
+          Q.IQ2_XS: (0,), Q.IQ2_S: (0,), Q.IQ3_XXS: (0,), Q.IQ3_S: (0,), Q.IQ1_S: (0,)}
+GRID_KINDS = [Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S]     # dequantized by csrc/grids.c
 
 pytestmark = pytest.mark.skipif(kernels.kernel_lib() is None, reason="needs csrc/ built (x86 with AVX2 and gcc)")
 
@@ -57,6 +59,22 @@ def test_each_block_type_dequantizes_as_gguf_does(kind):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     table = GGUFEmbedding(matrix_of(raw, kind, 512))
     assert torch.equal(table(torch.tensor([[2, 0]])), torch.from_numpy(want[[2, 0]])[None])
+
+
+@pytest.mark.parametrize("kind", GRID_KINDS, ids=lambda k: k.name)
+def test_each_grid_kind_dequantizes_as_gguf_does(kind):
+    """The IQ kinds of 1-3 bits, which the kernels do not multiply, dequantized at load by csrc/grids.c with the
+    package's own grids: its arithmetic, bit for bit."""
+    from specmesh.model.gguf import dequantize
+    from specmesh.model.gguf_file import Tensor
+    raw = random_blocks(kind, 5, 1024, np.random.default_rng(2))
+    want = gguf.quants.dequantize(raw, kind).astype(np.float32)
+    got = np.empty((5, 1024), np.float32)
+    grid, ksigns = grid_tables(int(kind))
+    assert kernels.kernel_lib().gguf_dequantize_grid(int(kind), raw.ctypes.data, got.size, got.ctypes.data,
+                                                      grid.ctypes.data, ksigns.ctypes.data) == 0
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(dequantize("m.gguf", Tensor("w", (5, 1024), int(kind), raw)), want)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)

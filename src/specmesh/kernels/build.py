@@ -22,6 +22,7 @@ from specmesh.settings import settings
 CSRC = Path(__file__).parents[1] / "csrc"
 SOURCE, AVX512_SOURCE, POOL_SOURCE = CSRC / "avx2.c", CSRC / "avx512.c", CSRC / "pool.c"
 BLOCKS_SOURCE, BLOCKS512_SOURCE, BLOCKS_AMX_SOURCE = CSRC / "blocks.c", CSRC / "blocks512.c", CSRC / "blocks_amx.c"
+GRIDS_SOURCE = CSRC / "grids.c"
 
 
 class LayerWeights(ctypes.Structure):
@@ -82,7 +83,7 @@ def kernel_lib() -> ctypes.CDLL | None:
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             out = Path(tmp) / lib.name
             built = compiled(Path(tmp), omp[:1])
-            base = [SOURCE, POOL_SOURCE, BLOCKS_SOURCE]
+            base = [SOURCE, POOL_SOURCE, BLOCKS_SOURCE, GRIDS_SOURCE]
             wide = base + [AVX512_SOURCE, BLOCKS512_SOURCE]
             for files in (wide + [BLOCKS_AMX_SOURCE], wide, base):
                 # without the AMX int8 tiles, then without AVX-512 too, where gcc is too old for them
@@ -108,7 +109,7 @@ def kernel_lib() -> ctypes.CDLL | None:
 def compiled(folder: Path, flags: list[str]) -> dict[Path, subprocess.CompletedProcess]:
     """Each source of csrc/ compiled to folder/NAME.o, as many at once as there are cores (gcc takes one each), the
     longest first; source -> its gcc run."""
-    sources = [AVX512_SOURCE, BLOCKS512_SOURCE, SOURCE, BLOCKS_SOURCE, BLOCKS_AMX_SOURCE, POOL_SOURCE]
+    sources = [AVX512_SOURCE, BLOCKS512_SOURCE, SOURCE, BLOCKS_SOURCE, BLOCKS_AMX_SOURCE, POOL_SOURCE, GRIDS_SOURCE]
     with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
         runs = {f: pool.submit(subprocess.run, ["gcc", "-O3", "-mavx2", "-mfma", "-mf16c", "-fPIC", *flags, "-c",
                                                 str(f), "-o", str(folder / f"{f.stem}.o")], capture_output=True,
