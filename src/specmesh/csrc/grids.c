@@ -94,7 +94,8 @@ static EXACT void grid_block(int type, const uint8_t *b, const float *grid, cons
 }
 
 // n weights of `type` from src (whole 256-blocks) -> out; returns 0, or -1 for a type this file does not know
-int gguf_dequantize_grid(int type, const uint8_t *src, int64_t n, float *out, const float *grid, const uint8_t *ksigns) {
+int gguf_dequantize_grid(int type, const uint8_t *src, int64_t n, float *out, const float *grid,
+                         const uint8_t *ksigns) {
     const int bb = grid_block_bytes(type);
     if (!bb) return -1;
     for (int64_t b = 0; b < n / 256; b++) grid_block(type, src + b * bb, grid, ksigns, out + b * 256);
