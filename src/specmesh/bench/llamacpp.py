@@ -160,6 +160,8 @@ class NativeRunner:
             run = subprocess.run(self.cmd + ["-p", prompt, "-n", str(max_new_tokens)], capture_output=True,
                                  text=True, errors="replace")  # timings are lost at exit; a random-weight
                                                                # model's bytes need not be UTF-8
+            if run.returncode == 0 and not run.stdout and attempt < 2:
+                continue                    # and now and then one exits at once, status 0, before the prompt
             if run.returncode != 0 or prompt not in run.stdout:
                 raise RuntimeError(f"{self.cmd[0]} failed (exit {run.returncode}): {run.stderr[-300:]}")
             try:

@@ -351,11 +351,15 @@ def describe(path: Path) -> dict:
 
 def check(path: Path, threads: int | None = None) -> dict:
     """llama.cpp takes the file: llama-completion decodes a few tokens from it (its timings, logged from a thread of
-    its own, are now and then lost at exit: not needed here), llama-bench times 16 decoded tokens (its tok/s)."""
+    its own, are now and then lost at exit: not needed here; and now and then it exits with status 0 right after
+    starting its threads, before the prompt: tried up to 3 times), llama-bench times 16 decoded tokens (its tok/s)."""
     threads, prompt = str(threads or os.cpu_count() or 1), "The capital of France is"
-    run = subprocess.run([str(tool("llama-completion")), "-m", str(path), "-p", prompt, "-n", "8", "--temp", "0",
-                          "--ignore-eos", "-no-cnv", "-c", "512", "-t", threads], capture_output=True, text=True,
-                         errors="replace", stdin=subprocess.DEVNULL)
+    for _ in range(3):
+        run = subprocess.run([str(tool("llama-completion")), "-m", str(path), "-p", prompt, "-n", "8", "--temp", "0",
+                              "--ignore-eos", "-no-cnv", "-c", "512", "-t", threads], capture_output=True, text=True,
+                             errors="replace", stdin=subprocess.DEVNULL)
+        if run.returncode != 0 or run.stdout:
+            break
     if run.returncode != 0 or not run.stdout.startswith(prompt) or run.stdout == prompt:
         raise RuntimeError(f"llama-completion could not run {path} (exit {run.returncode}): {run.stderr[-800:]}")
     bench = subprocess.run([str(tool("llama-bench")), "-m", str(path), "-t", threads, "-p", "0", "-n", "16", "-o",
