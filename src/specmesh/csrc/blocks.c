@@ -15,8 +15,7 @@
 #include "pool.h"
 #include <stdlib.h>
 
-// -- dequantization (gguf.quants' numpy arithmetic: products and differences rounded one by one) ---------------
-#define EXACT __attribute__((optimize("fp-contract=off")))
+// -- dequantization (gguf.quants' numpy arithmetic: products and differences rounded one by one: EXACT) ---------
 
 static inline void scale_min(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
     uint64_t a, b;

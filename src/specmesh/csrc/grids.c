@@ -7,9 +7,6 @@
 #include "api.h"
 #include "blocks.h"
 
-#define EXACT __attribute__((optimize("fp-contract=off")))
-enum { IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ3_S = 21, IQ2_S = 22 };
-
 static int grid_block_bytes(int type) {
     switch (type) {
         case IQ2_XXS: return 66;
