@@ -1,8 +1,9 @@
-// gguf_dequantize_grid: the IQ kinds of 1-3 bits a weight (IQ1_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) -> float32,
-// with the `gguf` package's arithmetic, bit for bit. Each holds, per 256 weights, an fp16 d, a scale per 16 or 32
-// weights and indices into a grid of 4 or 8 values; the grids are the package's own (gguf.quants.<KIND>.grid, float32
-// [entries][width]) and IQ2_XXS.ksigns (128 bytes: 7 bits of sign index -> 8 signs, the 8th their parity), handed in.
-// The kernels do not multiply these kinds: a matrix of them is dequantized at load (model/loader.py).
+// gguf_dequantize_grid: the IQ kinds of 1-3 bits a weight (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) ->
+// float32, with the `gguf` package's arithmetic, bit for bit. Each holds, per 256 weights, an fp16 d, a scale per 16
+// or 32 weights and indices into a grid of 4 or 8 values; the grids are the package's own (gguf.quants.<KIND>.grid,
+// float32 [entries][width]) and IQ2_XXS.ksigns (128 bytes: 7 bits of sign index -> 8 signs,
+// the 8th their parity), handed in. The kernels do not multiply these kinds: a matrix of them is dequantized at
+// load (model/loader.py).
 
 #include "api.h"
 #include "blocks.h"
@@ -15,6 +16,7 @@ static int grid_block_bytes(int type) {
         case IQ3_XXS: return 98;
         case IQ3_S: return 110;
         case IQ1_S: return 50;
+        case IQ1_M: return 56;
         default: return 0;
     }
 }
@@ -41,6 +43,19 @@ static EXACT void grid_block(int type, const uint8_t *b, const float *grid, cons
                 const float *g = grid + 8 * (b[2 + 4 * s + k] | ((qh >> (3 * k)) & 7) << 8);
                 for (int j = 0; j < 8; j++) y[32 * s + 8 * k + j] = dl * (g[j] + delta);
             }
+        }
+        return;
+    }
+    if (type == IQ1_M) {        // qs[32], qh[16] (3 index bits and delta's sign per 8), scales u16[4]: 3 bits per 16
+        uint16_t sc[4];             // and, in their top nibbles, d
+        memcpy(sc, b + 48, 8);
+        const uint16_t h = (sc[0] >> 12) | (sc[1] & 0xF000) >> 8 | (sc[2] & 0xF000) >> 4 | (sc[3] & 0xF000);
+        const float d = _cvtsh_ss(h);
+        for (int k = 0; k < 32; k++) {
+            const int q = (b[32 + k / 2] >> (4 * (k % 2))) & 0x0F, s = (sc[k / 8] >> (3 * ((k / 2) % 4))) & 7;
+            const float dl = d * (float)(2 * s + 1), delta = q & 0x08 ? -0.125f : 0.125f;
+            const float *g = grid + 8 * (b[k] | (q & 7) << 8);
+            for (int j = 0; j < 8; j++) y[8 * k + j] = dl * (g[j] + delta);
         }
         return;
     }

@@ -327,7 +327,7 @@ FLOATS = {"F32": lambda raw: raw.view(np.float32).astype(np.float32),         # 
           "F16": lambda raw: raw.view(np.float16).astype(np.float32),
           "BF16": lambda raw: (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)}    # float32's top half
 C_DEQUANTIZED = {2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23}  # Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS: csrc/blocks.c
-GRIDS = {16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 21: "IQ3_S", 22: "IQ2_S"}   # csrc/grids.c
+GRIDS = {16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 21: "IQ3_S", 22: "IQ2_S", 29: "IQ1_M"}  # csrc/grids.c
 
 
 def dequantize(path, t: Tensor) -> np.ndarray:
