@@ -340,3 +340,15 @@ def test_generate_chat_sends_the_rendered_template(chat_checkpoint, tmp_path):
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     assert json.loads(r.stdout)["tokens"] == llm.chat(messages, SamplingParams(max_new_tokens=6)).tokens
     assert llm.tokenizer.render_chat(messages).startswith("<|im_start|>system\nbe brief<|im_end|>")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["from-its-blocks", "dequantized"])
+def test_a_gguf_file_without_a_weight_the_model_reads_fails_in_one_line_naming_it(tiny_checkpoint, tmp_path, dtype):
+    from specmesh.model.gguf import write_gguf
+    from specmesh.model.loader import CheckpointError, read_config, read_weights
+    weights = read_weights(tiny_checkpoint)
+    del weights["model.layers.1.mlp.down_proj.weight"]
+    path = write_gguf(tmp_path / "m.gguf", read_config(tiny_checkpoint), weights, load_tokenizer(tiny_checkpoint),
+                      "q8_0")
+    with pytest.raises(CheckpointError, match=r"m\.gguf: weight model\.layers\.1\.mlp\.down_proj\.weight is missing$"):
+        load_model(path, dtype)

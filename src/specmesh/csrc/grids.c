@@ -32,6 +32,11 @@ static EXACT void signed_row(float db, const float *g, int n, unsigned signs, fl
     }
 }
 
+// y[0..8) = dl (g[j] + delta), as numpy's dl * (grid + delta) (IQ1_S, IQ1_M)
+static EXACT void shifted_row(float dl, const float *g, float delta, float *y) {
+    for (int j = 0; j < 8; j++) y[j] = dl * (g[j] + delta);
+}
+
 // one 256-block b of `type` -> y[256]
 static EXACT void grid_block(int type, const uint8_t *b, const float *grid, const uint8_t *ksigns, float *y) {
     if (type == IQ1_S) {                    // qs[32], qh u16[8]: 3 more index bits per 8, the scale, delta's sign
@@ -40,8 +45,7 @@ static EXACT void grid_block(int type, const uint8_t *b, const float *grid, cons
             const uint16_t qh = u16(b + 34 + 2 * s);
             const float dl = d * (float)(2 * ((qh >> 12) & 7) + 1), delta = qh & 0x8000 ? -0.125f : 0.125f;
             for (int k = 0; k < 4; k++) {
-                const float *g = grid + 8 * (b[2 + 4 * s + k] | ((qh >> (3 * k)) & 7) << 8);
-                for (int j = 0; j < 8; j++) y[32 * s + 8 * k + j] = dl * (g[j] + delta);
+                shifted_row(dl, grid + 8 * (b[2 + 4 * s + k] | ((qh >> (3 * k)) & 7) << 8), delta, y + 32 * s + 8 * k);
             }
         }
         return;
@@ -54,8 +58,7 @@ static EXACT void grid_block(int type, const uint8_t *b, const float *grid, cons
         for (int k = 0; k < 32; k++) {
             const int q = (b[32 + k / 2] >> (4 * (k % 2))) & 0x0F, s = (sc[k / 8] >> (3 * ((k / 2) % 4))) & 7;
             const float dl = d * (float)(2 * s + 1), delta = q & 0x08 ? -0.125f : 0.125f;
-            const float *g = grid + 8 * (b[k] | (q & 7) << 8);
-            for (int j = 0; j < 8; j++) y[8 * k + j] = dl * (g[j] + delta);
+            shifted_row(dl, grid + 8 * (b[k] | (q & 7) << 8), delta, y + 8 * k);
         }
         return;
     }

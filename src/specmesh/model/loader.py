@@ -211,11 +211,7 @@ def dequantized_state(path: Path, cfg: ModelConfig, dtype: torch.dtype, whole: b
     copy), so they share one mapping on huge pages (pages.arena); a model that replaced some would keep the
     mapping whole behind the rest."""
     names, found = name_map(cfg), gguf.matrices(path, cfg)
-    vectors = gguf.file_to_hf(cfg, gguf.read_weights(path, cfg, vectors_only=True)[0])
-    missing = [n for ours, theirs in names.items() if not ours.endswith(".bias") for n in theirs
-               if n not in found and n not in vectors]
-    if missing:
-        raise CheckpointError(f"{path}: weight {missing[0]} is missing")
+    vectors = file_vectors(path, cfg, found)
     state = {ours: torch.cat(parts) for ours, theirs in names.items()
              if (parts := [vectors[n] for n in theirs if n in vectors])}
     joined = {ours: [found[n] for n in theirs] for ours, theirs in names.items() if theirs[0] in found}
@@ -235,6 +231,17 @@ def dequantized_state(path: Path, cfg: ModelConfig, dtype: torch.dtype, whole: b
                 bar.update(t.data.nbytes)
             state[ours], at = out, at + spans[ours]
     return state
+
+
+def file_vectors(path: Path, cfg: ModelConfig, found: dict) -> dict[str, torch.Tensor]:
+    """A GGUF file's norms and biases by HF name (file_to_hf), once every weight the model reads but a bias is
+    known to be in the file (`found`: its matrices, gguf.matrices)."""
+    vectors = gguf.file_to_hf(cfg, gguf.read_weights(path, cfg, vectors_only=True)[0])
+    missing = [n for ns in name_map(cfg).values() for n in ns
+               if n not in found and n not in vectors and ".bias" not in n]
+    if missing:
+        raise CheckpointError(f"{path}: weight {missing[0]} is missing")
+    return vectors
 
 
 def load_packed(path: Path, identity: str, cached: dict, draft: bool = False) -> Transformer:
@@ -339,7 +346,7 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
     the model gets this CPU's kernels (select_kernels) as any bf16 model."""
     cfg, lib = read_config(path), kernel_lib()
     found = gguf.matrices(path, cfg)
-    vectors = gguf.file_to_hf(cfg, gguf.read_weights(path, cfg, vectors_only=True)[0])
+    vectors = file_vectors(path, cfg, found)
     with torch.device("meta"):
         model = Transformer(cfg)
     names, tied = name_map(cfg), cfg.tie_word_embeddings
@@ -366,9 +373,6 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
         theirs = names.get(ours.replace(".weight", ".bias"), [])
         return torch.cat([vectors[n] for n in theirs]) if theirs and all(n in vectors for n in theirs) else None
 
-    missing = [n for ns in names.values() for n in ns if n not in found and n not in vectors and ".bias" not in n]
-    if missing:
-        raise CheckpointError(f"{path}: weight {missing[0]} is missing")
     state = {ours: torch.cat([vectors[n] for n in theirs]) for ours, theirs in names.items()
              if all(n in vectors for n in theirs) and not ours.endswith(".bias")}
     linears = [ours for ours, theirs in names.items() if ours != "embed.weight" and all(n in found for n in theirs)]
