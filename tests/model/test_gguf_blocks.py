@@ -16,20 +16,22 @@ import torch
 from conftest import tiny_config
 from specmesh import LLM, SamplingParams, kernels
 from specmesh.kernels.build import Matrix
+from specmesh.kernels.grids import hand_grid
 from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear
 from specmesh.model.cache import KVCache
-from specmesh.model.gguf import (GGUF_ARCHITECTURES, HPARAMS, gguf_name, grid_tables, hf_tensor_names, pre_name,
+from specmesh.model.gguf import (GGUF_ARCHITECTURES, HPARAMS, gguf_name, hf_tensor_names, pre_name,
                                  write_architecture, write_tokenizer)
 from specmesh.model.loader import load_model, load_tokenizer, runs_file_blocks
 from specmesh.timing import weight_bytes
 
 Q = gguf.GGMLQuantizationType
-KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
+KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS,
+         Q.IQ3_XXS, Q.IQ3_S, Q.IQ2_XXS, Q.IQ1_S]            # (the last four packed as levels: csrc/grids.c)
 # where each block type keeps its fp16 scales (d, then dmin or m where it has one)
 SCALES = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_1: (0, 2), Q.Q5_1: (0, 2), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2),
           Q.Q3_K: (108,), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,), Q.Q2_K: (80, 82), Q.IQ2_XXS: (0,),
           Q.IQ2_XS: (0,), Q.IQ2_S: (0,), Q.IQ3_XXS: (0,), Q.IQ3_S: (0,), Q.IQ1_S: (0,), Q.IQ1_M: ()}
-GRID_KINDS = [Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M]  # dequantized by csrc/grids.c
+GRID_KINDS = [Q.IQ2_XS, Q.IQ2_S, Q.IQ1_M]             # dequantized at load by csrc/grids.c, not multiplied
 
 pytestmark = pytest.mark.skipif(kernels.kernel_lib() is None, reason="needs csrc/ built (x86 with AVX2 and gcc)")
 
@@ -55,6 +57,7 @@ def test_each_block_type_dequantizes_as_gguf_does(kind):
     raw = random_blocks(kind, 3, 512, np.random.default_rng(0))
     want = gguf.quants.dequantize(raw, kind).astype(np.float32)
     got = np.empty((3, 512), np.float32)
+    hand_grid(kernels.kernel_lib(), int(kind))          # (the IQ kinds of grids: their grid first)
     assert kernels.kernel_lib().gguf_dequantize(int(kind), raw.ctypes.data, got.size, got.ctypes.data) == 0
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     table = GGUFEmbedding(matrix_of(raw, kind, 512))
@@ -63,19 +66,15 @@ def test_each_block_type_dequantizes_as_gguf_does(kind):
 
 @pytest.mark.parametrize("kind", GRID_KINDS, ids=lambda k: k.name)
 def test_each_grid_kind_dequantizes_as_gguf_does(kind):
-    """The IQ kinds of 1-3 bits, which the kernels do not multiply, dequantized at load by csrc/grids.c with the
-    package's own grids: its arithmetic, bit for bit."""
+    """The IQ kinds of 1-2 bits with a scale per 16, which the kernels do not multiply, dequantized at load by
+    csrc/grids.c with the package's own grids: its arithmetic, bit for bit."""
     from specmesh.model.gguf import dequantize
     from specmesh.model.gguf_file import Tensor
     raw = random_blocks(kind, 5, 1024, np.random.default_rng(2))
     want = gguf.quants.dequantize(raw, kind).astype(np.float32)
-    got = np.empty((5, 1024), np.float32)
-    grid, ksigns = grid_tables(int(kind))
-    assert kernels.kernel_lib().gguf_dequantize_grid(int(kind), raw.ctypes.data, got.size, got.ctypes.data,
-                                                      grid.ctypes.data, ksigns.ctypes.data) == 0
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     got = dequantize("m.gguf", Tensor("w", (5, 1024), int(kind), raw))      # (IQ1_M's random d: NaN at times)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert not kernels.kernel_lib().gguf_kernel(int(kind), 1024)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
@@ -206,14 +205,17 @@ def test_a_matrix_of_parts_reads_each_of_its_own_type_through_its_row_map():
 def q4_k_m_kind(name: str, layer: int) -> Q:
     """A Q4_K_M-like mix: Q6_K for the head and embedding, v and down, Q4_K elsewhere; layer 1 mixes in the
     32-blocks and Q5_K, as llama-quantize does for rows that are not whole 256-blocks or for some layers; layer 0's q
-    and k are IQ4_NL and IQ4_XS, layer 2's gate Q3_K, its up Q2_K and its attention output IQ2_XXS, a type the
-    kernels do not multiply (dequantized at load)."""
+    and k are IQ4_NL and IQ4_XS, its gate IQ2_XXS and attention output IQ1_S; layer 2's q and k IQ3_S and IQ3_XXS (as an
+    IQ3_M file's), its gate Q3_K, its up Q2_K and its attention output IQ2_XS, a type the kernels do not multiply
+    (dequantized at load)."""
     if name in ("token_embd.weight", "output.weight") or name.endswith(("attn_v.weight", "ffn_down.weight")):
         return Q.Q6_K
-    own = {0: {"attn_q.weight": Q.IQ4_NL, "attn_k.weight": Q.IQ4_XS},
+    own = {0: {"attn_q.weight": Q.IQ4_NL, "attn_k.weight": Q.IQ4_XS, "ffn_gate.weight": Q.IQ2_XXS,
+               "attn_output.weight": Q.IQ1_S},
            1: {"attn_q.weight": Q.Q5_0, "attn_output.weight": Q.Q8_0, "ffn_up.weight": Q.Q5_K, "attn_k.weight": Q.Q4_1,
                "ffn_gate.weight": Q.Q4_0},
-           2: {"ffn_gate.weight": Q.Q3_K, "ffn_up.weight": Q.Q2_K, "attn_output.weight": Q.IQ2_XXS}}
+           2: {"attn_q.weight": Q.IQ3_S, "attn_k.weight": Q.IQ3_XXS, "ffn_gate.weight": Q.Q3_K,
+               "ffn_up.weight": Q.Q2_K, "attn_output.weight": Q.IQ2_XS}}
     return own.get(layer, {}).get(name.split(".", 2)[-1], Q.Q4_K)
 
 
@@ -268,7 +270,7 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
     blocks, exact = load_model(kquant_file, torch.bfloat16), load_model(kquant_file, torch.float32)
     linears = [m for m in blocks.modules() if isinstance(m, GGUFLinear)]
     tied = blocks.config.tie_word_embeddings
-    assert len(linears) == 3 * 4 + 2 - tied - 1 and isinstance(blocks.embed, GGUFEmbedding)    # but IQ2_XXS's
+    assert len(linears) == 3 * 4 + 2 - tied - 1 and isinstance(blocks.embed, GGUFEmbedding)    # but IQ2_XS's
     dense = blocks.layers[2].block.attn.o
     assert not isinstance(dense, GGUFLinear) and dense.weight.dtype == torch.bfloat16, dense
     assert {type(b).__name__ for b in blocks.layers} == {"CBlock"}      # the whole forward in C, kinds mixed
@@ -276,11 +278,11 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
     reads = sum(m.nbytes for m in linears if m is not blocks.embed.table or tied)   # a lookup reads one row
     assert weight_bytes(blocks) == reads + weight_bytes(dense)
     copied = sum(t.numel() * t.element_size() for t in [*blocks.parameters(), *blocks.buffers()])
-    assert copied < 64 * 1024                               # norms and rotary: no weights copied (IQ2_XXS's: no parameter)
+    assert copied < 64 * 1024                               # norms and rotary: no weights copied (IQ2_XS's: no parameter)
     # but the matrices, re-laid in 8-row groups of their own bytes (K-quants + 3%; Q2_K's and Q3_K's scales a byte
-    # each; IQ4's scales as floats)
+    # each; IQ4's scales as floats; the grid kinds as 4-bit levels and a float scale a 32-block: 160 bytes a 256)
     extras = {Q.Q4_K: 1.03, Q.Q5_K: 1.03, Q.Q6_K: 1.03, Q.Q3_K: 114 / 110, Q.Q2_K: 100 / 84, Q.IQ4_NL: 20 / 18,
-              Q.IQ4_XS: 160 / 136}
+              Q.IQ4_XS: 160 / 136, Q.IQ3_S: 160 / 110, Q.IQ3_XXS: 160 / 98, Q.IQ2_XXS: 160 / 66, Q.IQ1_S: 160 / 50}
     for m in linears:
         for part, packed in zip(m.matrix.part, m.packed):
             assert (packed is not None) == (m is not blocks.embed.table or tied)

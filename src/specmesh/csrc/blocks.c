@@ -23,26 +23,6 @@ static inline void scale_min(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
     memcpy(sc, &a, 8), memcpy(mn, &b, 8);
 }
 
-static int block_bytes(int type) {
-    switch (type) {
-        case F32: return 4;
-        case F16: return 2;
-        case Q4_0: return 18;
-        case Q4_1: return 20;
-        case Q5_0: return 22;
-        case Q5_1: return 24;
-        case Q8_0: return 34;
-        case Q2_K: return 84;
-        case Q3_K: return 110;
-        case Q4_K: return 144;
-        case Q5_K: return 176;
-        case Q6_K: return 210;
-        case IQ4_NL: return 18;
-        case IQ4_XS: return 136;
-        default: return 0;
-    }
-}
-
 // Q3_K's 16 6-bit scales (12 bytes at sc) less 32, as Q6_K keeps its int8 scales
 static void q3k_scales(const uint8_t *sc, int8_t *out) {
     for (int s = 0; s < 16; s++) {
@@ -56,7 +36,6 @@ static EXACT void iq4_levels(float d, const uint8_t *qs, float *y) {
     for (int l = 0; l < 16; l++) y[l] = d * (float)IQ4_LEVELS[qs[l] & 0x0F], y[l + 16] = d * (float)IQ4_LEVELS[qs[l] >> 4];
 }
 
-#define IQ4_RECODED 20      // iq4_block's out: a float32 scale and 16 bytes
 
 // 32 weights s of an IQ4_NL or IQ4_XS block w as out: the float32 scale (IQ4_XS: d (s's 6-bit scale - 32), as
 // gguf.quants computes it: exact), then the 16 bytes of 4-bit level indices
@@ -77,7 +56,7 @@ static EXACT void dequantize_block(int type, const uint8_t *b, float *y) {
         case F16: y[0] = fp16(b); return;
         case IQ4_NL: case IQ4_XS:
             for (int s = 0; s < block_size(type) / 32; s++) {
-                uint8_t u[IQ4_RECODED];
+                uint8_t u[LEVELED_BYTES];
                 float d;
                 iq4_block(type, b, s, u), memcpy(&d, u, 4);
                 iq4_levels(d, u + 4, y + 32 * s);
@@ -147,13 +126,14 @@ static EXACT void dequantize_block(int type, const uint8_t *b, float *y) {
             }
             return;
         }
+        default: grid_block(type, b, y);             // the grid kinds (gguf_dequantize checks grid_ready)
     }
 }
 
 // n weights of `type` from src (whole blocks) -> out; returns 0, or -1 for a type this file does not know
 int gguf_dequantize(int type, const uint8_t *src, int64_t n, float *out) {
     const int bs = block_size(type), bb = block_bytes(type);
-    if (!bb) return -1;
+    if (!bb || (grid_kind(type) && !grid_ready(type))) return -1;
     for (int64_t b = 0; b < n / bs; b++) dequantize_block(type, src + b * bb, out + b * bs);
     return 0;
 }
@@ -537,16 +517,16 @@ static inline __attribute__((always_inline)) void group_block32(const uint8_t *g
     const int8_t *x = a->q32 + (m0 * QB + b) * 32;
     __m256i T[2][PACKED_MB];
     for (int h = 0; h < 2; h++) {
-        if (TYPE == Q8_0 || TYPE == IQ4_NL) {
+        if (TYPE == Q8_0 || leveled(TYPE)) {
             for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
-            __m256i levels[4];                             // IQ4: the weights 8 t .. as their levels (signed bytes)
-            for (int t = 0; TYPE == IQ4_NL && t < 2; t++) {
-                const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_LEVELS));
+            __m256i levels[4];                             // the weights 8 t .. as their levels (signed bytes)
+            for (int t = 0; leveled(TYPE) && t < 2; t++) {
+                const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels_of(TYPE)));
                 nibbles32(g, t, h, TYPE, &levels[t], &levels[2 + t]);
                 levels[t] = _mm256_shuffle_epi8(table, levels[t]), levels[2 + t] = _mm256_shuffle_epi8(table, levels[2 + t]);
             }
             _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {      // the weights 8 t ..
-                const __m256i q = TYPE == IQ4_NL ? levels[t]
+                const __m256i q = leveled(TYPE) ? levels[t]
                                                  : _mm256_loadu_si256((const __m256i *)(g + qs32(TYPE) + 64 * t + 32 * h));
                 const __m256i mag = _mm256_sign_epi8(q, q);
                 for (int i = 0; i < MB; i++) {
@@ -602,7 +582,7 @@ static inline __attribute__((always_inline)) void packed_dot32(const uint8_t *g,
     const int size = packed_block(TYPE);
     for (int b = 0; b < QB; b++, g += size) {
         for (int l = 0; l < size; l += 64) _mm_prefetch((const char *)g + AHEAD_BYTES + l, _MM_HINT_T1);
-        if (TYPE != Q8_0 && TYPE != IQ4_NL && chunks) {  // several rows: a nibble type unpacked once
+        if (TYPE != Q8_0 && !leveled(TYPE) && chunks) {  // several rows: a nibble type unpacked once
             __m256i W[8];
             for (int t = 0; t < 2; t++)
                 for (int h = 0; h < 2; h++) nibbles32(g, t, h, TYPE, &W[2 * t + h], &W[2 * (2 + t) + h]);
@@ -648,7 +628,7 @@ static inline int pair_at(int s, int r) { return 16 * (s / 2) + 2 * r + s % 2; }
 
 // row r's block w (of the file) into its group-block o (blocks.h's layouts)
 static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
-    if (type == IQ4_NL) {                               // w: iq4_block's float32 scale and 16 bytes of qs
+    if (leveled(type)) {                                // w: its float32 scale and 16 bytes of qs (recoded)
         memcpy(o + 4 * r, w, 4);
         for (int t = 0; t < 2; t++) memcpy(o + qs32(type) + 64 * t + 8 * r, w + 4 + 8 * t, 8);
         return;
@@ -710,7 +690,7 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
     const Part *p = k->p;
     const int as = runs_as(p->type), KB = k->K / block_size(as), size = packed_block(as), bytes = block_bytes(p->type);
     const int per = block_size(p->type) / block_size(as);              // packed blocks a block of the file
-    uint8_t recoded[IQ4_RECODED];                                      // a block of the file as one of `as`
+    uint8_t recoded[LEVELED_BYTES];                                    // a block of the file as one of `as`
     for (int64_t g = k->first + g0; g < k->first + g1; g++)
         for (int b = 0; b < KB; b++) {
             uint8_t *o = k->out + ((g - k->first) * KB + b) * size;
@@ -719,6 +699,7 @@ static void pack_groups(void *ctx, int64_t g0, int64_t g1) {
                 const int64_t row = g * PACK_ROWS + r;
                 const uint8_t *w = p->data + (int64_t)(p->map ? p->map[row] : row) * p->stride + b / per * bytes;
                 if (as == IQ4_NL) iq4_block(p->type, w, b % per, recoded), w = recoded;
+                else if (leveled(as)) grid_levels(p->type, w, b % per, recoded), w = recoded;
                 pack_block(as, w, r, o);
             }
         }
@@ -799,6 +780,7 @@ void gguf_linear(const float *x, int M, int K, const Matrix *w, int N, const flo
 
 // whether gguf_linear multiplies a matrix of this type with K columns
 int gguf_kernel(int type, int K) {
+    if (grid_kind(type)) return runs_as(type) != type && K % 256 == 0 && grid_ready(type);
     return (type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0) ? K % 32 == 0
            : (type >= Q2_K && type <= Q6_K) || type == IQ4_XS ? K % 256 == 0 : type == IQ4_NL ? K % 32 == 0 : 0;
 }

@@ -13,14 +13,72 @@ enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K 
 #define EXACT __attribute__((optimize("fp-contract=off")))     // each product and sum rounded as written (the gguf
                                                                 // package's arithmetic, bit for bit)
 
+// the packed kinds of the grid kinds that run from their bits (never a file's type): IQ4_NL's layout, each 32-block a
+// float32 scale and 4-bit indices into the kind's own 16 levels (levels_of): IQ3_S's, IQ3_XXS's, and IQ2_XXS's and
+// IQ1_S's in one table (IQ1_S's weights dl (grid + delta) as levels 8 grid +- 1 under a scale dl / 8)
+enum { LEVELS_IQ3_S = 100, LEVELS_IQ3_XXS = 101, LEVELS_IQ2_IQ1 = 102 };
+
 // the type a file's type is packed and multiplied as: IQ4_XS's 256-blocks are 8 IQ4_NL 32-blocks (packed with float32
-// scales: IQ4_XS's d (s - 32) exactly)
-static inline int runs_as(int type) { return type == IQ4_XS ? IQ4_NL : type; }
+// scales: IQ4_XS's d (s - 32) exactly), IQ3_S's, IQ3_XXS's, IQ2_XXS's and IQ1_S's 8 32-blocks of their levels
+static inline int runs_as(int type) {
+    switch (type) {
+        case IQ4_XS: return IQ4_NL;
+        case IQ3_S: return LEVELS_IQ3_S;
+        case IQ3_XXS: return LEVELS_IQ3_XXS;
+        case IQ2_XXS: case IQ1_S: return LEVELS_IQ2_IQ1;
+        default: return type;
+    }
+}
+
+// whether a packed type's 4-bit q index levels (IQ4_NL's, the grid kinds')
+static inline int leveled(int type) { return type == IQ4_NL || type >= LEVELS_IQ3_S; }
+
+// the IQ kinds of 256-blocks indexing grids of values (csrc/grids.c)
+static inline int grid_kind(int type) {
+    return type == IQ2_XXS || type == IQ2_XS || type == IQ3_XXS || type == IQ1_S || type == IQ3_S || type == IQ2_S ||
+           type == IQ1_M;
+}
 
 // the weights of a block of `type` (F32, F16: 1)
 static inline int block_size(int type) {
-    return (type >= Q2_K && type <= Q6_K) || type == IQ4_XS ? 256 : type <= F16 ? 1 : 32;
+    return (type >= Q2_K && type <= Q6_K) || type == IQ4_XS || grid_kind(type) ? 256 : type <= F16 ? 1 : 32;
 }
+
+// the bytes of a block of a file's `type` (0: one this code does not read)
+static inline int block_bytes(int type) {
+    switch (type) {
+        case F32: return 4;
+        case F16: return 2;
+        case Q4_0: return 18;
+        case Q4_1: return 20;
+        case Q5_0: return 22;
+        case Q5_1: return 24;
+        case Q8_0: return 34;
+        case Q2_K: return 84;
+        case Q3_K: return 110;
+        case Q4_K: return 144;
+        case Q5_K: return 176;
+        case Q6_K: return 210;
+        case IQ4_NL: return 18;
+        case IQ4_XS: return 136;
+        case IQ2_XXS: return 66;
+        case IQ2_XS: return 74;
+        case IQ2_S: return 82;
+        case IQ3_XXS: return 98;
+        case IQ3_S: return 110;
+        case IQ1_S: return 50;
+        case IQ1_M: return 56;
+        default: return 0;
+    }
+}
+
+// csrc/grids.c: whether a grid kind's grid was handed in (gguf_grid); its 256-block b -> y[256], the `gguf` package's
+// arithmetic; sub-block s (32 weights) of one of the kinds runs_as packs as levels -> out: its float32 scale, then 16
+// bytes of 4-bit level indices (the low nibbles weights 0 .. 15, the high ones 16 .. 31)
+#define LEVELED_BYTES 20    // a 32-block recoded as levels: a float32 scale and 16 bytes
+int grid_ready(int type);
+void grid_block(int type, const uint8_t *b, float *y);
+void grid_levels(int type, const uint8_t *b, int s, uint8_t *out);
 
 typedef struct {            // one part of a matrix (kernels.GGUFLinear fills it)
     int type;               // a GGMLQuantizationType value
@@ -103,14 +161,14 @@ static inline int offset_shift(const int SIX) { return SIX == 1 ? 5 : SIX == 3 ?
 // (fp16; Q4_1, Q5_1), then the fifth bits qh [4 c][8 rows] (Q5_0, Q5_1: byte c of the row's qh, bit k its weight
 // 8 c + k), then the qs: Q8_0's [4 t][8 rows][8 bytes: q of the weights 8 t ..], Q4's and Q5's [2 t][8 rows][8 bytes:
 // the file's qs 8 t ..: low nibbles the weights 8 t + k, high nibbles 16 + 8 t + k]. The file's bytes, no more.
-// IQ4_NL's (IQ4_XS's sub-blocks too) holds its scales as float32 [8 rows], then Q4's qs: a nibble is the index of
-// its weight's level (IQ4_LEVELS). Every kernel computes a row's block as the exact integer T = sum(q x) (q in
-// -128..127 for Q8_0 and the IQ4 levels, the unsigned 0..15 or 0..31 for the others), then the one float part
+// A leveled type's (IQ4_NL's, IQ4_XS's sub-blocks, the grid kinds' LEVELS_*) holds its scales as float32 [8 rows],
+// then Q4's qs: a nibble is the index of its weight's level (levels_of). Every kernel computes a row's block as the
+// exact integer T = sum(q x) (q in -128..127 for Q8_0 and the levels, the unsigned 0..15 or 0..31 for the others), then the one float part
 // below.
 static inline int mins32(int type) { return type == Q4_1 || type == Q5_1; }
 static inline int five32(int type) { return type == Q5_0 || type == Q5_1; }
 static inline int qh32(int type) { return 16 + 16 * mins32(type); }            // where qh starts
-static inline int qs32(int type) { return type == IQ4_NL ? 32 : qh32(type) + 32 * five32(type); }   // the qs' start
+static inline int qs32(int type) { return leveled(type) ? 32 : qh32(type) + 32 * five32(type); }   // the qs' start
 static inline int q32_offset(int type) { return type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0; }  // w = d (q - offset) (+ m)
 
 // a group-block's bytes for a packed type (0: a type that is not packed)
@@ -122,7 +180,8 @@ static inline int packed_block(int type) {
         case Q2_K: return Q2K_PACKED;
         case Q3_K: return Q3K_PACKED;
         case Q8_0: return 16 + 256;
-        case Q4_0: case Q4_1: case Q5_0: case Q5_1: case IQ4_NL: return qs32(type) + 128;
+        case Q4_0: case Q4_1: case Q5_0: case Q5_1: case IQ4_NL: case LEVELS_IQ3_S: case LEVELS_IQ3_XXS:
+        case LEVELS_IQ2_IQ1: return qs32(type) + 128;
         default: return 0;
     }
 }
@@ -142,10 +201,22 @@ static inline int packed_block(int type) {
         case Q5_0: DOT32(g0, K / 32, a, m0, C, R, Q5_0, out); break;                                                  \
         case Q5_1: DOT32(g0, K / 32, a, m0, C, R, Q5_1, out); break;                                                  \
         case IQ4_NL: DOT32(g0, K / 32, a, m0, C, R, IQ4_NL, out); break;                                              \
+        case LEVELS_IQ3_S: DOT32(g0, K / 32, a, m0, C, R, LEVELS_IQ3_S, out); break;                                  \
+        case LEVELS_IQ3_XXS: DOT32(g0, K / 32, a, m0, C, R, LEVELS_IQ3_XXS, out); break;                              \
+        case LEVELS_IQ2_IQ1: DOT32(g0, K / 32, a, m0, C, R, LEVELS_IQ2_IQ1, out); break;                              \
     }
 
-// IQ4_NL's and IQ4_XS's 16 levels (gguf.quants.IQ4_NL.kvalues): a 4-bit q's weight, before the block's scale
+// a leveled type's 16 levels: a 4-bit q's weight, before the block's scale. IQ4_NL's and IQ4_XS's are
+// gguf.quants.IQ4_NL.kvalues; the grid kinds' are their grids' values with either sign (IQ3_S: the odd 1 .. 15;
+// IQ3_XXS: 4, 12, .. 52, 62; IQ2_XXS: 8, 25, 43; IQ1_S: 8 grid +- 1 of grid -1, 0, 1; unused levels 0)
 static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t IQ3_S_LEVELS[16] = {-15, -13, -11, -9, -7, -5, -3, -1, 1, 3, 5, 7, 9, 11, 13, 15};
+static const int8_t IQ3_XXS_LEVELS[16] = {-62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62};
+static const int8_t IQ2_IQ1_LEVELS[16] = {-43, -25, -9, -8, -7, -1, 0, 0, 0, 0, 1, 7, 8, 9, 25, 43};
+static inline const int8_t *levels_of(int type) {
+    return type == LEVELS_IQ3_S ? IQ3_S_LEVELS : type == LEVELS_IQ3_XXS ? IQ3_XXS_LEVELS
+         : type == LEVELS_IQ2_IQ1 ? IQ2_IQ1_LEVELS : IQ4_LEVELS;
+}
 
 // the packed kernels fetch the group-blocks AHEAD of the one they multiply, into L2 (_MM_HINT_T1): one row of
 // activations streams the weights faster than the hardware's prefetch alone fetches them, and fetched into L2 alone
@@ -201,7 +272,7 @@ static inline __m256 packed_float(__m256 acc, __m256i T, const uint8_t *g, const
 static inline __m256 packed_float32(__m256 acc, __m256i T, const uint8_t *g, float dx, int32_t s, float ds,
                                     const int TYPE) {
     if (q32_offset(TYPE)) T = _mm256_sub_epi32(T, _mm256_set1_epi32(q32_offset(TYPE) * s));
-    const __m256 d = TYPE == IQ4_NL ? _mm256_loadu_ps((const float *)g) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
+    const __m256 d = leveled(TYPE) ? _mm256_loadu_ps((const float *)g) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc);
     if (!mins32(TYPE)) return acc;
     return _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16))), _mm256_set1_ps(ds), acc);

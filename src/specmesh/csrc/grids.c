@@ -1,28 +1,83 @@
-// gguf_dequantize_grid: the IQ kinds of 1-3 bits a weight (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) ->
-// float32, with the `gguf` package's arithmetic, bit for bit. Each holds, per 256 weights, an fp16 d, a scale per 16
-// or 32 weights and indices into a grid of 4 or 8 values; the grids are the package's own (gguf.quants.<KIND>.grid,
-// float32 [entries][width]) and IQ2_XXS.ksigns (128 bytes: 7 bits of sign index -> 8 signs,
-// the 8th their parity), handed in. The kernels do not multiply these kinds: a matrix of them is dequantized at
-// load (model/loader.py).
+// The IQ kinds of 1-3 bits a weight (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S). Each holds, per 256
+// weights, an fp16 d, a scale per 16 or 32 weights and indices into a grid of 4 or 8 values; the grids are the
+// `gguf` package's own (gguf.quants.<KIND>.grid, float32 [entries][width]) and IQ2_XXS.ksigns (128 bytes: 7 bits
+// of sign index -> 8 signs, the 8th their parity), handed in once (gguf_grid: kernels/grids.py).
+// grid_block: a block -> float32 with the package's arithmetic, bit for bit (gguf_dequantize).
+// grid_levels: a 32-block of the kinds with a scale per 32 (IQ3_XXS, IQ3_S, IQ2_XXS, IQ1_S) as a float32 scale and
+// 4-bit indices into its kind's 16 levels (blocks.h's levels_of), which the 32-block kernels multiply as IQ4_NL's:
+// the weights exactly, since each is its scale times an integer level. IQ2_XS, IQ2_S and IQ1_M change scale every 16
+// weights: they are dequantized at load (model/loader.py).
 
 #include "api.h"
 #include "blocks.h"
 
-static int grid_block_bytes(int type) {
-    switch (type) {
-        case IQ2_XXS: return 66;
-        case IQ2_XS: return 74;
-        case IQ2_S: return 82;
-        case IQ3_XXS: return 98;
-        case IQ3_S: return 110;
-        case IQ1_S: return 50;
-        case IQ1_M: return 56;
-        default: return 0;
-    }
+static const float *GRID[IQ1_M + 1];        // by kind: the grid handed in, or NULL
+static const uint8_t *KSIGNS;
+static uint8_t INDEX[3][256];               // by packed kind less LEVELS_IQ3_S: a level (as a byte) -> its index
+
+void gguf_grid(int type, const float *grid, const uint8_t *ksigns) {
+    if (!grid_kind(type)) return;
+    const int packed = runs_as(type);
+    for (int i = 15; packed >= LEVELS_IQ3_S && i >= 0; i--)
+        INDEX[packed - LEVELS_IQ3_S][(uint8_t)levels_of(packed)[i]] = (uint8_t)i;
+    KSIGNS = ksigns, GRID[type] = grid;
 }
+
+int grid_ready(int type) { return grid_kind(type) && GRID[type] && KSIGNS; }
 
 static inline uint32_t u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint16_t u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+// v[0..n) = g[j], negative where bit j of `signs` is set
+static inline void signed_values(const float *g, int n, unsigned signs, int8_t *v) {
+    for (int j = 0; j < n; j++) v[j] = (int8_t)((signs >> j) & 1 ? -g[j] : g[j]);
+}
+
+// sub-block s (weights 32 s ..) of a 256-block b of IQ3_XXS, IQ3_S, IQ2_XXS or IQ1_S: its weights are scale v[j]
+// (IQ1_S's dl (grid + delta) as dl / 8 (8 grid +- 1): the same product, rounded once)
+static EXACT void sub_block(int type, const uint8_t *b, int s, float *scale, int8_t *v) {
+    const float *grid = GRID[type], d = fp16(b);
+    if (type == IQ1_S) {                    // qs[32], qh u16[8]: 3 more index bits per 8, the scale, delta's sign
+        const uint16_t qh = u16(b + 34 + 2 * s);
+        const int delta = qh & 0x8000 ? -1 : 1;
+        *scale = d * (float)(2 * ((qh >> 12) & 7) + 1) * 0.125f;
+        for (int k = 0; k < 4; k++) {
+            const float *g = grid + 8 * (b[2 + 4 * s + k] | ((qh >> (3 * k)) & 7) << 8);
+            for (int j = 0; j < 8; j++) v[8 * k + j] = (int8_t)(8 * (int)g[j] + delta);
+        }
+        return;
+    }
+    if (type == IQ3_S) {    // qs[64] of 4 weights each, qh[8] (their 9th bits), signs[32] (a bit a weight), a 4-bit
+        *scale = d * (float)(1 + 2 * ((b[106 + s / 2] >> (4 * (s % 2))) & 0x0F));      // scale per 32
+        for (int k = 8 * s; k < 8 * s + 8; k++) {
+            const int index = b[2 + k] | ((b[66 + k / 8] >> (k % 8)) & 1) << 8;
+            signed_values(grid + 4 * index, 4, b[74 + k / 2] >> (4 * (k % 2)), v + 4 * (k - 8 * s));
+        }
+        return;
+    }
+    const int three = type == IQ3_XXS;      // per 32: indices, then a word of 4 x 7 sign bits and the scale
+    const uint8_t *qs = b + 2 + 8 * s;
+    const uint32_t a = three ? u32(b + 66 + 4 * s) : u32(b + 6 + 8 * s);
+    *scale = d * (0.5f + (float)(a >> 28)) * (three ? 0.5f : 0.25f);
+    for (int l = 0; l < 4; l++) {
+        const unsigned signs = KSIGNS[(a >> (7 * l)) & 127];
+        if (three) {
+            signed_values(grid + 4 * qs[2 * l], 4, signs, v + 8 * l);
+            signed_values(grid + 4 * qs[2 * l + 1], 4, signs >> 4, v + 8 * l + 4);
+        } else {
+            signed_values(grid + 8 * qs[l], 8, signs, v + 8 * l);
+        }
+    }
+}
+
+void grid_levels(int type, const uint8_t *b, int s, uint8_t *out) {
+    float scale;
+    int8_t v[32];
+    sub_block(type, b, s, &scale, v);
+    const uint8_t *index = INDEX[runs_as(type) - LEVELS_IQ3_S];
+    memcpy(out, &scale, 4);
+    for (int l = 0; l < 16; l++) out[4 + l] = index[(uint8_t)v[l]] | index[(uint8_t)v[l + 16]] << 4;
+}
 
 // y[0..n) = db g[j] with the sign of bit j of `signs` (set: negative), as numpy's db * grid * signs
 static EXACT void signed_row(float db, const float *g, int n, unsigned signs, float *y) {
@@ -32,21 +87,14 @@ static EXACT void signed_row(float db, const float *g, int n, unsigned signs, fl
     }
 }
 
-// y[0..8) = dl (g[j] + delta), as numpy's dl * (grid + delta) (IQ1_S, IQ1_M)
-static EXACT void shifted_row(float dl, const float *g, float delta, float *y) {
-    for (int j = 0; j < 8; j++) y[j] = dl * (g[j] + delta);
-}
-
-// one 256-block b of `type` -> y[256]
-static EXACT void grid_block(int type, const uint8_t *b, const float *grid, const uint8_t *ksigns, float *y) {
-    if (type == IQ1_S) {                    // qs[32], qh u16[8]: 3 more index bits per 8, the scale, delta's sign
-        const float d = fp16(b);
+EXACT void grid_block(int type, const uint8_t *b, float *y) {
+    const float *grid = GRID[type];
+    if (runs_as(type) != type) {            // the kinds of a scale per 32: scale v, as the package's product
         for (int s = 0; s < 8; s++) {
-            const uint16_t qh = u16(b + 34 + 2 * s);
-            const float dl = d * (float)(2 * ((qh >> 12) & 7) + 1), delta = qh & 0x8000 ? -0.125f : 0.125f;
-            for (int k = 0; k < 4; k++) {
-                shifted_row(dl, grid + 8 * (b[2 + 4 * s + k] | ((qh >> (3 * k)) & 7) << 8), delta, y + 32 * s + 8 * k);
-            }
+            float scale;
+            int8_t v[32];
+            sub_block(type, b, s, &scale, v);
+            for (int j = 0; j < 32; j++) y[32 * s + j] = scale * (float)v[j];
         }
         return;
     }
@@ -58,61 +106,21 @@ static EXACT void grid_block(int type, const uint8_t *b, const float *grid, cons
         for (int k = 0; k < 32; k++) {
             const int q = (b[32 + k / 2] >> (4 * (k % 2))) & 0x0F, s = (sc[k / 8] >> (3 * ((k / 2) % 4))) & 7;
             const float dl = d * (float)(2 * s + 1), delta = q & 0x08 ? -0.125f : 0.125f;
-            shifted_row(dl, grid + 8 * (b[k] | (q & 7) << 8), delta, y + 8 * k);
+            const float *g = grid + 8 * (b[k] | (q & 7) << 8);
+            for (int j = 0; j < 8; j++) y[8 * k + j] = dl * (g[j] + delta);
         }
         return;
     }
     const float d = fp16(b);
-    if (type == IQ2_XXS || type == IQ3_XXS) {      // per 32: indices, then a word of 4 x 7 sign bits and the scale
-        const int three = type == IQ3_XXS;
-        for (int s = 0; s < 8; s++) {
-            const uint8_t *qs = b + 2 + 8 * s;
-            const uint32_t a = three ? u32(b + 66 + 4 * s) : u32(b + 6 + 8 * s);
-            const float db = d * (0.5f + (float)(a >> 28)) * (three ? 0.5f : 0.25f);
-            for (int l = 0; l < 4; l++) {
-                const unsigned signs = ksigns[(a >> (7 * l)) & 127];
-                if (three) {
-                    signed_row(db, grid + 4 * qs[2 * l], 4, signs, y + 32 * s + 8 * l);
-                    signed_row(db, grid + 4 * qs[2 * l + 1], 4, signs >> 4, y + 32 * s + 8 * l + 4);
-                } else {
-                    signed_row(db, grid + 8 * qs[l], 8, signs, y + 32 * s + 8 * l);
-                }
-            }
-        }
-        return;
-    }
-    if (type == IQ2_XS) {                           // qs u16[32]: 9 index bits, 7 sign bits; a 4-bit scale per 16
-        for (int k = 0; k < 32; k++) {
+    for (int k = 0; k < 32; k++) {          // IQ2_XS, IQ2_S: 8 weights k, a 4-bit scale per 16
+        const int s = (b[(type == IQ2_XS ? 66 : 74) + k / 4] >> (4 * ((k / 2) % 2))) & 0x0F;
+        const float db = d * (0.5f + (float)s) * 0.25f;
+        if (type == IQ2_XS) {               // qs u16[32]: 9 index bits, 7 sign bits
             const uint16_t q = u16(b + 2 + 2 * k);
-            const int s = (b[66 + k / 4] >> (4 * ((k / 2) % 2))) & 0x0F;
-            const float db = d * (0.5f + (float)s) * 0.25f;
-            signed_row(db, grid + 8 * (q & 511), 8, ksigns[q >> 9], y + 8 * k);
-        }
-        return;
-    }
-    if (type == IQ2_S) {                  // qs[32], signs[32], qh[8] (2 index bits each), a 4-bit scale per 16
-        for (int k = 0; k < 32; k++) {
+            signed_row(db, grid + 8 * (q & 511), 8, KSIGNS[q >> 9], y + 8 * k);
+        } else {                            // IQ2_S: qs[32], signs[32], qh[8] (2 index bits each)
             const int index = b[2 + k] | ((b[66 + k / 4] >> (2 * (k % 4))) & 3) << 8;
-            const int s = (b[74 + k / 4] >> (4 * ((k / 2) % 2))) & 0x0F;
-            const float db = d * (0.5f + (float)s) * 0.25f;
             signed_row(db, grid + 8 * index, 8, b[34 + k], y + 8 * k);
         }
-        return;
     }
-    // IQ3_S: qs[64] of 4 weights each, qh[8] (their 9th bits), signs[32] (a bit a weight), a 4-bit scale per 32
-    for (int k = 0; k < 64; k++) {
-        const int index = b[2 + k] | ((b[66 + k / 8] >> (k % 8)) & 1) << 8;
-        const int s = (b[106 + k / 16] >> (4 * ((k / 8) % 2))) & 0x0F;
-        const float db = d * (float)(1 + 2 * s);
-        signed_row(db, grid + 4 * index, 4, b[74 + k / 2] >> (4 * (k % 2)), y + 4 * k);
-    }
-}
-
-// n weights of `type` from src (whole 256-blocks) -> out; returns 0, or -1 for a type this file does not know
-int gguf_dequantize_grid(int type, const uint8_t *src, int64_t n, float *out, const float *grid,
-                         const uint8_t *ksigns) {
-    const int bb = grid_block_bytes(type);
-    if (!bb) return -1;
-    for (int64_t b = 0; b < n / 256; b++) grid_block(type, src + b * bb, grid, ksigns, out + b * 256);
-    return 0;
 }

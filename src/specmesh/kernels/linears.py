@@ -14,6 +14,7 @@ from torch import nn
 import numpy as np
 
 from specmesh.kernels.build import Matrix, amx_lib, kernel_lib
+from specmesh.kernels.grids import hand_grid
 
 SMALL_ROWS = 16     # AVX2: up to this many rows the C kernel beats the packed float32 copy
 GEMV_ROWS = 3       # without the C kernel: up to this many rows PyTorch's bf16 product beats it
@@ -159,11 +160,12 @@ class Q8Linear(nn.Module):
 
 class GGUFLinear(nn.Module):
     """A GGUF file's matrix multiplied as it is, from the file's memory-mapped pages (csrc/blocks.c's gguf_linear):
-    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS and the K-quants Q2_K ... Q6_K, each part of a fused projection of
-    its own type. `parts`: (rows, type, map) for each part in output order, rows a uint8 [N_p, bytes per row] view of the
-    file, map (or None) the file row each output row reads (int32 [N_p]). Holds the views: the file stays mapped
-    while the model lives. `packed`: the parts are re-laid once, 8 rows interleaved (csrc/blocks.h: the same bytes,
-    the K-quants up to 3% more), into memory of their own, and the file's pages of them are let go; without it (an
+    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, the K-quants Q2_K ... Q6_K and IQ3_XXS, IQ3_S, IQ2_XXS, IQ1_S, each
+    part of a fused projection of its own type. `parts`: (rows, type, map) for each part in output order, rows a
+    uint8 [N_p, bytes per row] view of the file, map (or None) the file row each output row reads (int32 [N_p]).
+    Holds the views: the file stays mapped while the model lives. `packed`: the parts are re-laid once, 8 rows
+    interleaved (csrc/blocks.h: the same bytes, the K-quants up to 3% more, the IQ kinds as 4-bit levels with a
+    float32 scale per 32), into memory of their own, and the file's pages of them are let go; without it (an
     embedding table's lookups alone) they have no product."""
     KIND = 9                                    # csrc/avx2.c's weight kind
 
@@ -173,6 +175,8 @@ class GGUFLinear(nn.Module):
         if not 0 < len(parts) <= Matrix.MAX_PARTS:
             raise ValueError(f"a GGUF matrix of {len(parts)} parts (1 to {Matrix.MAX_PARTS})")
         self.in_features, self.kernel = in_features, kernel
+        for _, kind, _ in parts:
+            hand_grid(kernel, kind)
         self.out_features = sum(rows.shape[0] for rows, _, _ in parts)
         self.held = [(np.ascontiguousarray(rows), None if rows_map is None else np.ascontiguousarray(rows_map, np.int32))
                      for rows, _, rows_map in parts]      # numpy, not tensors: on_huge_pages must not move them

@@ -326,8 +326,8 @@ def rope_rows(cfg: ModelConfig, name: str, rows: int) -> np.ndarray | None:
 FLOATS = {"F32": lambda raw: raw.view(np.float32).astype(np.float32),         # (a copy: the map is read-only)
           "F16": lambda raw: raw.view(np.float16).astype(np.float32),
           "BF16": lambda raw: (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)}    # float32's top half
-C_DEQUANTIZED = {2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23}  # Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS: csrc/blocks.c
-GRIDS = {16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 21: "IQ3_S", 22: "IQ2_S", 29: "IQ1_M"}  # csrc/grids.c
+C_DEQUANTIZED = {2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23,    # Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS:
+                 16, 17, 18, 19, 21, 22, 29}                   # csrc/blocks.c; the IQ kinds of grids: csrc/grids.c
 
 
 def dequantize(path, t: Tensor) -> np.ndarray:
@@ -337,17 +337,13 @@ def dequantize(path, t: Tensor) -> np.ndarray:
     if name in FLOATS:
         return FLOATS[name](np.asarray(t.data))
     from specmesh.kernels.build import kernel_lib
-    lib = kernel_lib() if t.kind in C_DEQUANTIZED or t.kind in GRIDS else None
+    from specmesh.kernels.grids import hand_grid
+    lib = kernel_lib() if t.kind in C_DEQUANTIZED else None
     if lib is not None:
+        hand_grid(lib, t.kind)
         raw = np.ascontiguousarray(t.data)
         out = np.empty(t.shape, np.float32)
-        if t.kind in GRIDS:
-            grid, ksigns = grid_tables(t.kind)
-            done = lib.gguf_dequantize_grid(t.kind, raw.ctypes.data, out.size, out.ctypes.data, grid.ctypes.data,
-                                            ksigns.ctypes.data)
-        else:
-            done = lib.gguf_dequantize(t.kind, raw.ctypes.data, out.size, out.ctypes.data)
-        if done == 0:
+        if lib.gguf_dequantize(t.kind, raw.ctypes.data, out.size, out.ctypes.data) == 0:
             return out
     import gguf
     try:
@@ -356,16 +352,6 @@ def dequantize(path, t: Tensor) -> np.ndarray:
         raise GGUFError(f"{path}: tensor {t.name} is {name}, which gguf {gguf_version()} cannot dequantize; "
                         f"F32, F16, BF16, Q4_0 ... Q8_0, the K-quants and IQ4_NL, IQ4_XS can be read") from None
     return np.array(data, dtype=np.float32, order="C")          # a copy: the map is read-only
-
-
-@functools.cache
-def grid_tables(kind: int) -> tuple[np.ndarray, np.ndarray]:
-    """The `gguf` package's grid of an IQ kind (float32 [entries, width]) and IQ2_XXS's ksigns (uint8 [128]), as
-    csrc/grids.c reads them."""
-    import gguf
-    cls = getattr(gguf.quants, GRIDS[kind])
-    cls.init_grid()
-    return np.ascontiguousarray(cls.grid, np.float32), np.frombuffer(gguf.quants.IQ2_XXS.ksigns, np.uint8)
 
 
 def gguf_version() -> str:

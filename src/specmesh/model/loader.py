@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from specmesh.kernels import kernel_lib, q8_lib
 from specmesh.kernels.build import vnni_products
+from specmesh.kernels.grids import hand_grid
 from specmesh.kernels.linears import GGUFEmbedding, GGUFLinear, let_go
 from specmesh.model import gguf, packed, pages
 from specmesh.model.kernel_choice import draft_quant, select_kernels
@@ -339,10 +340,10 @@ def runs_file_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.d
 
 def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
     """A GGUF file's model whose matrices and embedding stay in the file, memory-mapped, and run as they are
-    (kernels.GGUFLinear: Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS; GGUFEmbedding): resident memory is the pages a
-    forward reads, not a copy. A matrix of a type the kernels do not multiply (F16, BF16, IQ2_XXS ...; a fused
-    projection with one such part) is dequantized to bfloat16 alone, a few rows at a time, and the table's rows are
-    read from the file where csrc/blocks.c dequantizes its type. Norms and biases are read into float32; the rest of
+    (kernels.GGUFLinear: Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ1_S;
+    GGUFEmbedding): resident memory is the pages a forward reads, not a copy. A matrix of a type the kernels do not
+    multiply (F16, BF16, IQ2_XS, IQ2_S, IQ1_M; a fused projection with one such part) is dequantized to bfloat16
+    alone, a few rows at a time, and the table's rows are read from the file where csrc/ dequantizes its type. Norms and biases are read into float32; the rest of
     the model gets this CPU's kernels (select_kernels) as any bf16 model."""
     cfg, lib = read_config(path), kernel_lib()
     found = gguf.matrices(path, cfg)
@@ -352,7 +353,8 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
     names, tied = name_map(cfg), cfg.tie_word_embeddings
 
     def multiplied(ours: str) -> bool:          # every part of a type the kernels multiply
-        return all(lib.gguf_kernel(found[n].kind, found[n].shape[1]) for n in names[ours])
+        return all(hand_grid(lib, found[n].kind) or lib.gguf_kernel(found[n].kind, found[n].shape[1])
+                   for n in names[ours])
 
     def matrix(ours: str, products: bool = True) -> GGUFLinear:      # products: not a lookup table's alone
         theirs = names[ours]
