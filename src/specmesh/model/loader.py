@@ -352,9 +352,11 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
         model = Transformer(cfg)
     names, tied = name_map(cfg), cfg.tie_word_embeddings
 
+    for t in found.values():                    # the IQ kinds' grids, before the kernels are asked about them
+        hand_grid(lib, t.kind)
+
     def multiplied(ours: str) -> bool:          # every part of a type the kernels multiply
-        return all(hand_grid(lib, found[n].kind) or lib.gguf_kernel(found[n].kind, found[n].shape[1])
-                   for n in names[ours])
+        return all(lib.gguf_kernel(found[n].kind, found[n].shape[1]) for n in names[ours])
 
     def matrix(ours: str, products: bool = True) -> GGUFLinear:      # products: not a lookup table's alone
         theirs = names[ours]
