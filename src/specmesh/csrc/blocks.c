@@ -1,8 +1,9 @@
 // A GGUF file's quantized matrices as they are, read from the file's own pages (kernels.GGUFLinear):
 // gguf_dequantize: blocks -> float32 with the `gguf` package's arithmetic, bit for bit;
 // gguf_linear: y[M, N] = x[M, K] . w[N, K]^T (+ bias) over the blocks, for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL
-//   (blocks of 32 weights; IQ4_XS as IQ4_NL's) and Q2_K ... Q6_K (blocks of 256; Q2_K and Q3_K laid out as Q6_K,
-//   their q where Q6_K has its high bits).
+//   (blocks of 32 weights; IQ4_XS as IQ4_NL's, IQ3_S, IQ3_XXS, IQ2_XXS and IQ1_S as it with levels of their own:
+//   csrc/grids.c) and Q2_K ... Q6_K (blocks of 256; Q2_K and Q3_K laid out as Q6_K, their q where Q6_K has its high
+//   bits).
 //   The activations are quantized to 8 bits per block as llama.cpp
 //   does for each kind: per 32 with one scale and their sum for the 32-blocks, per 256 with one scale and sums of
 //   each 16 (and of each 32, its Q8_K) for the K-quants. Every type multiplies packed (gguf_pack: 8 rows
@@ -35,7 +36,6 @@ static void q3k_scales(const uint8_t *sc, int8_t *out) {
 static EXACT void iq4_levels(float d, const uint8_t *qs, float *y) {
     for (int l = 0; l < 16; l++) y[l] = d * (float)IQ4_LEVELS[qs[l] & 0x0F], y[l + 16] = d * (float)IQ4_LEVELS[qs[l] >> 4];
 }
-
 
 // 32 weights s of an IQ4_NL or IQ4_XS block w as out: the float32 scale (IQ4_XS: d (s's 6-bit scale - 32), as
 // gguf.quants computes it: exact), then the 16 bytes of 4-bit level indices
