@@ -48,7 +48,7 @@ double mac_rate(int dot);
 void gguf_linear(const float *x, int M, int K, const Matrix *w, int N, const float *bias, float *y);
 void gguf_rows(const Matrix *w, int K, const int64_t *ids, int n, float *out);
 int gguf_dequantize(int type, const uint8_t *src, int64_t n, float *out);
-void gguf_grid(int type, const float *grid, const uint8_t *ksigns);     // an IQ kind's grid (csrc/grids.c)
+void gguf_grid(int type, const float *grid, int64_t n, const uint8_t *ksigns);   // an IQ kind's grid (csrc/grids.c)
 int gguf_kernel(int type, int K);
 int64_t gguf_packed_bytes(int type, int rows, int K);
 void gguf_pack(const Matrix *w, int part, int K, int64_t g0, int64_t g1, uint8_t *out);

@@ -208,11 +208,12 @@ static inline int packed_block(int type) {
 
 // a leveled type's 16 levels: a 4-bit q's weight, before the block's scale. IQ4_NL's and IQ4_XS's are
 // gguf.quants.IQ4_NL.kvalues; the grid kinds' are their grids' values with either sign (IQ3_S: the odd 1 .. 15;
-// IQ3_XXS: 4, 12, .. 52, 62; IQ2_XXS: 8, 25, 43; IQ1_S: 8 grid +- 1 of grid -1, 0, 1; unused levels 0)
+// IQ3_XXS: 4, 12, .. 52, 62; IQ2_XXS: 8, 25, 43; IQ1_S: 8 grid +- 1 of grid -1, 0, 1; unused levels 0), laid so
+// that level 15 - i is -(level i) and IQ1_S's 8 grid - 1 is just before its 8 grid + 1 (csrc/grids.c's recoding)
 static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const int8_t IQ3_S_LEVELS[16] = {-15, -13, -11, -9, -7, -5, -3, -1, 1, 3, 5, 7, 9, 11, 13, 15};
 static const int8_t IQ3_XXS_LEVELS[16] = {-62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62};
-static const int8_t IQ2_IQ1_LEVELS[16] = {-43, -25, -9, -8, -7, -1, 0, 0, 0, 0, 1, 7, 8, 9, 25, 43};
+static const int8_t IQ2_IQ1_LEVELS[16] = {-43, -25, -9, -7, -8, 0, 0, -1, 1, 0, 0, 8, 7, 9, 25, 43};
 static inline const int8_t *levels_of(int type) {
     return type == LEVELS_IQ3_S ? IQ3_S_LEVELS : type == LEVELS_IQ3_XXS ? IQ3_XXS_LEVELS
          : type == LEVELS_IQ2_IQ1 ? IQ2_IQ1_LEVELS : IQ4_LEVELS;

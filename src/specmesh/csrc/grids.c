@@ -12,14 +12,21 @@
 #include "blocks.h"
 
 static const float *GRID[IQ1_M + 1];        // by kind: the grid handed in, or NULL
+static uint8_t *LEVEL[IQ1_M + 1];           // the kinds run as levels: each grid value's index into their levels
 static const uint8_t *KSIGNS;
-static uint8_t INDEX[3][256];               // by packed kind less LEVELS_IQ3_S: a level (as a byte) -> its index
 
-void gguf_grid(int type, const float *grid, const uint8_t *ksigns) {
-    if (!grid_kind(type)) return;
+void gguf_grid(int type, const float *grid, int64_t n, const uint8_t *ksigns) {
+    if (!grid_kind(type) || GRID[type]) return;
     const int packed = runs_as(type);
-    for (int i = 15; packed >= LEVELS_IQ3_S && i >= 0; i--)
-        INDEX[packed - LEVELS_IQ3_S][(uint8_t)levels_of(packed)[i]] = (uint8_t)i;
+    if (packed >= LEVELS_IQ3_S) {           // g (IQ1_S: 8 g + 1) -> its index
+        const int8_t *levels = levels_of(packed);
+        LEVEL[type] = malloc(n);
+        for (int64_t i = 0; i < n; i++) {
+            const int v = type == IQ1_S ? 8 * (int)grid[i] + 1 : (int)grid[i];
+            for (int l = 0; l < 16; l++)
+                if (levels[l] == v) LEVEL[type][i] = (uint8_t)l;
+        }
+    }
     KSIGNS = ksigns, GRID[type] = grid;
 }
 
@@ -28,55 +35,58 @@ int grid_ready(int type) { return grid_kind(type) && GRID[type] && KSIGNS; }
 static inline uint32_t u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint16_t u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
-// v[0..n) = g[j], negative where bit j of `signs` is set
-static inline void signed_values(const float *g, int n, unsigned signs, int8_t *v) {
-    for (int j = 0; j < n; j++) v[j] = (int8_t)((signs >> j) & 1 ? -g[j] : g[j]);
-}
+typedef struct {            // a 32-block of IQ3_XXS, IQ3_S, IQ2_XXS or IQ1_S: weight j is scale times its value,
+    float scale;            // the grid's g = grid[at[j / width] + j % width], negative where bit j of signs is set
+    int width, delta;       // (IQ1_S: 8 g + delta, delta +-1, under a scale dl / 8: dl (g + delta / 8), the same
+    uint32_t signs;         // product rounded once)
+    int at[8];
+} Sub;
 
-// sub-block s (weights 32 s ..) of a 256-block b of IQ3_XXS, IQ3_S, IQ2_XXS or IQ1_S: its weights are scale v[j]
-// (IQ1_S's dl (grid + delta) as dl / 8 (8 grid +- 1): the same product, rounded once)
-static EXACT void sub_block(int type, const uint8_t *b, int s, float *scale, int8_t *v) {
-    const float *grid = GRID[type], d = fp16(b);
+// sub-block s (weights 32 s ..) of a 256-block b of IQ3_XXS, IQ3_S, IQ2_XXS or IQ1_S
+static EXACT Sub sub_block(int type, const uint8_t *b, int s) {
+    const float d = fp16(b);
+    Sub u = {0};
     if (type == IQ1_S) {                    // qs[32], qh u16[8]: 3 more index bits per 8, the scale, delta's sign
         const uint16_t qh = u16(b + 34 + 2 * s);
-        const int delta = qh & 0x8000 ? -1 : 1;
-        *scale = d * (float)(2 * ((qh >> 12) & 7) + 1) * 0.125f;
-        for (int k = 0; k < 4; k++) {
-            const float *g = grid + 8 * (b[2 + 4 * s + k] | ((qh >> (3 * k)) & 7) << 8);
-            for (int j = 0; j < 8; j++) v[8 * k + j] = (int8_t)(8 * (int)g[j] + delta);
-        }
-        return;
+        u.scale = d * (float)(2 * ((qh >> 12) & 7) + 1) * 0.125f, u.width = 8, u.delta = qh & 0x8000 ? -1 : 1;
+        for (int k = 0; k < 4; k++) u.at[k] = 8 * (b[2 + 4 * s + k] | ((qh >> (3 * k)) & 7) << 8);
+        return u;
     }
     if (type == IQ3_S) {    // qs[64] of 4 weights each, qh[8] (their 9th bits), signs[32] (a bit a weight), a 4-bit
-        *scale = d * (float)(1 + 2 * ((b[106 + s / 2] >> (4 * (s % 2))) & 0x0F));      // scale per 32
-        for (int k = 8 * s; k < 8 * s + 8; k++) {
-            const int index = b[2 + k] | ((b[66 + k / 8] >> (k % 8)) & 1) << 8;
-            signed_values(grid + 4 * index, 4, b[74 + k / 2] >> (4 * (k % 2)), v + 4 * (k - 8 * s));
-        }
-        return;
+        u.scale = d * (float)(1 + 2 * ((b[106 + s / 2] >> (4 * (s % 2))) & 0x0F)), u.width = 4;    // scale per 32
+        u.signs = u32(b + 74 + 4 * s);
+        for (int k = 0; k < 8; k++) u.at[k] = 4 * (b[2 + 8 * s + k] | ((b[66 + s] >> k) & 1) << 8);
+        return u;
     }
     const int three = type == IQ3_XXS;      // per 32: indices, then a word of 4 x 7 sign bits and the scale
     const uint8_t *qs = b + 2 + 8 * s;
     const uint32_t a = three ? u32(b + 66 + 4 * s) : u32(b + 6 + 8 * s);
-    *scale = d * (0.5f + (float)(a >> 28)) * (three ? 0.5f : 0.25f);
-    for (int l = 0; l < 4; l++) {
-        const unsigned signs = KSIGNS[(a >> (7 * l)) & 127];
-        if (three) {
-            signed_values(grid + 4 * qs[2 * l], 4, signs, v + 8 * l);
-            signed_values(grid + 4 * qs[2 * l + 1], 4, signs >> 4, v + 8 * l + 4);
-        } else {
-            signed_values(grid + 8 * qs[l], 8, signs, v + 8 * l);
+    u.scale = d * (0.5f + (float)(a >> 28)) * (three ? 0.5f : 0.25f), u.width = three ? 4 : 8;
+    for (int l = 0; l < 4; l++) u.signs |= (uint32_t)KSIGNS[(a >> (7 * l)) & 127] << (8 * l);
+    for (int k = 0; k < (three ? 8 : 4); k++) u.at[k] = u.width * qs[k];
+    return u;
+}
+
+// u's weights' indices into their levels, from the index of each grid value (LEVEL): the levels are laid so that
+// level 15 - i is -(level i), and IQ1_S's 8 g - 1 just before its 8 g + 1 (blocks.h)
+static inline __attribute__((always_inline)) void level_indices(const Sub *u, const uint8_t *level, const int WIDTH,
+                                                                const int IQ1, uint8_t *index) {
+    for (int k = 0; k < 32 / WIDTH; k++)
+        for (int c = 0; c < WIDTH; c++) {
+            const int j = WIDTH * k + c;
+            const uint8_t l = level[u->at[k] + c];
+            index[j] = IQ1 ? l - (u->delta < 0) : (u->signs >> j) & 1 ? l ^ 15 : l;
         }
-    }
 }
 
 void grid_levels(int type, const uint8_t *b, int s, uint8_t *out) {
-    float scale;
-    int8_t v[32];
-    sub_block(type, b, s, &scale, v);
-    const uint8_t *index = INDEX[runs_as(type) - LEVELS_IQ3_S];
-    memcpy(out, &scale, 4);
-    for (int l = 0; l < 16; l++) out[4 + l] = index[(uint8_t)v[l]] | index[(uint8_t)v[l + 16]] << 4;
+    const Sub u = sub_block(type, b, s);
+    uint8_t index[32];
+    if (type == IQ1_S) level_indices(&u, LEVEL[type], 8, 1, index);
+    else if (u.width == 8) level_indices(&u, LEVEL[type], 8, 0, index);
+    else level_indices(&u, LEVEL[type], 4, 0, index);
+    memcpy(out, &u.scale, 4);
+    for (int l = 0; l < 16; l++) out[4 + l] = index[l] | index[l + 16] << 4;
 }
 
 // y[0..n) = db g[j] with the sign of bit j of `signs` (set: negative), as numpy's db * grid * signs
@@ -91,10 +101,12 @@ EXACT void grid_block(int type, const uint8_t *b, float *y) {
     const float *grid = GRID[type];
     if (runs_as(type) != type) {            // the kinds of a scale per 32: scale v, as the package's product
         for (int s = 0; s < 8; s++) {
-            float scale;
-            int8_t v[32];
-            sub_block(type, b, s, &scale, v);
-            for (int j = 0; j < 32; j++) y[32 * s + j] = scale * (float)v[j];
+            const Sub u = sub_block(type, b, s);
+            for (int j = 0; j < 32; j++) {
+                const float g = grid[u.at[j / u.width] + j % u.width];
+                const float v = type == IQ1_S ? 8 * g + (float)u.delta : (u.signs >> j) & 1 ? -g : g;
+                y[32 * s + j] = u.scale * v;
+            }
         }
         return;
     }

@@ -26,4 +26,4 @@ def hand_grid(kernel: ctypes.CDLL, kind: int) -> None:
     dequantized, looked up, asked about (gguf_kernel) or packed."""
     if kind in GRIDS:
         grid, ksigns = grid_tables(kind)
-        kernel.gguf_grid(kind, grid.ctypes.data, ksigns.ctypes.data)
+        kernel.gguf_grid(kind, grid.ctypes.data, grid.size, ksigns.ctypes.data)
