@@ -507,26 +507,32 @@ static inline __attribute__((always_inline)) void nibbles32(const uint8_t *g, in
     }
 }
 
+// a leveled type's group-block g as its levels (signed bytes): L[4 h + t] the weights 8 t .. of rows 4h .. 4h + 3
+static inline __attribute__((always_inline)) void levels32(const uint8_t *g, const int TYPE, __m256i *L) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels_of(TYPE)));
+    for (int h = 0; h < 2; h++)
+        for (int t = 0; t < 2; t++) {
+            nibbles32(g, t, h, TYPE, &L[4 * h + t], &L[4 * h + 2 + t]);
+            L[4 * h + t] = _mm256_shuffle_epi8(table, L[4 * h + t]);
+            L[4 * h + 2 + t] = _mm256_shuffle_epi8(table, L[4 * h + 2 + t]);
+        }
+}
+
 // group-block b (at g) of 8 rows of a 32-block TYPE against activation rows m0 .. m0 + MB: acc[i] += its part. Vectors
-// as the K-quants' (4 rows' 8 bytes, h: rows 4h .. 4h + 3). Q8_0: |q| maddubs x with q's sign (a pair <= 2 128 127:
-// none saturates), a madd to int32 a vector; Q4_0 .. Q5_1: q unsigned <= 31, a block's 4 maddubs add in int16
-// (|sum| <= 4 2 31 127 = 31496), then one madd.
-static inline __attribute__((always_inline)) void group_block32(const uint8_t *g, int QB, int b, const Acts *a,
-                                                                 int64_t m0, const int MB, const int TYPE, __m256 *acc) {
+// as the K-quants' (4 rows' 8 bytes, h: rows 4h .. 4h + 3). Q8_0 and the leveled types (their levels L, levels32's):
+// |q| maddubs x with q's sign (a pair <= 2 128 127: none saturates), a madd to int32 a vector; Q4_0 .. Q5_1: q
+// unsigned <= 31, a block's 4 maddubs add in int16 (|sum| <= 4 2 31 127 = 31496), then one madd.
+static inline __attribute__((always_inline)) void group_block32(const uint8_t *g, const __m256i *L, int QB, int b,
+                                                                 const Acts *a, int64_t m0, const int MB,
+                                                                 const int TYPE, __m256 *acc) {
     const __m256i ones = _mm256_set1_epi16(1);
     const int8_t *x = a->q32 + (m0 * QB + b) * 32;
     __m256i T[2][PACKED_MB];
     for (int h = 0; h < 2; h++) {
         if (TYPE == Q8_0 || leveled(TYPE)) {
             for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
-            __m256i levels[4];                             // the weights 8 t .. as their levels (signed bytes)
-            for (int t = 0; leveled(TYPE) && t < 2; t++) {
-                const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels_of(TYPE)));
-                nibbles32(g, t, h, TYPE, &levels[t], &levels[2 + t]);
-                levels[t] = _mm256_shuffle_epi8(table, levels[t]), levels[2 + t] = _mm256_shuffle_epi8(table, levels[2 + t]);
-            }
             _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {      // the weights 8 t ..
-                const __m256i q = leveled(TYPE) ? levels[t]
+                const __m256i q = leveled(TYPE) ? L[4 * h + t]
                                                  : _mm256_loadu_si256((const __m256i *)(g + qs32(TYPE) + 64 * t + 32 * h));
                 const __m256i mag = _mm256_sign_epi8(q, q);
                 for (int i = 0; i < MB; i++) {
@@ -591,9 +597,11 @@ static inline __attribute__((always_inline)) void packed_dot32(const uint8_t *g,
             if (REST) unpacked_block32(W, g, QB, b, a, m0 + PACKED_MB * chunks, REST, TYPE, acc + PACKED_MB * chunks);
             continue;
         }
+        __m256i L[8];                                  // a leveled type's levels, once for every chunk
+        if (leveled(TYPE)) levels32(g, TYPE, L);
         for (int c = 0; c < chunks; c++)
-            group_block32(g, QB, b, a, m0 + PACKED_MB * c, PACKED_MB, TYPE, acc + PACKED_MB * c);
-        if (REST) group_block32(g, QB, b, a, m0 + PACKED_MB * chunks, REST, TYPE, acc + PACKED_MB * chunks);
+            group_block32(g, L, QB, b, a, m0 + PACKED_MB * c, PACKED_MB, TYPE, acc + PACKED_MB * c);
+        if (REST) group_block32(g, L, QB, b, a, m0 + PACKED_MB * chunks, REST, TYPE, acc + PACKED_MB * chunks);
     }
     for (int i = 0; i < PACKED_MB * chunks + REST; i++) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
