@@ -507,9 +507,11 @@ static inline __attribute__((always_inline)) void nibbles32(const uint8_t *g, in
     }
 }
 
-// a leveled type's group-block g as its levels (signed bytes): L[4 h + t] the weights 8 t .. of rows 4h .. 4h + 3
+// a leveled type's group-block g as its levels (IQ4's signed bytes, the grid kinds' + q32_offset): L[4 h + t] the
+// weights 8 t .. of rows 4h .. 4h + 3
 static inline __attribute__((always_inline)) void levels32(const uint8_t *g, const int TYPE, __m256i *L) {
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels_of(TYPE)));
+    const __m256i table = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels_of(TYPE))),
+                                          _mm256_set1_epi8((char)q32_offset(TYPE)));
     for (int h = 0; h < 2; h++)
         for (int t = 0; t < 2; t++) {
             nibbles32(g, t, h, TYPE, &L[4 * h + t], &L[4 * h + 2 + t]);
@@ -519,9 +521,10 @@ static inline __attribute__((always_inline)) void levels32(const uint8_t *g, con
 }
 
 // group-block b (at g) of 8 rows of a 32-block TYPE against activation rows m0 .. m0 + MB: acc[i] += its part. Vectors
-// as the K-quants' (4 rows' 8 bytes, h: rows 4h .. 4h + 3). Q8_0 and the leveled types (their levels L, levels32's):
-// |q| maddubs x with q's sign (a pair <= 2 128 127: none saturates), a madd to int32 a vector; Q4_0 .. Q5_1: q
-// unsigned <= 31, a block's 4 maddubs add in int16 (|sum| <= 4 2 31 127 = 31496), then one madd.
+// as the K-quants' (4 rows' 8 bytes, h: rows 4h .. 4h + 3). Q8_0 and IQ4 (its levels L, levels32's): |q| maddubs x
+// with q's sign (a pair <= 2 128 127: none saturates), a madd to int32 a vector; the grid kinds (L unsigned <= 126):
+// q maddubs x (a pair <= 2 126 127), a madd a vector; Q4_0 .. Q5_1: q unsigned <= 31, a block's 4 maddubs add in
+// int16 (|sum| <= 4 2 31 127 = 31496), then one madd.
 static inline __attribute__((always_inline)) void group_block32(const uint8_t *g, const __m256i *L, int QB, int b,
                                                                  const Acts *a, int64_t m0, const int MB,
                                                                  const int TYPE, __m256 *acc) {
@@ -529,7 +532,18 @@ static inline __attribute__((always_inline)) void group_block32(const uint8_t *g
     const int8_t *x = a->q32 + (m0 * QB + b) * 32;
     __m256i T[2][PACKED_MB];
     for (int h = 0; h < 2; h++) {
-        if (TYPE == Q8_0 || leveled(TYPE)) {
+        if (leveled(TYPE) && TYPE != IQ4_NL) {
+            for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)        // the weights 8 t ..
+                for (int i = 0; i < MB; i++) {
+                    int64_t v;
+                    memcpy(&v, x + i * QB * 32 + 8 * t, 8);
+                    const __m256i p = _mm256_maddubs_epi16(L[4 * h + t], _mm256_set1_epi64x(v));
+                    T[h][i] = _mm256_add_epi32(T[h][i], _mm256_madd_epi16(p, ones));
+                }
+            continue;
+        }
+        if (TYPE == Q8_0 || TYPE == IQ4_NL) {
             for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
             _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {      // the weights 8 t ..
                 const __m256i q = leveled(TYPE) ? L[4 * h + t]

@@ -169,7 +169,9 @@ static inline int mins32(int type) { return type == Q4_1 || type == Q5_1; }
 static inline int five32(int type) { return type == Q5_0 || type == Q5_1; }
 static inline int qh32(int type) { return 16 + 16 * mins32(type); }            // where qh starts
 static inline int qs32(int type) { return leveled(type) ? 32 : qh32(type) + 32 * five32(type); }   // the qs' start
-static inline int q32_offset(int type) { return type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0; }  // w = d (q - offset) (+ m)
+// w = d (q - offset) (+ m), q unsigned; the grid kinds' levels run as q = level + 64 (<= 126: a maddubs pair of
+// them stays within int16)
+static inline int q32_offset(int type) { return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type >= LEVELS_IQ3_S ? 64 : 0; }
 
 // a group-block's bytes for a packed type (0: a type that is not packed)
 static inline int packed_block(int type) {
