@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -381,6 +382,7 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
              if all(n in vectors for n in theirs) and not ours.endswith(".bias")}
     linears = [ours for ours, theirs in names.items() if ours != "embed.weight" and all(n in found for n in theirs)]
     from_blocks = {ours for ours in linears if multiplied(ours)}
+    warn_dense([found[n] for ours in linears if ours not in from_blocks for n in names[ours]], path, lib)
     # the bar: each matrix's bytes once, as it is first read (a tied table is read twice: lookups and head)
     unread = {ours: sum(found[n].data.nbytes for n in names[ours]) for ours in [*linears, "embed.weight"]}
     bar = loading_bar(path, sum(unread.values()))
@@ -401,6 +403,17 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
         state["embed.weight"] = dense("embed.weight")                  # (tied: the head too, by finished)
     bar.close()
     return finished(model, path, state, draft, tie=tied and not looked_up)
+
+
+def warn_dense(tensors: list, path: Path, lib) -> None:
+    """A warning naming the quantized kinds of a file's matrices that run dequantized to bf16 (4-10x their bytes),
+    where there are any (an F16 or BF16 file's matrices run as bf16 as a matter of course)."""
+    kinds = sorted({gguf.tensor_type(t.kind)[0] for t in tensors
+                    if gguf.tensor_type(t.kind)[1] > 1 and not lib.gguf_kernel(t.kind, t.shape[1])})
+    if kinds:
+        warnings.warn(f"{path.name}: its {', '.join(kinds)} matrices run dequantized to bfloat16, 16 bits a weight "
+                      f"(the kernels multiply Q4_0 ... Q8_0, the K-quants, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS "
+                      f"and IQ1_S as they are)")
 
 
 BAR_DELAY = 1.0            # seconds a load runs before its bar shows
