@@ -100,6 +100,12 @@ def test_smollm2_tokenizer_padded():
         shapes.tokenizer_fields(source, 1000)
 
 
+def test_a_type_that_needs_an_importance_matrix_is_refused_before_any_writing(tmp_path):
+    with pytest.raises(shapes.ShapeError, match="IQ2_XXS: llama-quantize makes it only with an importance matrix"):
+        shapes.make(shapes.SHAPES["Llama-3.2-1B"], ["Q4_K_M", "IQ2_XXS"], tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_files_never_go_into_the_repository():
     with pytest.raises(shapes.ShapeError, match="inside the repository"):
         shapes.out_dir(shapes.REPO / "build")

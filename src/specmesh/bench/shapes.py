@@ -48,6 +48,8 @@ from specmesh.kernels import cache_dir
 
 STD = 0.02                                  # the weights' standard deviation (HF's initializer_range)
 QUANTS = ("Q4_K_M", "Q8_0")                 # made by default
+# the types llama-quantize makes only with an importance matrix (llama-imatrix over text), which this generator has not
+NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "Q2_K_S")
 GEMMA_TOKENIZER = Path("/tmp/gemma/gemma-3-270m-q4_k_m.gguf")   # where the [gemma] extra is not installed
 REPO = Path(__file__).resolve().parents[3]
 
@@ -323,6 +325,9 @@ def make(shape: Shape, quants: list[str], out: str | Path | None = None, seed: i
          threads: int | None = None, progress: bool = True) -> list[Path]:
     """The shape's files of each type in `quants` (F16 is a type too), made where missing: the F16 file written,
     quantized to each other type, then deleted unless `keep_f16` (or asked for)."""
+    if needing := [q for q in quants if q.upper() in NEEDS_IMATRIX]:
+        raise ShapeError(f"{', '.join(needing)}: llama-quantize makes it only with an importance matrix, which this "
+                         f"generator does not make (IQ3_M, IQ3_S, IQ4_XS, Q2_K and the other K-quants need none)")
     root = out_dir(out)
     root.mkdir(parents=True, exist_ok=True)
     want = {q: root / file_name(shape, q, seed) for q in quants}
