@@ -546,7 +546,7 @@ static inline __attribute__((always_inline)) void group_block32(const uint8_t *g
         if (TYPE == Q8_0 || TYPE == IQ4_NL) {
             for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
             _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {      // the weights 8 t ..
-                const __m256i q = leveled(TYPE) ? L[4 * h + t]
+                const __m256i q = TYPE == IQ4_NL ? L[4 * h + t]
                                                  : _mm256_loadu_si256((const __m256i *)(g + qs32(TYPE) + 64 * t + 32 * h));
                 const __m256i mag = _mm256_sign_epi8(q, q);
                 for (int i = 0; i < MB; i++) {

@@ -183,7 +183,7 @@ static inline __attribute__((always_inline)) void group_block32_512(const uint8_
                                    : _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)g)));
     const __m512 m = mins32(TYPE) ? _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(g + 16))))
                                   : _mm512_setzero_ps();
-    const int offset = TYPE == Q8_0 || TYPE == IQ4_NL ? 128 : q32_offset(TYPE);
+    const int offset = offset512(TYPE);
     for (int i = 0; i < MB; i += 2) {               // rows i and j (an odd last row paired with itself, its copy unused)
         const int j = i + 1 < MB ? i + 1 : i;
         const int64_t ai = (m0 + i) * QB + b, aj = (m0 + j) * QB + b;

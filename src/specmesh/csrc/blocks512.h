@@ -50,7 +50,10 @@ static inline void sixteen_rows(__m512i a, __m512i b, int8_t *out) {       // bo
     _mm512_store_si512(out + 64, lasts(a, b));
 }
 
-// weights 8c .. 8c + 7 of a group-block's 8 rows in v[c] (lanes (r, k)), unsigned (Q8_0's q and IQ4's levels + 128, the grid kinds' + 64)
+// the offset of eights32's unsigned q: Q8_0's and IQ4's signed bytes + 128, the others' own (q32_offset)
+static inline int offset512(int type) { return type == Q8_0 || type == IQ4_NL ? 128 : q32_offset(type); }
+
+// weights 8c .. 8c + 7 of a group-block's 8 rows in v[c] (lanes (r, k)), unsigned: q + offset512
 static inline __attribute__((always_inline)) void eights32(const uint8_t *g, const int TYPE, __m512i v[4]) {
     const __m512i nib = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
     if (TYPE == Q8_0) {
@@ -62,7 +65,7 @@ static inline __attribute__((always_inline)) void eights32(const uint8_t *g, con
         __m512i lo = _mm512_and_si512(q, nib), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
         if (leveled(TYPE)) {
             const __m512i levels = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)levels_of(TYPE))),
-                                                   _mm512_set1_epi8((char)(TYPE == IQ4_NL ? 128 : q32_offset(TYPE))));
+                                                   _mm512_set1_epi8((char)offset512(TYPE)));
             lo = _mm512_shuffle_epi8(levels, lo), hi = _mm512_shuffle_epi8(levels, hi);
         }
         if (five32(TYPE)) {
@@ -91,7 +94,7 @@ static inline __attribute__((always_inline)) void sixteen32(const uint8_t *ga, c
 // acc += (T - offset s) (d dx) (+ m ds) for 16 weight rows against activation row-block `at`: blocks.h's
 // packed_float32, lane for lane, on T = sum(q x) of eights32's unsigned q (Q8_0's, IQ4's levels: q + 128)
 static inline __m512 float16_32(__m512 acc, __m512i T, __m512 d, __m512 m, const Acts *a, int64_t at, const int TYPE) {
-    const int offset = TYPE == Q8_0 || TYPE == IQ4_NL ? 128 : q32_offset(TYPE);
+    const int offset = offset512(TYPE);
     if (offset) T = _mm512_sub_epi32(T, _mm512_set1_epi32(offset * a->s32[at]));
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T), _mm512_mul_ps(d, _mm512_set1_ps(a->d32[at])), acc);
     return mins32(TYPE) ? _mm512_fmadd_ps(m, _mm512_set1_ps(a->ds32[at]), acc) : acc;

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from specmesh.kernels.build import kernel_lib
+from specmesh.kernels.grids import GRIDS, hand_grid
 from specmesh.model.gguf_file import GGUFError, GGUFFile, Tensor, is_gguf, open_gguf, tensor_type  # noqa: F401
 from specmesh.model.model import FULL, SLIDING, ModelConfig
 from specmesh.model.tokenizer import Tokenizer, byte_level_alphabet
@@ -326,8 +328,8 @@ def rope_rows(cfg: ModelConfig, name: str, rows: int) -> np.ndarray | None:
 FLOATS = {"F32": lambda raw: raw.view(np.float32).astype(np.float32),         # (a copy: the map is read-only)
           "F16": lambda raw: raw.view(np.float16).astype(np.float32),
           "BF16": lambda raw: (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)}    # float32's top half
-C_DEQUANTIZED = {2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23,    # Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS:
-                 16, 17, 18, 19, 21, 22, 29}                   # csrc/blocks.c; the IQ kinds of grids: csrc/grids.c
+C_DEQUANTIZED = {2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23} | GRIDS.keys()   # Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL,
+                                                                            # IQ4_XS: csrc/blocks.c; GRIDS: grids.c
 
 
 def dequantize(path, t: Tensor) -> np.ndarray:
@@ -336,8 +338,6 @@ def dequantize(path, t: Tensor) -> np.ndarray:
     name = tensor_type(t.kind)[0]
     if name in FLOATS:
         return FLOATS[name](np.asarray(t.data))
-    from specmesh.kernels.build import kernel_lib
-    from specmesh.kernels.grids import hand_grid
     lib = kernel_lib() if t.kind in C_DEQUANTIZED else None
     if lib is not None:
         hand_grid(lib, t.kind)

@@ -344,8 +344,9 @@ def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
     (kernels.GGUFLinear: Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ1_S;
     GGUFEmbedding): resident memory is the pages a forward reads, not a copy. A matrix of a type the kernels do not
     multiply (F16, BF16, IQ2_XS, IQ2_S, IQ1_M; a fused projection with one such part) is dequantized to bfloat16
-    alone, a few rows at a time, and the table's rows are read from the file where csrc/ dequantizes its type. Norms and biases are read into float32; the rest of
-    the model gets this CPU's kernels (select_kernels) as any bf16 model."""
+    alone, a few rows at a time (warn_dense names the quantized kinds so run), and the table's rows are read from
+    the file where csrc/ dequantizes its type. Norms and biases are read into float32; the rest of the model gets
+    this CPU's kernels (select_kernels) as any bf16 model."""
     cfg, lib = read_config(path), kernel_lib()
     found = gguf.matrices(path, cfg)
     vectors = file_vectors(path, cfg, found)
