@@ -100,10 +100,21 @@ def test_smollm2_tokenizer_padded():
         shapes.tokenizer_fields(source, 1000)
 
 
-def test_a_type_that_needs_an_importance_matrix_is_refused_before_any_writing(tmp_path):
-    with pytest.raises(shapes.ShapeError, match="IQ2_XXS: llama-quantize makes it only with an importance matrix"):
-        shapes.make(shapes.SHAPES["Llama-3.2-1B"], ["Q4_K_M", "IQ2_XXS"], tmp_path)
-    assert list(tmp_path.iterdir()) == []
+def test_the_uniform_importance_matrix_in_llama_imatrix_legacy_layout(tmp_path):
+    """What llama-quantize reads for the IQ1/IQ2 types: each matrix's name and a value per column, all equal."""
+    shape = shapes.SHAPES["Llama-3.2-1B"]
+    raw = shapes.uniform_imatrix(shape, tmp_path / "m.imatrix").read_bytes()
+    matrices = [(name, dims[1]) for name, dims in shapes.tensors(shape) if len(dims) == 2]
+    n, at, read = int(np.frombuffer(raw, np.int32, 1)[0]), 4, []
+    for _ in range(n):
+        length = int(np.frombuffer(raw, np.int32, 1, at)[0])
+        name = raw[at + 4:at + 4 + length].decode()
+        calls, columns = np.frombuffer(raw, np.int32, 2, at + 4 + length)
+        values = np.frombuffer(raw, np.float32, columns, at + 12 + length)
+        assert calls == 1 and np.all(values == 1.0)
+        read.append((name, int(columns)))
+        at += 12 + length + 4 * int(columns)
+    assert at == len(raw) and read == matrices and ("blk.15.ffn_down.weight", 8192) in read
 
 
 def test_files_never_go_into_the_repository():
@@ -119,8 +130,8 @@ def test_the_published_shapes():
 
 @pytest.mark.slow
 def test_quantized_by_llama_quantize(small_tokenizer, tmp_path, monkeypatch):
-    """llama-quantize makes Q4_K_M (Q4_K with Q6_K where llama.cpp's rule says) and Q8_0, the F16 goes, and llama.cpp
-    runs the files."""
+    """llama-quantize makes Q4_K_M (Q4_K with Q6_K where llama.cpp's rule says), Q8_0 and IQ2_XS (with the uniform
+    importance matrix), the F16 and the importance matrix go, and llama.cpp runs the files."""
     if not os.environ.get("SPECMESH_LLAMACPP_BIN"):         # the suite's cache is a temporary one: the machine's
         monkeypatch.setenv("SPECMESH_LLAMACPP_BIN", str(Path(os.environ["SPECMESH_KERNEL_DIR"]) / "llama.cpp" / "bin"))
     try:
@@ -128,10 +139,11 @@ def test_quantized_by_llama_quantize(small_tokenizer, tmp_path, monkeypatch):
     except shapes.ShapeError as e:
         pytest.fail(str(e))
     shape = dataclasses.replace(TINY, tokenizer=str(small_tokenizer))
-    q4, q8 = shapes.make(shape, ["Q4_K_M", "Q8_0"], tmp_path, progress=False)
-    assert not (tmp_path / shapes.file_name(shape, "F16", 0)).exists()
+    q4, q8, iq2 = shapes.make(shape, ["Q4_K_M", "Q8_0", "IQ2_XS"], tmp_path, progress=False)
+    assert {p.name for p in tmp_path.iterdir()} == {q4.name, q8.name, iq2.name}
     types = shapes.describe(q4)["tensor_types"]
     assert {"Q4_K", "Q6_K", "F32"} <= set(types) and "F16" not in types, types
     assert set(shapes.describe(q8)["tensor_types"]) == {"Q8_0", "F32"}
-    for path in (q4, q8):
+    assert "IQ2_XS" in shapes.describe(iq2)["tensor_types"]
+    for path in (q4, q8, iq2):
         assert shapes.check(path, threads=2)["decode_tok_s"] > 0

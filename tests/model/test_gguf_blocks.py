@@ -26,15 +26,16 @@ from specmesh.timing import weight_bytes
 
 Q = gguf.GGMLQuantizationType
 KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS,
-         Q.IQ3_XXS, Q.IQ3_S, Q.IQ2_XXS, Q.IQ1_S]            # (the last four packed as levels: csrc/grids.c)
+         Q.IQ3_XXS, Q.IQ3_S, Q.IQ2_XXS, Q.IQ1_S, Q.IQ2_XS, Q.IQ2_S, Q.IQ1_M]   # (the last seven packed as levels:
+                                                                               # csrc/grids.c)
 # where each block type keeps its fp16 scales (d, then dmin or m where it has one)
 SCALES = {Q.Q4_0: (0,), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_1: (0, 2), Q.Q5_1: (0, 2), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2),
           Q.Q3_K: (108,), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,), Q.Q2_K: (80, 82), Q.IQ2_XXS: (0,),
-          Q.IQ2_XS: (0,), Q.IQ2_S: (0,), Q.IQ3_XXS: (0,), Q.IQ3_S: (0,), Q.IQ1_S: (0,), Q.IQ1_M: ()}
-GRID_KINDS = [Q.IQ2_XS, Q.IQ2_S, Q.IQ1_M]             # dequantized at load by csrc/grids.c, not multiplied
+          Q.IQ2_XS: (0,), Q.IQ2_S: (0,), Q.IQ3_XXS: (0,), Q.IQ3_S: (0,), Q.IQ1_S: (0,), Q.IQ1_M: (),
+          Q.TQ2_0: (64,)}     # (IQ1_M's d: the top nibbles of its 4 scale words, set apart)
 
 pytestmark = [pytest.mark.skipif(kernels.kernel_lib() is None, reason="needs csrc/ built (x86 with AVX2 and gcc)"),
-              pytest.mark.filterwarnings("ignore:.*run dequantized to bfloat16")]     # (the mixed file's IQ2_XS:
+              pytest.mark.filterwarnings("ignore:.*run dequantized to bfloat16")]     # (the mixed file's TQ2_0:
                                                                                         # asserted once, below)
 
 
@@ -47,6 +48,10 @@ def random_blocks(kind: Q, rows: int, K: int, rng: np.random.Generator, scale: f
     for at in SCALES[kind]:
         d = rng.uniform(0.3, 1.0, n) * scale * rng.choice([-1, 1], n) if at == 0 else rng.uniform(0, scale, n)
         raw[:, at:at + 2] = d.astype(np.float16).view(np.uint8).reshape(n, 2)
+    if kind == Q.IQ1_M:                                 # d's nibble i: the top nibble of scale word i (byte 49 + 2i)
+        d = (rng.uniform(0.3, 1.0, n) * scale).astype(np.float16).view(np.uint16)
+        for i in range(4):
+            raw[:, 49 + 2 * i] = (raw[:, 49 + 2 * i] & 0x0F) | ((d >> (4 * i)) & 0x0F) << 4
     return raw.reshape(rows, -1)
 
 
@@ -64,19 +69,6 @@ def test_each_block_type_dequantizes_as_gguf_does(kind):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     table = GGUFEmbedding(matrix_of(raw, kind, 512))
     assert torch.equal(table(torch.tensor([[2, 0]])), torch.from_numpy(want[[2, 0]])[None])
-
-
-@pytest.mark.parametrize("kind", GRID_KINDS, ids=lambda k: k.name)
-def test_each_grid_kind_dequantizes_as_gguf_does(kind):
-    """The IQ kinds of 1-2 bits with a scale per 16, which the kernels do not multiply, dequantized at load by
-    csrc/grids.c with the package's own grids: its arithmetic, bit for bit."""
-    from specmesh.model.gguf import dequantize
-    from specmesh.model.gguf_file import Tensor
-    raw = random_blocks(kind, 5, 1024, np.random.default_rng(2))
-    want = gguf.quants.dequantize(raw, kind).astype(np.float32)
-    got = dequantize("m.gguf", Tensor("w", (5, 1024), int(kind), raw))      # (IQ1_M's random d: NaN at times)
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    assert not kernels.kernel_lib().gguf_kernel(int(kind), 1024)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
@@ -207,18 +199,21 @@ def test_a_matrix_of_parts_reads_each_of_its_own_type_through_its_row_map():
 def q4_k_m_kind(name: str, layer: int) -> Q:
     """A Q4_K_M-like mix: Q6_K for the head and embedding, v and down, Q4_K elsewhere; layer 1 mixes in the
     32-blocks and Q5_K, as llama-quantize does for rows that are not whole 256-blocks or for some layers; layer 0's q
-    and k are IQ4_NL and IQ4_XS, its gate IQ2_XXS and attention output IQ1_S; layer 2's q and k IQ3_S and IQ3_XXS (as an
-    IQ3_M file's), its gate Q3_K, its up Q2_K and its attention output IQ2_XS, a type the kernels do not multiply
-    (dequantized at load)."""
-    if name in ("token_embd.weight", "output.weight") or name.endswith(("attn_v.weight", "ffn_down.weight")):
-        return Q.Q6_K
+    and k are IQ4_NL and IQ4_XS, its gate IQ2_XXS, its up IQ2_S, its attention output IQ1_S and its down TQ2_0, a type
+    the kernels do not multiply (dequantized at load); layer 2's q and k IQ3_S and IQ3_XXS (as an IQ3_M file's), its gate
+    Q3_K, its up Q2_K, its v IQ1_M, its down Q4_K and its attention output IQ2_XS."""
     own = {0: {"attn_q.weight": Q.IQ4_NL, "attn_k.weight": Q.IQ4_XS, "ffn_gate.weight": Q.IQ2_XXS,
-               "attn_output.weight": Q.IQ1_S},
+               "attn_output.weight": Q.IQ1_S, "ffn_up.weight": Q.IQ2_S, "ffn_down.weight": Q.TQ2_0},
            1: {"attn_q.weight": Q.Q5_0, "attn_output.weight": Q.Q8_0, "ffn_up.weight": Q.Q5_K, "attn_k.weight": Q.Q4_1,
                "ffn_gate.weight": Q.Q4_0},
            2: {"attn_q.weight": Q.IQ3_S, "attn_k.weight": Q.IQ3_XXS, "ffn_gate.weight": Q.Q3_K,
-               "ffn_up.weight": Q.Q2_K, "attn_output.weight": Q.IQ2_XS}}
-    return own.get(layer, {}).get(name.split(".", 2)[-1], Q.Q4_K)
+               "ffn_up.weight": Q.Q2_K, "attn_output.weight": Q.IQ2_XS, "attn_v.weight": Q.IQ1_M,
+               "ffn_down.weight": Q.Q4_K}}
+    if kind := own.get(layer, {}).get(name.split(".", 2)[-1]):
+        return kind
+    if name in ("token_embd.weight", "output.weight") or name.endswith(("attn_v.weight", "ffn_down.weight")):
+        return Q.Q6_K
+    return Q.Q4_K
 
 
 # what each architecture adds to the tiny Llama config: Qwen3's q/k norms; Gemma 3's norms, GELU gate, scaled
@@ -258,7 +253,9 @@ def kquant_file(request, tiny_checkpoint, tmp_path_factory):
         rows, K = next(s for key, s in shapes.items() if key in hf)
         layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
         kind = q4_k_m_kind(name, layer)
-        writer.add_tensor(name, random_blocks(kind, rows, K, rng, 0.05 if "lm_head" in hf else 0.02), raw_dtype=kind)
+        # q and k small: attention far from one-hot, where bf16's roundings would pick the key
+        scale = 0.05 if "lm_head" in hf else 0.001 if "q_proj" in hf or "k_proj" in hf else 0.02
+        writer.add_tensor(name, random_blocks(kind, rows, K, rng, scale), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -269,24 +266,26 @@ def kquant_file(request, tiny_checkpoint, tmp_path_factory):
 def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_file):
     assert runs_file_blocks(kquant_file, torch.bfloat16)
     assert not runs_file_blocks(kquant_file, torch.float32)            # float32: the file's dequantized weights
-    with pytest.warns(UserWarning, match=r"m.gguf: its IQ2_XS matrices run dequantized to bfloat16"):
+    with pytest.warns(UserWarning, match=r"m.gguf: its TQ2_0 matrices run dequantized to bfloat16"):
         blocks = load_model(kquant_file, torch.bfloat16)
     exact = load_model(kquant_file, torch.float32)
     linears = [m for m in blocks.modules() if isinstance(m, GGUFLinear)]
     tied = blocks.config.tie_word_embeddings
-    assert len(linears) == 3 * 4 + 2 - tied - 1 and isinstance(blocks.embed, GGUFEmbedding)    # but IQ2_XS's
-    dense = blocks.layers[2].block.attn.o
-    assert not isinstance(dense, GGUFLinear) and dense.weight.dtype == torch.bfloat16, dense
+    assert len(linears) == 3 * 4 + 2 - tied - 1 and isinstance(blocks.embed, GGUFEmbedding)    # but TQ2_0's
+    dense, = [b.block.mlp.down for b in blocks.layers if not isinstance(b.block.mlp.down, GGUFLinear)]
+    assert dense.weight.dtype == torch.bfloat16, dense
     assert {type(b).__name__ for b in blocks.layers} == {"CBlock"}      # the whole forward in C, kinds mixed
     assert {p.type for m in linears for p in m.matrix.part[:m.matrix.n]} == {int(k) for k in KINDS if k != Q.Q5_1}
     reads = sum(m.nbytes for m in linears if m is not blocks.embed.table or tied)   # a lookup reads one row
     assert weight_bytes(blocks) == reads + weight_bytes(dense)
     copied = sum(t.numel() * t.element_size() for t in [*blocks.parameters(), *blocks.buffers()])
-    assert copied < 64 * 1024                               # norms and rotary: no weights copied (IQ2_XS's: no parameter)
+    assert copied < 64 * 1024                               # norms and rotary: no weights copied (TQ2_0's: no parameter)
     # but the matrices, re-laid in 8-row groups of their own bytes (K-quants + 3%; Q2_K's and Q3_K's scales a byte
-    # each; IQ4's scales as floats; the grid kinds as 4-bit levels and a float scale a 32-block: 160 bytes a 256)
+    # each; IQ4's scales as floats; the grid kinds as 4-bit levels and a float scale a 32-block: 160 bytes a 256, or
+    # one a 16: 192)
     extras = {Q.Q4_K: 1.03, Q.Q5_K: 1.03, Q.Q6_K: 1.03, Q.Q3_K: 114 / 110, Q.Q2_K: 100 / 84, Q.IQ4_NL: 20 / 18,
-              Q.IQ4_XS: 160 / 136, Q.IQ3_S: 160 / 110, Q.IQ3_XXS: 160 / 98, Q.IQ2_XXS: 160 / 66, Q.IQ1_S: 160 / 50}
+              Q.IQ4_XS: 160 / 136, Q.IQ3_S: 160 / 110, Q.IQ3_XXS: 160 / 98, Q.IQ2_XXS: 160 / 66, Q.IQ1_S: 160 / 50,
+              Q.IQ2_XS: 192 / 74, Q.IQ2_S: 192 / 82, Q.IQ1_M: 192 / 56}
     for m in linears:
         for part, packed in zip(m.matrix.part, m.packed):
             assert (packed is not None) == (m is not blocks.embed.table or tied)

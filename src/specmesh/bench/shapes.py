@@ -48,7 +48,8 @@ from specmesh.kernels import cache_dir
 
 STD = 0.02                                  # the weights' standard deviation (HF's initializer_range)
 QUANTS = ("Q4_K_M", "Q8_0")                 # made by default
-# the types llama-quantize makes only with an importance matrix (llama-imatrix over text), which this generator has not
+# the types llama-quantize makes only with an importance matrix (llama-imatrix over text): random weights have no
+# text to measure it on, so these get a uniform one (uniform_imatrix)
 NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "Q2_K_S")
 GEMMA_TOKENIZER = Path("/tmp/gemma/gemma-3-270m-q4_k_m.gguf")   # where the [gemma] extra is not installed
 REPO = Path(__file__).resolve().parents[3]
@@ -287,12 +288,28 @@ def tool(name: str) -> Path:
     return path
 
 
-def quantize(f16: Path, out: Path, qtype: str, threads: int | None = None, progress: bool = True) -> Path:
-    """llama.cpp's llama-quantize of `f16` to `qtype` (Q4_K_M, Q8_0, ... as the tool names them), through a
-    temporary file renamed when the tool succeeds."""
+def uniform_imatrix(shape: Shape, out: Path) -> Path:
+    """An importance matrix of every column equal for each of the shape's matrices, in llama-imatrix's legacy file
+    layout (int32 entries; per entry: int32 name length, the name, int32 calls, int32 values, float32 values): what
+    llama-quantize needs for NEEDS_IMATRIX's types. Every column weighs the same, as random weights' columns do; the
+    file's block layout is what such a type's is."""
+    matrices = [(name, dims[-1]) for name, dims in tensors(shape) if len(dims) == 2]
+    with open(out, "wb") as f:
+        f.write(np.int32(len(matrices)).tobytes())
+        for name, columns in matrices:
+            f.write(np.array([len(name)], np.int32).tobytes() + name.encode())
+            f.write(np.array([1, columns], np.int32).tobytes() + np.ones(columns, np.float32).tobytes())
+    return out
+
+
+def quantize(f16: Path, out: Path, qtype: str, threads: int | None = None, progress: bool = True,
+             imatrix: Path | None = None) -> Path:
+    """llama.cpp's llama-quantize of `f16` to `qtype` (Q4_K_M, Q8_0, ... as the tool names them; with `imatrix`, an
+    importance matrix file), through a temporary file renamed when the tool succeeds."""
     exe = tool("llama-quantize")
     tmp = out.with_name(out.name + ".tmp")
-    cmd = [str(exe), str(f16), str(tmp), qtype, str(threads or os.cpu_count() or 1)]
+    cmd = [str(exe), *(["--imatrix", str(imatrix)] if imatrix else []), str(f16), str(tmp), qtype,
+           str(threads or os.cpu_count() or 1)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
     bar, tail = tqdm(desc=f"{out.stem}", unit="tensor", disable=not progress), []
     for line in proc.stdout:
@@ -324,10 +341,8 @@ def out_dir(out: str | Path | None) -> Path:
 def make(shape: Shape, quants: list[str], out: str | Path | None = None, seed: int = 0, keep_f16: bool = False,
          threads: int | None = None, progress: bool = True) -> list[Path]:
     """The shape's files of each type in `quants` (F16 is a type too), made where missing: the F16 file written,
-    quantized to each other type, then deleted unless `keep_f16` (or asked for)."""
-    if needing := [q for q in quants if q.upper() in NEEDS_IMATRIX]:
-        raise ShapeError(f"{', '.join(needing)}: llama-quantize makes it only with an importance matrix, which this "
-                         f"generator does not make (IQ3_M, IQ3_S, IQ4_XS, Q2_K and the other K-quants need none)")
+    quantized to each other type (NEEDS_IMATRIX's with uniform_imatrix's), then deleted unless `keep_f16` (or asked
+    for)."""
     root = out_dir(out)
     root.mkdir(parents=True, exist_ok=True)
     want = {q: root / file_name(shape, q, seed) for q in quants}
@@ -339,9 +354,12 @@ def make(shape: Shape, quants: list[str], out: str | Path | None = None, seed: i
         tmp = f16.with_name(f16.name + ".tmp")
         write_f16(shape, tmp, seed, progress)
         tmp.replace(f16)
+    imatrix = uniform_imatrix(shape, root / f"{shape.name}.imatrix") if any(q.upper() in NEEDS_IMATRIX for q in missing) else None
     for q in missing:
         if q != "F16":
-            quantize(f16, want[q], q, threads, progress)
+            quantize(f16, want[q], q, threads, progress, imatrix if q.upper() in NEEDS_IMATRIX else None)
+    if imatrix:
+        imatrix.unlink()
     if f16.exists() and not keep_f16 and "F16" not in quants:
         f16.unlink()
     return list(want.values())

@@ -37,16 +37,16 @@ static EXACT void iq4_levels(float d, const uint8_t *qs, float *y) {
     for (int l = 0; l < 16; l++) y[l] = d * (float)IQ4_LEVELS[qs[l] & 0x0F], y[l + 16] = d * (float)IQ4_LEVELS[qs[l] >> 4];
 }
 
-// 32 weights s of an IQ4_NL or IQ4_XS block w as out: the float32 scale (IQ4_XS: d (s's 6-bit scale - 32), as
-// gguf.quants computes it: exact), then the 16 bytes of 4-bit level indices
+// 32 weights s of an IQ4_NL or IQ4_XS block w as out (grid_levels' layout): the float32 scale (IQ4_XS: d (s's 6-bit
+// scale - 32), as gguf.quants computes it: exact) twice, then the 16 bytes of 4-bit level indices
 static void iq4_block(int type, const uint8_t *w, int s, uint8_t *out) {
     float d = fp16(w);
     if (type == IQ4_XS) {
         const int high = (w[2] | w[3] << 8) >> (2 * s) & 3, scale = ((w[4 + s / 2] >> (4 * (s % 2))) & 0x0F) | high << 4;
         d *= (float)(scale - 32);
     }
-    memcpy(out, &d, 4);
-    memcpy(out + 4, type == IQ4_XS ? w + 8 + 16 * s : w + 2, 16);
+    memcpy(out, &d, 4), memcpy(out + 4, &d, 4);
+    memcpy(out + 8, type == IQ4_XS ? w + 8 + 16 * s : w + 2, 16);
 }
 
 // one block of `type` -> its weights y
@@ -59,7 +59,7 @@ static EXACT void dequantize_block(int type, const uint8_t *b, float *y) {
                 uint8_t u[LEVELED_BYTES];
                 float d;
                 iq4_block(type, b, s, u), memcpy(&d, u, 4);
-                iq4_levels(d, u + 4, y + 32 * s);
+                iq4_levels(d, u + 8, y + 32 * s);
             }
             return;
         case Q8_0: {
@@ -215,10 +215,11 @@ static int least_matrix_tile_rows(const Matrix *w) {            // of any of its
 }
 
 static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a) {
-    int k256 = 0, k32 = 0;
+    int k256 = 0, k32 = 0, k16 = 0;
     for (int i = 0; i < w->n; i++) {
         if (packed_size(w->part[i].type) == 256) k256 = 1;
         else k32 = 1;
+        k16 |= halves32(runs_as(w->part[i].type));
     }
     memset(a, 0, sizeof *a);
     if (k32) {
@@ -230,6 +231,14 @@ static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a
         q8_quantize_rows(x, M, K, QB, a->q32, a->d32, a->s32);
         for (int64_t i = 0; i < (int64_t)M * QB; i++) a->ds32[i] = a->d32[i] * (float)a->s32[i];
     }
+    if (k16) {
+        a->h32 = lines(sizeof(int32_t) * (int64_t)M * (K / 32));
+        for (int64_t i = 0; i < (int64_t)M * (K / 32); i++) {
+            int32_t h = 0;
+            for (int l = 0; l < 16; l++) h += a->q32[32 * i + l];
+            a->h32[i] = h;
+        }
+    }
     if (k256) {
         a->q256 = lines((int64_t)M * K);
         a->d256 = lines(sizeof(float) * (int64_t)M * (K / 256));
@@ -240,7 +249,7 @@ static void quantize_acts(const Matrix *w, const float *x, int M, int K, Acts *a
 }
 
 static void free_acts(Acts *a) {
-    free(a->q32); free(a->d32); free(a->s32); free(a->ds32); free(a->q256); free(a->d256); free(a->b256); free(a->s256);
+    free(a->q32); free(a->d32); free(a->s32); free(a->ds32); free(a->h32); free(a->q256); free(a->d256); free(a->b256); free(a->s256);
 }
 
 // -- K-quants packed by 8 rows (blocks.h) ----------------------------------------------------------------------
@@ -530,16 +539,17 @@ static inline __attribute__((always_inline)) void group_block32(const uint8_t *g
                                                                  const int TYPE, __m256 *acc) {
     const __m256i ones = _mm256_set1_epi16(1);
     const int8_t *x = a->q32 + (m0 * QB + b) * 32;
-    __m256i T[2][PACKED_MB];
+    __m256i T[2][PACKED_MB], U[2][PACKED_MB];      // U: HALVES_IQ2_IQ1's sums of the weights 16 .., T's of 0 ..
     for (int h = 0; h < 2; h++) {
         if (leveled(TYPE) && TYPE != IQ4_NL) {
-            for (int i = 0; i < MB; i++) T[h][i] = _mm256_setzero_si256();
+            for (int i = 0; i < MB; i++) T[h][i] = U[h][i] = _mm256_setzero_si256();
             _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++)        // the weights 8 t ..
                 for (int i = 0; i < MB; i++) {
                     int64_t v;
                     memcpy(&v, x + i * QB * 32 + 8 * t, 8);
-                    const __m256i p = _mm256_maddubs_epi16(L[4 * h + t], _mm256_set1_epi64x(v));
-                    T[h][i] = _mm256_add_epi32(T[h][i], _mm256_madd_epi16(p, ones));
+                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(L[4 * h + t], _mm256_set1_epi64x(v)), ones);
+                    if (halves32(TYPE) && t >= 2) U[h][i] = _mm256_add_epi32(U[h][i], p);
+                    else T[h][i] = _mm256_add_epi32(T[h][i], p);
                 }
             continue;
         }
@@ -572,7 +582,10 @@ static inline __attribute__((always_inline)) void group_block32(const uint8_t *g
     }
     for (int i = 0; i < MB; i++) {
         const int64_t at = (m0 + i) * QB + b;
-        acc[i] = packed_float32(acc[i], row_totals(T[0][i], T[1][i]), g, a->d32[at], a->s32[at], a->ds32[at], TYPE);
+        if (halves32(TYPE))
+            acc[i] = halves_float32(acc[i], row_totals(T[0][i], T[1][i]), row_totals(U[0][i], U[1][i]), g, a->d32[at],
+                                    a->s32[at], a->h32[at]);
+        else acc[i] = packed_float32(acc[i], row_totals(T[0][i], T[1][i]), g, a->d32[at], a->s32[at], a->ds32[at], TYPE);
     }
 }
 
@@ -650,9 +663,10 @@ static inline int pair_at(int s, int r) { return 16 * (s / 2) + 2 * r + s % 2; }
 
 // row r's block w (of the file) into its group-block o (blocks.h's layouts)
 static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
-    if (leveled(type)) {                                // w: its float32 scale and 16 bytes of qs (recoded)
+    if (leveled(type)) {                                // w: its float32 scales and 16 bytes of qs (recoded)
         memcpy(o + 4 * r, w, 4);
-        for (int t = 0; t < 2; t++) memcpy(o + qs32(type) + 64 * t + 8 * r, w + 4 + 8 * t, 8);
+        if (halves32(type)) memcpy(o + 32 + 4 * r, w + 4, 4);
+        for (int t = 0; t < 2; t++) memcpy(o + qs32(type) + 64 * t + 8 * r, w + 8 + 8 * t, 8);
         return;
     }
     if (block_size(type) == 32) {

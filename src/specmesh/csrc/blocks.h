@@ -15,20 +15,25 @@ enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K 
 
 // the packed kinds of the grid kinds that run from their bits (never a file's type): IQ4_NL's layout, each 32-block a
 // float32 scale and 4-bit indices into the kind's own 16 levels (levels_of): IQ3_S's, IQ3_XXS's, and IQ2_XXS's and
-// IQ1_S's in one table (IQ1_S's weights dl (grid + delta) as levels 8 grid +- 1 under a scale dl / 8)
-enum { LEVELS_IQ3_S = 100, LEVELS_IQ3_XXS = 101, LEVELS_IQ2_IQ1 = 102 };
+// IQ1_S's in one table (IQ1_S's weights dl (grid + delta) as levels 8 grid +- 1 under a scale dl / 8). HALVES_IQ2_IQ1:
+// the same table under a float32 scale per 16 (IQ2_XS, IQ2_S, IQ1_M change scale every 16 weights)
+enum { LEVELS_IQ3_S = 100, LEVELS_IQ3_XXS = 101, LEVELS_IQ2_IQ1 = 102, HALVES_IQ2_IQ1 = 103 };
 
 // the type a file's type is packed and multiplied as: IQ4_XS's 256-blocks are 8 IQ4_NL 32-blocks (packed with float32
-// scales: IQ4_XS's d (s - 32) exactly), IQ3_S's, IQ3_XXS's, IQ2_XXS's and IQ1_S's 8 32-blocks of their levels
+// scales: IQ4_XS's d (s - 32) exactly), the grid kinds' 8 32-blocks of their levels
 static inline int runs_as(int type) {
     switch (type) {
         case IQ4_XS: return IQ4_NL;
         case IQ3_S: return LEVELS_IQ3_S;
         case IQ3_XXS: return LEVELS_IQ3_XXS;
         case IQ2_XXS: case IQ1_S: return LEVELS_IQ2_IQ1;
+        case IQ2_XS: case IQ2_S: case IQ1_M: return HALVES_IQ2_IQ1;
         default: return type;
     }
 }
+
+// whether a packed type scales each 16 weights of its 32-blocks apart
+static inline int halves32(int type) { return type == HALVES_IQ2_IQ1; }
 
 // whether a packed type's 4-bit q index levels (IQ4_NL's, the grid kinds')
 static inline int leveled(int type) { return type == IQ4_NL || type >= LEVELS_IQ3_S; }
@@ -73,9 +78,10 @@ static inline int block_bytes(int type) {
 }
 
 // csrc/grids.c: whether a grid kind's grid was handed in (gguf_grid); its 256-block b -> y[256], the `gguf` package's
-// arithmetic; sub-block s (32 weights) of one of the kinds runs_as packs as levels -> out: its float32 scale, then 16
-// bytes of 4-bit level indices (the low nibbles weights 0 .. 15, the high ones 16 .. 31)
-#define LEVELED_BYTES 20    // a 32-block recoded as levels: a float32 scale and 16 bytes
+// arithmetic; sub-block s (32 weights) of a grid kind as levels -> out: the float32 scales of its weights 0 .. 15 and
+// 16 .. 31 (the same, but for HALVES_IQ2_IQ1's kinds), then 16 bytes of 4-bit level indices (the low nibbles weights
+// 0 .. 15, the high ones 16 .. 31)
+#define LEVELED_BYTES 24    // a 32-block recoded as levels: two float32 scales and 16 bytes
 int grid_ready(int type);
 void grid_block(int type, const uint8_t *b, float *y);
 void grid_levels(int type, const uint8_t *b, int s, uint8_t *out);
@@ -105,6 +111,7 @@ typedef struct {            // x [M, K] quantized for the parts' kinds of block
     float *d256;
     int16_t *b256;
     int16_t *s256;          // and sums of each 32 [M][K / 32] (the packed Q4_K's and Q5_K's mins)
+    int32_t *h32;           // sums of each 32's first 16 [M][K / 32] (HALVES_IQ2_IQ1's), or NULL
 } Acts;
 
 // a buffer of the activations: on cache lines of its own, so that no 64-byte vector of it straddles two
@@ -161,14 +168,15 @@ static inline int offset_shift(const int SIX) { return SIX == 1 ? 5 : SIX == 3 ?
 // (fp16; Q4_1, Q5_1), then the fifth bits qh [4 c][8 rows] (Q5_0, Q5_1: byte c of the row's qh, bit k its weight
 // 8 c + k), then the qs: Q8_0's [4 t][8 rows][8 bytes: q of the weights 8 t ..], Q4's and Q5's [2 t][8 rows][8 bytes:
 // the file's qs 8 t ..: low nibbles the weights 8 t + k, high nibbles 16 + 8 t + k]. The file's bytes, no more.
-// A leveled type's (IQ4_NL's, IQ4_XS's sub-blocks, the grid kinds' LEVELS_*) holds its scales as float32 [8 rows],
-// then Q4's qs: a nibble is the index of its weight's level (levels_of). Every kernel computes a row's block as the
-// exact integer T = sum(q x) (q in -128..127 for Q8_0 and the levels, the unsigned 0..15 or 0..31 for the others), then the one float part
-// below.
+// A leveled type's (IQ4_NL's, IQ4_XS's sub-blocks, the grid kinds') holds its scales as float32 [8 rows]
+// (HALVES_IQ2_IQ1: of the weights 0 .. 15 [8 rows], then of 16 .. 31 [8 rows]), then Q4's qs: a nibble is the index
+// of its weight's level (levels_of). Every kernel computes a row's block as the exact integer T = sum(q x) (q in
+// -128..127 for Q8_0 and the levels, the unsigned 0..15 or 0..31 for the others; HALVES_IQ2_IQ1: a T for each half),
+// then the one float part below.
 static inline int mins32(int type) { return type == Q4_1 || type == Q5_1; }
 static inline int five32(int type) { return type == Q5_0 || type == Q5_1; }
 static inline int qh32(int type) { return 16 + 16 * mins32(type); }            // where qh starts
-static inline int qs32(int type) { return leveled(type) ? 32 : qh32(type) + 32 * five32(type); }   // the qs' start
+static inline int qs32(int type) { return leveled(type) ? 32 + 32 * halves32(type) : qh32(type) + 32 * five32(type); }   // the qs' start
 // w = d (q - offset) (+ m), q unsigned; the grid kinds' levels run as q = level + 64 (<= 126: a maddubs pair of
 // them stays within int16)
 static inline int q32_offset(int type) { return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type >= LEVELS_IQ3_S ? 64 : 0; }
@@ -183,7 +191,7 @@ static inline int packed_block(int type) {
         case Q3_K: return Q3K_PACKED;
         case Q8_0: return 16 + 256;
         case Q4_0: case Q4_1: case Q5_0: case Q5_1: case IQ4_NL: case LEVELS_IQ3_S: case LEVELS_IQ3_XXS:
-        case LEVELS_IQ2_IQ1: return qs32(type) + 128;
+        case LEVELS_IQ2_IQ1: case HALVES_IQ2_IQ1: return qs32(type) + 128;
         default: return 0;
     }
 }
@@ -206,19 +214,21 @@ static inline int packed_block(int type) {
         case LEVELS_IQ3_S: DOT32(g0, K / 32, a, m0, C, R, LEVELS_IQ3_S, out); break;                                  \
         case LEVELS_IQ3_XXS: DOT32(g0, K / 32, a, m0, C, R, LEVELS_IQ3_XXS, out); break;                              \
         case LEVELS_IQ2_IQ1: DOT32(g0, K / 32, a, m0, C, R, LEVELS_IQ2_IQ1, out); break;                              \
+        case HALVES_IQ2_IQ1: DOT32(g0, K / 32, a, m0, C, R, HALVES_IQ2_IQ1, out); break;                              \
     }
 
 // a leveled type's 16 levels: a 4-bit q's weight, before the block's scale. IQ4_NL's and IQ4_XS's are
 // gguf.quants.IQ4_NL.kvalues; the grid kinds' are their grids' values with either sign (IQ3_S: the odd 1 .. 15;
-// IQ3_XXS: 4, 12, .. 52, 62; IQ2_XXS: 8, 25, 43; IQ1_S: 8 grid +- 1 of grid -1, 0, 1; unused levels 0), laid so
-// that level 15 - i is -(level i) and IQ1_S's 8 grid - 1 is just before its 8 grid + 1 (csrc/grids.c's recoding)
+// IQ3_XXS: 4, 12, .. 52, 62; the IQ2 kinds: 8, 25, 43; the IQ1 kinds: 8 grid +- 1 of grid -1, 0, 1; unused levels
+// 0), laid so that level 15 - i is -(level i) and IQ1's 8 grid - 1 is just before its 8 grid + 1 (csrc/grids.c's
+// recoding)
 static const int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const int8_t IQ3_S_LEVELS[16] = {-15, -13, -11, -9, -7, -5, -3, -1, 1, 3, 5, 7, 9, 11, 13, 15};
 static const int8_t IQ3_XXS_LEVELS[16] = {-62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62};
 static const int8_t IQ2_IQ1_LEVELS[16] = {-43, -25, -9, -7, -8, 0, 0, -1, 1, 0, 0, 8, 7, 9, 25, 43};
 static inline const int8_t *levels_of(int type) {
     return type == LEVELS_IQ3_S ? IQ3_S_LEVELS : type == LEVELS_IQ3_XXS ? IQ3_XXS_LEVELS
-         : type == LEVELS_IQ2_IQ1 ? IQ2_IQ1_LEVELS : IQ4_LEVELS;
+         : type == LEVELS_IQ2_IQ1 || type == HALVES_IQ2_IQ1 ? IQ2_IQ1_LEVELS : IQ4_LEVELS;
 }
 
 // the packed kernels fetch the group-blocks AHEAD of the one they multiply, into L2 (_MM_HINT_T1): one row of
@@ -279,4 +289,16 @@ static inline __m256 packed_float32(__m256 acc, __m256i T, const uint8_t *g, flo
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc);
     if (!mins32(TYPE)) return acc;
     return _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16))), _mm256_set1_ps(ds), acc);
+}
+
+// packed_float32 for HALVES_IQ2_IQ1, its two halves in turn: Tl and Th the sums over the weights 0 .. 15 and 16 .. 31
+// (q = level + 64), h the activation row's sum of the block's first 16 bytes: acc[r] += (Tl[r] - 64 h) (dl[r] dx),
+// then += (Th[r] - 64 (s - h)) (dh[r] dx)
+static inline __m256 halves_float32(__m256 acc, __m256i Tl, __m256i Th, const uint8_t *g, float dx, int32_t s,
+                                    int32_t h) {
+    const int offset = q32_offset(HALVES_IQ2_IQ1);
+    const __m256 vdx = _mm256_set1_ps(dx);
+    Tl = _mm256_sub_epi32(Tl, _mm256_set1_epi32(offset * h)), Th = _mm256_sub_epi32(Th, _mm256_set1_epi32(offset * (s - h)));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Tl), _mm256_mul_ps(_mm256_loadu_ps((const float *)g), vdx), acc);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(Th), _mm256_mul_ps(_mm256_loadu_ps((const float *)(g + 32)), vdx), acc);
 }

@@ -174,13 +174,26 @@ static inline __attribute__((always_inline)) void group_block32_512(const uint8_
                                                                      int64_t m0, const int MB, const int TYPE,
                                                                      __m512 *acc) {
     const int8_t *x = a->q32 + (m0 * QB + b) * 32;
-    __m512i q[4], T[PACKED_MB512];
+    __m512i q[4], T[PACKED_MB512], U[PACKED_MB512];   // U: HALVES_IQ2_IQ1's sums of the weights 16 .., T's of 0 ..
     eights32(g, TYPE, q);
-    for (int i = 0; i < MB; i++) T[i] = _mm512_setzero_si512();
+    for (int i = 0; i < MB; i++) T[i] = U[i] = _mm512_setzero_si512();
     _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
-        for (int i = 0; i < MB; i++) T[i] = dot8_512(T[i], q[c], x + i * QB * 32 + 8 * c);
+        for (int i = 0; i < MB; i++) {
+            if (halves32(TYPE) && c >= 2) U[i] = dot8_512(U[i], q[c], x + i * QB * 32 + 8 * c);
+            else T[i] = dot8_512(T[i], q[c], x + i * QB * 32 + 8 * c);
+        }
     const __m512 d = leveled(TYPE) ? _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)g))
                                    : _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)g)));
+    if (halves32(TYPE)) {
+        const __m512 dh = _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)(g + 32)));
+        for (int i = 0; i < MB; i += 2) {           // rows i and j, as below
+            const int j = i + 1 < MB ? i + 1 : i;
+            const int64_t ai = (m0 + i) * QB + b, aj = (m0 + j) * QB + b;
+            acc[i / 2] = halves16_32_rows(acc[i / 2], _mm512_add_epi32(firsts(T[i], T[j]), lasts(T[i], T[j])),
+                                          _mm512_add_epi32(firsts(U[i], U[j]), lasts(U[i], U[j])), d, dh, a, ai, aj);
+        }
+        return;
+    }
     const __m512 m = mins32(TYPE) ? _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(g + 16))))
                                   : _mm512_setzero_ps();
     const int offset = offset512(TYPE);
@@ -244,13 +257,14 @@ static inline __attribute__((always_inline)) void pair_block32(const __m512i *w,
     for (int i = 0; i < rows; i++) {
         const int64_t at = (m0 + i) * QB + b;
         const int8_t *x = a->q32 + at * 32;
-        __m512i T = _mm512_setzero_si512();
+        __m512i T = _mm512_setzero_si512(), U = T;  // U: HALVES_IQ2_IQ1's sums of the weights 16 .., T's of 0 ..
         for (int h = 0; h < 8; h++) {
             int32_t v;
             memcpy(&v, x + 4 * h, 4);
-            T = _mm512_dpbusd_epi32(T, w[h], _mm512_set1_epi32(v));
+            if (halves32(TYPE) && h >= 4) U = _mm512_dpbusd_epi32(U, w[h], _mm512_set1_epi32(v));
+            else T = _mm512_dpbusd_epi32(T, w[h], _mm512_set1_epi32(v));
         }
-        acc[i] = float16_32(acc[i], T, d, m, a, at, TYPE);
+        acc[i] = halves32(TYPE) ? halves16_32(acc[i], T, U, d, m, a, at) : float16_32(acc[i], T, d, m, a, at, TYPE);
     }
 }
 

@@ -79,7 +79,8 @@ static inline __attribute__((always_inline)) void eights32(const uint8_t *g, con
 }
 
 // two groups' 32-blocks (a: rows 0..7, b: rows 8..15) as 16 rows: w[h] their weights 4h .. 4h + 3 in VNNI order
-// (unsigned, as eights32 gives them), d and m their scales (m: zero where the type has none)
+// (unsigned, as eights32 gives them), d and m their scales (m: the mins, HALVES_IQ2_IQ1's scales of the weights
+// 16 .., or zero)
 static inline __attribute__((always_inline)) void sixteen32(const uint8_t *ga, const uint8_t *gb, const int TYPE,
                                                              __m512i w[8], __m512 *d, __m512 *m) {
     __m512i va[4], vb[4];
@@ -88,11 +89,40 @@ static inline __attribute__((always_inline)) void sixteen32(const uint8_t *ga, c
     *d = leveled(TYPE) ? _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)ga)),
                                             _mm256_loadu_ps((const float *)gb), 1)
                        : halves(ga, gb);
-    *m = mins32(TYPE) ? halves(ga + 16, gb + 16) : _mm512_setzero_ps();
+    *m = mins32(TYPE) ? halves(ga + 16, gb + 16)
+       : halves32(TYPE) ? _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)(ga + 32))),
+                                             _mm256_loadu_ps((const float *)(gb + 32)), 1)
+                        : _mm512_setzero_ps();
 }
 
 // acc += (T - offset s) (d dx) (+ m ds) for 16 weight rows against activation row-block `at`: blocks.h's
 // packed_float32, lane for lane, on T = sum(q x) of eights32's unsigned q (Q8_0's, IQ4's levels: q + 128)
+// blocks.h's halves_float32, lane for lane: Tl, Th the sums over the weights 0 .. 15, 16 .. 31, dl, dh their
+// scales, dx, h and s the lane's activation row's scale and sums (of the block's first 16 bytes, of its 32)
+static inline __m512 halves512(__m512 acc, __m512i Tl, __m512i Th, __m512 dl, __m512 dh, __m512 dx, __m512i h,
+                               __m512i s) {
+    const __m512i offset = _mm512_set1_epi32(q32_offset(HALVES_IQ2_IQ1));
+    Tl = _mm512_sub_epi32(Tl, _mm512_mullo_epi32(offset, h));
+    Th = _mm512_sub_epi32(Th, _mm512_mullo_epi32(offset, _mm512_sub_epi32(s, h)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Tl), _mm512_mul_ps(dl, dx), acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(Th), _mm512_mul_ps(dh, dx), acc);
+}
+
+// halves512 for 16 weight rows against activation row-block `at`
+static inline __m512 halves16_32(__m512 acc, __m512i Tl, __m512i Th, __m512 dl, __m512 dh, const Acts *a, int64_t at) {
+    return halves512(acc, Tl, Th, dl, dh, _mm512_set1_ps(a->d32[at]), _mm512_set1_epi32(a->h32[at]),
+                     _mm512_set1_epi32(a->s32[at]));
+}
+
+// halves512 for 8 weight rows against activation row-blocks ai (lanes 0 .. 7) and aj (8 .. 15)
+static inline __m512 halves16_32_rows(__m512 acc, __m512i Tl, __m512i Th, __m512 dl, __m512 dh, const Acts *a,
+                                      int64_t ai, int64_t aj) {
+    const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(a->d32[ai]), _mm256_set1_ps(a->d32[aj]), 1);
+    const __m512i h = _mm512_inserti32x8(_mm512_set1_epi32(a->h32[ai]), _mm256_set1_epi32(a->h32[aj]), 1);
+    const __m512i s = _mm512_inserti32x8(_mm512_set1_epi32(a->s32[ai]), _mm256_set1_epi32(a->s32[aj]), 1);
+    return halves512(acc, Tl, Th, dl, dh, dx, h, s);
+}
+
 static inline __m512 float16_32(__m512 acc, __m512i T, __m512 d, __m512 m, const Acts *a, int64_t at, const int TYPE) {
     const int offset = offset512(TYPE);
     if (offset) T = _mm512_sub_epi32(T, _mm512_set1_epi32(offset * a->s32[at]));

@@ -186,24 +186,24 @@ static void slab(int type, const uint8_t *ga, const uint8_t *gb, int K, const Ac
     }
 }
 
-// -- The 32-blocks: a tile product is one block's exact sums for up to 16 activation rows x 16 weight rows. B is
-// sixteen32's weights as they are (unsigned bytes; A the activations' signed ones: tdpbsud), so C holds the T the
-// vector kernels sum and the float step is theirs (float16_32). Four blocks at a time, each on a C tile of its own.
-
-#define BLOCK32(Cn, An, Bn, j) do {                                                                                  \
-        _tile_loadd(An, x + 32 * (j), 32 * QB);                                                                      \
-        _tile_loadd(Bn, bs + 512 * (j), 64);                                                                         \
+// -- The 32-blocks: a tile product is one block's exact sums for up to 16 activation rows x 16 weight rows
+// (HALVES_IQ2_IQ1: one half's, a scale's 16 weights: a unit). B is sixteen32's weights as they are (unsigned bytes; A
+// the activations' signed ones: tdpbsud), so C holds the T the vector kernels sum and the float step is theirs
+// (float16_32, halves16_32). Four units at a time, each on a C tile of its own.
+#define UNIT32(Cn, An, Bn, u) do {                                                                                   \
+        _tile_loadd(An, x + kw * (u), 32 * QB);                                                                      \
+        _tile_loadd(Bn, bs + 16 * kw * (u), 64);                                                                     \
         _tile_zero(Cn);                                                                                              \
         _tile_dpbsud(Cn, An, Bn);                                                                                    \
     } while (0)
 
-// slab's work for a 32-block type: bs [4][512] the B of four blocks, c [4][16][16] their C
+// slab's work for a 32-block type: bs [4][512] the B of four blocks, c [4][16][16] the C of four units
 static void slab32(int type, const uint8_t *ga, const uint8_t *gb, int K, const Acts *a, int M, int8_t *bs,
                    int32_t (*c)[16][16], int *configured, float *acc) {
-    const int QB = K / 32, size = packed_block(type);
+    const int QB = K / 32, size = packed_block(type), units = 1 + halves32(type), kw = 32 / units, step = 4 / units;
     for (int64_t i = 0; i < (int64_t)M * 16; i++) acc[i] = 0;
-    for (int b = 0; b < QB; b += 4) {
-        const int nb = QB - b < 4 ? QB - b : 4;
+    for (int b = 0; b < QB; b += step) {
+        const int nb = QB - b < step ? QB - b : step, nu = nb * units;
         __m512 d[4], m[4];
         for (int j = 0; j < nb; j++) {
             __m512i w[8];
@@ -212,28 +212,32 @@ static void slab32(int type, const uint8_t *ga, const uint8_t *gb, int K, const 
         }
         for (int m0 = 0; m0 < M; m0 += 16) {
             const int mt = M - m0 < 16 ? M - m0 : 16;
-            if (mt != *configured) configure(mt, 32), *configured = mt;
+            if (mt != *configured) configure(mt, kw), *configured = mt;
             const int8_t *x = a->q32 + ((int64_t)m0 * QB + b) * 32;
-            if (nb == 4) {
-                BLOCK32(C0, A0, B0, 0);
-                BLOCK32(C1, A1, B1, 1);
-                BLOCK32(C2, A0, B0, 2);
-                BLOCK32(C3, A1, B1, 3);
+            if (nu == 4) {
+                UNIT32(C0, A0, B0, 0);
+                UNIT32(C1, A1, B1, 1);
+                UNIT32(C2, A0, B0, 2);
+                UNIT32(C3, A1, B1, 3);
                 _tile_stored(C0, c[0], 64);
                 _tile_stored(C1, c[1], 64);
                 _tile_stored(C2, c[2], 64);
                 _tile_stored(C3, c[3], 64);
             } else {
-                for (int j = 0; j < nb; j++) {
-                    BLOCK32(C0, A0, B0, j);
-                    _tile_stored(C0, c[j], 64);
+                for (int u = 0; u < nu; u++) {
+                    UNIT32(C0, A0, B0, u);
+                    _tile_stored(C0, c[u], 64);
                 }
             }
             for (int i = 0; i < mt; i++) {
                 float *o = acc + 16 * (int64_t)(m0 + i);
                 __m512 v = _mm512_loadu_ps(o);
-                for (int j = 0; j < nb; j++)
-                    v = float16_32(v, _mm512_load_si512(c[j][i]), d[j], m[j], a, (int64_t)(m0 + i) * QB + b + j, type);
+                for (int j = 0; j < nb; j++) {
+                    const int64_t at = (int64_t)(m0 + i) * QB + b + j;
+                    if (units == 2)
+                        v = halves16_32(v, _mm512_load_si512(c[2 * j][i]), _mm512_load_si512(c[2 * j + 1][i]), d[j], m[j], a, at);
+                    else v = float16_32(v, _mm512_load_si512(c[j][i]), d[j], m[j], a, at, type);
+                }
                 _mm512_storeu_ps(o, v);
             }
         }

@@ -1,5 +1,5 @@
 """The IQ kinds' grids, the `gguf` package's own, handed to csrc/grids.c once a kind and process: what its
-dequantization (gguf_dequantize, gguf_rows) and its packing of IQ3_XXS, IQ3_S, IQ2_XXS and IQ1_S as levels read."""
+dequantization (gguf_dequantize, gguf_rows) and its packing of them as levels read."""
 from __future__ import annotations
 
 import ctypes

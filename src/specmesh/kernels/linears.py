@@ -160,12 +160,12 @@ class Q8Linear(nn.Module):
 
 class GGUFLinear(nn.Module):
     """A GGUF file's matrix multiplied as it is, from the file's memory-mapped pages (csrc/blocks.c's gguf_linear):
-    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, the K-quants Q2_K ... Q6_K and IQ3_XXS, IQ3_S, IQ2_XXS, IQ1_S, each
+    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, the K-quants Q2_K ... Q6_K and the IQ1 ... IQ3 kinds, each
     part of a fused projection of its own type. `parts`: (rows, type, map) for each part in output order, rows a
     uint8 [N_p, bytes per row] view of the file, map (or None) the file row each output row reads (int32 [N_p]).
     Holds the views: the file stays mapped while the model lives. `packed`: the parts are re-laid once, 8 rows
     interleaved (csrc/blocks.h: the same bytes, the K-quants up to 3% more, the IQ kinds as 4-bit levels with a
-    float32 scale per 32), into memory of their own, and the file's pages of them are let go; without it (an
+    float32 scale per 32 or 16), into memory of their own, and the file's pages of them are let go; without it (an
     embedding table's lookups alone) they have no product."""
     KIND = 9                                    # csrc/avx2.c's weight kind
 

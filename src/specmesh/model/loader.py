@@ -341,9 +341,9 @@ def runs_file_blocks(path: str | Path, dtype: torch.dtype, device: str | torch.d
 
 def load_file_blocks(path: Path, draft: bool = False) -> Transformer:
     """A GGUF file's model whose matrices and embedding stay in the file, memory-mapped, and run as they are
-    (kernels.GGUFLinear: Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ1_S;
-    GGUFEmbedding): resident memory is the pages a forward reads, not a copy. A matrix of a type the kernels do not
-    multiply (F16, BF16, IQ2_XS, IQ2_S, IQ1_M; a fused projection with one such part) is dequantized to bfloat16
+    (kernels.GGUFLinear: Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS and the IQ1 ... IQ3 kinds; GGUFEmbedding):
+    resident memory is the pages a forward reads, not a copy. A matrix of a type the kernels do not multiply (F16,
+    BF16, TQ1_0, TQ2_0; a fused projection with one such part) is dequantized to bfloat16
     alone, a few rows at a time (warn_dense names the quantized kinds so run), and the table's rows are read from
     the file where csrc/ dequantizes its type. Norms and biases are read into float32; the rest of the model gets
     this CPU's kernels (select_kernels) as any bf16 model."""
@@ -413,8 +413,7 @@ def warn_dense(tensors: list, path: Path, lib) -> None:
                     if gguf.tensor_type(t.kind)[1] > 1 and not lib.gguf_kernel(t.kind, t.shape[1])})
     if kinds:
         warnings.warn(f"{path.name}: its {', '.join(kinds)} matrices run dequantized to bfloat16, 16 bits a weight "
-                      f"(the kernels multiply Q4_0 ... Q8_0, the K-quants, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS, IQ2_XXS "
-                      f"and IQ1_S as they are)")
+                      f"(the kernels multiply Q4_0 ... Q8_0, the K-quants and the IQ kinds as they are)")
 
 
 BAR_DELAY = 1.0            # seconds a load runs before its bar shows
