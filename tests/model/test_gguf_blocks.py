@@ -281,11 +281,10 @@ def test_a_k_quant_file_runs_from_its_pages_close_to_its_float32_model(kquant_fi
     copied = sum(t.numel() * t.element_size() for t in [*blocks.parameters(), *blocks.buffers()])
     assert copied < 64 * 1024                               # norms and rotary: no weights copied (TQ2_0's: no parameter)
     # but the matrices, re-laid in 8-row groups of their own bytes (K-quants + 3%; Q2_K's and Q3_K's scales a byte
-    # each; IQ4's scales as floats; the grid kinds as 4-bit levels and a float scale a 32-block: 160 bytes a 256, or
-    # one a 16: 192)
+    # each; IQ4's scales as floats; the grid kinds as 4-bit levels and 4 bytes of scale a 32-block: 160 bytes a 256)
     extras = {Q.Q4_K: 1.03, Q.Q5_K: 1.03, Q.Q6_K: 1.03, Q.Q3_K: 114 / 110, Q.Q2_K: 100 / 84, Q.IQ4_NL: 20 / 18,
               Q.IQ4_XS: 160 / 136, Q.IQ3_S: 160 / 110, Q.IQ3_XXS: 160 / 98, Q.IQ2_XXS: 160 / 66, Q.IQ1_S: 160 / 50,
-              Q.IQ2_XS: 192 / 74, Q.IQ2_S: 192 / 82, Q.IQ1_M: 192 / 56}
+              Q.IQ2_XS: 160 / 74, Q.IQ2_S: 160 / 82, Q.IQ1_M: 160 / 56}
     for m in linears:
         for part, packed in zip(m.matrix.part, m.packed):
             assert (packed is not None) == (m is not blocks.embed.table or tied)

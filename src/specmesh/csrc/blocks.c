@@ -38,15 +38,15 @@ static EXACT void iq4_levels(float d, const uint8_t *qs, float *y) {
 }
 
 // 32 weights s of an IQ4_NL or IQ4_XS block w as out (grid_levels' layout): the float32 scale (IQ4_XS: d (s's 6-bit
-// scale - 32), as gguf.quants computes it: exact) twice, then the 16 bytes of 4-bit level indices
+// scale - 32), as gguf.quants computes it: exact), then the 16 bytes of 4-bit level indices
 static void iq4_block(int type, const uint8_t *w, int s, uint8_t *out) {
     float d = fp16(w);
     if (type == IQ4_XS) {
         const int high = (w[2] | w[3] << 8) >> (2 * s) & 3, scale = ((w[4 + s / 2] >> (4 * (s % 2))) & 0x0F) | high << 4;
         d *= (float)(scale - 32);
     }
-    memcpy(out, &d, 4), memcpy(out + 4, &d, 4);
-    memcpy(out + 8, type == IQ4_XS ? w + 8 + 16 * s : w + 2, 16);
+    memcpy(out, &d, 4);
+    memcpy(out + 4, type == IQ4_XS ? w + 8 + 16 * s : w + 2, 16);
 }
 
 // one block of `type` -> its weights y
@@ -59,7 +59,7 @@ static EXACT void dequantize_block(int type, const uint8_t *b, float *y) {
                 uint8_t u[LEVELED_BYTES];
                 float d;
                 iq4_block(type, b, s, u), memcpy(&d, u, 4);
-                iq4_levels(d, u + 8, y + 32 * s);
+                iq4_levels(d, u + 4, y + 32 * s);
             }
             return;
         case Q8_0: {
@@ -663,10 +663,10 @@ static inline int pair_at(int s, int r) { return 16 * (s / 2) + 2 * r + s % 2; }
 
 // row r's block w (of the file) into its group-block o (blocks.h's layouts)
 static void pack_block(int type, const uint8_t *w, int r, uint8_t *o) {
-    if (leveled(type)) {                                // w: its float32 scales and 16 bytes of qs (recoded)
-        memcpy(o + 4 * r, w, 4);
-        if (halves32(type)) memcpy(o + 32 + 4 * r, w + 4, 4);
-        for (int t = 0; t < 2; t++) memcpy(o + qs32(type) + 64 * t + 8 * r, w + 8 + 8 * t, 8);
+    if (leveled(type)) {                                // w: its scale and 16 bytes of qs (recoded: grid_levels)
+        if (halves32(type)) memcpy(o + 2 * r, w, 2), o[16 + r] = w[2], o[24 + r] = w[3];
+        else memcpy(o + 4 * r, w, 4);
+        for (int t = 0; t < 2; t++) memcpy(o + qs32(type) + 64 * t + 8 * r, w + 4 + 8 * t, 8);
         return;
     }
     if (block_size(type) == 32) {

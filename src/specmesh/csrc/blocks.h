@@ -16,7 +16,7 @@ enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K 
 // the packed kinds of the grid kinds that run from their bits (never a file's type): IQ4_NL's layout, each 32-block a
 // float32 scale and 4-bit indices into the kind's own 16 levels (levels_of): IQ3_S's, IQ3_XXS's, and IQ2_XXS's and
 // IQ1_S's in one table (IQ1_S's weights dl (grid + delta) as levels 8 grid +- 1 under a scale dl / 8). HALVES_IQ2_IQ1:
-// the same table under a float32 scale per 16 (IQ2_XS, IQ2_S, IQ1_M change scale every 16 weights)
+// the same table under a scale per 16 (IQ2_XS, IQ2_S, IQ1_M: d / 8 times an odd multiplier of at most 31)
 enum { LEVELS_IQ3_S = 100, LEVELS_IQ3_XXS = 101, LEVELS_IQ2_IQ1 = 102, HALVES_IQ2_IQ1 = 103 };
 
 // the type a file's type is packed and multiplied as: IQ4_XS's 256-blocks are 8 IQ4_NL 32-blocks (packed with float32
@@ -78,10 +78,10 @@ static inline int block_bytes(int type) {
 }
 
 // csrc/grids.c: whether a grid kind's grid was handed in (gguf_grid); its 256-block b -> y[256], the `gguf` package's
-// arithmetic; sub-block s (32 weights) of a grid kind as levels -> out: the float32 scales of its weights 0 .. 15 and
-// 16 .. 31 (the same, but for HALVES_IQ2_IQ1's kinds), then 16 bytes of 4-bit level indices (the low nibbles weights
-// 0 .. 15, the high ones 16 .. 31)
-#define LEVELED_BYTES 24    // a 32-block recoded as levels: two float32 scales and 16 bytes
+// arithmetic; sub-block s (32 weights) of a grid kind as levels -> out: its float32 scale (HALVES_IQ2_IQ1's kinds:
+// the fp16 d and the odd multipliers of the weights 0 .. 15 and 16 .. 31, a byte each), then 16 bytes of 4-bit level
+// indices (the low nibbles weights 0 .. 15, the high ones 16 .. 31)
+#define LEVELED_BYTES 20    // a 32-block recoded as levels: 4 bytes of scale and 16 bytes
 int grid_ready(int type);
 void grid_block(int type, const uint8_t *b, float *y);
 void grid_levels(int type, const uint8_t *b, int s, uint8_t *out);
@@ -169,14 +169,15 @@ static inline int offset_shift(const int SIX) { return SIX == 1 ? 5 : SIX == 3 ?
 // 8 c + k), then the qs: Q8_0's [4 t][8 rows][8 bytes: q of the weights 8 t ..], Q4's and Q5's [2 t][8 rows][8 bytes:
 // the file's qs 8 t ..: low nibbles the weights 8 t + k, high nibbles 16 + 8 t + k]. The file's bytes, no more.
 // A leveled type's (IQ4_NL's, IQ4_XS's sub-blocks, the grid kinds') holds its scales as float32 [8 rows]
-// (HALVES_IQ2_IQ1: of the weights 0 .. 15 [8 rows], then of 16 .. 31 [8 rows]), then Q4's qs: a nibble is the index
+// (HALVES_IQ2_IQ1: d [8 rows] (fp16), then the odd multipliers of the weights 0 .. 15 [8 rows] and of 16 .. 31 [8
+// rows], a byte each: halves_scales), then Q4's qs: a nibble is the index
 // of its weight's level (levels_of). Every kernel computes a row's block as the exact integer T = sum(q x) (q in
 // -128..127 for Q8_0 and the levels, the unsigned 0..15 or 0..31 for the others; HALVES_IQ2_IQ1: a T for each half),
 // then the one float part below.
 static inline int mins32(int type) { return type == Q4_1 || type == Q5_1; }
 static inline int five32(int type) { return type == Q5_0 || type == Q5_1; }
 static inline int qh32(int type) { return 16 + 16 * mins32(type); }            // where qh starts
-static inline int qs32(int type) { return leveled(type) ? 32 + 32 * halves32(type) : qh32(type) + 32 * five32(type); }   // the qs' start
+static inline int qs32(int type) { return leveled(type) ? 32 : qh32(type) + 32 * five32(type); }   // the qs' start
 // w = d (q - offset) (+ m), q unsigned; the grid kinds' levels run as q = level + 64 (<= 126: a maddubs pair of
 // them stays within int16)
 static inline int q32_offset(int type) { return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type >= LEVELS_IQ3_S ? 64 : 0; }
@@ -291,6 +292,14 @@ static inline __m256 packed_float32(__m256 acc, __m256i T, const uint8_t *g, flo
     return _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16))), _mm256_set1_ps(ds), acc);
 }
 
+// a HALVES_IQ2_IQ1 group-block's scales of its 8 rows' weights 0 .. 15 (dl) and 16 .. 31 (dh): d odd / 8, exactly
+// (an fp16 times an integer of 5 bits fits float32's 24; / 8 a power of two), the float32 the file's scale is
+static inline void halves_scales(const uint8_t *g, __m256 *dl, __m256 *dh) {
+    const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g)), _mm256_set1_ps(0.125f));
+    *dl = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(g + 16)))));
+    *dh = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(g + 24)))));
+}
+
 // packed_float32 for HALVES_IQ2_IQ1, its two halves in turn: Tl and Th the sums over the weights 0 .. 15 and 16 .. 31
 // (q = level + 64), h the activation row's sum of the block's first 16 bytes: acc[r] += (Tl[r] - 64 h) (dl[r] dx),
 // then += (Th[r] - 64 (s - h)) (dh[r] dx)
@@ -298,7 +307,9 @@ static inline __m256 halves_float32(__m256 acc, __m256i Tl, __m256i Th, const ui
                                     int32_t h) {
     const int offset = q32_offset(HALVES_IQ2_IQ1);
     const __m256 vdx = _mm256_set1_ps(dx);
+    __m256 dl, dh;
+    halves_scales(g, &dl, &dh);
     Tl = _mm256_sub_epi32(Tl, _mm256_set1_epi32(offset * h)), Th = _mm256_sub_epi32(Th, _mm256_set1_epi32(offset * (s - h)));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Tl), _mm256_mul_ps(_mm256_loadu_ps((const float *)g), vdx), acc);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(Th), _mm256_mul_ps(_mm256_loadu_ps((const float *)(g + 32)), vdx), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Tl), _mm256_mul_ps(dl, vdx), acc);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(Th), _mm256_mul_ps(dh, vdx), acc);
 }

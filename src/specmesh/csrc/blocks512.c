@@ -182,18 +182,20 @@ static inline __attribute__((always_inline)) void group_block32_512(const uint8_
             if (halves32(TYPE) && c >= 2) U[i] = dot8_512(U[i], q[c], x + i * QB * 32 + 8 * c);
             else T[i] = dot8_512(T[i], q[c], x + i * QB * 32 + 8 * c);
         }
-    const __m512 d = leveled(TYPE) ? _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)g))
-                                   : _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)g)));
     if (halves32(TYPE)) {
-        const __m512 dh = _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)(g + 32)));
+        __m256 dl, dh;
+        halves_scales(g, &dl, &dh);
         for (int i = 0; i < MB; i += 2) {           // rows i and j, as below
             const int j = i + 1 < MB ? i + 1 : i;
             const int64_t ai = (m0 + i) * QB + b, aj = (m0 + j) * QB + b;
             acc[i / 2] = halves16_32_rows(acc[i / 2], _mm512_add_epi32(firsts(T[i], T[j]), lasts(T[i], T[j])),
-                                          _mm512_add_epi32(firsts(U[i], U[j]), lasts(U[i], U[j])), d, dh, a, ai, aj);
+                                          _mm512_add_epi32(firsts(U[i], U[j]), lasts(U[i], U[j])),
+                                          _mm512_broadcast_f32x8(dl), _mm512_broadcast_f32x8(dh), a, ai, aj);
         }
         return;
     }
+    const __m512 d = leveled(TYPE) ? _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)g))
+                                   : _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)g)));
     const __m512 m = mins32(TYPE) ? _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(g + 16))))
                                   : _mm512_setzero_ps();
     const int offset = offset512(TYPE);

@@ -79,20 +79,23 @@ static inline __attribute__((always_inline)) void eights32(const uint8_t *g, con
 }
 
 // two groups' 32-blocks (a: rows 0..7, b: rows 8..15) as 16 rows: w[h] their weights 4h .. 4h + 3 in VNNI order
-// (unsigned, as eights32 gives them), d and m their scales (m: the mins, HALVES_IQ2_IQ1's scales of the weights
-// 16 .., or zero)
+// (unsigned, as eights32 gives them), d and m their scales (m: the mins, or zero; HALVES_IQ2_IQ1: d and m the scales
+// of the weights 0 .. 15 and 16 .., halves_scales')
 static inline __attribute__((always_inline)) void sixteen32(const uint8_t *ga, const uint8_t *gb, const int TYPE,
                                                              __m512i w[8], __m512 *d, __m512 *m) {
     __m512i va[4], vb[4];
     eights32(ga, TYPE, va), eights32(gb, TYPE, vb);
     for (int c = 0; c < 4; c++) w[2 * c] = firsts(va[c], vb[c]), w[2 * c + 1] = lasts(va[c], vb[c]);
+    if (halves32(TYPE)) {
+        __m256 la, ha, lb, hb;
+        halves_scales(ga, &la, &ha), halves_scales(gb, &lb, &hb);
+        *d = _mm512_insertf32x8(_mm512_castps256_ps512(la), lb, 1), *m = _mm512_insertf32x8(_mm512_castps256_ps512(ha), hb, 1);
+        return;
+    }
     *d = leveled(TYPE) ? _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)ga)),
                                             _mm256_loadu_ps((const float *)gb), 1)
                        : halves(ga, gb);
-    *m = mins32(TYPE) ? halves(ga + 16, gb + 16)
-       : halves32(TYPE) ? _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)(ga + 32))),
-                                             _mm256_loadu_ps((const float *)(gb + 32)), 1)
-                        : _mm512_setzero_ps();
+    *m = mins32(TYPE) ? halves(ga + 16, gb + 16) : _mm512_setzero_ps();
 }
 
 // acc += (T - offset s) (d dx) (+ m ds) for 16 weight rows against activation row-block `at`: blocks.h's

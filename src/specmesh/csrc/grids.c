@@ -3,9 +3,9 @@
 // `gguf` package's own (gguf.quants.<KIND>.grid, float32 [entries][width]) and IQ2_XXS.ksigns (128 bytes: 7 bits
 // of sign index -> 8 signs, the 8th their parity), handed in once (gguf_grid: kernels/grids.py).
 // grid_block: a block -> float32 with the package's arithmetic, bit for bit (gguf_dequantize).
-// grid_levels: a 32-block as float32 scales (one per 32; IQ2_XS, IQ2_S and IQ1_M: one per 16) and 4-bit indices
-// into its kind's 16 levels (blocks.h's levels_of), which the 32-block kernels multiply as IQ4_NL's: the weights
-// exactly, since each is its scale times an integer level.
+// grid_levels: a 32-block as its scale (a float32 per 32; IQ2_XS, IQ2_S and IQ1_M: d / 8 times an odd multiplier per
+// 16) and 4-bit indices into its kind's 16 levels (blocks.h's levels_of), which the 32-block kernels multiply as
+// IQ4_NL's: the weights exactly, since each is its scale times an integer level.
 
 #include "api.h"
 #include "blocks.h"
@@ -39,12 +39,9 @@ typedef struct {            // a 32-block of a grid kind: weight j is scale[j / 
     int delta[4];           // same product rounded once)
     uint32_t signs;
     int at[8];
+    uint16_t d;             // the kinds of a scale per 16: scale[half] = d odd[half] / 8, d the fp16 of the block
+    uint8_t odd[2];
 } Sub;
-
-// IQ2_XS's, IQ2_S's scale of the weights 8 k .. (a 4-bit s per 16 at `scales`): d (0.5 + s) / 4
-static EXACT float quarter_scale(float d, const uint8_t *scales, int k) {
-    return d * (0.5f + (float)((scales[k / 4] >> (4 * ((k / 2) % 2))) & 0x0F)) * 0.25f;
-}
 
 // sub-block s (weights 32 s ..) of a 256-block b of a grid kind
 static EXACT Sub sub_block(int type, const uint8_t *b, int s) {
@@ -54,18 +51,20 @@ static EXACT Sub sub_block(int type, const uint8_t *b, int s) {
         memcpy(sc, b + 48, 8);
         const uint16_t h = (sc[0] >> 12) | (sc[1] & 0xF000) >> 8 | (sc[2] & 0xF000) >> 4 | (sc[3] & 0xF000);
         const float d = _cvtsh_ss(h);
-        u.width = 8;
+        u.width = 8, u.d = h;
         for (int k = 0; k < 4; k++) {
             const int j = 4 * s + k, q = (b[32 + j / 2] >> (4 * (j % 2))) & 0x0F;
             u.at[k] = 8 * (b[j] | (q & 7) << 8), u.delta[k] = q & 0x08 ? -1 : 1;
         }
-        for (int half = 0; half < 2; half++)
-            u.scale[half] = d * (float)(2 * ((sc[s / 2] >> (6 * (s % 2) + 3 * half)) & 7) + 1) * 0.125f;
+        for (int half = 0; half < 2; half++) {
+            u.odd[half] = (uint8_t)(2 * ((sc[s / 2] >> (6 * (s % 2) + 3 * half)) & 7) + 1);
+            u.scale[half] = d * (float)u.odd[half] * 0.125f;
+        }
         return u;
     }
     const float d = fp16(b);
-    if (type == IQ2_XS || type == IQ2_S) {      // 8 weights k a grid entry, a 4-bit scale per 16
-        u.width = 8;
+    if (type == IQ2_XS || type == IQ2_S) {      // 8 weights k a grid entry, a 4-bit s per 16: d (0.5 + s) / 4
+        u.width = 8, u.d = u16(b);
         for (int k = 0; k < 4; k++) {
             const int j = 4 * s + k;
             if (type == IQ2_XS) {               // qs u16[32]: 9 index bits, 7 sign bits
@@ -76,8 +75,11 @@ static EXACT Sub sub_block(int type, const uint8_t *b, int s) {
                 u.signs |= (uint32_t)b[34 + j] << (8 * k);
             }
         }
-        for (int half = 0; half < 2; half++)
-            u.scale[half] = quarter_scale(d, b + (type == IQ2_XS ? 66 : 74), 4 * s + 2 * half);
+        for (int half = 0; half < 2; half++) {
+            const int q = (b[(type == IQ2_XS ? 66 : 74) + s] >> (4 * half)) & 0x0F;
+            u.odd[half] = (uint8_t)(2 * q + 1);
+            u.scale[half] = d * (0.5f + (float)q) * 0.25f;
+        }
         return u;
     }
     if (type == IQ1_S) {                    // qs[32], qh u16[8]: 3 more index bits per 8, the scale, delta's sign
@@ -120,8 +122,9 @@ void grid_levels(int type, const uint8_t *b, int s, uint8_t *out) {
     if (iq1(type)) level_indices(&u, LEVEL[type], 8, 1, index);
     else if (u.width == 8) level_indices(&u, LEVEL[type], 8, 0, index);
     else level_indices(&u, LEVEL[type], 4, 0, index);
-    memcpy(out, u.scale, 8);
-    for (int l = 0; l < 16; l++) out[8 + l] = index[l] | index[l + 16] << 4;
+    if (halves32(runs_as(type))) memcpy(out, &u.d, 2), memcpy(out + 2, u.odd, 2);
+    else memcpy(out, u.scale, 4);
+    for (int l = 0; l < 16; l++) out[4 + l] = index[l] | index[l + 16] << 4;
 }
 
 // a grid kind's 256-block b -> y[256]: scale v, as the package's product
