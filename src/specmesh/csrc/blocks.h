@@ -170,10 +170,9 @@ static inline int offset_shift(const int SIX) { return SIX == 1 ? 5 : SIX == 3 ?
 // the file's qs 8 t ..: low nibbles the weights 8 t + k, high nibbles 16 + 8 t + k]. The file's bytes, no more.
 // A leveled type's (IQ4_NL's, IQ4_XS's sub-blocks, the grid kinds') holds its scales as float32 [8 rows]
 // (HALVES_IQ2_IQ1: d [8 rows] (fp16), then the odd multipliers of the weights 0 .. 15 [8 rows] and of 16 .. 31 [8
-// rows], a byte each: halves_scales), then Q4's qs: a nibble is the index
-// of its weight's level (levels_of). Every kernel computes a row's block as the exact integer T = sum(q x) (q in
-// -128..127 for Q8_0 and the levels, the unsigned 0..15 or 0..31 for the others; HALVES_IQ2_IQ1: a T for each half),
-// then the one float part below.
+// rows], a byte each: halves_scales), then Q4's qs: a nibble is the index of its weight's level (levels_of). Every
+// kernel computes a row's block as the exact integer T = sum(q x) (q in -128..127 for Q8_0 and the levels, the
+// unsigned 0..15 or 0..31 for the others; HALVES_IQ2_IQ1: a T for each half), then the one float part below.
 static inline int mins32(int type) { return type == Q4_1 || type == Q5_1; }
 static inline int five32(int type) { return type == Q5_0 || type == Q5_1; }
 static inline int qh32(int type) { return 16 + 16 * mins32(type); }            // where qh starts
