@@ -354,12 +354,15 @@ def make(shape: Shape, quants: list[str], out: str | Path | None = None, seed: i
         tmp = f16.with_name(f16.name + ".tmp")
         write_f16(shape, tmp, seed, progress)
         tmp.replace(f16)
-    imatrix = uniform_imatrix(shape, root / f"{shape.name}.imatrix") if any(q.upper() in NEEDS_IMATRIX for q in missing) else None
-    for q in missing:
-        if q != "F16":
-            quantize(f16, want[q], q, threads, progress, imatrix if q.upper() in NEEDS_IMATRIX else None)
-    if imatrix:
-        imatrix.unlink()
+    imatrix = root / f"{shape.name}.imatrix"
+    try:
+        for q in missing:
+            if q.upper() in NEEDS_IMATRIX and not imatrix.exists():
+                uniform_imatrix(shape, imatrix)
+            if q != "F16":
+                quantize(f16, want[q], q, threads, progress, imatrix if q.upper() in NEEDS_IMATRIX else None)
+    finally:
+        imatrix.unlink(missing_ok=True)
     if f16.exists() and not keep_f16 and "F16" not in quants:
         f16.unlink()
     return list(want.values())

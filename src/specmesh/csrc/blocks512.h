@@ -98,8 +98,6 @@ static inline __attribute__((always_inline)) void sixteen32(const uint8_t *ga, c
     *m = mins32(TYPE) ? halves(ga + 16, gb + 16) : _mm512_setzero_ps();
 }
 
-// acc += (T - offset s) (d dx) (+ m ds) for 16 weight rows against activation row-block `at`: blocks.h's
-// packed_float32, lane for lane, on T = sum(q x) of eights32's unsigned q (Q8_0's, IQ4's levels: q + 128)
 // blocks.h's halves_float32, lane for lane: Tl, Th the sums over the weights 0 .. 15, 16 .. 31, dl, dh their
 // scales, dx, h and s the lane's activation row's scale and sums (of the block's first 16 bytes, of its 32)
 static inline __m512 halves512(__m512 acc, __m512i Tl, __m512i Th, __m512 dl, __m512 dh, __m512 dx, __m512i h,
@@ -126,6 +124,8 @@ static inline __m512 halves16_32_rows(__m512 acc, __m512i Tl, __m512i Th, __m512
     return halves512(acc, Tl, Th, dl, dh, dx, h, s);
 }
 
+// acc += (T - offset s) (d dx) (+ m ds) for 16 weight rows against activation row-block `at`: blocks.h's
+// packed_float32, lane for lane, on T = sum(q x) of eights32's unsigned q (Q8_0's, IQ4's levels: q + 128)
 static inline __m512 float16_32(__m512 acc, __m512i T, __m512 d, __m512 m, const Acts *a, int64_t at, const int TYPE) {
     const int offset = offset512(TYPE);
     if (offset) T = _mm512_sub_epi32(T, _mm512_set1_epi32(offset * a->s32[at]));
