@@ -27,7 +27,8 @@ def test_the_steps_run_in_turn_under_one_budget(tmp_path):
 
 def test_every_step_is_known_and_writes_into_the_folder(tmp_path):
     plan = gpu.steps(tmp_path, "cuda")
-    assert list(plan) == ["cuda-tests", "embedded-fp32", "smollm2-fp32", "smollm2-bf16", "shape-1b", "shape-8b"]
+    assert list(plan) == ["cuda-tests", "embedded-fp32", "smollm2-fp32", "smollm2-bf16", "smollm2-fp32-graphs",
+                          "shape-1b", "shape-8b"]
     assert sum(share for _, share in plan.values()) <= 1.5
     for argv, _ in plan.values():
         assert any(str(tmp_path) in a for a in argv)

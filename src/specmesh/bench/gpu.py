@@ -37,17 +37,19 @@ def steps(out: Path, device: str) -> dict[str, tuple[list[str], float]]:
     bench = [sys.executable, "-m", "specmesh.cli", "bench", "--device", device, "--limit", "10"]
     return {
         "cuda-tests": ([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "--junitxml",
-                        str(out / "cuda-tests.xml"), "tests"], 0.2),
+                        str(out / "cuda-tests.xml"), "tests"], 0.25),
         "embedded-fp32": ([*bench, "--target", "embedded", "--dtype", "float32", "--methods", METHODS, "--json",
                            str(out / "embedded-fp32.json")], 0.15),
         "smollm2-fp32": ([*bench, "--dtype", "float32", "--methods", METHODS + ",pearl", "--json",
                           str(out / "smollm2-fp32.json")], 0.15),
         "smollm2-bf16": ([*bench, "--dtype", "bfloat16", "--methods", METHODS, "--json",
                           str(out / "smollm2-bf16.json")], 0.15),
+        "smollm2-fp32-graphs": (["env", "SPECMESH_CUDA_GRAPHS=1", *bench, "--dtype", "float32", "--methods", METHODS,
+                                 "--json", str(out / "smollm2-fp32-graphs.json")], 0.15),
         "shape-1b": ([sys.executable, "-m", "specmesh.bench.gpu", "--shape", "Llama-3.2-1B", "--device", device,
                       "--json", str(out / "shape-1b.json")], 0.15),
         "shape-8b": ([sys.executable, "-m", "specmesh.bench.gpu", "--shape", "Llama-3.1-8B", "--device", device,
-                      "--json", str(out / "shape-8b.json")], 0.3),
+                      "--json", str(out / "shape-8b.json")], 0.25),
     }
 
 

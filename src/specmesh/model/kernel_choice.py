@@ -2,6 +2,7 @@
 for `LLM` and the server."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import torch
@@ -11,6 +12,7 @@ from specmesh.kernels.build import LayerWeights, amx_lib, kernel_lib, avx512_on,
 from specmesh.kernels.linears import (AMXLinear, BF16Linear, DPLinear, F32Linear, FMALinear, Int8Linear, PackedLinear,
                                       Q8Linear, can_pack, glu_order)
 from specmesh.model.c_forward import CBlock, CForward, CRMSNorm
+from specmesh.model.graph_forward import GraphForward
 from specmesh.model.model import MLP, Block, RMSNorm, Transformer
 from specmesh.model.pages import on_huge_pages
 
@@ -118,7 +120,11 @@ def runs_whole_in_c(model: nn.Module) -> bool:
 def select_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
     """The one place kernels are chosen for a loaded model (in place): on CPU, bf16 models get this CPU's
     bf16 kernels (use_cpu_kernels) and float32 ones the batch-invariant float32 kernels, so that a
-    sequence's logits do not depend on the other rows of its batch (use_batch_invariant_kernels)."""
+    sequence's logits do not depend on the other rows of its batch (use_batch_invariant_kernels). On CUDA, with
+    SPECMESH_CUDA_GRAPHS=1, forwards of decoding's and verification's widths replay CUDA graphs (GraphForward:
+    not yet the default, docs/gpu.md)."""
+    if model.device.type == "cuda" and os.environ.get("SPECMESH_CUDA_GRAPHS") == "1":
+        model.run_on(replace(model.execution, fast=GraphForward(model)))
     if model.device.type != "cpu":
         return model
     if can_pack(model.dtype, model.device):

@@ -1,0 +1,121 @@
+"""model.fast_forward for a model on CUDA (docs/gpu.md): a forward with a cache of up to MAX_TOKENS new tokens a row
+(decoding's and verification's widths) replays a CUDA graph captured once for its shape, so that a step costs GPU
+time rather than the host's kernel launches.
+
+A graph is captured once per (rows, new tokens, cache) over static buffers: the token ids, their positions (the
+rotary angles are computed inside), the slots they are written to and an attention mask over the cache's whole
+length (True = attend), so that nothing in it depends on how many keys a forward sees. Before each replay the host
+claims the slots as the model's own path does (KVCache.prepare) and copies the inputs in; after it the slots
+become speculative (KVCache.advance), as there. `capture=False` runs the same static forward eagerly: the CPU's
+check of it (tests/model/test_graph_forward.py), and what CUDA runs while a shape is warmed up before capture.
+Forwards it does not take (a prefill, layer ranges, groups, a restricted head, sliding layers) return None: the
+model's own path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specmesh.model.execution import Batch, FastForward
+
+MAX_TOKENS = 64                 # new tokens a row up to which forwards replay graphs; longer ones (prefills) do not
+
+
+@dataclass
+class Static:
+    """One shape's buffers: the inputs copied in before a replay, the logits read out after it."""
+    ids: torch.Tensor           # [B, T] int64
+    positions: torch.Tensor     # [B, T] int64: rotary positions
+    rows: torch.Tensor          # [B, T] int64: each token's cache row (0 .. B - 1)
+    slots: torch.Tensor         # [B, T] int64: the cache slot each token's keys and values go to
+    mask: torch.Tensor          # [B, 1, T, max_len] bool: the keys each token sees
+    logits: torch.Tensor | None = None
+    graph: object = None        # torch.cuda.CUDAGraph once captured
+
+
+class Writes:
+    """The cache as the layers see it in a static forward: `write` puts k, v [B, Hkv, T, hd] at the static slots
+    and returns the whole cache [B, Hkv, max_len, hd] (the mask hides what a token may not see)."""
+
+    def __init__(self, cache, s: Static):
+        self.cache, self.s = cache, s
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kc, vc = self.cache.k[layer - self.cache.first_layer], self.cache.v[layer - self.cache.first_layer]
+        kc.transpose(1, 2)[self.s.rows, self.s.slots] = k.transpose(1, 2).to(kc.dtype)
+        vc.transpose(1, 2)[self.s.rows, self.s.slots] = v.transpose(1, 2).to(vc.dtype)
+        return kc, vc
+
+
+class GraphForward(FastForward):
+    def __init__(self, model, capture: bool = True):
+        self.model, self.capture = model, capture
+        self.shapes: dict[tuple, Static] = {}
+
+    def __call__(self, x: torch.Tensor, cache, batch: Batch) -> torch.Tensor | None:
+        cfg = self.model.config
+        if (cache is None or x.dim() != 2 or x.shape[1] > MAX_TOKENS or batch.layers is not None or batch.groups
+                or batch.head is not None or batch.lens or cfg.has_sliding):
+            return None
+        B, T = x.shape
+        positions, mask = cache.prepare(T, batch.depths, batch.tree_mask)
+        s = self._static(cache, B, T)
+        s.ids.copy_(x)
+        s.positions.copy_(positions)
+        s.slots.copy_(torch.as_tensor(cache.starts, device=x.device)[:, None] + torch.arange(T, device=x.device))
+        s.mask.copy_(self._whole_mask(cache, mask, B, T))
+        self._run(s, cache)
+        cache.advance(T)
+        logits = s.logits
+        if batch.last_only:
+            logits = logits[:, -int(batch.last_only):]
+        return logits.clone()
+
+    def _static(self, cache, B: int, T: int) -> Static:
+        key = (B, T, cache.k[0].data_ptr(), cache.max_len)
+        if key not in self.shapes:
+            device = cache.k[0].device
+            zeros = lambda: torch.zeros(B, T, dtype=torch.int64, device=device)
+            self.shapes[key] = Static(zeros(), zeros(), torch.arange(B, device=device)[:, None].expand(B, T).clone(),
+                                      zeros(), torch.zeros(B, 1, T, cache.max_len, dtype=torch.bool, device=device))
+        return self.shapes[key]
+
+    @staticmethod
+    def _whole_mask(cache, mask: torch.Tensor | None, B: int, T: int) -> torch.Tensor:
+        """prepare's mask [B,1,T,kv_len] (None: causal after everything held) over the cache's whole length."""
+        if mask is None:
+            mask = torch.from_numpy(cache.host_mask(T, None)).to(cache.k[0].device)
+        whole = torch.zeros(B, 1, T, cache.max_len, dtype=torch.bool, device=mask.device)
+        whole[..., :mask.shape[-1]] = mask
+        return whole
+
+    def _forward(self, s: Static, cache) -> torch.Tensor:
+        """The static forward: embedding, the layers over the whole cache, norm and head -> logits [B,T,V]."""
+        model = self.model
+        h = model.embedding(s.ids)
+        cos, sin = model.rotary(s.positions, h.dtype)
+        writes = Writes(cache, s)
+        for layer in model.layers:
+            h = layer(h, cos, sin, writes, s.mask)
+        return model.logits(h)
+
+    def _run(self, s: Static, cache) -> None:
+        if not self.capture:
+            s.logits = self._forward(s, cache)
+            return
+        if s.graph is None:
+            self._capture(s, cache)
+        s.graph.replay()
+
+    def _capture(self, s: Static, cache) -> None:
+        """Warm the shape up on a side stream (CUDA's allocator and kernels' first-call work), then capture it. The
+        warm-up writes the same keys and values at the same slots as the replay that follows, so it changes nothing."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._forward(s, cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        s.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(s.graph):
+            s.logits = self._forward(s, cache)
