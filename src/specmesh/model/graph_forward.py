@@ -20,6 +20,7 @@ import torch
 from specmesh.model.execution import Batch, FastForward
 
 MAX_TOKENS = 64                 # new tokens a row up to which forwards replay graphs; longer ones (prefills) do not
+MAX_SHAPES = 64                 # shapes kept (each a graph and its memory): the one first captured goes beyond
 
 
 @dataclass
@@ -75,6 +76,8 @@ class GraphForward(FastForward):
     def _static(self, cache, B: int, T: int) -> Static:
         key = (B, T, cache.k[0].data_ptr(), cache.max_len)
         if key not in self.shapes:
+            if len(self.shapes) >= MAX_SHAPES:
+                self.shapes.pop(next(iter(self.shapes)))
             device = cache.k[0].device
             zeros = lambda: torch.zeros(B, T, dtype=torch.int64, device=device)
             self.shapes[key] = Static(zeros(), zeros(), torch.arange(B, device=device)[:, None].expand(B, T).clone(),
