@@ -50,6 +50,9 @@ class Writes:
 
 
 class GraphForward(FastForward):
+    """The model's forwards of up to MAX_TOKENS new tokens a row as graphs (capture) or as the same static forward
+    run eagerly (not capture); the others None."""
+
     def __init__(self, model, capture: bool = True):
         self.model, self.capture = model, capture
         self.shapes: dict[tuple, Static] = {}
