@@ -81,11 +81,11 @@ def test_cuda_graph_replays_give_the_static_forwards_logits_and_a_new_shape_is_c
 @pytest.mark.cuda
 @pytest.mark.parametrize("method", ["sd", "tree", "selfdraft"])
 def test_cuda_graphs_keep_every_method_lossless(method, monkeypatch):
-    """With SPECMESH_CUDA_GRAPHS=1 (model/kernel_choice.py) every forward of up to 64 new tokens replays a graph:
+    """With SPECMESH_KERNELS=cuda-graphs (model/kernel_choice.py) every forward of up to 64 new tokens replays a graph:
     float32 greedy output still equals `ar`'s (itself on graphs), one prompt at a time and as one batch (the
     embedded pair: it travels with the tree)."""
     need_cuda()
-    monkeypatch.setenv("SPECMESH_CUDA_GRAPHS", "1")
+    monkeypatch.setenv("SPECMESH_KERNELS", "cuda-graphs")
     prompts, params = load_prompts(limit=4), SamplingParams(max_new_tokens=64)
     ar = [out.tokens for out in LLM(target="embedded", method="ar", device="cuda").generate(prompts, params)]
     with LLM(target="embedded", method=method, device="cuda") as llm:

@@ -8,7 +8,7 @@
 | SPECMESH_TARGET | the target model where none is named | SmolLM2 |
 | SPECMESH_DTYPE | `--dtype auto`'s dtype | bfloat16 where this CPU's bf16 products pay, else float32 |
 | SPECMESH_TUNE_BUDGET_S | seconds `auto`'s calibration aims at (0: its fewest runs) | tuning.BUDGET_S |
-| SPECMESH_KERNELS | kernels turned off or on, to compare: any of no-avx512, no-amx, no-dp, dp, no-fma, no-q8, no-lend | all that pay here |
+| SPECMESH_KERNELS | kernels turned off or on, to compare: any of no-avx512, no-amx, no-dp, dp, no-fma, no-q8, no-lend, cuda-graphs (on CUDA: docs/gpu.md) | all that pay here; no CUDA graphs |
 | SPECMESH_LLAMACPP_BIN | the folder of llama.cpp's tools for the bench's peer | where `python -m specmesh.bench.llamacpp build` puts them |
 | SPECMESH_API_KEY | the key `specmesh serve` requires of every /v1 request, where neither --api-key nor --api-key-file gives one | none: no key |
 
@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-KERNEL_SWITCHES = {"no-avx512", "no-amx", "no-dp", "dp", "no-fma", "no-q8", "no-lend"}
+KERNEL_SWITCHES = {"no-avx512", "no-amx", "no-dp", "dp", "no-fma", "no-q8", "no-lend", "cuda-graphs"}
 DTYPES = ("float32", "bfloat16", "float16")     # the dtypes a model runs in (model/loader.py's DTYPES)
 
 

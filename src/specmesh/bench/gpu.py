@@ -44,7 +44,7 @@ def steps(out: Path, device: str) -> dict[str, tuple[list[str], float]]:
                           str(out / "smollm2-fp32.json")], 0.15),
         "smollm2-bf16": ([*bench, "--dtype", "bfloat16", "--methods", METHODS, "--json",
                           str(out / "smollm2-bf16.json")], 0.15),
-        "smollm2-fp32-graphs": (["env", "SPECMESH_CUDA_GRAPHS=1", *bench, "--dtype", "float32", "--methods", METHODS,
+        "smollm2-fp32-graphs": (["env", "SPECMESH_KERNELS=cuda-graphs", *bench, "--dtype", "float32", "--methods", METHODS,
                                  "--json", str(out / "smollm2-fp32-graphs.json")], 0.15),
         "shape-1b": ([sys.executable, "-m", "specmesh.bench.gpu", "--shape", "Llama-3.2-1B", "--device", device,
                       "--json", str(out / "shape-1b.json")], 0.15),

@@ -2,7 +2,6 @@
 for `LLM` and the server."""
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import torch
@@ -15,6 +14,7 @@ from specmesh.model.c_forward import CBlock, CForward, CRMSNorm
 from specmesh.model.graph_forward import GraphForward
 from specmesh.model.model import MLP, Block, RMSNorm, Transformer
 from specmesh.model.pages import on_huge_pages
+from specmesh.settings import settings
 
 
 def use_cpu_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
@@ -121,9 +121,9 @@ def select_kernels(model: nn.Module, draft: bool = False) -> nn.Module:
     """The one place kernels are chosen for a loaded model (in place): on CPU, bf16 models get this CPU's
     bf16 kernels (use_cpu_kernels) and float32 ones the batch-invariant float32 kernels, so that a
     sequence's logits do not depend on the other rows of its batch (use_batch_invariant_kernels). On CUDA, with
-    SPECMESH_CUDA_GRAPHS=1, forwards of decoding's and verification's widths replay CUDA graphs (GraphForward:
-    not yet the default, docs/gpu.md)."""
-    if model.device.type == "cuda" and os.environ.get("SPECMESH_CUDA_GRAPHS") == "1":
+    SPECMESH_KERNELS=cuda-graphs, forwards of decoding's and verification's widths replay CUDA graphs
+    (GraphForward: not yet the default, docs/gpu.md)."""
+    if model.device.type == "cuda" and settings().kernel("cuda-graphs"):
         model.run_on(replace(model.execution, fast=GraphForward(model)))
     if model.device.type != "cpu":
         return model
