@@ -8,7 +8,8 @@ length (True = attend), so that nothing in it depends on how many keys a forward
 claims the slots as the model's own path does (KVCache.prepare) and copies the inputs in; after it the slots
 become speculative (KVCache.advance), as there. `capture=False` runs the same static forward eagerly: the CPU's
 check of it (tests/model/test_graph_forward.py), and what CUDA runs while a shape is warmed up before capture.
-Forwards it does not take (a prefill, layer ranges, groups, a restricted head, sliding layers) return None: the
+Sliding layers (Gemma 3) get a second mask, the host's window mask (KVCache.window_mask) over the whole length, and
+their own rotary. Forwards it does not take (a prefill, layer ranges, groups, a restricted head) return None: the
 model's own path.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Static:
     rows: torch.Tensor          # [B, T] int64: each token's cache row (0 .. B - 1)
     slots: torch.Tensor         # [B, T] int64: the cache slot each token's keys and values go to
     mask: torch.Tensor          # [B, 1, T, max_len] bool: the keys each token sees
+    local: torch.Tensor         # [B, 1, T, max_len] bool: those a sliding layer's token sees (a model with them)
     logits: torch.Tensor | None = None
     graph: object = None        # torch.cuda.CUDAGraph once captured
 
@@ -60,7 +62,7 @@ class GraphForward(FastForward):
     def __call__(self, x: torch.Tensor, cache, batch: Batch) -> torch.Tensor | None:
         cfg = self.model.config
         if (cache is None or x.dim() != 2 or x.shape[1] > MAX_TOKENS or batch.layers is not None or batch.groups
-                or batch.head is not None or batch.lens or cfg.has_sliding):
+                or batch.head is not None or batch.lens):
             return None
         B, T = x.shape
         positions, mask = cache.prepare(T, batch.depths, batch.tree_mask)
@@ -69,6 +71,8 @@ class GraphForward(FastForward):
         s.positions.copy_(positions)
         s.slots.copy_(torch.as_tensor(cache.starts, device=x.device)[:, None] + torch.arange(T, device=x.device))
         s.mask.copy_(self._whole_mask(cache, mask, B, T))
+        if cfg.has_sliding:
+            s.local.copy_(self._whole_mask(cache, cache.window_mask(mask, batch.tree_mask, cfg.sliding_window), B, T))
         self._run(s, cache)
         cache.advance(T)
         logits = s.logits
@@ -82,9 +86,10 @@ class GraphForward(FastForward):
             if len(self.shapes) >= MAX_SHAPES:
                 self.shapes.pop(next(iter(self.shapes)))
             device = cache.k[0].device
-            zeros = lambda: torch.zeros(B, T, dtype=torch.int64, device=device)
+            zeros = lambda: torch.zeros(B, T, dtype=torch.int64, device=device)                  # noqa: E731
+            masks = lambda: torch.zeros(B, 1, T, cache.max_len, dtype=torch.bool, device=device)  # noqa: E731
             self.shapes[key] = Static(zeros(), zeros(), torch.arange(B, device=device)[:, None].expand(B, T).clone(),
-                                      zeros(), torch.zeros(B, 1, T, cache.max_len, dtype=torch.bool, device=device))
+                                      zeros(), masks(), masks())
         return self.shapes[key]
 
     @staticmethod
@@ -98,12 +103,15 @@ class GraphForward(FastForward):
 
     def _forward(self, s: Static, cache) -> torch.Tensor:
         """The static forward: embedding, the layers over the whole cache, norm and head -> logits [B,T,V]."""
-        model = self.model
+        model, cfg = self.model, self.model.config
         h = model.embedding(s.ids)
-        cos, sin = model.rotary(s.positions, h.dtype)
+        inputs = {False: (*model.rotary(s.positions, h.dtype), s.mask)}
+        if cfg.has_sliding:
+            inputs[True] = (*model.rotary(s.positions, h.dtype, local=True), s.local)
         writes = Writes(cache, s)
-        for layer in model.layers:
-            h = layer(h, cos, sin, writes, s.mask)
+        for i, layer in enumerate(model.layers):
+            cos, sin, mask = inputs[cfg.sliding(i)]
+            h = layer(h, cos, sin, writes, mask)
         return model.logits(h)
 
     def _run(self, s: Static, cache) -> None:
