@@ -41,3 +41,4 @@ def test_a_shapes_costs_on_the_same_weights_in_specmesh_and_transformers():
     assert set(costs["forward_ms_by_rows"]) == set(gpu.ROWS) and all(ms > 0 for ms in costs["forward_ms_by_rows"].values())
     assert costs["ar_tok_s"] > 0 and costs["transformers_tok_s"] > 0 and costs["transformers_compiled"] is False
     assert costs["ar_vs_transformers"] == round(costs["ar_tok_s"] / costs["transformers_tok_s"], 3)
+    assert set(costs["graphs"]["forward_ms_by_rows"]) == set(gpu.ROWS) and costs["graphs_ar_vs_eager"] > 0

@@ -11,7 +11,8 @@ out of time is recorded in OUT/summary.json (exit status, seconds, the tail of i
 A shape's costs (`shape_costs`): a random bf16 checkpoint in a published model's shape, made on the device by
 transformers (nothing large travels) and saved to a temporary folder, loaded by specmesh; then, on the same
 weights, the target's forward by rows (1 .. 16 after a 256-token prefix: decoding's and verification's widths),
-`ar`'s decoding loop, and transformers' own `generate` with its static cache and, on CUDA, `torch.compile`.
+`ar`'s decoding loop, both again on CUDA graphs (model/graph_forward.py; on the CPU its static forward, eagerly),
+and transformers' own `generate` with its static cache and, on CUDA, `torch.compile`.
 """
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from specmesh.bench.shapes import SHAPES, Shape
+from specmesh.model.graph_forward import GraphForward
 
 ROWS = (1, 2, 4, 8, 16)                 # the forward's widths: decoding's row, verification's 2 .. 16
 PREFIX, DECODED = 256, 64               # tokens in the cache before the timed forwards; tokens `ar` decodes
@@ -156,14 +159,18 @@ def shape_costs(shape: Shape, device: str, dtype: torch.dtype = torch.bfloat16, 
         saved = time.perf_counter() - t
         model = load_model(folder, dtype, device)
     ours = specmesh_costs(model, device, shape.vocab)
+    model.run_on(replace(model.execution, fast=GraphForward(model, capture=device.startswith("cuda"))))
+    graphs = specmesh_costs(model, device, shape.vocab)
     del model
     compiled = device.startswith("cuda") if compiled is None else compiled
     theirs = transformers_tok_s(hf, device, shape.vocab, compiled)
     return {"shape": shape.name, "device": device, "dtype": str(dtype).removeprefix("torch."),
             "gpu": torch.cuda.get_device_name(device) if device.startswith("cuda") else None,
-            "torch": torch.__version__, "save_s": round(saved, 1), **ours,
+            "torch": torch.__version__, "save_s": round(saved, 1), **ours, "graphs": graphs,
+            "graphs_ar_vs_eager": round(graphs["ar_tok_s"] / ours["ar_tok_s"], 3),
             "transformers_tok_s": theirs, "transformers_compiled": compiled,
-            "ar_vs_transformers": round(ours["ar_tok_s"] / theirs, 3)}
+            "ar_vs_transformers": round(ours["ar_tok_s"] / theirs, 3),
+            "graphs_ar_vs_transformers": round(graphs["ar_tok_s"] / theirs, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
