@@ -27,11 +27,20 @@ def test_the_steps_run_in_turn_under_one_budget(tmp_path):
 
 def test_every_step_is_known_and_writes_into_the_folder(tmp_path):
     plan = gpu.steps(tmp_path, "cuda")
-    assert list(plan) == ["cuda-tests", "embedded-fp32", "smollm2-fp32", "smollm2-bf16", "smollm2-fp32-graphs",
-                          "shape-1b", "shape-8b"]
+    assert list(plan) == ["environment", "cuda-tests", "embedded-fp32", "smollm2-fp32", "smollm2-bf16",
+                          "smollm2-fp32-graphs", "shape-1b", "shape-8b"]
     assert sum(share for _, share in plan.values()) <= 1.5
     for argv, _ in plan.values():
         assert any(str(tmp_path) in a for a in argv)
+
+
+def test_the_environment_step_names_what_is_missing(tmp_path, monkeypatch):
+    assert gpu.main(["--environment", "--device", "cpu", "--json", str(tmp_path / "env.json")]) == 0
+    found = json.loads((tmp_path / "env.json").read_text())
+    assert found["missing"] == [] and found["device"] == "cpu" and found["torch"] == gpu.torch.__version__
+    monkeypatch.setattr(gpu, "MODULES", (*gpu.MODULES, "no_such_module_here"))
+    assert gpu.main(["--environment", "--device", "cpu", "--json", str(tmp_path / "env.json")]) == 1
+    assert json.loads((tmp_path / "env.json").read_text())["missing"] == ["no_such_module_here"]
 
 
 def test_a_shapes_costs_on_the_same_weights_in_specmesh_and_transformers():

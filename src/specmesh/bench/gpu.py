@@ -33,12 +33,16 @@ from specmesh.model.graph_forward import GraphForward
 ROWS = (1, 2, 4, 8, 16)                 # the forward's widths: decoding's row, verification's 2 .. 16
 PREFIX, DECODED = 256, 64               # tokens in the cache before the timed forwards; tokens `ar` decodes
 METHODS = "ar,sd,tree,selfdraft"
+# what the steps import beyond torch: the core's libraries, the tests' and the transformers peer's
+MODULES = ("safetensors", "tokenizers", "numpy", "tqdm", "gguf", "jinja2", "pytest", "scipy", "transformers")
 
 
 def steps(out: Path, device: str) -> dict[str, tuple[list[str], float]]:
     """name -> (argv, the largest share of the budget it may take)."""
     bench = [sys.executable, "-m", "specmesh.cli", "bench", "--device", device, "--limit", "10"]
     return {
+        "environment": ([sys.executable, "-m", "specmesh.bench.gpu", "--environment", "--device", device, "--json",
+                         str(out / "environment.json")], 0.05),
         "cuda-tests": ([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "--junitxml",
                         str(out / "cuda-tests.xml"), "tests"], 0.25),
         "embedded-fp32": ([*bench, "--target", "embedded", "--dtype", "float32", "--methods", METHODS, "--json",
@@ -173,6 +177,20 @@ def shape_costs(shape: Shape, device: str, dtype: torch.dtype = torch.bfloat16, 
             "graphs_ar_vs_transformers": round(graphs["ar_tok_s"] / theirs, 3)}
 
 
+def environment(device: str) -> dict:
+    """The machine as the steps will find it: versions, the device, and which of MODULES cannot be imported."""
+    import importlib
+    missing = []
+    for name in MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    cuda = device.startswith("cuda") and torch.cuda.is_available()
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+            "device": torch.cuda.get_device_name(device) if cuda else device, "missing": missing}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specmesh.bench.gpu", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,12 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="the device (default cuda)")
     parser.add_argument("--steps", help="a comma-separated subset of the steps, in their order (default: all)")
     parser.add_argument("--shape", choices=list(SHAPES), help="one shape's costs alone, as JSON (--json or stdout)")
-    parser.add_argument("--json", type=Path, help="where --shape's JSON goes")
+    parser.add_argument("--environment", action="store_true", help="the machine's versions and missing modules alone")
+    parser.add_argument("--json", type=Path, help="where --shape's or --environment's JSON goes")
     args = parser.parse_args(argv)
-    if args.shape:
-        result = json.dumps(shape_costs(SHAPES[args.shape], args.device), indent=1)
+    if args.shape or args.environment:
+        found = environment(args.device) if args.environment else shape_costs(SHAPES[args.shape], args.device)
+        result = json.dumps(found, indent=1)
         args.json.write_text(result) if args.json else print(result)
-        return 0
+        return 1 if args.environment and found["missing"] else 0
     if args.out is None:
         parser.error("give the folder the results go to (or --shape)")
     plan = steps(args.out, args.device)
