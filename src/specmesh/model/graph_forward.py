@@ -5,7 +5,7 @@ time rather than the host's kernel launches.
 A graph is captured once per (rows, new tokens, cache) over static buffers: the token ids, their positions (the
 rotary angles are computed inside), the slots they are written to and an attention mask over the cache's whole
 length (True = attend), so that nothing in it depends on how many keys a forward sees. Before each replay the host
-claims the slots as the model's own path does (KVCache.prepare) and copies the inputs in; after it the slots
+claims the slots as the model's own path does (KVCache.slots, host_mask) and copies the inputs in; after it the slots
 become speculative (KVCache.advance), as there. `capture=False` runs the same static forward eagerly: the CPU's
 check of it (tests/model/test_graph_forward.py), and what CUDA runs while a shape is warmed up before capture.
 Sliding layers (Gemma 3) get a second mask, the host's window mask (KVCache.window_mask) over the whole length, and
@@ -65,14 +65,15 @@ class GraphForward(FastForward):
                 or batch.head is not None or batch.lens):
             return None
         B, T = x.shape
-        positions, mask = cache.prepare(T, batch.depths, batch.tree_mask)
+        positions = torch.from_numpy(cache.slots(T, batch.depths))        # [B, T]: the slots claimed
+        seen = torch.from_numpy(cache.host_mask(T, batch.tree_mask))      # [B, 1, T, kv_len], made once on the host
         s = self._static(cache, B, T)
         s.ids.copy_(x)
         s.positions.copy_(positions)
-        s.slots.copy_(torch.as_tensor(cache.starts, device=x.device)[:, None] + torch.arange(T, device=x.device))
-        s.mask.copy_(self._whole_mask(cache, mask, B, T))
+        s.slots.copy_(torch.as_tensor(cache.starts)[:, None] + torch.arange(T))
+        self._fill(s.mask, seen)
         if cfg.has_sliding:
-            s.local.copy_(self._whole_mask(cache, cache.window_mask(mask, batch.tree_mask, cfg.sliding_window), B, T))
+            self._fill(s.local, cache.window_mask(seen, batch.tree_mask, cfg.sliding_window))
         self._run(s, cache)
         cache.advance(T)
         logits = s.logits
@@ -93,13 +94,10 @@ class GraphForward(FastForward):
         return self.shapes[key]
 
     @staticmethod
-    def _whole_mask(cache, mask: torch.Tensor | None, B: int, T: int) -> torch.Tensor:
-        """prepare's mask [B,1,T,kv_len] (None: causal after everything held) over the cache's whole length."""
-        if mask is None:
-            mask = torch.from_numpy(cache.host_mask(T, None)).to(cache.k[0].device)
-        whole = torch.zeros(B, 1, T, cache.max_len, dtype=torch.bool, device=mask.device)
-        whole[..., :mask.shape[-1]] = mask
-        return whole
+    def _fill(whole: torch.Tensor, mask: torch.Tensor) -> None:
+        """A static mask [B,1,T,max_len] from a forward's [B,1,T,kv_len]: the keys past kv_len hidden."""
+        whole.zero_()
+        whole[..., :mask.shape[-1]].copy_(mask)
 
     def _forward(self, s: Static, cache) -> torch.Tensor:
         """The static forward: embedding, the layers over the whole cache, norm and head -> logits [B,T,V]."""
